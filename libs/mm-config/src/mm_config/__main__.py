@@ -1,0 +1,7 @@
+"""``python -m mm_config check CONFIG ...``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,57 @@
+"""``mm-config check CONFIG [overrides...] [--world-size N]``: print the resolved config or the error report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .errors import ConfigError
+from .loader import config_to_yaml, load_config
+
+EXIT_OK = 0
+EXIT_INVALID = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``mm-config`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="mm-config", description="Validate six-section training YAML configs."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="validate CONFIG and print the resolved config (exit 2 if invalid)")
+    check.add_argument("config", help="path of the YAML config")
+    check.add_argument("overrides", nargs="*", help="dotted overrides, e.g. training.lr=1e-5")
+    check.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="number of ranks to resolve for (default: $WORLD_SIZE or 1)",
+    )
+    check.add_argument(
+        "--no-plugins", action="store_true", help="do not import the modules in training.plugin"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 valid, 2 invalid)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    bad = [a for a in extra if a.startswith("-") or "=" not in a]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)}")
+    args.overrides = [*args.overrides, *extra]  # overrides may follow options
+    try:
+        cfg = load_config(
+            args.config, args.overrides, world_size=args.world_size, plugins=not args.no_plugins
+        )
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return EXIT_INVALID
+    sys.stdout.write(config_to_yaml(cfg))
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""``data``: which registered dataset to build, where its files are, and DataLoader options."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from .base import ConfigModel
+from .errors import Problem, RuleViolations
+from .registry import dataset_schema, validate_plugin_dict
+
+
+class DataConfig(ConfigModel):
+    """The ``data`` section."""
+
+    dataset_id: str | None = None
+    """Registered dataset id; selects the dataset builder and the schema of ``dataset``."""
+    data_path: str | None = None
+    """Annotation / index file (or directory) listing the samples."""
+    data_root: str | None = None
+    """Directory that relative media paths in ``data_path`` are resolved against."""
+    dataset: dict[str, Any] = {}
+    """Dataset-specific keyword arguments, validated by the schema registered for ``dataset_id`` (if any)."""
+    num_workers: int = Field(default=0, ge=0)
+    """DataLoader worker processes; 0 loads in the training process."""
+    pin_memory: bool = False
+    """Pin host memory of batches for faster device copies."""
+    prefetch_factor: int | None = Field(default=None, ge=1)
+    """Batches each worker loads ahead; only with num_workers > 0 (None = torch default)."""
+    persistent_workers: bool = False
+    """Keep workers alive between epochs; only with num_workers > 0."""
+    drop_last: bool = True
+    """Drop the last incomplete global batch of an epoch."""
+    shuffle: bool = True
+    """Shuffle sample order each epoch (seeded by training.seed)."""
+
+    @field_validator("dataset")
+    @classmethod
+    def _validate_plugin_dataset(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        return validate_plugin_dict(dataset_schema(info.data.get("dataset_id")), value)
+
+    @model_validator(mode="after")
+    def _workers_needed(self) -> DataConfig:
+        problems = []
+        if self.num_workers == 0 and self.prefetch_factor is not None:
+            problems.append(
+                Problem(
+                    ("prefetch_factor",),
+                    "needs data.num_workers > 0 (it is 0)",
+                    self.prefetch_factor,
+                    deps=(("num_workers",),),
+                )
+            )
+        if self.num_workers == 0 and self.persistent_workers:
+            problems.append(
+                Problem(
+                    ("persistent_workers",),
+                    "needs data.num_workers > 0 (it is 0)",
+                    True,
+                    deps=(("num_workers",),),
+                )
+            )
+        if problems:
+            raise RuleViolations(problems)
+        return self
+
+
+__all__ = ["DataConfig"]

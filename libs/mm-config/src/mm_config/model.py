@@ -1,0 +1,124 @@
+"""``model``: one model (``model_id`` + its keys) or several named sub-models (``models``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationInfo, field_validator, model_validator
+
+from .base import ConfigModel, DType
+from .errors import Problem, RuleViolations
+from .registry import model_schema, validate_plugin_dict
+
+
+class SubModelConfig(ConfigModel):
+    """How to build, load and treat one (sub-)model."""
+
+    model_id: str | None = None
+    """Registered model id (``@model_register("wan2_2_predictor")``); selects the builder and plugin schema."""
+    from_pretrained: str | None = None
+    """Directory of pretrained weights (diffusers / HF / DCP); None builds from ``config`` only."""
+    load_format: str = "auto"
+    """Declared weight format (``auto``, ``hf``, ``diffusers``, ``dcp``); ``auto`` sniffs the directory."""
+    checkpoint_path: str | None = None
+    """Weights to load instead of ``from_pretrained`` (wins over it)."""
+    checkpoint_conversion_dir: str | None = None
+    """Cache directory for online conversion to DCP (highest priority of the cache dirs)."""
+    dcp_cache_dir: str | None = None
+    """Alternative name of the DCP conversion cache directory (second priority)."""
+    dcp_conversion_dir: str | None = None
+    """Alternative name of the DCP conversion cache directory (third priority)."""
+    meta_init: bool = False
+    """Build on the meta device; parameters are materialized only after FSDP sharding."""
+    dtype: DType = None
+    """Cast the built model to this dtype; None keeps the model's own dtype (fp32)."""
+    freeze: bool = False
+    """eval() and requires_grad=False on every parameter; a frozen sub-model is never trained or saved."""
+    weight_transform: str | None = None
+    """Registered key-map name used to convert foreign checkpoints; None = the model class default."""
+    config: dict[str, Any] = {}
+    """Model-specific keys, validated by the schema registered for ``model_id`` (if any)."""
+
+    @field_validator("config")
+    @classmethod
+    def _validate_plugin_config(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        return validate_plugin_dict(model_schema(info.data.get("model_id")), value)
+
+
+_SINGLE_KEYS = tuple(SubModelConfig.model_fields)
+"""Keys of the single-model form (set at ``model`` level); in the ``models`` form they stay default."""
+
+
+class ModelConfig(SubModelConfig):
+    """The ``model`` section: single form (``model_id`` and the keys above) or ``models: {name: ...}``."""
+
+    models: dict[str, SubModelConfig] = {}
+    """Named sub-models of a container (``ae``, ``text_encoder``, ``predictor``); their names are
+    the first segment of module paths in plans."""
+    container_id: str | None = None
+    """Registered container id holding ``models`` (e.g. ``wan2_2_container``)."""
+    pipeline: dict[str, Any] = {}
+    """Options of the container's training pipeline (scheduler, timestep range...)."""
+
+    @model_validator(mode="after")
+    def _check_form(self) -> ModelConfig:
+        problems: list[Problem] = []
+        if self.models:
+            for key in [
+                k for k in _SINGLE_KEYS if getattr(self, k) != SubModelConfig.model_fields[k].default
+            ]:
+                problems.append(
+                    Problem(
+                        (key,),
+                        "single-model key not allowed together with `models`; "
+                        "move it under model.models.<name>",
+                        getattr(self, key),
+                        deps=(("models",),),
+                    )
+                )
+            for name, sub in self.models.items():
+                if not name.isidentifier():
+                    problems.append(
+                        Problem(
+                            ("models", name),
+                            "sub-model name must be a Python identifier "
+                            "(it is the first segment of module paths)",
+                        )
+                    )
+                if not sub.model_id:
+                    problems.append(Problem(("models", name, "model_id"), "expected a registered model id"))
+        else:
+            if self.container_id is not None:
+                problems.append(
+                    Problem(
+                        ("container_id",), "a container needs sub-models under `models`", self.container_id
+                    )
+                )
+            if not self.model_id and (self.model_fields_set - {"model_id", "pipeline"}):
+                problems.append(
+                    Problem(("model_id",), "expected a registered model id (other model keys are set)")
+                )
+        if problems:
+            raise RuleViolations(problems)
+        return self
+
+    @property
+    def is_container(self) -> bool:
+        """True for the ``models`` form."""
+        return bool(self.models)
+
+    def sub_models(self) -> dict[str, SubModelConfig]:
+        """Sub-models by name; the single form is ``{"model": ...}``, an empty section ``{}``."""
+        if self.models:
+            return dict(self.models)
+        if not self.model_id:
+            return {}
+        values = {k: getattr(self, k) for k in _SINGLE_KEYS}
+        return {"model": SubModelConfig.model_construct(set(_SINGLE_KEYS) & self.model_fields_set, **values)}
+
+    def trainable_submodels(self) -> list[str]:
+        """Names of sub-models that are not frozen, in declaration order."""
+        return [name for name, sub in self.sub_models().items() if not sub.freeze]
+
+
+__all__ = ["ModelConfig", "SubModelConfig"]

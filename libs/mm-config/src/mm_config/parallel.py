@@ -1,0 +1,123 @@
+"""``parallel``: world layout (FSDP shard/replicate, Ulysses x Ring context parallel) and the FSDP2 plan.
+
+Mesh layout (outer to inner): ``dp_replicate x dp_shard x cp`` with ``cp = ulysses x ring``.
+FSDP shards parameters over ``dp_shard x cp`` (context-parallel ranks hold different tokens of
+the same samples, so they can share parameter shards), so
+``fully_shard_parallel_size = world_size / data_parallel_size``; the data-parallel size seen by
+the sampler is ``world_size / cp`` (all ranks of a CP group read the same sample).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, field_validator
+
+from .base import ConfigModel, DType, ModulePattern
+
+
+def _auto_or_int(value: Any) -> Any:
+    if value == "auto" or value is None:
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError("expected 'auto' or a positive integer")
+    return value
+
+
+AutoInt = Annotated[Literal["auto"] | int, BeforeValidator(_auto_or_int)]
+
+
+class SubPlanConfig(ConfigModel):
+    """Per-sub-model override of the FSDP plan (``parallel.fsdp_plan.sub_plans.<sub-model>``)."""
+
+    shard_size: int | None = Field(default=None, ge=1)
+    """Ranks one copy of this sub-model is sharded over (HSDP: replicated world/shard_size times);
+    None = the global ``fully_shard_parallel_size``."""
+    reshard_after_forward: bool | None = None
+    """Override of ``fsdp_plan.reshard_after_forward`` for this sub-model; None inherits."""
+    cpu_offload: bool | None = None
+    """Override of ``fsdp_plan.cpu_offload`` for this sub-model; None inherits."""
+    enabled: bool = True
+    """False: do not shard this sub-model at all (it stays whole on every rank)."""
+
+
+class FSDPPlanConfig(ConfigModel):
+    """Which modules ``fully_shard`` wraps and with which policies (``parallel.fsdp_plan``)."""
+
+    apply_modules: list[ModulePattern] = []
+    """Module path patterns wrapped as FSDP units, full-match over ``named_modules()``:
+    ``{*}`` one integer segment, ``{a-b}`` inclusive range, ``*`` any characters, ``?`` one character."""
+    ignored_modules: list[ModulePattern] = []
+    """Module path patterns whose parameters FSDP never shards nor casts (e.g. ``ae``)."""
+    param_dtype: DType = None
+    """Compute dtype of unsharded parameters (MixedPrecisionPolicy); None keeps the stored dtype."""
+    reduce_dtype: DType = None
+    """Dtype of gradient reduce-scatter / all-reduce; None = param_dtype."""
+    output_dtype: DType = None
+    """Dtype forward outputs are cast to; None leaves them."""
+    cast_forward_inputs: bool = True
+    """Cast floating-point forward inputs to ``param_dtype``."""
+    reshard_after_forward: bool = True
+    """Free the unsharded parameters after forward (re-gathered in backward): less memory, more comm."""
+    cpu_offload: bool = False
+    """Keep sharded parameters, gradients and optimizer state on the host (CPUOffloadPolicy)."""
+    num_to_forward_prefetch: int = Field(default=0, ge=0)
+    """How many following units of the same sub-model to all-gather ahead in forward."""
+    num_to_backward_prefetch: int = Field(default=0, ge=0)
+    """How many preceding units of the same sub-model to all-gather ahead in backward."""
+    sub_plans: dict[str, SubPlanConfig] = {}
+    """Per-sub-model overrides keyed by sub-model name (``text_encoder: {shard_size: 4}``)."""
+
+
+class ParallelConfig(ConfigModel):
+    """The ``parallel`` section. After validation every size is resolved to an integer."""
+
+    fully_shard_parallel_size: AutoInt = "auto"
+    """FSDP shard degree (``dp_shard x cp``); ``auto`` = world_size / data_parallel_size."""
+    data_parallel_size: int = Field(default=1, ge=1)
+    """Replicate degree (HSDP replicas of the sharded model); 1 = plain FSDP."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """Tensor parallel degree; only 1 is supported."""
+    ulysses_parallel_size: int = Field(default=1, ge=1)
+    """Ulysses context-parallel degree (all-to-all between sequence and heads)."""
+    ring_attention_size: int = Field(default=1, ge=1)
+    """Ring-attention context-parallel degree (KV blocks passed around a ring)."""
+    fsdp_plan: FSDPPlanConfig = FSDPPlanConfig()
+    """The FSDP2 plan."""
+
+    @field_validator("tensor_parallel_size")
+    @classmethod
+    def _tp_is_one(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError("expected 1 (tensor parallelism is not supported)")
+        return value
+
+    @property
+    def cp_size(self) -> int:
+        """Context-parallel degree ``ulysses_parallel_size * ring_attention_size``."""
+        return self.ulysses_parallel_size * self.ring_attention_size
+
+    @property
+    def world_size(self) -> int:
+        """World size this section was resolved for (``data_parallel_size * fully_shard_parallel_size``)."""
+        return self.data_parallel_size * self._resolved_shard()
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel size for the sampler: ``world_size / cp_size`` (a CP group reads one sample)."""
+        return self.world_size // self.cp_size
+
+    @property
+    def dp_shard_size(self) -> int:
+        """Data-parallel part of the FSDP shard group: ``fully_shard_parallel_size / cp_size``."""
+        return self._resolved_shard() // self.cp_size
+
+    def _resolved_shard(self) -> int:
+        if self.fully_shard_parallel_size == "auto":
+            raise ValueError(
+                "parallel.fully_shard_parallel_size is 'auto'; validate via TrainConfig to resolve it"
+            )
+        return int(self.fully_shard_parallel_size)
+
+
+__all__ = ["FSDPPlanConfig", "ParallelConfig", "SubPlanConfig"]

@@ -1,0 +1,236 @@
+"""``TrainConfig``: the six sections and the rules that tie them together.
+
+Cross-section rules live in one ``model_validator(mode="after")``; it also resolves the derived
+values (``fully_shard_parallel_size: auto``, ``global_batch_size``, ``trainable_submodels``) for
+the world size given in the validation context (``{"world_size": n}``), else ``$WORLD_SIZE``, else 1.
+Each rule names the keys it read (``deps``) so that a report can leave out consequences of
+another error.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import Field, ValidationInfo, model_validator
+
+from .base import ConfigModel, pattern_head
+from .data import DataConfig
+from .errors import Loc, Problem, RuleViolations, suggest
+from .features import FeaturesConfig
+from .model import ModelConfig
+from .parallel import ParallelConfig
+from .tools import ToolsConfig
+from .training import TrainingConfig
+
+_HEAD_KEYS = ("num_heads", "num_attention_heads")
+_ULYSSES: Loc = ("parallel", "ulysses_parallel_size")
+_RING: Loc = ("parallel", "ring_attention_size")
+_DP: Loc = ("parallel", "data_parallel_size")
+_SHARD: Loc = ("parallel", "fully_shard_parallel_size")
+
+
+class TrainConfig(ConfigModel):
+    """A complete, validated training config (the six YAML sections)."""
+
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    """Process layout and FSDP2 plan."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """What to build and load."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """What to read."""
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    """How to train."""
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    """Profilers."""
+    features: FeaturesConfig = Field(default_factory=FeaturesConfig)
+    """Memory/throughput features."""
+
+    @model_validator(mode="after")
+    def _cross_section_rules(self, info: ValidationInfo) -> TrainConfig:
+        world = context_world_size(info.context)
+        problems = _layout_problems(self.parallel, world)
+        problems += _submodel_problems(self)
+        if not problems:
+            problems += _batch_and_heads_problems(self, world)
+        if problems:
+            raise RuleViolations(problems)
+        self._resolve(world)
+        return self
+
+    def _resolve(self, world: int) -> None:
+        p, t = self.parallel, self.training
+        p.fully_shard_parallel_size = world // p.data_parallel_size
+        t.global_batch_size = t.micro_batch_size * t.gradient_accumulation_steps * (world // p.cp_size)
+        if t.trainable_submodels is None:
+            t.trainable_submodels = self.model.trainable_submodels()
+
+
+def context_world_size(context: object) -> int:
+    """World size from a validation context dict, else ``$WORLD_SIZE``, else 1."""
+    value = context.get("world_size") if isinstance(context, dict) else None
+    if value is None:
+        value = os.environ.get("WORLD_SIZE", 1)
+    world = int(value)
+    if world < 1:
+        raise ValueError(f"world size must be >= 1, got {world}")
+    return world
+
+
+def _layout_problems(p: ParallelConfig, world: int) -> list[Problem]:
+    out: list[Problem] = []
+    cp, dp = p.cp_size, p.data_parallel_size
+    if world % cp:
+        at, other = (_RING, _ULYSSES) if p.ulysses_parallel_size == 1 else (_ULYSSES, _RING)
+        out.append(
+            Problem(
+                at,
+                f"ulysses_parallel_size ({p.ulysses_parallel_size}) x ring_attention_size "
+                f"({p.ring_attention_size}) = {cp} must divide the world size {world} "
+                f"({world} % {cp} = {world % cp})",
+                p.ulysses_parallel_size if at == _ULYSSES else p.ring_attention_size,
+                deps=(other,),
+            )
+        )
+    if world % dp:
+        out.append(Problem(_DP, f"must divide the world size {world} ({world} % {dp} = {world % dp})", dp))
+    shard = p.fully_shard_parallel_size
+    if not out and shard != "auto" and dp * shard != world:
+        out.append(
+            Problem(
+                _SHARD,
+                f"data_parallel_size ({dp}) x fully_shard_parallel_size ({shard}) = "
+                f"{dp * shard}, expected the world size {world} (or 'auto' = {world // dp})",
+                shard,
+                deps=(_DP,),
+            )
+        )
+    elif not out and (world // dp) % cp:
+        out.append(
+            Problem(
+                _SHARD,
+                f"FSDP shard group {world // dp} (world {world} / data_parallel_size {dp}) "
+                f"must be a multiple of ulysses x ring = {cp}: context-parallel ranks belong to "
+                "the shard group",
+                shard,
+                deps=(_DP, _ULYSSES, _RING),
+            )
+        )
+    for name, sub in p.fsdp_plan.sub_plans.items():
+        if sub.shard_size is not None and world % sub.shard_size:
+            out.append(
+                Problem(
+                    ("parallel", "fsdp_plan", "sub_plans", name, "shard_size"),
+                    f"must divide the world size {world} ({world} % {sub.shard_size} = "
+                    f"{world % sub.shard_size})",
+                    sub.shard_size,
+                )
+            )
+    return out
+
+
+def _submodel_problems(cfg: TrainConfig) -> list[Problem]:
+    subs = cfg.model.sub_models()
+    model_deps: tuple[Loc, ...] = (("model", "models"), ("model", "model_id"), ("model", "freeze"))
+    out: list[Problem] = []
+    for i, name in enumerate(cfg.training.trainable_submodels or []):
+        loc: Loc = ("training", "trainable_submodels", i)
+        if name not in subs:
+            out.append(
+                Problem(loc, f"not a sub-model; {suggest(name, subs, 'sub-model')}", name, deps=model_deps)
+            )
+        elif subs[name].freeze:
+            where = f"model.models.{name}" if cfg.model.is_container else "model"
+            out.append(
+                Problem(
+                    loc,
+                    f"sub-model `{name}` is frozen ({where}.freeze: true) and cannot be trained",
+                    name,
+                    deps=model_deps,
+                )
+            )
+    for name in cfg.parallel.fsdp_plan.sub_plans:
+        if name not in subs:
+            out.append(
+                Problem(
+                    ("parallel", "fsdp_plan", "sub_plans", name),
+                    f"not a sub-model; {suggest(name, subs, 'sub-model')}",
+                    deps=model_deps,
+                )
+            )
+    if cfg.model.is_container:
+        out += _pattern_head_problems(cfg, set(subs))
+    return out
+
+
+def _pattern_head_problems(cfg: TrainConfig, names: set[str]) -> list[Problem]:
+    plan = cfg.parallel.fsdp_plan
+    lists: dict[Loc, list[str]] = {
+        ("parallel", "fsdp_plan", "apply_modules"): plan.apply_modules,
+        ("parallel", "fsdp_plan", "ignored_modules"): plan.ignored_modules,
+        ("features", "recompute_plan", "apply_modules"): cfg.features.recompute_plan.apply_modules,
+        (
+            "features",
+            "activation_offload_plan",
+            "apply_modules",
+        ): cfg.features.activation_offload_plan.apply_modules,
+    }
+    out: list[Problem] = []
+    for loc, patterns in lists.items():
+        for i, pattern in enumerate(patterns):
+            head = pattern_head(pattern)
+            if head is not None and head not in names:
+                out.append(
+                    Problem(
+                        loc + (i,),
+                        f"first segment `{head}` is not a sub-model of model.models; "
+                        f"{suggest(head, names, 'sub-model')}",
+                        pattern,
+                        deps=(("model", "models"),),
+                    )
+                )
+    return out
+
+
+def _batch_and_heads_problems(cfg: TrainConfig, world: int) -> list[Problem]:
+    p, t = cfg.parallel, cfg.training
+    out: list[Problem] = []
+    dp = world // p.cp_size
+    expected = t.micro_batch_size * t.gradient_accumulation_steps * dp
+    if t.global_batch_size is not None and t.global_batch_size != expected:
+        out.append(
+            Problem(
+                ("training", "global_batch_size"),
+                f"expected micro_batch_size ({t.micro_batch_size}) x gradient_accumulation_steps "
+                f"({t.gradient_accumulation_steps}) x data-parallel size ({dp} = world {world} / "
+                f"ulysses x ring {p.cp_size}) = {expected}",
+                t.global_batch_size,
+                deps=(
+                    ("training", "micro_batch_size"),
+                    ("training", "gradient_accumulation_steps"),
+                    _ULYSSES,
+                    _RING,
+                ),
+            )
+        )
+    trainable = (
+        t.trainable_submodels if t.trainable_submodels is not None else cfg.model.trainable_submodels()
+    )
+    subs = cfg.model.sub_models()
+    for name in trainable:
+        base: Loc = ("model", "models", name) if cfg.model.is_container else ("model",)
+        for key in _HEAD_KEYS:
+            heads = subs[name].config.get(key)
+            if isinstance(heads, int) and heads % p.ulysses_parallel_size:
+                out.append(
+                    Problem(
+                        base + ("config", key),
+                        f"must be divisible by parallel.ulysses_parallel_size "
+                        f"({p.ulysses_parallel_size}): Ulysses splits attention heads across ranks",
+                        heads,
+                        deps=(_ULYSSES, ("training", "trainable_submodels")),
+                    )
+                )
+    return out
+
+
+__all__ = ["TrainConfig", "context_world_size"]

@@ -1,0 +1,103 @@
+"""``training``: plugins, batch arithmetic, schedule, optimizer, checkpoint and logging options."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from .base import ConfigModel
+from .errors import Problem, RuleViolations
+
+
+class NonFiniteConfig(ConfigModel):
+    """What to do when the loss or gradient norm is NaN/inf (``training.nonfinite``)."""
+
+    action: Literal["skip", "stop"] = "skip"
+    """``skip``: drop the step (no optimizer update); ``stop``: raise at once."""
+    max_consecutive: int = Field(default=5, ge=1)
+    """Stop with an error after this many consecutive skipped steps."""
+
+
+class TrainingConfig(ConfigModel):
+    """The ``training`` section."""
+
+    plugin: list[str] = []
+    """Python modules imported before the config is validated and the model is built (registrations)."""
+    seed: int = 1234
+    """Base random seed (model init, data order, noise)."""
+    micro_batch_size: int = Field(default=1, ge=1)
+    """Samples per data-parallel rank per forward/backward."""
+    gradient_accumulation_steps: int = Field(default=1, ge=1)
+    """Micro-steps accumulated per optimizer step."""
+    global_batch_size: int | None = Field(default=None, ge=1)
+    """Samples per optimizer step = micro_batch_size x gradient_accumulation_steps x data-parallel size
+    (world / (ulysses x ring)); None = computed."""
+    train_iters: int = Field(default=1000, ge=1)
+    """Optimizer steps to train."""
+    lr: float = Field(default=1.0e-5, ge=0)
+    """Peak learning rate."""
+    min_lr: float = Field(default=0.0, ge=0)
+    """Learning rate at the end of a linear/cosine decay."""
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    """Shape of the learning rate after warmup."""
+    lr_warmup_iters: int = Field(default=0, ge=0)
+    """Steps of linear warmup from 0 to ``lr``."""
+    optimizer: Literal["adamw"] = "adamw"
+    """Optimizer."""
+    adam_beta1: float = Field(default=0.9, ge=0, lt=1)
+    """AdamW beta1."""
+    adam_beta2: float = Field(default=0.999, ge=0, lt=1)
+    """AdamW beta2."""
+    adam_eps: float = Field(default=1.0e-8, gt=0)
+    """AdamW epsilon."""
+    weight_decay: float = Field(default=0.01, ge=0)
+    """AdamW decoupled weight decay."""
+    clip_grad: float | None = Field(default=1.0, ge=0)
+    """Clip the global gradient norm to this value; 0 or None disables clipping."""
+    load: str | None = None
+    """Checkpoint directory to resume from (model, optimizer, scheduler, data, RNG)."""
+    save: str | None = None
+    """Directory checkpoints and the resolved config are written to; None saves nothing."""
+    save_interval: int = Field(default=1000, ge=1)
+    """Save a checkpoint every this many steps (and at the end)."""
+    keep_last: int | None = Field(default=None, ge=1)
+    """Keep only this many newest checkpoints; None keeps all."""
+    log_interval: int = Field(default=1, ge=1)
+    """Log metrics every this many steps."""
+    log_dir: str | None = None
+    """Directory for metrics JSONL and TensorBoard events; None = ``save`` (or no files)."""
+    tensorboard: bool = False
+    """Also write TensorBoard events."""
+    trainable_submodels: list[str] | None = None
+    """Sub-models that are trained (names from ``model.models``, ``model`` in the single form);
+    None = every sub-model that is not frozen."""
+    nonfinite: NonFiniteConfig = NonFiniteConfig()
+    """Handling of NaN/inf loss or gradient norm."""
+    deterministic: bool = False
+    """Use deterministic algorithms (slower; bitwise reproducible runs)."""
+    device: str | None = Field(default=None, pattern=r"^(cpu|cuda|npu)(:\d+)?$")
+    """``cpu``, ``cuda`` or ``npu`` (optionally ``:index``); None picks npu, then cuda, then cpu."""
+
+    @model_validator(mode="after")
+    def _schedule_consistent(self) -> TrainingConfig:
+        problems = []
+        if self.min_lr > self.lr:
+            problems.append(
+                Problem(("min_lr",), f"must not exceed training.lr ({self.lr})", self.min_lr, deps=(("lr",),))
+            )
+        if self.lr_warmup_iters > self.train_iters:
+            problems.append(
+                Problem(
+                    ("lr_warmup_iters",),
+                    f"must not exceed training.train_iters ({self.train_iters})",
+                    self.lr_warmup_iters,
+                    deps=(("train_iters",),),
+                )
+            )
+        if problems:
+            raise RuleViolations(problems)
+        return self
+
+
+__all__ = ["NonFiniteConfig", "TrainingConfig"]

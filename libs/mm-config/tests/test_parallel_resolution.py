@@ -1,0 +1,76 @@
+"""``fully_shard_parallel_size: auto`` and the derived sizes, for world sizes 1, 2, 4 and 8."""
+
+from __future__ import annotations
+
+import pytest
+from mm_config import ParallelConfig
+
+
+@pytest.mark.parametrize(
+    ("world", "replicate", "ulysses", "ring", "shard", "dp"),
+    [
+        (1, 1, 1, 1, 1, 1),
+        (2, 1, 1, 1, 2, 2),
+        (2, 1, 2, 1, 2, 1),
+        (2, 1, 1, 2, 2, 1),
+        (2, 2, 1, 1, 1, 2),
+        (4, 1, 2, 2, 4, 1),
+        (4, 1, 4, 1, 4, 1),
+        (4, 2, 2, 1, 2, 2),
+        (4, 1, 1, 2, 4, 2),
+        (8, 1, 4, 2, 8, 1),
+        (8, 1, 8, 1, 8, 1),
+        (8, 2, 2, 2, 4, 2),
+        (8, 4, 1, 2, 2, 4),
+        (8, 1, 2, 1, 8, 4),
+    ],
+)
+def test_auto_resolves_shard_degree_and_data_parallel_size(load, world, replicate, ulysses, ring, shard, dp):
+    cfg = load(
+        {
+            "parallel": {
+                "data_parallel_size": replicate,
+                "ulysses_parallel_size": ulysses,
+                "ring_attention_size": ring,
+            },
+            "training": {"micro_batch_size": 2},
+        },
+        world_size=world,
+    )
+    p = cfg.parallel
+    assert p.fully_shard_parallel_size == shard == world // replicate
+    assert p.cp_size == ulysses * ring
+    assert p.dp_size == dp == world // (ulysses * ring)
+    assert p.dp_shard_size == shard // (ulysses * ring)
+    assert p.world_size == world
+    assert cfg.training.global_batch_size == 2 * dp
+
+
+def test_explicit_shard_degree_matching_the_world_is_kept(load):
+    cfg = load({"parallel": {"fully_shard_parallel_size": 4, "data_parallel_size": 2}}, world_size=8)
+    assert cfg.parallel.fully_shard_parallel_size == 4 and cfg.parallel.dp_size == 8
+
+
+def test_world_size_falls_back_to_env_then_1(load, monkeypatch, write_config):
+    from mm_config import load_config
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert load_config(write_config({})).parallel.fully_shard_parallel_size == 4
+    monkeypatch.delenv("WORLD_SIZE")
+    assert load_config(write_config({})).parallel.fully_shard_parallel_size == 1
+
+
+def test_unresolved_section_refuses_derived_sizes():
+    with pytest.raises(ValueError, match="is 'auto'"):
+        _ = ParallelConfig().dp_size
+
+
+def test_global_batch_size_that_matches_is_accepted(load):
+    cfg = load(
+        {
+            "parallel": {"ulysses_parallel_size": 2},
+            "training": {"micro_batch_size": 2, "gradient_accumulation_steps": 3, "global_batch_size": 24},
+        },
+        world_size=8,
+    )
+    assert cfg.training.global_batch_size == 24

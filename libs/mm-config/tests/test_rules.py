@@ -1,0 +1,301 @@
+"""One bad config per rule: the report names the YAML path, the bad value and what was expected."""
+
+from __future__ import annotations
+
+# --- parallel ---------------------------------------------------------------------------------
+
+
+def test_tensor_parallel_must_be_1(load_error, problem_at):
+    err = load_error({"parallel": {"tensor_parallel_size": 2}})
+    assert problem_at(err, "parallel.tensor_parallel_size") == (
+        "parallel.tensor_parallel_size = 2: expected 1 (tensor parallelism is not supported)"
+    )
+
+
+def test_ulysses_times_ring_must_divide_world_size_with_the_arithmetic_spelled_out(load_error, problem_at):
+    err = load_error({"parallel": {"ulysses_parallel_size": 4, "ring_attention_size": 2}}, world_size=12)
+    assert (
+        "ulysses_parallel_size (4) x ring_attention_size (2) = 8 must divide the world size 12 (12 % 8 = 4)"
+        in problem_at(err, "parallel.ulysses_parallel_size")
+    )
+
+
+def test_ring_alone_not_dividing_world_size_is_reported_at_ring_attention_size(load_error, problem_at):
+    err = load_error({"parallel": {"ring_attention_size": 3}}, world_size=8)
+    assert "= 3 must divide the world size 8 (8 % 3 = 2)" in problem_at(err, "parallel.ring_attention_size")
+
+
+def test_data_parallel_size_must_divide_world_size(load_error, problem_at):
+    err = load_error({"parallel": {"data_parallel_size": 3}}, world_size=8)
+    assert "must divide the world size 8 (8 % 3 = 2)" in problem_at(err, "parallel.data_parallel_size")
+
+
+def test_explicit_shard_degree_times_replicas_must_equal_world_size(load_error, problem_at):
+    err = load_error({"parallel": {"fully_shard_parallel_size": 2, "data_parallel_size": 2}}, world_size=8)
+    msg = problem_at(err, "parallel.fully_shard_parallel_size")
+    assert "data_parallel_size (2) x fully_shard_parallel_size (2) = 4, expected the world size 8" in msg
+    assert "'auto' = 4" in msg
+
+
+def test_shard_group_must_contain_whole_context_parallel_groups(load_error, problem_at):
+    err = load_error({"parallel": {"data_parallel_size": 4, "ulysses_parallel_size": 4}}, world_size=8)
+    assert (
+        "FSDP shard group 2 (world 8 / data_parallel_size 4) must be a multiple of ulysses x ring = 4"
+        in problem_at(err, "parallel.fully_shard_parallel_size")
+    )
+
+
+def test_shard_degree_must_be_auto_or_a_positive_integer(load_error, problem_at):
+    err = load_error({"parallel": {"fully_shard_parallel_size": "all"}})
+    assert problem_at(err, "parallel.fully_shard_parallel_size") == (
+        "parallel.fully_shard_parallel_size = 'all': expected 'auto' or a positive integer"
+    )
+
+
+def test_dtype_must_be_a_known_name(load_error, problem_at):
+    err = load_error({"parallel": {"fsdp_plan": {"param_dtype": "bf32"}}})
+    assert "expected one of fp32, bf16, fp16" in problem_at(err, "parallel.fsdp_plan.param_dtype")
+
+
+def test_dtype_aliases_are_normalized(load):
+    cfg = load(
+        {
+            "parallel": {
+                "fsdp_plan": {"param_dtype": "bfloat16", "reduce_dtype": "float32", "output_dtype": "float16"}
+            }
+        }
+    )
+    plan = cfg.parallel.fsdp_plan
+    assert (plan.param_dtype, plan.reduce_dtype, plan.output_dtype) == ("bf16", "fp32", "fp16")
+
+
+def test_module_pattern_braces_must_be_star_or_a_range(load_error):
+    err = load_error({"parallel": {"fsdp_plan": {"apply_modules": ["a.{*}", "b.{0-3}", "c.{3-1}"]}}})
+    assert err.paths == ["parallel.fsdp_plan.apply_modules[2]"]
+    assert "bad brace group {3-1} in 'c.{3-1}'" in str(err)
+
+
+def test_prefetch_counts_must_not_be_negative(load_error, problem_at):
+    err = load_error({"parallel": {"fsdp_plan": {"num_to_forward_prefetch": -1}}})
+    assert "expected greater than or equal to 0" in problem_at(
+        err, "parallel.fsdp_plan.num_to_forward_prefetch"
+    )
+
+
+def test_sub_plan_must_name_a_sub_model(load_error, problem_at, container):
+    err = load_error(container(parallel={"fsdp_plan": {"sub_plans": {"text_encodr": {"shard_size": 1}}}}))
+    assert "did you mean `text_encoder`?" in problem_at(err, "parallel.fsdp_plan.sub_plans.text_encodr")
+
+
+def test_sub_plan_shard_size_must_divide_world_size(load_error, problem_at, container):
+    err = load_error(
+        container(parallel={"fsdp_plan": {"sub_plans": {"text_encoder": {"shard_size": 3}}}}), world_size=8
+    )
+    assert "must divide the world size 8 (8 % 3 = 2)" in problem_at(
+        err, "parallel.fsdp_plan.sub_plans.text_encoder.shard_size"
+    )
+
+
+def test_plan_pattern_must_start_with_a_sub_model_name(load_error, problem_at, container):
+    err = load_error(
+        container(parallel={"fsdp_plan": {"apply_modules": ["predictor.blocks.{*}", "predicter.head"]}})
+    )
+    msg = problem_at(err, "parallel.fsdp_plan.apply_modules[1]")
+    assert "first segment `predicter` is not a sub-model" in msg and "did you mean `predictor`?" in msg
+
+
+def test_recompute_pattern_must_start_with_a_sub_model_name(load_error, problem_at, container):
+    err = load_error(container(features={"recompute_plan": {"apply_modules": ["dit.blocks.{*}"]}}))
+    assert "expected one of: ae, predictor, text_encoder" in problem_at(
+        err, "features.recompute_plan.apply_modules[0]"
+    )
+
+
+def test_ulysses_must_divide_the_trainable_models_heads(load_error, problem_at, container):
+    err = load_error(container(parallel={"ulysses_parallel_size": 3}), world_size=3)
+    assert "must be divisible by parallel.ulysses_parallel_size (3)" in problem_at(
+        err, "model.models.predictor.config.num_heads"
+    )
+
+
+def test_ulysses_heads_rule_in_single_form_points_at_model_config(load_error, problem_at):
+    err = load_error(
+        {
+            "model": {"model_id": "m", "config": {"num_attention_heads": 6}},
+            "parallel": {"ulysses_parallel_size": 4},
+        },
+        world_size=4,
+    )
+    assert problem_at(err, "model.config.num_attention_heads").startswith(
+        "model.config.num_attention_heads = 6"
+    )
+
+
+# --- model ------------------------------------------------------------------------------------
+
+
+def test_single_model_keys_are_not_allowed_next_to_models(load_error, problem_at, container):
+    data = container()
+    data["model"]["from_pretrained"] = "/weights"
+    err = load_error(data)
+    assert "single-model key not allowed together with `models`" in problem_at(err, "model.from_pretrained")
+
+
+def test_every_sub_model_needs_a_model_id(load_error, problem_at, container):
+    data = container()
+    del data["model"]["models"]["ae"]["model_id"]
+    err = load_error(data)
+    assert "expected a registered model id" in problem_at(err, "model.models.ae.model_id")
+
+
+def test_sub_model_name_must_be_an_identifier(load_error, problem_at, container):
+    data = container()
+    data["model"]["models"]["text-encoder"] = data["model"]["models"].pop("text_encoder")
+    err = load_error(data)
+    assert "must be a Python identifier" in problem_at(err, "model.models.text-encoder")
+
+
+def test_container_id_needs_models(load_error, problem_at):
+    err = load_error({"model": {"model_id": "m", "container_id": "c"}})
+    assert "a container needs sub-models" in problem_at(err, "model.container_id")
+
+
+def test_model_keys_without_model_id_are_an_error(load_error, problem_at):
+    err = load_error({"model": {"from_pretrained": "/weights"}})
+    assert "expected a registered model id" in problem_at(err, "model.model_id")
+
+
+# --- training ---------------------------------------------------------------------------------
+
+
+def test_global_batch_must_equal_micro_times_accumulation_times_data_parallel(load_error, problem_at):
+    err = load_error(
+        {
+            "parallel": {"ulysses_parallel_size": 2},
+            "training": {"micro_batch_size": 2, "gradient_accumulation_steps": 3, "global_batch_size": 48},
+        },
+        world_size=8,
+    )
+    assert problem_at(err, "training.global_batch_size") == (
+        "training.global_batch_size = 48: expected micro_batch_size (2) x gradient_accumulation_steps (3) x "
+        "data-parallel size (4 = world 8 / ulysses x ring 2) = 24"
+    )
+
+
+def test_a_frozen_sub_model_cannot_be_trainable(load_error, problem_at, container):
+    err = load_error(container(training={"trainable_submodels": ["predictor", "ae"]}))
+    assert "sub-model `ae` is frozen (model.models.ae.freeze: true) and cannot be trained" in problem_at(
+        err, "training.trainable_submodels[1]"
+    )
+
+
+def test_trainable_sub_model_must_exist(load_error, problem_at, container):
+    err = load_error(container(training={"trainable_submodels": ["predicto"]}))
+    assert "did you mean `predictor`?" in problem_at(err, "training.trainable_submodels[0]")
+
+
+def test_trainable_defaults_to_the_unfrozen_sub_models(load, container):
+    assert load(container()).training.trainable_submodels == ["predictor"]
+
+
+def test_min_lr_must_not_exceed_lr(load_error, problem_at):
+    err = load_error({"training": {"lr": 1e-5, "min_lr": 1e-4}})
+    assert "must not exceed training.lr (1e-05)" in problem_at(err, "training.min_lr")
+
+
+def test_warmup_must_not_exceed_train_iters(load_error, problem_at):
+    err = load_error({"training": {"train_iters": 10, "lr_warmup_iters": 20}})
+    assert "must not exceed training.train_iters (10)" in problem_at(err, "training.lr_warmup_iters")
+
+
+def test_scheduler_must_be_a_known_name(load_error, problem_at):
+    err = load_error({"training": {"lr_scheduler": "step"}})
+    assert "expected 'constant', 'linear' or 'cosine'" in problem_at(err, "training.lr_scheduler")
+
+
+def test_nonfinite_action_must_be_skip_or_stop(load_error, problem_at):
+    err = load_error({"training": {"nonfinite": {"action": "ignore"}}})
+    assert "expected 'skip' or 'stop'" in problem_at(err, "training.nonfinite.action")
+
+
+def test_device_must_be_cpu_cuda_or_npu(load_error, problem_at):
+    err = load_error({"training": {"device": "tpu"}})
+    assert "training.device = 'tpu'" in problem_at(err, "training.device")
+
+
+def test_plugin_that_cannot_be_imported_is_reported(load_error, problem_at):
+    err = load_error({"training": {"plugin": ["json", "no_such_plugin_mod"]}})
+    assert "cannot import plugin module: No module named 'no_such_plugin_mod'" in problem_at(
+        err, "training.plugin[1]"
+    )
+
+
+# --- data, tools, features --------------------------------------------------------------------
+
+
+def test_prefetch_factor_needs_workers(load_error, problem_at):
+    err = load_error({"data": {"prefetch_factor": 2}})
+    assert "needs data.num_workers > 0" in problem_at(err, "data.prefetch_factor")
+
+
+def test_persistent_workers_need_workers(load_error, problem_at):
+    err = load_error({"data": {"persistent_workers": True}})
+    assert "needs data.num_workers > 0" in problem_at(err, "data.persistent_workers")
+
+
+def test_profile_range_must_be_ordered(load_error, problem_at):
+    err = load_error({"tools": {"profile": {"enable": True, "start_step": 5, "end_step": 5}}})
+    assert "must be greater than start_step (5)" in problem_at(err, "tools.profile.end_step")
+
+
+def test_memory_profile_range_must_be_ordered(load_error, problem_at):
+    err = load_error({"tools": {"memory_profile": {"enable": True, "start_step": 3, "end_step": 1}}})
+    assert "must be greater than start_step (3)" in problem_at(err, "tools.memory_profile.end_step")
+
+
+def test_condition_mbs_must_be_positive(load_error, problem_at):
+    err = load_error({"features": {"condition_mbs": 0}})
+    assert "expected greater than or equal to 1" in problem_at(err, "features.condition_mbs")
+
+
+# --- file level -------------------------------------------------------------------------------
+
+
+def test_unknown_section_suggests_the_closest(load_error, problem_at):
+    err = load_error({"trainig": {}})
+    assert problem_at(err, "trainig") == "trainig: unknown key; did you mean `training`?"
+
+
+def test_unknown_nested_key_suggests_the_closest(load_error, problem_at):
+    err = load_error({"parallel": {"ulysses_parallel_sise": 2}})
+    assert "did you mean `ulysses_parallel_size`?" in problem_at(err, "parallel.ulysses_parallel_sise")
+
+
+def test_unknown_key_without_close_match_lists_valid_keys(load_error, problem_at):
+    err = load_error({"features": {"zzz": 1}})
+    assert "expected one of: activation_offload_plan, condition_mbs, recompute_plan" in problem_at(
+        err, "features.zzz"
+    )
+
+
+def test_duplicate_yaml_key_is_an_error(load_error):
+    err = load_error("training:\n  lr: 1.0e-5\n  lr: 1.0e-4\n")
+    assert "duplicate key 'lr'" in str(err) and "line 3" in str(err)
+
+
+def test_yaml_syntax_error_names_the_file(load_error):
+    err = load_error("training: [\n")
+    assert "config.yaml" in str(err) and "invalid YAML" in str(err)
+
+
+def test_top_level_must_be_a_mapping(load_error):
+    err = load_error("- a\n- b\n")
+    assert "expected a mapping of sections at the top level" in str(err)
+
+
+def test_missing_file_is_a_config_error(tmp_path):
+    import pytest
+    from mm_config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "nope.yaml")
