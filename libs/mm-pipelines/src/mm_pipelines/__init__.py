@@ -1,3 +1,43 @@
 """Generative training pipelines: the pipeline base, the flow-match scheduler, T2V/I2V pipelines."""
 
+from .conditioning import (
+    as_tensor_output,
+    first_frame_mask,
+    first_frame_video,
+    i2v_condition,
+    masked_text_embeddings,
+    replace_first_frame,
+)
+from .container import TrainabilityAware, call_role, get_submodule, is_trainable
+from .flow_match_scheduler import (
+    DEFAULT_SIGMA_MIN,
+    EXPERT_BOUNDARIES,
+    WAN22_RECIPE_GRID,
+    FlowMatchScheduler,
+    shift_sigmas,
+)
+from .flow_match_t2v import FlowMatchT2VPipeline
+from .pipeline_base import GenerativePipelineBase, PipelineOutput
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_SIGMA_MIN",
+    "EXPERT_BOUNDARIES",
+    "WAN22_RECIPE_GRID",
+    "FlowMatchScheduler",
+    "FlowMatchT2VPipeline",
+    "GenerativePipelineBase",
+    "PipelineOutput",
+    "TrainabilityAware",
+    "as_tensor_output",
+    "call_role",
+    "first_frame_mask",
+    "first_frame_video",
+    "get_submodule",
+    "i2v_condition",
+    "is_trainable",
+    "masked_text_embeddings",
+    "replace_first_frame",
+    "shift_sigmas",
+]

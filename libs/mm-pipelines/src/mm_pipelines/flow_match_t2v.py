@@ -1,0 +1,186 @@
+"""Generic latent flow-match training for text/image-to-video (Wan2.2 T2V, I2V, TI2V)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+
+from .conditioning import (
+    as_tensor_output,
+    first_frame_video,
+    i2v_condition,
+    masked_text_embeddings,
+    replace_first_frame,
+)
+from .flow_match_scheduler import FlowMatchScheduler
+from .pipeline_base import GenerativePipelineBase
+
+Task = Literal["t2v", "i2v", "ti2v"]
+TASKS = ("t2v", "i2v", "ti2v")
+
+
+class FlowMatchT2VPipeline(GenerativePipelineBase):
+    """Flow-match training on VAE latents, conditioned on text (and a first frame).
+
+    Sub-model contracts (roles, renamable with ``roles``):
+        ``ae``: ``ae.encode(video [B, C, F, H, W]) -> latents [B, c, T, h, w]`` (already
+            normalized; method name ``ae_method``). Skipped when the batch has ``latents``.
+        ``text_encoder``: ``text_encoder(input_ids=..., attention_mask=...)`` returning
+            ``[B, L, D]``, an object with ``last_hidden_state``, or a tuple. Padding positions
+            are zeroed. Skipped when the batch has ``prompt_embeds``.
+        ``predictor``: ``predictor(hidden_states, timestep [B], encoder_hidden_states)`` returning
+            the velocity (tensor, ``.sample`` or tuple); optionally
+            ``tokens_per_sample(latent_shape [c, T, h, w]) -> int`` for the ``num_tokens`` metric.
+
+    Tasks:
+        ``t2v``: plain text-to-video.
+        ``i2v``: predictor input ``cat([x_t, mask, image_latents], dim=1)`` (Wan2.2 I2V A14B,
+            16 + 4 + 16 = 36 channels); ``image_latents`` from the batch or ``ae`` on the video
+            with frames after the first zeroed.
+        ``ti2v``: the noised latents' first frame is the clean first-frame latents and is
+            excluded from the loss (Wan2.2 TI2V-5B).
+
+    Noise and timesteps come from ``generator`` (else the global RNG): ranks of one
+    context-parallel group must use the same seed.
+    """
+
+    def __init__(
+        self,
+        scheduler: FlowMatchScheduler,
+        *,
+        task: Task = "t2v",
+        roles: Mapping[str, str] | None = None,
+        per_sample_timesteps: bool = False,
+        mask_channels: int = 4,
+        ae_method: str = "encode",
+        predict_dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(roles=roles)
+        if task not in TASKS:
+            raise ValueError(f"FlowMatchT2VPipeline: task={task!r} is not one of {list(TASKS)}")
+        if not isinstance(scheduler, FlowMatchScheduler):
+            raise TypeError(
+                f"FlowMatchT2VPipeline: scheduler must be a FlowMatchScheduler, got {type(scheduler)}"
+            )
+        self.scheduler = scheduler
+        self.task = task
+        self.per_sample_timesteps = per_sample_timesteps
+        self.mask_channels = mask_channels
+        self.ae_method = ae_method
+        self.predict_dtype = predict_dtype
+
+    # ---------------------------------------------------------- 1. conditions
+    def prepare_conditions(self, container: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """Clean latents (fp32), prompt embeddings and, for i2v, the channel condition."""
+        latents = self.encode_latents(container, batch)
+        conditions = {"latents": latents, "prompt_embeds": self.encode_prompt(container, batch)}
+        if self.task == "i2v":
+            image_latents = self.encode_image_latents(container, batch)
+            conditions["image_condition"] = i2v_condition(latents, image_latents, self.mask_channels)
+        return conditions
+
+    def encode_latents(self, container: Any, batch: Mapping[str, Any]) -> torch.Tensor:
+        """``batch["latents"]`` or ``ae`` on ``batch["video"]``, as fp32."""
+        if "latents" in batch:
+            return batch["latents"].float()
+        video = _require(batch, "video", "latents")
+        return self._encode_video(container, video)
+
+    def encode_image_latents(self, container: Any, batch: Mapping[str, Any]) -> torch.Tensor:
+        """``batch["image_latents"]`` or ``ae`` on the first-frame-only video (i2v)."""
+        if "image_latents" in batch:
+            return batch["image_latents"].float()
+        video = _require(batch, "video", "image_latents")
+        return self._encode_video(container, first_frame_video(video))
+
+    def encode_prompt(self, container: Any, batch: Mapping[str, Any]) -> torch.Tensor:
+        """``batch["prompt_embeds"]`` or the text encoder on ``input_ids`` / ``attention_mask``."""
+        if "prompt_embeds" in batch:
+            return batch["prompt_embeds"]
+        input_ids = _require(batch, "input_ids", "prompt_embeds")
+        mask = batch.get("attention_mask")
+        out = self.call(container, "text_encoder", input_ids=input_ids, attention_mask=mask)
+        return masked_text_embeddings(as_tensor_output(out, "text_encoder"), mask)
+
+    def _encode_video(self, container: Any, video: torch.Tensor) -> torch.Tensor:
+        out = self.call(container, "ae", video, method=self.ae_method)
+        return as_tensor_output(out, f"ae.{self.ae_method}").float()
+
+    # ------------------------------------------------------------- 2. noising
+    def noising(self, conditions: dict[str, Any], generator: torch.Generator | None = None) -> dict[str, Any]:
+        """Draw grid indices and noise; build predictor inputs, target and weight."""
+        x0 = conditions["latents"]
+        sched = self.scheduler
+        idx = sched.sample_indices(x0.shape[0], generator, per_sample=self.per_sample_timesteps)
+        noise = _randn_like(x0, generator)
+        x_t = sched.add_noise(x0, noise, sched.sigmas_for(idx))
+        if self.task == "ti2v":
+            x_t = replace_first_frame(x_t, x0)
+        hidden = x_t
+        if self.task == "i2v":
+            hidden = torch.cat([x_t, conditions["image_condition"].to(x_t.dtype)], dim=1)
+        return {
+            "hidden_states": hidden,
+            "timestep": sched.timesteps_for(idx).to(x0.device),
+            "encoder_hidden_states": conditions["prompt_embeds"],
+            "target": sched.training_target(x0, noise),
+            "weight": sched.weights_for(idx).to(x0.device),
+            "indices": idx,
+            "latent_shape": tuple(x0.shape),
+        }
+
+    # ------------------------------------------------------------- 3. predict
+    def predict(self, container: Any, noised: dict[str, Any]) -> torch.Tensor:
+        """``predictor(hidden_states, timestep, encoder_hidden_states)`` as a tensor."""
+        hidden, text = noised["hidden_states"], noised["encoder_hidden_states"]
+        if self.predict_dtype is not None:
+            hidden, text = hidden.to(self.predict_dtype), text.to(self.predict_dtype)
+        out = self.call(container, "predictor", hidden, noised["timestep"], text)
+        return as_tensor_output(out, "predictor")
+
+    # ---------------------------------------------------------------- 4. loss
+    def compute_loss(self, prediction: torch.Tensor, noised: dict[str, Any]) -> torch.Tensor:
+        """fp32 MSE per sample times the timestep weight, averaged over the batch.
+
+        For ``ti2v`` the first latent frame (clean by construction) is excluded.
+        """
+        target = noised["target"]
+        if prediction.shape != target.shape:
+            raise ValueError(
+                f"predictor output shape {tuple(prediction.shape)} != target shape {tuple(target.shape)}"
+            )
+        pred = prediction.float()
+        if self.task == "ti2v":
+            if target.shape[2] < 2:
+                raise ValueError("ti2v loss needs at least 2 latent frames (frame 0 is excluded)")
+            pred, target = pred[:, :, 1:], target[:, :, 1:]
+        per_sample = (pred - target).pow(2).flatten(1).mean(dim=1)
+        return (per_sample * noised["weight"]).mean()
+
+    def metrics(self, container: Any, noised: dict[str, Any]) -> dict[str, float]:
+        """``num_samples`` and ``num_tokens`` (predictor's count, else latent T*h*w per sample)."""
+        b, *sample_shape = noised["latent_shape"]
+        counter = getattr(self.submodule(container, "predictor"), "tokens_per_sample", None)
+        per_sample = counter(tuple(sample_shape)) if callable(counter) else _prod(sample_shape[1:])
+        return {"num_samples": float(b), "num_tokens": float(b * per_sample)}
+
+
+def _require(batch: Mapping[str, Any], key: str, alternative: str) -> Any:
+    if key not in batch:
+        raise KeyError(f"batch needs {key!r} or {alternative!r}; it has keys {sorted(batch)}")
+    return batch[key]
+
+
+def _randn_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """fp32 standard normal noise shaped like ``x``, drawn on the generator's device."""
+    device = generator.device if generator is not None else x.device
+    return torch.randn(x.shape, generator=generator, device=device, dtype=torch.float32).to(x.device)
+
+
+def _prod(values: list[int]) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out

@@ -1,0 +1,90 @@
+"""The four-stage generative training pipeline: conditions -> noising -> predict -> loss."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .container import call_role, get_submodule, is_trainable
+
+
+@dataclass
+class PipelineOutput:
+    """What ``container(**batch)`` returns to the trainer.
+
+    Attributes:
+        loss: scalar training loss (fp32).
+        metrics: per-step numbers for logging, e.g. ``num_tokens`` and ``num_samples``.
+    """
+
+    loss: torch.Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class GenerativePipelineBase:
+    """A plain orchestrator (not an ``nn.Module``) of four stages.
+
+    It holds no parameters, so module paths, FSDP patterns and checkpoint keys are those of
+    the container. Sub-models are looked up on the container by role; ``roles`` maps a role
+    to a different attribute name when the container uses other names.
+
+    Subclasses implement ``prepare_conditions``, ``noising``, ``predict`` and
+    ``compute_loss``; ``metrics`` is optional.
+    """
+
+    def __init__(self, *, roles: Mapping[str, str] | None = None) -> None:
+        self.roles: dict[str, str] = dict(roles or {})
+
+    # ------------------------------------------------------------------ stages
+    def prepare_conditions(self, container: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """Encode the batch into clean latents and conditions (no grad for frozen sub-models)."""
+        raise NotImplementedError
+
+    def noising(self, conditions: dict[str, Any], generator: torch.Generator | None = None) -> dict[str, Any]:
+        """Sample timesteps and noise; return the predictor inputs plus what the loss needs."""
+        raise NotImplementedError
+
+    def predict(self, container: Any, noised: dict[str, Any]) -> torch.Tensor:
+        """Run the trainable predictor on the noised inputs."""
+        raise NotImplementedError
+
+    def compute_loss(self, prediction: torch.Tensor, noised: dict[str, Any]) -> torch.Tensor:
+        """Scalar loss of ``prediction`` against the target in ``noised``."""
+        raise NotImplementedError
+
+    def metrics(self, container: Any, noised: dict[str, Any]) -> dict[str, float]:
+        """Extra numbers for logging (default: none)."""
+        return {}
+
+    # ---------------------------------------------------------------- helpers
+    def submodule(self, container: Any, role: str) -> torch.nn.Module:
+        """The container's sub-model for ``role``."""
+        return get_submodule(container, role, self.roles)
+
+    def is_trainable(self, container: Any, role: str) -> bool:
+        """Whether the container's sub-model for ``role`` trains."""
+        return is_trainable(container, role, self.roles)
+
+    def call(self, container: Any, role: str, *args: Any, method: str = "forward", **kwargs: Any) -> Any:
+        """Call a sub-model by role, grad only if trainable (see :func:`call_role`)."""
+        return call_role(container, role, *args, roles=self.roles, method=method, **kwargs)
+
+    # ------------------------------------------------------------ orchestration
+    def forward(
+        self, container: Any, generator: torch.Generator | None = None, **batch: Any
+    ) -> PipelineOutput:
+        """Run the four stages on one micro-batch and return the loss and metrics."""
+        conditions = self.prepare_conditions(container, batch)
+        noised = self.noising(conditions, generator)
+        prediction = self.predict(container, noised)
+        loss = self.compute_loss(prediction, noised)
+        return PipelineOutput(loss=loss, metrics=self.metrics(container, noised))
+
+    def __call__(
+        self, container: Any, generator: torch.Generator | None = None, **batch: Any
+    ) -> PipelineOutput:
+        """Same as :meth:`forward` (dispatches to a subclass override)."""
+        return self.forward(container, generator, **batch)
