@@ -1,3 +1,85 @@
 """Devices, ParallelState meshes, declarative FSDP2 plans, and Ulysses / Ring / USP context-parallel attention."""
 
 __version__ = "0.1.0"
+
+# --- devices, meshes, FSDP plans (imports) ---
+from mm_parallel.devices import get_device_type, get_dist_backend, get_local_device, init_distributed
+from mm_parallel.explain import FSDPPlanExplanation, explain_fsdp_plan
+from mm_parallel.fsdp_apply import FSDPPlanReport, FSDPUnit, apply_fsdp_plan
+from mm_parallel.fsdp_plan import FSDPPlan, SubPlan, parse_dtype
+from mm_parallel.grad_clip import clip_grad_norm_, total_grad_norm
+from mm_parallel.grad_sync import fsdp_roots, set_gradient_sync
+from mm_parallel.parallel_state import ParallelState
+from mm_parallel.patterns import PatternMatchError, match_modules, pattern_matches
+from mm_parallel.unit_layout import SKIP_ROOT_WRAP_ATTR, plan_units
+
+# isort: split
+# --- context parallel ---
+from mm_parallel.attention_backends import (
+    AttentionBackend,
+    attention,
+    available_backends,
+    get_backend,
+    lse_backends,
+    register_backend,
+)
+from mm_parallel.ring import ring_attention
+from mm_parallel.sequence import (
+    gather_for_usp,
+    gather_sequence,
+    local_token_indices,
+    padded_length,
+    split_for_usp,
+    split_sequence,
+    usp_padded_length,
+)
+from mm_parallel.ulysses import ulysses_attention
+from mm_parallel.usp import usp_attention
+
+__all__ = [
+    "__version__",
+    "AttentionBackend",
+    "attention",
+    "available_backends",
+    "gather_for_usp",
+    "gather_sequence",
+    "get_backend",
+    "local_token_indices",
+    "lse_backends",
+    "padded_length",
+    "register_backend",
+    "ring_attention",
+    "split_for_usp",
+    "split_sequence",
+    "ulysses_attention",
+    "usp_attention",
+    "usp_padded_length",
+]
+# --- end context parallel ---
+
+
+# --- devices, meshes, FSDP plans (exports) ---
+__all__ += [
+    "FSDPPlan",
+    "FSDPPlanExplanation",
+    "FSDPPlanReport",
+    "FSDPUnit",
+    "ParallelState",
+    "PatternMatchError",
+    "SKIP_ROOT_WRAP_ATTR",
+    "SubPlan",
+    "apply_fsdp_plan",
+    "clip_grad_norm_",
+    "explain_fsdp_plan",
+    "fsdp_roots",
+    "get_device_type",
+    "get_dist_backend",
+    "get_local_device",
+    "init_distributed",
+    "match_modules",
+    "parse_dtype",
+    "pattern_matches",
+    "plan_units",
+    "set_gradient_sync",
+    "total_grad_norm",
+]

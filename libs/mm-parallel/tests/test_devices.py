@@ -1,0 +1,86 @@
+"""Device detection and process-group initialization."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from mm_parallel import get_device_type, get_dist_backend
+
+INIT_SCRIPT = textwrap.dedent(
+    """
+    import torch.distributed as dist
+    from mm_parallel import init_distributed
+    rank, world = init_distributed()
+    print(rank, world, dist.get_backend(), init_distributed() == (rank, world))
+    """
+)
+
+
+def test_override_and_environment_variable_win(monkeypatch) -> None:
+    assert get_device_type("npu") == "npu"
+    monkeypatch.setenv("MM_PARALLEL_DEVICE", "cuda")
+    assert get_device_type() == "cuda"
+    assert get_device_type("cpu") == "cpu"
+
+
+def test_detection_falls_back_to_cpu_without_accelerators(monkeypatch) -> None:
+    monkeypatch.delenv("MM_PARALLEL_DEVICE", raising=False)
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert get_device_type() in ("cpu", "npu")
+
+
+def test_unknown_device_is_rejected() -> None:
+    with pytest.raises(ValueError, match="'tpu' is not supported"):
+        get_device_type("tpu")
+
+
+def test_backends() -> None:
+    assert [get_dist_backend(d) for d in ("npu", "cuda", "cpu")] == ["hccl", "nccl", "gloo"]
+
+
+def _run(env: dict[str, str]) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return subprocess.run(
+        [sys.executable, "-c", INIT_SCRIPT],
+        env={**clean, "MM_PARALLEL_DEVICE": "cpu", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.slow
+def test_single_process_without_torchrun_gets_a_world_1_group() -> None:
+    done = _run({})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "1", "gloo", "True"]
+
+
+@pytest.mark.slow
+def test_torchrun_environment_initializes_every_rank() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2"}
+    clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", INIT_SCRIPT],
+            env={**clean, "MM_PARALLEL_DEVICE": "cpu", **common, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outputs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err for _, err in outputs]
+    assert [out.split() for out, _ in outputs] == [["0", "2", "gloo", "True"], ["1", "2", "gloo", "True"]]

@@ -1,0 +1,57 @@
+"""Plan pattern syntax and match_modules."""
+
+from __future__ import annotations
+
+import pytest
+from mm_parallel import PatternMatchError, match_modules, pattern_matches
+
+
+@pytest.mark.parametrize(
+    ("pattern", "path", "expected"),
+    [
+        ("predictor.blocks.{*}", "predictor.blocks.12", True),
+        ("predictor.blocks.{*}", "predictor.blocks.12.mlp", False),  # full match only
+        ("predictor.blocks.{*}", "predictor.blocks.x", False),  # integer segment only
+        ("blocks.{1-3}", "blocks.3", True),
+        ("blocks.{1-3}", "blocks.4", False),
+        ("blocks.{1-3}", "blocks.0", False),
+        ("*.mlp", "predictor.blocks.0.mlp", True),  # * crosses dots
+        ("blocks.?", "blocks.7", True),
+        ("blocks.?", "blocks.10", False),
+        ("text_encoder", "text_encoder.layers", False),
+        ("a.b", "aXb", False),  # dots are literal
+    ],
+)
+def test_pattern_syntax(pattern: str, path: str, expected: bool) -> None:
+    assert pattern_matches(pattern, path) is expected
+
+
+def test_match_modules_returns_paths_in_module_order(toy) -> None:
+    model = toy.make_container()
+    found = match_modules(model, ["predictor.blocks.{0-1}", "*.norm", "ae"])
+    assert found == {
+        "predictor.blocks.{0-1}": ["predictor.blocks.0", "predictor.blocks.1"],
+        "*.norm": [
+            "text_encoder.norm",
+            "predictor.blocks.0.norm",
+            "predictor.blocks.1.norm",
+            "predictor.blocks.2.norm",
+        ],
+        "ae": ["ae"],
+    }
+
+
+def test_typo_names_the_closest_module_path(toy) -> None:
+    with pytest.raises(PatternMatchError, match=r"'predictor\.blokcs\.\{\*\}'.*closest.*'predictor\.blocks"):
+        match_modules(toy.make_container(), ["predictor.blokcs.{*}"], what="parallel.fsdp_plan.apply_modules")
+    with pytest.raises(PatternMatchError, match=r"parallel\.fsdp_plan\.apply_modules.*'text_encoder'"):
+        match_modules(toy.make_container(), ["text_encodr"], what="parallel.fsdp_plan.apply_modules")
+
+
+def test_non_strict_reports_no_match_as_empty(toy) -> None:
+    assert match_modules(toy.make_container(), ["nothing.here"], strict=False) == {"nothing.here": []}
+
+
+def test_empty_range_is_rejected(toy) -> None:
+    with pytest.raises(ValueError, match="range"):
+        match_modules(toy.make_container(), ["predictor.blocks.{3-1}"])
