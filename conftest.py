@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import socket
 import traceback
 from collections.abc import Callable
@@ -40,7 +41,9 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable[..., Any], args:
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         result = fn(rank, world_size, *args)
-        queue.put((rank, "ok", result))
+        # Plain pickle: torch's multiprocessing reductions would pass tensors as shared-memory
+        # handles that die with this process.
+        queue.put((rank, "ok", pickle.dumps(result)))
     except BaseException:  # noqa: BLE001 - every failure must reach the parent
         queue.put((rank, "error", traceback.format_exc()))
     finally:
@@ -53,7 +56,9 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue)) for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue)) for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -62,7 +67,7 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
         for _ in range(world_size):
             rank, status, payload = queue.get(timeout=timeout)
             if status == "ok":
-                results[rank] = payload
+                results[rank] = pickle.loads(payload)
             else:
                 errors.append(f"rank {rank} failed:\n{payload}")
                 break

@@ -1,3 +1,47 @@
 """The model-agnostic FSDP2 trainer: registries, model hubs and containers, features, TrainEngine, resume, metrics."""
 
 __version__ = "0.1.0"
+
+from mm_trainer.base_model import BaseModel, init_module_weights, load_module_weights  # noqa: E402
+from mm_trainer.batches import BatchStream, build_batch_stream  # noqa: E402
+from mm_trainer.container import ModelContainer, ModelContainerHub, freeze  # noqa: E402
+from mm_trainer.engine import NonFiniteLossError, TrainEngine  # noqa: E402
+from mm_trainer.features import FeaturesReport, apply_features  # noqa: E402
+from mm_trainer.metrics import PEAK_FLOPS, MetricsLogger  # noqa: E402
+from mm_trainer.model_hub import ModelHub  # noqa: E402
+from mm_trainer.plugins import import_plugins  # noqa: E402
+from mm_trainer.registry import (  # noqa: E402
+    DATA_REGISTRY,
+    MODEL_REGISTRY,
+    Registry,
+    RegistryError,
+    data_register,
+    model_register,
+)
+from mm_trainer.trainer import Trainer  # noqa: E402
+
+__all__ = [
+    "DATA_REGISTRY",
+    "MODEL_REGISTRY",
+    "PEAK_FLOPS",
+    "BaseModel",
+    "BatchStream",
+    "FeaturesReport",
+    "MetricsLogger",
+    "ModelContainer",
+    "ModelContainerHub",
+    "ModelHub",
+    "NonFiniteLossError",
+    "Registry",
+    "RegistryError",
+    "TrainEngine",
+    "Trainer",
+    "apply_features",
+    "build_batch_stream",
+    "data_register",
+    "freeze",
+    "import_plugins",
+    "init_module_weights",
+    "load_module_weights",
+    "model_register",
+]

@@ -1,0 +1,3 @@
+from mm_trainer.cli import main
+
+raise SystemExit(main())

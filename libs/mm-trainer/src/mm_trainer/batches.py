@@ -1,0 +1,81 @@
+"""The trainer's batch stream: a dataset from the registry behind mm-data's resumable loader.
+
+Built-in dataset ids: ``video_text`` (``mm_data.VideoTextDataset``, ``data.data_path`` is
+its metadata file) and ``precomputed_latents`` (``mm_data.PrecomputedLatentDataset``,
+``data.data_path`` is the cache directory). Plugins register more with ``@data_register``;
+a registered callable is called with ``data.dataset`` as keyword arguments plus
+``data_path`` / ``data_root`` when set, and may expose ``collate_fn``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from mm_data import PrecomputedLatentDataset, VideoTextDataset, build_dataloader, collate_video_text
+
+from mm_trainer.registry import DATA_REGISTRY, data_register
+
+
+@data_register("video_text")
+def video_text_dataset(*, data_path: str, data_root: str | None = None, **kwargs: Any) -> VideoTextDataset:
+    """``VideoTextDataset`` over the metadata file ``data.data_path``."""
+    return VideoTextDataset(data_path, data_root=data_root, **kwargs)
+
+
+@data_register("precomputed_latents")
+def precomputed_latents_dataset(*, data_path: str, data_root: str | None = None, **kwargs: Any) -> Any:
+    """``PrecomputedLatentDataset`` over the cache directory ``data.data_path``."""
+    return PrecomputedLatentDataset(data_path, **kwargs)
+
+
+class BatchStream:
+    """Endless micro-batches across epochs, with the loader's resumable position."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self._it: Iterator[Any] | None = None
+
+    def next_batch(self) -> Any:
+        """The next micro-batch of this data-parallel rank; a new epoch starts when one ends."""
+        for _ in range(2):
+            if self._it is None:
+                self._it = iter(self.loader)
+            try:
+                return next(self._it)
+            except StopIteration:
+                self._it = None
+        raise RuntimeError("the dataset yields no batch: fewer samples than one global batch?")
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+        self._it = None
+
+
+def build_batch_stream(
+    data: Any, *, global_batch_size: int, micro_batch_size: int, dp_rank: int, dp_size: int, seed: int
+) -> BatchStream:
+    """Build the dataset named by ``data.dataset_id`` and its loader for this dp rank."""
+    kwargs = dict(data.dataset or {})
+    for key in ("data_path", "data_root"):
+        if getattr(data, key, None) is not None:
+            kwargs[key] = getattr(data, key)
+    dataset = DATA_REGISTRY.get(data.dataset_id)(**kwargs)
+    loader = build_dataloader(
+        dataset,
+        global_batch_size=global_batch_size,
+        micro_batch_size=micro_batch_size,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        seed=seed,
+        num_workers=data.num_workers,
+        collate_fn=getattr(dataset, "collate_fn", None) or collate_video_text,
+        shuffle=data.shuffle,
+        drop_last=data.drop_last,
+        pin_memory=bool(data.pin_memory),
+        prefetch_factor=data.prefetch_factor,
+    )
+    return BatchStream(loader)

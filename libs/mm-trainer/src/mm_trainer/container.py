@@ -1,0 +1,152 @@
+"""ModelContainer and ModelContainerHub: several sub-models trained as one.
+
+The container holds its sub-models as plain attributes, so module paths read
+``predictor.blocks.0`` and match FSDP plan patterns directly. It owns the life
+cycle (what is trainable, what is checkpointed, train/eval) and delegates the
+data flow to a pipeline (a plain object, not a module).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from mm_trainer.model_hub import ModelHub
+from mm_trainer.registry import MODEL_REGISTRY
+
+
+class ModelContainer(nn.Module):
+    """Heterogeneous sub-models (e.g. frozen ``ae`` and ``text_encoder``, trainable ``predictor``).
+
+    Subclasses set ``checkpoint_submodels`` and may build a pipeline in
+    :meth:`build_pipeline`. ``forward(**batch)`` delegates to ``self.pipeline``.
+    """
+
+    #: Only these sub-models are saved in training checkpoints; the others reload from their source.
+    #: None means "the trainable ones".
+    checkpoint_submodels: tuple[str, ...] | None = None
+    #: The FSDP plan never wraps the container root: sharding granularity is the plan's.
+    _fsdp_skip_root_wrap = True
+
+    def __init__(
+        self,
+        sub_models: Mapping[str, nn.Module],
+        *,
+        trainable: tuple[str, ...] | list[str] = (),
+        pipeline: Any = None,
+    ) -> None:
+        super().__init__()
+        unknown = set(trainable) - set(sub_models)
+        if unknown:
+            raise ValueError(f"trainable sub-models {sorted(unknown)} are not among {sorted(sub_models)}")
+        for name, module in sub_models.items():
+            setattr(self, name, module)
+        self.sub_model_names: tuple[str, ...] = tuple(sub_models)
+        self.trainable_submodels: tuple[str, ...] = tuple(trainable)
+        self.pipeline = pipeline
+        if self.checkpoint_submodels is None:
+            self.checkpoint_submodels = self.trainable_submodels
+
+    @classmethod
+    def build_pipeline(cls, options: Mapping[str, Any]) -> Any:
+        """Create the pipeline from ``model.pipeline`` options; the base container has none."""
+        if options:
+            raise ValueError(f"{cls.__name__} takes no pipeline options, got {sorted(options)}")
+        return None
+
+    def sub_models(self) -> dict[str, nn.Module]:
+        """Sub-models by name, in build order."""
+        return {name: getattr(self, name) for name in self.sub_model_names}
+
+    def is_trainable(self, role: str) -> bool:
+        """Whether sub-model ``role`` is trained (the pipeline runs it with autograd)."""
+        return role in self.trainable_submodels
+
+    def train(self, mode: bool = True) -> ModelContainer:
+        """Switch only trainable sub-models; frozen ones stay in eval (no dropout drift)."""
+        self.training = mode
+        for name in self.trainable_submodels:
+            getattr(self, name).train(mode)
+        return self
+
+    def state_dict(
+        self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False
+    ) -> dict:
+        """Only ``checkpoint_submodels``; frozen sub-models reload from their pretrained source."""
+        out: dict[str, Any] = {} if destination is None else destination
+        for name in self.checkpoint_submodels:
+            getattr(self, name).state_dict(destination=out, prefix=f"{prefix}{name}.", keep_vars=keep_vars)
+        return out
+
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
+        """Dispatch keys to sub-models by prefix; sub-models outside ``checkpoint_submodels`` are untouched."""
+        missing: list[str] = []
+        unexpected = [k for k in state_dict if k.split(".", 1)[0] not in self.checkpoint_submodels]
+        for name in self.checkpoint_submodels:
+            sub_sd = {k[len(name) + 1 :]: v for k, v in state_dict.items() if k.startswith(name + ".")}
+            result = getattr(self, name).load_state_dict(sub_sd, strict=False, assign=assign)
+            missing += [f"{name}.{k}" for k in result.missing_keys]
+            unexpected += [f"{name}.{k}" for k in result.unexpected_keys]
+        if strict and (missing or unexpected):
+            raise RuntimeError(
+                f"container load_state_dict: missing keys {missing}, unexpected keys {unexpected}"
+            )
+        return torch.nn.modules.module._IncompatibleKeys(missing, unexpected)
+
+    def forward(self, **batch: Any) -> Any:
+        """``pipeline.forward(self, **batch)``; without a pipeline, a single sub-model's own forward."""
+        if self.pipeline is not None:
+            return self.pipeline.forward(self, **batch)
+        if len(self.sub_model_names) == 1:
+            return getattr(self, self.sub_model_names[0])(**batch)
+        raise NotImplementedError(f"{type(self).__name__} has no pipeline; set one or override forward")
+
+
+class ModelContainerHub:
+    """Builds every sub-model of ``model.models`` and assembles the container."""
+
+    @staticmethod
+    def build(
+        model_section: Any,
+        *,
+        device: torch.device | str,
+        trainable: tuple[str, ...] | list[str],
+    ) -> ModelContainer:
+        """Build each sub-model with its own ``meta_init``/``dtype``/``freeze``.
+
+        Frozen sub-models go to eval with ``requires_grad`` off; a frozen
+        sub-model that is already materialized moves to ``device`` at once, meta
+        ones wait for FSDP. Weights of meta sub-models are loaded by the trainer
+        after sharding.
+        """
+        sub_models: dict[str, nn.Module] = {}
+        for name, args in model_section.sub_models().items():
+            module = ModelHub.build(args, meta_init=args.meta_init)
+            if name not in trainable:
+                freeze(module)
+                if not _is_meta(module) and not getattr(module, "_skip_to_device", False):
+                    module.to(device)
+            sub_models[name] = module
+        container_id = getattr(model_section, "container_id", None)
+        cls = MODEL_REGISTRY.get(container_id) if container_id else ModelContainer
+        if not (isinstance(cls, type) and issubclass(cls, ModelContainer)):
+            raise TypeError(
+                f"model.container_id {container_id!r} is registered to {cls}, not a ModelContainer"
+            )
+        pipeline = cls.build_pipeline(dict(getattr(model_section, "pipeline", None) or {}))
+        return cls(sub_models, trainable=tuple(trainable), pipeline=pipeline)
+
+
+def freeze(module: nn.Module) -> None:
+    """eval() + requires_grad False on every parameter."""
+    module.eval()
+    module.requires_grad_(False)
+
+
+def _is_meta(module: nn.Module) -> bool:
+    return any(t.is_meta for t in module.parameters()) or any(t.is_meta for t in module.buffers())

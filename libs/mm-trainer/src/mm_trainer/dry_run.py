@@ -1,0 +1,35 @@
+"""``--dry-run``: the FSDP plan of a config's model, explained without allocating weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mm_config import TrainConfig
+from mm_parallel import FSDPPlan, explain_fsdp_plan
+
+from mm_trainer.container import ModelContainer, freeze
+from mm_trainer.model_hub import ModelHub
+from mm_trainer.plugins import import_plugins
+from mm_trainer.registry import MODEL_REGISTRY
+
+
+def build_meta_model(config: TrainConfig) -> ModelContainer:
+    """Every sub-model of ``config`` built on the meta device (no weights read, nothing allocated)."""
+    import_plugins(config.training.plugin)
+    trainable = config.training.trainable_submodels or config.model.trainable_submodels()
+    sub_models = {}
+    for name, args in config.model.sub_models().items():
+        module = ModelHub.build(args, meta_init=True)
+        if name not in trainable:
+            freeze(module)
+        sub_models[name] = module
+    container_id = config.model.container_id
+    cls: Any = MODEL_REGISTRY.get(container_id) if container_id else ModelContainer
+    return cls(sub_models, trainable=tuple(trainable), pipeline=None)
+
+
+def dry_run(config: TrainConfig, *, world_size: int) -> str:
+    """The plan explanation table for ``world_size`` ranks."""
+    model = build_meta_model(config)
+    plan = FSDPPlan.from_dict(config.parallel.fsdp_plan.model_dump())
+    return str(explain_fsdp_plan(model, plan, world_size))

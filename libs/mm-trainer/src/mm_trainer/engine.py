@@ -1,0 +1,196 @@
+"""TrainEngine: the training loop. It assumes three things of a model (DESIGN.md):
+``model(**batch)`` returns an object with ``.loss``; gradient sync is FSDP's;
+checkpoints go through ``state_dict()`` / ``load_state_dict()``.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from mm_parallel import clip_grad_norm_, set_gradient_sync
+from torch import nn
+
+from mm_trainer.metrics import MetricsLogger, device_peak_flops, peak_memory_bytes
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many consecutive steps had a non-finite loss or gradient norm."""
+
+
+@dataclass
+class StepResult:
+    """What one optimizer step produced (values are already averaged over data-parallel ranks)."""
+
+    loss: float
+    grad_norm: float
+    skipped: bool
+    samples: int
+    tokens: int
+    flops: float
+
+
+class TrainEngine:
+    """Runs optimizer steps with gradient accumulation, clipping, logging, checkpoints and SIGTERM saves."""
+
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        lr_scheduler: Any,
+        batches: Any,
+        training: Any,
+        device: torch.device,
+        dp_group: Any = None,
+        save_fn: Callable[[int], None] | None = None,
+        metrics: MetricsLogger | None = None,
+        profilers: tuple[Any, ...] = (),
+        peak_flops: float | None = None,
+    ) -> None:
+        self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
+        self.batches, self.training, self.device = batches, training, device
+        self.dp_group, self.save_fn = dp_group, save_fn
+        self.metrics = metrics or MetricsLogger(total_steps=training.train_iters, enabled=False)
+        self.profilers = profilers
+        self.peak_flops = peak_flops if peak_flops is not None else device_peak_flops(device.type)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.nonfinite_in_a_row = 0
+        self.skipped_steps = 0
+        self._stop_requested = False
+
+    # ---------------------------------------------------------------- loop
+    def train(self, start_iteration: int = 0) -> int:
+        """Train from ``start_iteration`` to ``training.train_iters``; return the last completed iteration."""
+        training = self.training
+        self.model.train()
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        iteration = start_iteration
+        try:
+            while iteration < training.train_iters:
+                for prof in self.profilers:
+                    prof.step_begin(iteration)
+                started = time.perf_counter()
+                result = self.train_step()
+                elapsed = time.perf_counter() - started
+                for prof in self.profilers:
+                    prof.step_end(iteration)
+                iteration += 1
+                self.metrics.advance()
+                if iteration % training.log_interval == 0 or iteration == training.train_iters:
+                    self.metrics.log(iteration, self._metrics(result, elapsed))
+                due = iteration == training.train_iters or (
+                    training.save_interval and iteration % training.save_interval == 0
+                )
+                if self.save_fn and (due or self._stop_requested):
+                    self.save_fn(iteration)
+                if self._stop_requested:
+                    self.metrics.write(f"SIGTERM received: saved iteration {iteration}, exiting")
+                    break
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            self.metrics.close()
+        return iteration
+
+    def train_step(self) -> StepResult:
+        """One optimizer step over ``gradient_accumulation_steps`` micro-batches."""
+        accum = self.training.gradient_accumulation_steps
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        samples = tokens = 0
+        flops = 0.0
+        for micro in range(accum):
+            batch = to_device(self.batches.next_batch(), self.device)
+            set_gradient_sync(self.model, micro == accum - 1)
+            output = self.model(**batch)
+            (output.loss / accum).backward()
+            loss_sum += output.loss.detach().double()
+            info = getattr(output, "metrics", None) or {}
+            samples += int(info.get("num_samples", _batch_size(batch)))
+            tokens += int(info.get("num_tokens", 0))
+            flops += float(info.get("flops", 0.0))
+        grad_norm = clip_grad_norm_(self.params, self.training.clip_grad or 0.0)
+        loss = self._dp_mean(loss_sum / accum)
+        finite = math.isfinite(loss) and bool(torch.isfinite(torch.as_tensor(grad_norm)).all())
+        skipped = not finite
+        if finite:
+            self.optimizer.step()
+            self.nonfinite_in_a_row = 0
+        else:
+            self._handle_nonfinite(loss, float(grad_norm))
+        self.optimizer.zero_grad(set_to_none=True)
+        self.lr_scheduler.step()
+        counts = self._dp_sum([samples, tokens, flops])
+        return StepResult(loss, float(grad_norm), skipped, int(counts[0]), int(counts[1]), counts[2])
+
+    # ------------------------------------------------------------- helpers
+    def _handle_nonfinite(self, loss: float, grad_norm: float) -> None:
+        policy = self.training.nonfinite
+        self.nonfinite_in_a_row += 1
+        self.skipped_steps += 1
+        message = f"non-finite loss {loss} / grad norm {grad_norm}: step skipped ({self.nonfinite_in_a_row} in a row)"
+        self.metrics.write(message)
+        if policy.action == "stop" or self.nonfinite_in_a_row > policy.max_consecutive:
+            raise NonFiniteLossError(
+                f"{message}; stopping (training.nonfinite.action={policy.action}, "
+                f"max_consecutive={policy.max_consecutive}). Lower the lr, check the data, or resume from the "
+                "last checkpoint."
+            )
+
+    def _dp_mean(self, value: torch.Tensor) -> float:
+        value = value.detach().float().reshape(1)
+        if dist.is_initialized():
+            dist.all_reduce(value, group=self.dp_group)
+            value /= dist.get_world_size(self.dp_group)
+        return float(value.item())
+
+    def _dp_sum(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        if dist.is_initialized():
+            dist.all_reduce(t, group=self.dp_group)
+        return t.tolist()
+
+    def _metrics(self, r: StepResult, elapsed: float) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "loss": r.loss,
+            "grad_norm": r.grad_norm,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "step_time_s": elapsed,
+            "samples_per_s": r.samples / elapsed if elapsed > 0 else 0.0,
+            "tokens_per_s": r.tokens / elapsed if elapsed > 0 else 0.0,
+            "peak_memory_bytes": peak_memory_bytes(self.device.type),
+            "skipped": r.skipped,
+            "skipped_total": self.skipped_steps,
+        }
+        if r.flops and self.peak_flops:
+            world = dist.get_world_size() if dist.is_initialized() else 1
+            out["mfu"] = r.flops / elapsed / (self.peak_flops * world)
+        return out
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self._stop_requested = True
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move every tensor in a (nested) batch to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def _batch_size(batch: dict) -> int:
+    for value in batch.values():
+        if isinstance(value, torch.Tensor) and value.ndim > 0:
+            return int(value.shape[0])
+        if isinstance(value, list):
+            return len(value)
+    return 0

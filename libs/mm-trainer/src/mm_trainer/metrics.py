@@ -1,0 +1,127 @@
+"""Training metrics: a progress bar on rank 0, a JSONL file, and optional TensorBoard."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+#: Dense bf16 peak FLOP/s per device, used for MFU when the model reports FLOPs per sample.
+PEAK_FLOPS: dict[str, float] = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "Ascend910B": 313e12,
+    "910B": 313e12,
+}
+
+
+def device_peak_flops(device_type: str, override: float | None = None) -> float | None:
+    """Peak FLOP/s of the current device from :data:`PEAK_FLOPS` (None when unknown, e.g. CPU)."""
+    if override:
+        return override
+    name = ""
+    if device_type == "cuda" and torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+    elif device_type == "npu":
+        npu = getattr(torch, "npu", None)
+        name = npu.get_device_name() if npu is not None else ""
+    for key, flops in PEAK_FLOPS.items():
+        if key.lower() in name.lower():
+            return flops
+    return None
+
+
+def peak_memory_bytes(device_type: str) -> int:
+    """Peak allocated accelerator memory, or the process's peak RSS on CPU."""
+    if device_type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.max_memory_allocated())
+    npu = getattr(torch, "npu", None)
+    if device_type == "npu" and npu is not None:
+        return int(npu.max_memory_allocated())
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class MetricsLogger:
+    """Writes one record per log step to console (progress bar), JSONL and TensorBoard.
+
+    Only rank 0 writes; other ranks hold a disabled logger so that call sites stay simple.
+    """
+
+    def __init__(
+        self,
+        *,
+        total_steps: int,
+        start_step: int = 0,
+        log_dir: str | os.PathLike | None = None,
+        tensorboard: bool = False,
+        enabled: bool = True,
+    ) -> None:
+        self.enabled = enabled
+        self._jsonl = None
+        self._tb = None
+        self._bar = None
+        if not enabled:
+            return
+        if log_dir is not None:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            self._jsonl = open(Path(log_dir) / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115
+            if tensorboard:
+                try:
+                    from torch.utils.tensorboard import SummaryWriter
+                except ImportError as exc:
+                    raise ImportError(
+                        "training.tensorboard is on but tensorboard is not installed (pip install 'mm-trainer[tensorboard]')"
+                    ) from exc
+                self._tb = SummaryWriter(log_dir=str(Path(log_dir) / "tensorboard"))
+        self._bar = tqdm(
+            total=total_steps,
+            initial=start_step,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            file=sys.stderr,
+        )
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Record ``metrics`` for optimizer step ``step`` (1-based)."""
+        if not self.enabled:
+            return
+        record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._tb.add_scalar(f"train/{key}", value, step)
+        if self._bar is not None:
+            self._bar.set_postfix(
+                loss=f"{record.get('loss', float('nan')):.4g}", lr=f"{record.get('lr', 0):.2e}", refresh=False
+            )
+
+    def advance(self, n: int = 1) -> None:
+        """Move the progress bar by ``n`` steps."""
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def write(self, message: str) -> None:
+        """Print a line without breaking the progress bar (rank 0 only)."""
+        if self.enabled:
+            tqdm.write(message, file=sys.stderr)
+
+    def close(self) -> None:
+        for handle in (self._bar, self._jsonl, self._tb):
+            if handle is not None:
+                handle.close()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.item()
+    return value

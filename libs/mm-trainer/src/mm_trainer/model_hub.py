@@ -1,0 +1,85 @@
+"""ModelHub: build one sub-model from its config section, on meta or with real weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from mm_trainer.dtypes import to_dtype
+from mm_trainer.registry import MODEL_REGISTRY
+
+
+class ModelHub:
+    """Builds sub-models by ``model_id``.
+
+    Resolution order: a class registered with ``@model_register(model_id)``;
+    otherwise, when ``from_pretrained`` is a transformers directory (its
+    ``config.json`` has a ``model_type``), ``transformers.AutoModel``. Registered
+    ids win so that a plugin's bridge (e.g. a UMT5 wrapper with its own
+    ``post_load``) is never bypassed by the generic path.
+    """
+
+    @staticmethod
+    def build(args: Any, *, meta_init: bool | None = None) -> nn.Module:
+        """Build the module for ``args`` (a ``model.models.<name>`` section).
+
+        With ``meta_init`` the structure is created under ``torch.device("meta")``
+        and weights are loaded later (after FSDP sharding) by ``setup_weights``.
+        Without it, ``from_pretrained`` loads real weights now when a source is
+        given, else ``_from_config`` builds a randomly initialized module.
+        """
+        meta = bool(args.meta_init if meta_init is None else meta_init)
+        model_id = args.model_id
+        if model_id in MODEL_REGISTRY:
+            model = _build_registered(MODEL_REGISTRY.get(model_id), args, meta)
+        elif args.from_pretrained and _is_transformers_dir(args.from_pretrained):
+            model = _build_transformers(args, meta)
+        else:
+            MODEL_REGISTRY.get(model_id)  # raises listing the known ids
+            raise AssertionError("unreachable")
+        dtype = to_dtype(getattr(args, "dtype", None))
+        if dtype is not None:
+            model.to(dtype)
+        return model
+
+
+def _build_registered(cls: Any, args: Any, meta: bool) -> nn.Module:
+    if meta:
+        with torch.device("meta"):
+            return cls._from_config(args)
+    if args.from_pretrained or getattr(args, "checkpoint_path", None):
+        model = cls.from_pretrained(args)
+        model._weights_loaded = True
+        return model
+    return cls._from_config(args)
+
+
+def _is_transformers_dir(path: str) -> bool:
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        return "model_type" in json.loads(config.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def _build_transformers(args: Any, meta: bool) -> nn.Module:
+    try:
+        from transformers import AutoConfig, AutoModel
+    except ImportError as exc:  # transformers is optional for the trainer
+        raise ImportError(
+            f"model {args.model_id!r}: {args.from_pretrained} is a transformers directory but transformers "
+            "is not installed"
+        ) from exc
+    if meta:
+        config = AutoConfig.from_pretrained(args.from_pretrained)
+        with torch.device("meta"):
+            return AutoModel.from_config(config)
+    model = AutoModel.from_pretrained(args.from_pretrained)
+    model._weights_loaded = True
+    return model

@@ -1,0 +1,224 @@
+"""Trainer: assembles a run in the build order of DESIGN.md.
+
+config -> init distributed + ParallelState -> import plugins
+ -> build model (ModelHub / ModelContainerHub; meta where asked)
+ -> context parallel hooks, features (recompute, activation offload)   # BEFORE fully_shard
+ -> FSDP2 plan                                                       # DTensor layout on meta
+ -> materialize (to_empty) + load weights                            # AFTER fully_shard
+ -> random init only for sub-models that loaded nothing
+ -> optimizer, lr scheduler, batches, checkpointer (resume)
+ -> TrainEngine.train
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from mm_checkpoint import DistributedCheckpointer, RNGState
+from mm_config import TrainConfig, dump_config
+from mm_parallel import FSDPPlan, ParallelState, apply_fsdp_plan, get_local_device, init_distributed
+from torch import nn
+
+from mm_trainer.base_model import init_module_weights, load_module_weights
+from mm_trainer.batches import BatchStream, build_batch_stream
+from mm_trainer.container import ModelContainer, ModelContainerHub
+from mm_trainer.engine import TrainEngine
+from mm_trainer.features import apply_features
+from mm_trainer.metrics import MetricsLogger
+from mm_trainer.optim import build_lr_scheduler, build_optimizer
+from mm_trainer.plugins import import_plugins
+from mm_trainer.profiling import MemoryProfiler, StepProfiler
+from mm_trainer.rng import seed_everything
+
+logger = logging.getLogger("mm_trainer")
+
+
+class Trainer:
+    """Builds everything a run needs from a validated :class:`mm_config.TrainConfig`, then trains."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.config = config
+        device_type = config.training.device.split(":")[0] if config.training.device else None
+        self.rank, self.world_size = init_distributed(device_type=device_type)
+        parallel = config.parallel
+        self.parallel_state = ParallelState(
+            world_size=self.world_size,
+            dp_replicate=parallel.data_parallel_size,
+            ulysses=parallel.ulysses_parallel_size,
+            ring=parallel.ring_attention_size,
+        )
+        self.device = get_local_device(device_type)
+        import_plugins(config.training.plugin)
+        seed_everything(config.training.seed)
+        if config.training.deterministic:
+            torch.use_deterministic_algorithms(True)
+        self.model = self._build_model()
+        # Model init above used one seed everywhere; from here on each data-parallel rank draws its
+        # own noise, and the ranks of one context-parallel group draw the same.
+        seed_everything(config.training.seed + self.parallel_state.dp_rank)
+        self.optimizer = build_optimizer(
+            self.model,
+            lr=config.training.lr,
+            betas=(config.training.adam_beta1, config.training.adam_beta2),
+            eps=config.training.adam_eps,
+            weight_decay=config.training.weight_decay,
+            device_type=self.device.type,
+        )
+        self.lr_scheduler = build_lr_scheduler(
+            self.optimizer,
+            kind=config.training.lr_scheduler,
+            warmup=config.training.lr_warmup_iters,
+            total=config.training.train_iters,
+            lr=config.training.lr,
+            min_lr=config.training.min_lr,
+        )
+        self.batches: BatchStream = build_batch_stream(
+            config.data,
+            global_batch_size=config.training.global_batch_size,
+            micro_batch_size=config.training.micro_batch_size,
+            dp_rank=self.parallel_state.dp_rank,
+            dp_size=self.parallel_state.dp_size,
+            seed=config.training.seed,
+        )
+        self.checkpointer = self._checkpointer(config.training.save) if config.training.save else None
+        self.start_iteration = self._resume() if config.training.load else 0
+
+    # ------------------------------------------------------------ building
+    def _build_model(self) -> nn.Module:
+        cfg = self.config
+        trainable = cfg.training.trainable_submodels or cfg.model.trainable_submodels()
+        model = ModelContainerHub.build(cfg.model, device=self.device, trainable=trainable)
+        if self.parallel_state.cp_enabled:
+            _setup_context_parallel(model, self.parallel_state)
+        apply_features(
+            model,
+            recompute_modules=cfg.features.recompute_plan.apply_modules,
+            activation_offload_modules=cfg.features.activation_offload_plan.apply_modules,
+        )
+        self.fsdp_report = apply_fsdp_plan(
+            model, FSDPPlan.from_dict(cfg.parallel.fsdp_plan.model_dump()), self.parallel_state
+        )
+        resuming = cfg.training.load is not None
+        sub_model_args = cfg.model.sub_models()
+        for name, module in model.sub_models().items():
+            restored_by_checkpoint = resuming and name in model.checkpoint_submodels
+            self._materialize_and_load(name, module, sub_model_args[name], restored_by_checkpoint)
+        return model
+
+    def _materialize_and_load(self, name: str, module: nn.Module, args: Any, restored: bool) -> None:
+        was_meta = any(p.is_meta for p in module.parameters())
+        if was_meta:
+            module.to_empty(device=self.device)
+        if restored or getattr(module, "_weights_loaded", False):
+            return
+        setup = getattr(module, "setup_weights", None)
+        report = setup(args) if callable(setup) else load_module_weights(module, args)
+        if report is not None:
+            module._weights_loaded = True
+            return
+        if was_meta:
+            _log_rank0(f"model.models.{name}: no weights source; random initialization")
+            init = getattr(module, "random_init", None)
+            init() if callable(init) else init_module_weights(module)
+
+    # ------------------------------------------------------------- running
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint holds: model, optimizer, scheduler, and this rank's data position and RNG."""
+        return {
+            "model": self.model,
+            "optimizer": self.optimizer,
+            "lr_scheduler": self.lr_scheduler,
+            "dataloader": self.batches,
+            "rng": RNGState(),
+        }
+
+    def save(self, iteration: int) -> None:
+        """Save a checkpoint (atomic) and the resolved config beside it."""
+        assert self.checkpointer is not None
+        self.checkpointer.save(self.state(), iteration)
+        if self.rank == 0:
+            dump_config(self.config, Path(self.config.training.save) / "config.yaml")
+
+    def _checkpointer(self, root: str) -> DistributedCheckpointer:
+        ps = self.parallel_state
+        return DistributedCheckpointer(
+            root, keep_last=self.config.training.keep_last, dp_rank=ps.dp_rank, dp_size=ps.dp_size
+        )
+
+    def _resume(self) -> int:
+        """Restore model, optimizer, scheduler, data position and RNG in place; return the iteration."""
+        iteration = self._checkpointer(self.config.training.load).load(self.state())
+        _log_rank0(f"resumed from {self.config.training.load} at iteration {iteration}")
+        return iteration
+
+    def train(self) -> int:
+        """Run the training loop; returns the last completed iteration."""
+        cfg = self.config
+        log_dir = cfg.training.log_dir or cfg.training.save
+        engine = TrainEngine(
+            model=self.model,
+            optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler,
+            batches=self.batches,
+            training=cfg.training,
+            device=self.device,
+            dp_group=self.parallel_state.dp_group,
+            save_fn=self.save if self.checkpointer else None,
+            metrics=MetricsLogger(
+                total_steps=cfg.training.train_iters,
+                start_step=self.start_iteration,
+                log_dir=log_dir,
+                tensorboard=cfg.training.tensorboard,
+                enabled=self.rank == 0,
+            ),
+            profilers=self._profilers(log_dir),
+        )
+        return engine.train(self.start_iteration)
+
+    def _profilers(self, log_dir: str | None) -> tuple[StepProfiler, MemoryProfiler]:
+        profile, memory = self.config.tools.profile, self.config.tools.memory_profile
+        base = Path(log_dir or ".")
+        return (
+            StepProfiler(
+                enable=profile.enable,
+                start_step=profile.start_step,
+                end_step=profile.end_step,
+                output_dir=profile.output_dir or str(base / "profile"),
+                rank=self.rank,
+                record_shapes=profile.record_shapes,
+                with_stack=profile.with_stack,
+            ),
+            MemoryProfiler(
+                enable=memory.enable,
+                start_step=memory.start_step,
+                end_step=memory.end_step,
+                output_dir=memory.output_dir or str(base / "memory"),
+                rank=self.rank,
+            ),
+        )
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
+
+def _setup_context_parallel(model: ModelContainer, parallel_state: ParallelState) -> None:
+    """Let every sub-model that supports context parallelism install it (plugin contract)."""
+    enabled = [n for n, m in model.sub_models().items() if hasattr(m, "setup_context_parallel")]
+    if not enabled:
+        raise ValueError(
+            "parallel: ulysses_parallel_size x ring_attention_size > 1 but no sub-model defines "
+            "setup_context_parallel(parallel_state)"
+        )
+    for name in enabled:
+        getattr(model, name).setup_context_parallel(parallel_state)
+
+
+def _log_rank0(message: str) -> None:
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        logger.warning(message)

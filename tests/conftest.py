@@ -1,0 +1,197 @@
+"""Fixtures for the cross-package tests: the toy plugin's weights and YAML, and an mm-train runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import save_file
+
+PLUGIN_DIR = Path(__file__).parent / "plugins"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def toy_config(tmp: Path, *, encoder_dir: Path, predictor_dir: Path, **sections: dict) -> dict:
+    """A toy run config; ``sections`` update the defaults section by section."""
+    cfg = {
+        "parallel": {
+            "fsdp_plan": {
+                "apply_modules": ["predictor.blocks.{*}", "text_encoder"],
+                "num_to_forward_prefetch": 1,
+                "num_to_backward_prefetch": 1,
+            }
+        },
+        "model": {
+            "container_id": "toy_container",
+            "models": {
+                "text_encoder": {
+                    "model_id": "toy_encoder",
+                    "from_pretrained": str(encoder_dir),
+                    "freeze": True,
+                    "meta_init": True,
+                    "config": {"in_dim": 8, "cond_dim": 16},
+                },
+                "predictor": {
+                    "model_id": "toy_predictor",
+                    "from_pretrained": str(predictor_dir),
+                    "meta_init": True,
+                    "config": {"dim": 8, "hidden": 32, "cond_dim": 16, "num_blocks": 3},
+                },
+            },
+        },
+        "data": {"dataset_id": "toy_regression", "dataset": {"num_samples": 64}},
+        "training": {
+            "plugin": ["toy_plugin"],
+            "seed": 7,
+            "micro_batch_size": 4,
+            "gradient_accumulation_steps": 1,
+            "train_iters": 30,
+            "lr": 3e-3,
+            "lr_scheduler": "constant",
+            "clip_grad": 1.0,
+            "save": str(tmp / "ckpt"),
+            "save_interval": 10,
+            "log_interval": 1,
+            "deterministic": True,
+        },
+        "features": {
+            "recompute_plan": {"apply_modules": ["predictor.blocks.{*}"]},
+            "activation_offload_plan": {"apply_modules": ["predictor.blocks.0"]},
+        },
+    }
+    for name, values in sections.items():
+        _deep_update(cfg.setdefault(name, {}), values)
+    return cfg
+
+
+def _deep_update(dst: dict, src: dict) -> None:
+    for key, value in src.items():
+        if isinstance(value, dict) and isinstance(dst.get(key), dict):
+            _deep_update(dst[key], value)
+        else:
+            dst[key] = value
+
+
+def _toy_module(name: str, **kwargs):
+    sys.path.insert(0, str(PLUGIN_DIR))
+    try:
+        import toy_plugin
+    finally:
+        sys.path.remove(str(PLUGIN_DIR))
+    return getattr(toy_plugin, name)(**kwargs)
+
+
+def _save_hf_dir(module: torch.nn.Module, out: Path, config: dict) -> Path:
+    out.mkdir()
+    save_file({k: v.contiguous() for k, v in module.state_dict().items()}, out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.fixture
+def toy_encoder_dir(tmp_path: Path) -> Path:
+    """A frozen encoder checkpoint in HF safetensors layout (config.json + model.safetensors)."""
+    torch.manual_seed(123)
+    encoder = _toy_module("ToyEncoder", in_dim=8, cond_dim=16)
+    with torch.no_grad():
+        for p in encoder.parameters():
+            p.add_(torch.randn_like(p))  # LayerNorm weights are not the default 1/0
+    return _save_hf_dir(encoder, tmp_path / "encoder", {"in_dim": 8, "cond_dim": 16})
+
+
+@pytest.fixture
+def toy_predictor_dir(tmp_path: Path) -> Path:
+    """Initial predictor weights, so that runs at different world sizes start from the same point."""
+    torch.manual_seed(321)
+    config = {"dim": 8, "hidden": 32, "cond_dim": 16, "num_blocks": 3}
+    return _save_hf_dir(_toy_module("ToyPredictor", **config), tmp_path / "predictor", config)
+
+
+def write_config(path: Path, cfg: dict) -> Path:
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def mm_train_command(config: Path, *overrides: str, nproc: int = 1) -> list[str]:
+    """``mm-train`` as a single process or under torchrun with ``nproc`` CPU ranks."""
+    if nproc == 1:
+        return [sys.executable, "-m", "mm_trainer", "--config", str(config), *overrides]
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        "-m", "mm_trainer", "--config", str(config), *overrides,
+    ]  # fmt: skip
+
+
+def train_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(PLUGIN_DIR), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def run_mm_train(
+    config: Path, *overrides: str, nproc: int = 1, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """Run mm-train to completion; fail the test with its output if it fails."""
+    proc = subprocess.run(
+        mm_train_command(config, *overrides, nproc=nproc),
+        env=train_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"mm-train exited {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-6000:]}"
+        )
+    return proc
+
+
+def read_metrics(log_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def toy_yaml(tmp_path: Path, toy_encoder_dir: Path, toy_predictor_dir: Path):
+    """Factory: ``toy_yaml(name, **sections) -> Path`` of a written toy config."""
+
+    def make(name: str = "run", **sections: dict) -> Path:
+        run_dir = tmp_path / name
+        run_dir.mkdir(exist_ok=True)
+        cfg = toy_config(run_dir, encoder_dir=toy_encoder_dir, predictor_dir=toy_predictor_dir, **sections)
+        return write_config(run_dir / "config.yaml", cfg)
+
+    return make
+
+
+@pytest.fixture
+def mm_train():
+    """``mm_train(config, *overrides, nproc=1)`` runs the real CLI in a subprocess."""
+    return run_mm_train
+
+
+@pytest.fixture
+def metrics_of():
+    """``metrics_of(log_dir)`` -> the JSONL records."""
+    return read_metrics
+
+
+@pytest.fixture
+def mm_train_popen():
+    """``mm_train_popen(config, *overrides)`` starts a single-process mm-train without waiting."""
+
+    def start(config: Path, *overrides: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            mm_train_command(config, *overrides),
+            env=train_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    return start

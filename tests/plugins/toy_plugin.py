@@ -1,0 +1,142 @@
+"""A tiny plugin for the trainer's end-to-end tests: frozen encoder + trainable predictor.
+
+It is a real plugin (registered through ``training.plugin``), shaped like the
+Wan2.2 container: a frozen ``text_encoder`` whose weights come from a
+safetensors directory, a trainable ``predictor`` with ``blocks``, a pipeline that
+does flow-match noising, and a synthetic dataset.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from mm_pipelines import GenerativePipelineBase
+from mm_trainer import BaseModel, ModelContainer, data_register, model_register
+from torch import nn
+from torch.utils.data import Dataset, default_collate
+
+
+@model_register("toy_encoder")
+class ToyEncoder(BaseModel, nn.Module):
+    """Frozen condition encoder: features [B, in_dim] -> [B, cond_dim]."""
+
+    def __init__(self, in_dim: int = 8, cond_dim: int = 16) -> None:
+        super().__init__()
+        self.proj = nn.Linear(in_dim, cond_dim)
+        self.norm = nn.LayerNorm(cond_dim)
+
+    @classmethod
+    def _from_config(cls, args: Any) -> ToyEncoder:
+        return cls(**args.config)
+
+    @classmethod
+    def from_pretrained(cls, args: Any) -> ToyEncoder:
+        model = cls._from_config(args)
+        model.setup_weights(args)
+        return model
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.proj(features))
+
+
+class ToyBlock(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, dim)
+        self.fc2 = nn.Linear(dim, dim)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + self.fc2(torch.nn.functional.gelu(self.fc1(h)))
+
+
+@model_register("toy_predictor")
+class ToyPredictor(BaseModel, nn.Module):
+    """Trainable predictor with ``blocks.{*}`` (FSDP units) and a head."""
+
+    def __init__(self, dim: int = 8, hidden: int = 32, cond_dim: int = 16, num_blocks: int = 3) -> None:
+        super().__init__()
+        self.in_proj = nn.Linear(dim + cond_dim + 1, hidden)
+        self.blocks = nn.ModuleList(ToyBlock(hidden) for _ in range(num_blocks))
+        self.head = nn.Linear(hidden, dim)
+
+    @classmethod
+    def _from_config(cls, args: Any) -> ToyPredictor:
+        return cls(**args.config)
+
+    @classmethod
+    def from_pretrained(cls, args: Any) -> ToyPredictor:
+        model = cls._from_config(args)
+        model.setup_weights(args)
+        return model
+
+    def forward(self, x: torch.Tensor, sigma: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        h = self.in_proj(torch.cat([x, cond, sigma[:, None]], dim=-1))
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+class ToyPipeline(GenerativePipelineBase):
+    """Flow-match noising of ``x0``; noise either keyed by sample index or from the global RNG."""
+
+    def __init__(self, noise: str = "per_sample", sleep_s: float = 0.0) -> None:
+        super().__init__()
+        if noise not in ("per_sample", "global"):
+            raise ValueError(f"model.pipeline.noise must be per_sample or global, got {noise!r}")
+        self.noise, self.sleep_s = noise, sleep_s
+
+    def prepare_conditions(self, container: Any, batch: dict) -> dict:
+        cond = self.call(container, "text_encoder", batch["features"])
+        return {"x0": batch["x0"], "cond": cond, "index": batch["index"]}
+
+    def noising(self, conditions: dict, generator: torch.Generator | None = None) -> dict:
+        x0 = conditions["x0"]
+        if self.noise == "per_sample":  # identical whatever the data-parallel layout
+            gens = [torch.Generator().manual_seed(int(i)) for i in conditions["index"]]
+            eps = torch.stack([torch.randn(x0.shape[1:], generator=g) for g in gens])
+            sigma = torch.stack([torch.rand((), generator=g) for g in gens])
+        else:
+            eps = torch.randn(x0.shape)
+            sigma = torch.rand(x0.shape[0])
+        x_t = (1 - sigma[:, None]) * x0 + sigma[:, None] * eps
+        return {**conditions, "x_t": x_t, "sigma": sigma, "target": eps - x0}
+
+    def predict(self, container: Any, noised: dict) -> torch.Tensor:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return self.call(container, "predictor", noised["x_t"], noised["sigma"], noised["cond"])
+
+    def compute_loss(self, prediction: torch.Tensor, noised: dict) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(prediction.float(), noised["target"].float())
+
+    def metrics(self, container: Any, noised: dict) -> dict:
+        return {"num_tokens": noised["x0"].numel()}
+
+
+@model_register("toy_container")
+class ToyContainer(ModelContainer):
+    checkpoint_submodels = ("predictor",)
+
+    @classmethod
+    def build_pipeline(cls, options: dict) -> ToyPipeline:
+        return ToyPipeline(**options)
+
+
+@data_register("toy_regression")
+class ToyRegression(Dataset):
+    """``num_samples`` fixed (x0, features) pairs drawn from ``seed``."""
+
+    collate_fn = staticmethod(default_collate)
+
+    def __init__(self, num_samples: int = 64, dim: int = 8, in_dim: int = 8, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.x0 = torch.randn(num_samples, dim, generator=g)
+        self.features = torch.randn(num_samples, in_dim, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x0)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x0": self.x0[i], "features": self.features[i], "index": i}

@@ -1,0 +1,101 @@
+"""The trainer's build order and life-cycle contracts, in-process on real gloo groups."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+PLUGIN_DIR = str(Path(__file__).parent / "plugins")
+
+
+def build_trainer(config_path: Path, world_size: int, *overrides: str):
+    if PLUGIN_DIR not in sys.path:
+        sys.path.insert(0, PLUGIN_DIR)
+    from mm_config import load_config
+    from mm_trainer import Trainer
+
+    return Trainer(load_config(config_path, list(overrides), world_size=world_size))
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+@pytest.mark.slow
+def test_features_sit_inside_fsdp_units_and_loaded_weights_survive_init(
+    distributed, toy_yaml, toy_encoder_dir
+):
+    config = toy_yaml()
+    source = load_file(toy_encoder_dir / "model.safetensors")
+
+    def body(rank, world_size):
+        from torch.distributed.fsdp import FSDPModule
+
+        trainer = build_trainer(config, world_size)
+        block = trainer.model.predictor.blocks[0]
+        assert isinstance(block, FSDPModule)
+        assert block._mm_recompute and block._mm_activation_offload
+        assert "forward" in vars(block)  # the wrapper is the instance's forward, inside FSDP's __call__ hooks
+        encoder = trainer.model.text_encoder
+        assert isinstance(encoder, FSDPModule)
+        return {k: full(v).clone() for k, v in encoder.state_dict().items()}
+
+    for loaded in distributed(body, 2):
+        assert loaded.keys() == source.keys()
+        for key, value in source.items():
+            assert torch.equal(loaded[key], value), key
+
+
+def test_a_failed_weight_load_raises_instead_of_random_init(distributed, toy_yaml, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    config = toy_yaml(model={"models": {"text_encoder": {"from_pretrained": str(broken)}}})
+
+    def body(rank, world_size):
+        try:
+            build_trainer(config, world_size)
+        except Exception as exc:  # noqa: BLE001
+            return f"{type(exc).__name__}: {exc}"
+        return "no error"
+
+    (message,) = distributed(body, 1)
+    assert "broken" in message and message != "no error"
+
+
+@pytest.mark.slow
+def test_frozen_submodels_stay_bitwise_and_in_eval_and_only_the_predictor_is_checkpointed(
+    distributed, toy_yaml, toy_encoder_dir
+):
+    config = toy_yaml(training={"train_iters": 3, "save_interval": 3, "tensorboard": True})
+    source = load_file(toy_encoder_dir / "model.safetensors")
+
+    def body(rank, world_size):
+        trainer = build_trainer(config, world_size)
+        predictor_before = {k: full(v).clone() for k, v in trainer.model.predictor.state_dict().items()}
+        trainer.train()
+        encoder = trainer.model.text_encoder
+        frozen_equal = all(torch.equal(full(v), source[k]) for k, v in encoder.state_dict().items())
+        predictor_changed = any(
+            not torch.equal(full(v), predictor_before[k])
+            for k, v in trainer.model.predictor.state_dict().items()
+        )
+        return frozen_equal, encoder.training, trainer.model.predictor.training, predictor_changed
+
+    for frozen_equal, encoder_training, predictor_training, predictor_changed in distributed(body, 2):
+        assert frozen_equal and not encoder_training and predictor_training and predictor_changed
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    ckpt = config.parent / "ckpt"
+    iter_dirs = sorted(ckpt.glob("iter_*"))
+    keys = FileSystemReader(str(iter_dirs[-1])).read_metadata().state_dict_metadata.keys()
+    model_keys = [k for k in keys if "predictor" in k or "text_encoder" in k]
+    assert model_keys and all("text_encoder" not in k for k in model_keys)
+    assert (ckpt / "config.yaml").is_file()
+    assert list((ckpt / "tensorboard").glob("events.out.tfevents.*"))
