@@ -1,3 +1,52 @@
 """Video/image + caption datasets (PyAV), buckets, a layout-independent stateful sampler, and the latent cache."""
 
 __version__ = "0.1.0"
+
+from .bad_samples import BadSample, BadSampleError, BadSampleTracker
+from .buckets import Bucket, assign_bucket, make_buckets, parse_buckets
+from .cache import CacheReport, cache_dataset, cache_file_name
+from .collate import collate_video_text
+from .dataset import VideoTextDataset, to_video_tensor
+from .decode import DecodeError, VideoInfo, decode_frames, load_image, probe_video
+from .frames import check_frame_rule, frame_step, sample_frame_indices
+from .loader import ResumableDataLoader, build_dataloader
+from .metadata import MetadataError, read_metadata
+from .precomputed import PrecomputedLatentDataset, load_precomputed, save_precomputed
+from .sampler import GlobalOrderSampler
+from .synthetic import frame_index_from_colour, index_colour_rgb, make_synthetic_dataset, write_clip
+
+__all__ = [
+    "BadSample",
+    "BadSampleError",
+    "BadSampleTracker",
+    "Bucket",
+    "CacheReport",
+    "DecodeError",
+    "GlobalOrderSampler",
+    "MetadataError",
+    "PrecomputedLatentDataset",
+    "ResumableDataLoader",
+    "VideoInfo",
+    "VideoTextDataset",
+    "assign_bucket",
+    "build_dataloader",
+    "cache_dataset",
+    "cache_file_name",
+    "check_frame_rule",
+    "collate_video_text",
+    "decode_frames",
+    "frame_index_from_colour",
+    "frame_step",
+    "index_colour_rgb",
+    "load_image",
+    "load_precomputed",
+    "make_buckets",
+    "make_synthetic_dataset",
+    "parse_buckets",
+    "probe_video",
+    "read_metadata",
+    "sample_frame_indices",
+    "save_precomputed",
+    "to_video_tensor",
+    "write_clip",
+]

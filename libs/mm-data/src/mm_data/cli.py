@@ -1,0 +1,143 @@
+"""`mm-data` command line: make-synthetic, inspect, check, cache (with an importable encoder)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from .cache import cache_dataset
+from .dataset import VideoTextDataset
+from .metadata import read_metadata
+from .synthetic import make_synthetic_dataset
+
+__all__ = ["main"]
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        h, w = text.lower().split("x")
+        return int(h), int(w)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected HEIGHTxWIDTH, got {text!r}") from e
+
+
+def _dataset_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("metadata", help="metadata file (.json, .jsonl, .csv, .parquet)")
+    p.add_argument("--data-root", default=None, help="folder relative sample paths start from")
+    p.add_argument("--num-frames", type=int, default=17)
+    p.add_argument("--height", type=int, default=64)
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--fps", type=float, default=None)
+    p.add_argument("--frame-stride", type=int, default=None)
+    p.add_argument("--frame-rule", default="4k+1", help="'4k+1', '8k+1' or 'none'")
+    p.add_argument("--dataset-kwargs", default="{}", help="more VideoTextDataset kwargs as JSON")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mm-data", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("make-synthetic", help="write small mp4 clips of moving shapes + metadata.json")
+    p.add_argument("out")
+    p.add_argument("--num-clips", type=int, default=8)
+    p.add_argument("--size", type=_size, action="append", help="HxW, repeatable (default 64x64 48x80 80x48)")
+    p.add_argument("--fps", type=int, action="append", help="repeatable (default 16 8 12)")
+    p.add_argument("--num-frames", type=int, action="append", help="repeatable (default 33 25 17)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--corrupt", type=int, default=0)
+    p.add_argument("--too-short", type=int, default=0)
+    p.add_argument("--images", type=int, default=0)
+    p.add_argument("--index-colour", action="store_true")
+    p = sub.add_parser("inspect", help="summarize a metadata file")
+    p.add_argument("metadata")
+    p.add_argument("--data-root", default=None)
+    p.add_argument("--rows", type=int, default=3, help="rows to print")
+    p = sub.add_parser("check", help="decode every sample; list the bad ones (exit 1 if any)")
+    _dataset_args(p)
+    p = sub.add_parser(
+        "cache", help="encode a dataset into per-sample safetensors (rank/world from torchrun env)"
+    )
+    _dataset_args(p)
+    p.add_argument("--out", required=True)
+    p.add_argument("--encoder", required=True, help="module:function; called as fn(item) -> dict of tensors")
+    return parser
+
+
+def _dataset(args: argparse.Namespace) -> VideoTextDataset:
+    kwargs: dict[str, Any] = json.loads(args.dataset_kwargs)
+    kwargs.setdefault("frame_offset", "start")
+    return VideoTextDataset(
+        args.metadata,
+        data_root=args.data_root,
+        num_frames=args.num_frames,
+        height=args.height,
+        width=args.width,
+        fps=args.fps,
+        frame_stride=args.frame_stride,
+        frame_rule=None if args.frame_rule.lower() == "none" else args.frame_rule,
+        **kwargs,
+    )
+
+
+def _make_synthetic(args: argparse.Namespace) -> int:
+    kwargs = {"sizes": args.size, "fps": args.fps, "num_frames": args.num_frames}
+    path = make_synthetic_dataset(
+        args.out,
+        num_clips=args.num_clips,
+        seed=args.seed,
+        corrupt=args.corrupt,
+        too_short=args.too_short,
+        num_images=args.images,
+        index_colour=args.index_colour,
+        **{k: v for k, v in kwargs.items() if v},
+    )
+    print(path)
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    rows = read_metadata(args.metadata, data_root=args.data_root)
+    missing = [r["path"] for r in rows if not os.path.exists(r["path"])]
+    sizes = Counter((r.get("height"), r.get("width")) for r in rows)
+    print(f"{args.metadata}: {len(rows)} samples, fields {sorted({k for r in rows for k in r})}")
+    print(f"sizes (height, width): {dict(sizes.most_common(10))}")
+    print(f"missing files: {len(missing)}" + "".join(f"\n  {p}" for p in missing[:20]))
+    for row in rows[: args.rows]:
+        print(json.dumps(row, ensure_ascii=False))
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    dataset = _dataset(args)
+    bad = dataset.check()
+    print(f"{len(dataset)} samples, {len(bad)} bad")
+    for b in bad:
+        print(f"  [{b.index}] {b.path}: {b.reason}")
+    return 1 if bad else 0
+
+
+def _cache(args: argparse.Namespace) -> int:
+    module, _, attr = args.encoder.partition(":")
+    if not attr:
+        raise SystemExit(f"--encoder must look like module:function, got {args.encoder!r}")
+    encode_fn = getattr(importlib.import_module(module), attr)
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    report = cache_dataset(_dataset(args), encode_fn, args.out, rank=rank, world_size=world)
+    print(report)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mm-data`` console script."""
+    args = _parser().parse_args(argv)
+    handlers = {"make-synthetic": _make_synthetic, "inspect": _inspect, "check": _check, "cache": _cache}
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""`VideoTextDataset`: clips or images + captions -> normalized video tensors and prompts."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .bad_samples import BadSample, BadSampleError, BadSampleTracker
+from .buckets import Bucket, assign_bucket, parse_buckets
+from .decode import DecodeError, VideoInfo, decode_frames, is_image, load_image, probe_video
+from .frames import check_frame_rule, frame_step, sample_frame_indices
+from .metadata import read_metadata
+
+__all__ = ["VideoTextDataset", "to_video_tensor"]
+
+
+def to_video_tensor(frames: np.ndarray) -> torch.Tensor:
+    """``uint8 [T, H, W, 3]`` -> ``float32 [3, T, H, W]`` in ``[-1, 1]``."""
+    if frames.ndim != 4 or frames.shape[-1] != 3:
+        raise DecodeError(f"expected frames [T, H, W, 3], got shape {tuple(frames.shape)}")
+    video = torch.from_numpy(np.ascontiguousarray(frames)).permute(3, 0, 1, 2)
+    return video.float().div_(127.5).sub_(1.0)
+
+
+class VideoTextDataset(Dataset):
+    """Video (or image) + caption samples read from a metadata file.
+
+    Each item is a dict: ``video`` float ``[C, T, H, W]`` in ``[-1, 1]`` (the sample's bucket
+    size), ``prompt`` (one caption, chosen at random from a list; ``""`` with probability
+    ``caption_dropout``), ``index`` (the dataset index actually loaded; differs from the asked
+    index when a bad sample was replaced), ``bucket`` (bucket id), and optionally
+    ``first_frame`` ``[C, H, W]`` and ``input_ids`` / ``attention_mask`` ``[max_text_length]``.
+
+    Random choices (temporal offset, caption, dropout) are drawn from ``(seed, epoch, index)``, so
+    an item is reproducible in any worker and on resume; :meth:`set_epoch` varies them per epoch.
+    A bad sample (undecodable, too short, wrong channels) is replaced by the next index of the same
+    bucket, logged and counted; more than ``max_bad_fraction`` of the dataset
+    raises :class:`BadSampleError` listing the paths.
+    """
+
+    def __init__(
+        self,
+        metadata_path: str | Path,
+        *,
+        data_root: str | Path | None = None,
+        num_frames: int,
+        height: int,
+        width: int,
+        fps: float | None = None,
+        frame_stride: int | None = None,
+        frame_rule: str | None = "4k+1",
+        buckets: Sequence[Any] | Mapping[str, Any] | None = None,
+        caption_dropout: float = 0.0,
+        tokenizer: Callable[..., Any] | None = None,
+        max_text_length: int = 512,
+        return_first_frame: bool = False,
+        max_bad_fraction: float = 0.05,
+        seed: int = 0,
+        columns: Mapping[str, Any] | None = None,
+        frame_offset: str = "random",
+    ) -> None:
+        frame_step(30.0, fps, frame_stride)  # validates the fps / frame_stride combination
+        if not 0.0 <= caption_dropout <= 1.0:
+            raise ValueError(f"caption_dropout must be in [0, 1], got {caption_dropout}")
+        self.metadata_path = str(metadata_path)
+        self.rows = read_metadata(metadata_path, data_root=data_root, columns=columns)
+        if not self.rows:
+            raise ValueError(f"{metadata_path}: no samples")
+        self.fps, self.frame_stride, self.frame_offset = fps, frame_stride, frame_offset
+        self.caption_dropout, self.tokenizer, self.max_text_length = (
+            caption_dropout,
+            tokenizer,
+            max_text_length,
+        )
+        self.return_first_frame, self.seed, self.epoch = return_first_frame, seed, 0
+        default = [Bucket(height, width, num_frames)]
+        self.buckets = parse_buckets(buckets, num_frames) if buckets is not None else default
+        for b in self.buckets:
+            check_frame_rule(b.num_frames, frame_rule, f"bucket {tuple(b)} num_frames")
+        self._add_image_buckets()
+        self.bucket_ids = self._assign_buckets()
+        self.tracker = BadSampleTracker(len(self.rows), max_bad_fraction)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def bad_samples(self) -> list[BadSample]:
+        """Bad samples this process has skipped so far."""
+        return self.tracker.bad_samples
+
+    def set_epoch(self, epoch: int) -> None:
+        """Vary random choices per epoch (called by :func:`mm_data.build_dataloader`)."""
+        self.epoch = int(epoch)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        index = int(index)
+        bucket_id = self.bucket_ids[index]
+        for source in self._same_bucket_from(index):
+            try:
+                return self._item(source, bucket_id)
+            except DecodeError as e:
+                path = self.rows[source]["path"]
+                self.tracker.record(BadSample(source, path, str(e).removeprefix(f"{path}: ")))
+        raise BadSampleError(self.tracker.report(), self.bad_samples)
+
+    def _same_bucket_from(self, index: int) -> Iterator[int]:
+        """``index``, then the following indices of the same bucket (wrapping around)."""
+        bucket_id = self.bucket_ids[index]
+        for offset in range(len(self)):
+            source = (index + offset) % len(self)
+            if self.bucket_ids[source] == bucket_id:
+                yield source
+
+    def check(self, indices: Sequence[int] | None = None) -> list[BadSample]:
+        """Load every sample (or ``indices``) without replacement; return the bad ones."""
+        bad = []
+        for i in range(len(self)) if indices is None else indices:
+            try:
+                self._item(i, self.bucket_ids[i])
+            except DecodeError as e:
+                path = self.rows[i]["path"]
+                bad.append(BadSample(i, path, str(e).removeprefix(f"{path}: ")))
+        return bad
+
+    # -- one sample -------------------------------------------------------------------------
+
+    def _item(self, index: int, bucket_id: int) -> dict[str, Any]:
+        row, bucket = self.rows[index], self.buckets[bucket_id]
+        rng = np.random.default_rng([self.seed, self.epoch, index])
+        video = to_video_tensor(self._frames(row, bucket, rng))
+        if video.shape[1] != bucket.num_frames:
+            raise DecodeError(f"{row['path']}: got {video.shape[1]} frames, bucket needs {bucket.num_frames}")
+        item: dict[str, Any] = {"video": video, "prompt": self._prompt(row["caption"], rng)}
+        if self.return_first_frame:
+            item["first_frame"] = video[:, 0].clone()
+        if self.tokenizer is not None:
+            item.update(self._tokenize(item["prompt"]))
+        item["index"], item["bucket"] = index, bucket_id
+        return item
+
+    def _frames(self, row: Mapping[str, Any], bucket: Bucket, rng: np.random.Generator) -> np.ndarray:
+        path = row["path"]
+        if is_image(path):
+            if bucket.num_frames != 1:
+                raise DecodeError(f"{path}: an image cannot fill a {bucket.num_frames}-frame bucket")
+            return load_image(path, bucket.height, bucket.width)
+        info = probe_video(path)
+        if info.num_frames <= 0 and row.get("num_frames"):
+            info = VideoInfo(int(row["num_frames"]), info.fps, info.height, info.width)
+        try:
+            step = frame_step(info.fps or row.get("fps"), self.fps, self.frame_stride)
+            indices = sample_frame_indices(info.num_frames, bucket.num_frames, step, self.frame_offset, rng)
+        except ValueError as e:
+            raise DecodeError(f"{path}: {e}") from e
+        return decode_frames(path, indices, bucket.height, bucket.width, info)
+
+    def _prompt(self, caption: str | list[str], rng: np.random.Generator) -> str:
+        text = caption if isinstance(caption, str) else caption[int(rng.integers(len(caption)))]
+        return "" if rng.random() < self.caption_dropout else text
+
+    def _tokenize(self, prompt: str) -> dict[str, torch.Tensor]:
+        out = self.tokenizer(
+            prompt,
+            max_length=self.max_text_length,
+            padding="max_length",
+            truncation=True,
+            return_tensors="pt",
+        )
+        ids = torch.as_tensor(out["input_ids"]).reshape(-1)
+        mask = torch.as_tensor(out["attention_mask"]).reshape(-1)
+        return {"input_ids": ids, "attention_mask": mask}
+
+    # -- buckets ---------------------------------------------------------------------------
+
+    def _add_image_buckets(self) -> None:
+        """Images are 1-frame videos: give them 1-frame twins of the buckets so batches never mix T."""
+        has_images = any(is_image(r["path"]) for r in self.rows)
+        if has_images and not any(b.num_frames == 1 for b in self.buckets):
+            self.buckets += [Bucket(b.height, b.width, 1) for b in self.buckets]
+
+    def _assign_buckets(self) -> list[int]:
+        video_ids = [i for i, b in enumerate(self.buckets) if b.num_frames > 1]
+        image_ids = [i for i, b in enumerate(self.buckets) if b.num_frames == 1]
+        if len(video_ids) <= 1 and len(image_ids) <= 1:  # nothing to choose: no probing
+            vid = video_ids[0] if video_ids else image_ids[0]
+            img = image_ids[0] if image_ids else vid
+            return [img if is_image(r["path"]) else vid for r in self.rows]
+        return [assign_bucket(*self._size_of(r), self.buckets) for r in self.rows]
+
+    def _size_of(self, row: Mapping[str, Any]) -> tuple[int, int, int | None]:
+        """(height, width, sampled frames available) from metadata, else from the file header."""
+        h, w, n, src_fps = row.get("height"), row.get("width"), row.get("num_frames"), row.get("fps")
+        if is_image(row["path"]) and h and w:
+            return h, w, 1
+        if not (h and w and n and (src_fps or self.fps is None)):
+            try:
+                info = probe_video(row["path"])
+                h, w, n, src_fps = (
+                    h or info.height,
+                    w or info.width,
+                    n or info.num_frames,
+                    src_fps or info.fps,
+                )
+            except DecodeError:
+                b = self.buckets[0]
+                return b.height, b.width, None  # decided later: the sample is skipped as bad
+        try:
+            step = frame_step(src_fps, self.fps, self.frame_stride)
+        except ValueError:
+            return h, w, None
+        return h, w, int(math.floor((n - 1) / step + 1e-6)) + 1

@@ -1,0 +1,111 @@
+"""`build_dataloader`: a DataLoader over a `GlobalOrderSampler` whose state matches what was consumed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from .collate import collate_video_text
+from .sampler import GlobalOrderSampler
+
+__all__ = ["ResumableDataLoader", "build_dataloader"]
+
+
+def _worker_init(_: int) -> None:
+    torch.set_num_threads(1)
+
+
+class ResumableDataLoader:
+    """Iterates micro-batches of a :class:`GlobalOrderSampler`; ``state_dict`` counts consumed batches.
+
+    Workers prefetch indices ahead of the training loop, so the sampler's own counters run ahead;
+    this wrapper records the sampler state after each batch it hands to the caller, and rewinds the
+    sampler to that state when a new iteration starts. The state is the sampler's (epoch, consumed
+    global samples), so it can be saved per rank and loaded at another dp size.
+    """
+
+    def __init__(self, dataset: Dataset, sampler: GlobalOrderSampler, **loader_kwargs: Any) -> None:
+        self.dataset, self.sampler = dataset, sampler
+        self.loader = DataLoader(dataset, batch_sampler=sampler, **loader_kwargs)
+        self._state = sampler.state_dict()
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        self.sampler.load_state_dict(self._state)  # drop any read-ahead of an earlier iteration
+        epoch, position = self.sampler.epoch, self.sampler.position()
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+        for batch in self.loader:
+            position += 1
+            self._state = self.sampler.state_at(epoch, position)
+            yield batch
+        self._state = self.sampler.state_at(epoch + 1, 0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` at its beginning (no-op for the current epoch)."""
+        if epoch != self._state["epoch"]:
+            self._state = self.sampler.state_at(epoch, 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler state after the last batch handed out."""
+        return dict(self._state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a state saved by any rank of a run with the same seed and global batch."""
+        self.sampler.load_state_dict(state)
+        self._state = self.sampler.state_dict()
+
+
+def build_dataloader(
+    dataset: Dataset,
+    *,
+    global_batch_size: int,
+    dp_rank: int,
+    dp_size: int,
+    seed: int = 0,
+    micro_batch_size: int | None = None,
+    num_workers: int = 0,
+    collate_fn: Callable[[list[Any]], Any] = collate_video_text,
+    shuffle: bool = True,
+    drop_last: bool = True,
+    buckets: Sequence[int] | None = None,
+    pin_memory: bool = False,
+    prefetch_factor: int | None = None,
+    multiprocessing_context: Any = None,
+) -> ResumableDataLoader:
+    """A resumable loader yielding this dp rank's micro-batches in the global order.
+
+    Each optimizer step consumes ``global_batch_size // (dp_size * micro_batch_size)`` batches.
+    Save ``loader.state_dict()`` in the checkpoint; ``loader.load_state_dict(state)`` continues at
+    the next unseen global sample, also at another dp size.
+    """
+    sampler = GlobalOrderSampler(
+        dataset,
+        global_batch_size=global_batch_size,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        seed=seed,
+        micro_batch_size=micro_batch_size,
+        shuffle=shuffle,
+        drop_last=drop_last,
+        buckets=buckets,
+    )
+    # A private generator: creating a DataLoader iterator draws a base seed from it, and drawing from
+    # the global torch RNG instead would make a resumed run's noise differ from an uninterrupted one.
+    generator = torch.Generator().manual_seed(seed)
+    kwargs: dict[str, Any] = {
+        "collate_fn": collate_fn,
+        "num_workers": num_workers,
+        "pin_memory": pin_memory,
+        "generator": generator,
+    }
+    if num_workers > 0:
+        kwargs.update(worker_init_fn=_worker_init, multiprocessing_context=multiprocessing_context)
+        if prefetch_factor is not None:
+            kwargs["prefetch_factor"] = prefetch_factor
+    return ResumableDataLoader(dataset, sampler, **kwargs)
