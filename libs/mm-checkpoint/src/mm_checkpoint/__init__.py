@@ -1,3 +1,73 @@
-"""Weight loading (HF / diffusers safetensors, torch DCP), table-driven key maps, online DCP conversion, distributed checkpointing and export."""
+"""Weight loading (HF / diffusers safetensors, torch DCP), table-driven key maps, online DCP conversion,
+distributed checkpointing and export."""
 
 __version__ = "0.1.0"
+
+from .checkpointer import DistributedCheckpointer, RNGState
+from .conversion import convert_to_dcp, ensure_dcp_cache
+from .errors import (
+    AmbiguousCheckpointError,
+    CheckpointError,
+    CheckpointFormatError,
+    CheckpointLoadError,
+    CheckpointNotFoundError,
+    KeyMapError,
+)
+from .export import export_checkpoint
+from .formats import normalize_format, resolve_load_format, sniff_format
+from .inspection import summarize, verify_checkpoints
+from .key_maps import (
+    WEIGHT_TRANSFORM_PIPELINES,
+    ConcatRule,
+    KeyMapTransform,
+    KeyPlan,
+    RenameRule,
+    Reshape,
+    SplitRule,
+    Transpose,
+    WeightTransform,
+    get_weight_transform,
+    register_weight_transform,
+)
+from .layout import TRACKER_FILENAME, latest_iteration, looks_like_dcp_checkpoint_dir
+from .loader import LoadReport, load_checkpoint_with_conversion
+from .module_state import materialize_meta
+from .sources import CheckpointSource, resolve_checkpoint_source
+
+__all__ = [
+    "AmbiguousCheckpointError",
+    "CheckpointError",
+    "CheckpointFormatError",
+    "CheckpointLoadError",
+    "CheckpointNotFoundError",
+    "CheckpointSource",
+    "ConcatRule",
+    "DistributedCheckpointer",
+    "KeyMapError",
+    "KeyMapTransform",
+    "KeyPlan",
+    "LoadReport",
+    "RNGState",
+    "RenameRule",
+    "Reshape",
+    "SplitRule",
+    "TRACKER_FILENAME",
+    "Transpose",
+    "WEIGHT_TRANSFORM_PIPELINES",
+    "WeightTransform",
+    "convert_to_dcp",
+    "ensure_dcp_cache",
+    "export_checkpoint",
+    "get_weight_transform",
+    "latest_iteration",
+    "load_checkpoint_with_conversion",
+    "looks_like_dcp_checkpoint_dir",
+    "materialize_meta",
+    "normalize_format",
+    "register_weight_transform",
+    "resolve_checkpoint_source",
+    "resolve_load_format",
+    "sniff_format",
+    "summarize",
+    "verify_checkpoints",
+]

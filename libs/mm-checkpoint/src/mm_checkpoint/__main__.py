@@ -1,0 +1,5 @@
+"""``python -m mm_checkpoint`` runs the ``mm-ckpt`` CLI."""
+
+from .cli import run
+
+run()

@@ -1,0 +1,261 @@
+"""Atomic, resharding-capable training checkpoints on torch DCP.
+
+Layout under ``root``: ``iter_NNNNNNN/`` (DCP files + ``rank_state/dp_rank_NNNNN.pt`` +
+``mm_checkpoint.json``) and the tracker ``latest_checkpointed_iteration.txt``. A save writes
+``iter_NNNNNNN.partial/``, renames it into place, then atomically replaces the tracker, so a crash at
+any point leaves the previous checkpoint and tracker intact.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from .errors import CheckpointLoadError, CheckpointNotFoundError
+from .layout import (
+    RELEASE_ITERATION,
+    iteration_dir_name,
+    latest_iteration,
+    resolve_dcp_dir,
+    valid_iterations,
+    write_tracker,
+)
+from .runtime import barrier, get_rank, get_world_size, is_distributed
+
+logger = logging.getLogger(__name__)
+
+DCP_KEYS = ("model", "optimizer", "lr_scheduler")
+"""State entries stored through DCP (resharded on load); every other entry is per data-parallel rank."""
+INFO_FILENAME = "mm_checkpoint.json"
+RANK_STATE_DIR = "rank_state"
+
+
+class RNGState:
+    """Per-rank state entry capturing/restoring Python, torch (CPU and accelerator) and numpy RNG state."""
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        try:
+            import numpy as np
+
+            state["numpy"] = np.random.get_state()
+        except ImportError:
+            pass
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        random.setstate(state["python"])
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+        if "numpy" in state:
+            import numpy as np
+
+            np.random.set_state(state["numpy"])
+
+
+def _optimizers(state: Mapping[str, Any]) -> tuple[torch.optim.Optimizer, ...]:
+    opt = state.get("optimizer")
+    if opt is None:
+        return ()
+    return tuple(opt) if isinstance(opt, (list, tuple)) else (opt,)
+
+
+def _dcp_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    model: nn.Module | None = state.get("model")
+    optims = _optimizers(state)
+    if model is not None:
+        model_sd, optim_sd = get_state_dict(model, optims)
+        out["model"] = model_sd
+        if optims:
+            out["optimizer"] = optim_sd
+    elif optims:
+        raise ValueError("checkpoint state has an 'optimizer' but no 'model'")
+    if state.get("lr_scheduler") is not None:
+        out["lr_scheduler"] = state["lr_scheduler"].state_dict()
+    return out
+
+
+def _per_rank_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in state.items():
+        if key in DCP_KEYS or value is None:
+            continue
+        out[key] = value.state_dict() if hasattr(value, "state_dict") else dict(value)
+    return out
+
+
+def _restore_per_rank(state: MutableMapping[str, Any], saved: Mapping[str, Any]) -> None:
+    for key, value in state.items():
+        if key in DCP_KEYS or value is None or key not in saved:
+            continue
+        if hasattr(value, "load_state_dict"):
+            value.load_state_dict(saved[key])
+        elif isinstance(value, MutableMapping):
+            value.clear()
+            value.update(saved[key])
+        else:
+            state[key] = saved[key]
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+class DistributedCheckpointer:
+    """Save and load model / optimizer / LR scheduler / per-rank state under ``root``.
+
+    Args:
+        root: checkpoint root directory.
+        keep_last: keep only this many newest ``iter_*`` checkpoints (None keeps all).
+        dp_rank / dp_size: data-parallel coordinates keying per-rank state (default: global rank / world).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        keep_last: int | None = None,
+        *,
+        dp_rank: int | None = None,
+        dp_size: int | None = None,
+    ) -> None:
+        if keep_last is not None and keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
+        self.root = Path(root)
+        self.keep_last = keep_last
+        self.dp_rank = get_rank() if dp_rank is None else dp_rank
+        self.dp_size = get_world_size() if dp_size is None else dp_size
+
+    def latest_iteration(self) -> int | None:
+        """Iteration the tracker (or the single valid dir) points at, None if there is none."""
+        return latest_iteration(self.root)
+
+    def save(self, state: Mapping[str, Any], iteration: int) -> Path:
+        """Collectively save ``state`` as ``iteration``; returns the final directory. Call on every rank."""
+        final = self.root / iteration_dir_name(iteration)
+        partial = final.with_name(final.name + ".partial")
+        if get_rank() == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir()
+        barrier()
+        dcp.save(_dcp_state(state), checkpoint_id=str(partial))
+        self._save_per_rank(state, partial)
+        barrier()
+        if get_rank() == 0:
+            self._write_info(partial, iteration)
+            self._commit(partial, final, iteration)
+            self._prune(keep=final)
+        barrier()
+        return final
+
+    def _save_per_rank(self, state: Mapping[str, Any], partial: Path) -> None:
+        dp_ranks = [self.dp_rank] * get_world_size()
+        if is_distributed():
+            torch.distributed.all_gather_object(dp_ranks, self.dp_rank)
+        if dp_ranks.index(self.dp_rank) != get_rank():
+            return  # a lower global rank with the same dp rank writes it (identical within a CP group)
+        per_rank = _per_rank_state(state)
+        if not per_rank:
+            return
+        out = partial / RANK_STATE_DIR
+        out.mkdir(exist_ok=True)
+        path = out / f"dp_rank_{self.dp_rank:05d}.pt"
+        torch.save({"dp_rank": self.dp_rank, "dp_size": self.dp_size, "state": per_rank}, path)
+        _fsync_file(path)
+
+    def _write_info(self, partial: Path, iteration: int) -> None:
+        info = {
+            "iteration": iteration,
+            "world_size": get_world_size(),
+            "dp_size": self.dp_size,
+            "time": time.time(),
+        }
+        (partial / INFO_FILENAME).write_text(json.dumps(info, indent=2) + "\n")
+        _fsync_file(partial / INFO_FILENAME)
+
+    def _commit(self, partial: Path, final: Path, iteration: int) -> None:
+        replaced = final.with_name(final.name + ".replaced")
+        if final.exists():
+            shutil.rmtree(replaced, ignore_errors=True)
+            os.replace(final, replaced)
+        os.replace(partial, final)
+        write_tracker(self.root, iteration)
+        shutil.rmtree(replaced, ignore_errors=True)
+
+    def _prune(self, keep: Path) -> None:
+        if self.keep_last is None:
+            return
+        iters = [(it, p) for it, p in valid_iterations(self.root).items() if it != RELEASE_ITERATION]
+        for _, path in iters[: max(0, len(iters) - self.keep_last)]:
+            if path != keep:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def load(self, state: MutableMapping[str, Any], iteration: int | None = None) -> int:
+        """Collectively restore ``state`` in place from ``iteration`` (default: tracker / single valid dir).
+
+        Returns the iteration loaded. Works at a different world size or sharding (DCP reshards).
+
+        Raises:
+            CheckpointNotFoundError / AmbiguousCheckpointError: nothing or several things to load.
+            CheckpointLoadError: the checkpoint lacks an entry that ``state`` asks for.
+        """
+        path, it = resolve_dcp_dir(self.root, iteration)
+        if it is None:
+            raise CheckpointNotFoundError(
+                f"{self.root} is a bare DCP dir, not a checkpoint root with iter_* dirs"
+            )
+        dcp_state = _dcp_state(state)
+        self._check_entries(path, dcp_state)
+        dcp.load(dcp_state, checkpoint_id=str(path))
+        model = state.get("model")
+        if model is not None:
+            set_state_dict(
+                model,
+                _optimizers(state),
+                model_state_dict=dcp_state["model"],
+                optim_state_dict=dcp_state.get("optimizer", {}),
+            )
+        if state.get("lr_scheduler") is not None:
+            state["lr_scheduler"].load_state_dict(dcp_state["lr_scheduler"])
+        self._load_per_rank(state, path)
+        return it
+
+    def _check_entries(self, path: Path, dcp_state: Mapping[str, Any]) -> None:
+        stored = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        tops = {k.split(".", 1)[0] for k in stored}
+        absent = [k for k in dcp_state if k not in tops]
+        if absent:
+            raise CheckpointLoadError(f"checkpoint {path} has no {absent} state (it holds {sorted(tops)})")
+
+    def _load_per_rank(self, state: MutableMapping[str, Any], path: Path) -> None:
+        wanted = [k for k, v in state.items() if k not in DCP_KEYS and v is not None]
+        if not wanted:
+            return
+        file = path / RANK_STATE_DIR / f"dp_rank_{self.dp_rank:05d}.pt"
+        if not file.is_file():
+            logger.warning("no per-rank state %s for dp rank %d; %s left as is", file, self.dp_rank, wanted)
+            return
+        saved = torch.load(file, weights_only=False)
+        if saved["dp_size"] != self.dp_size:
+            logger.warning(
+                "per-rank state saved at dp size %d, loading at %d", saved["dp_size"], self.dp_size
+            )
+        _restore_per_rank(state, saved["state"])

@@ -1,0 +1,117 @@
+"""``mm-ckpt``: convert, inspect and verify checkpoints (HF / diffusers safetensors <-> torch DCP)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+
+import torch
+
+from .conversion import convert_to_dcp
+from .errors import CheckpointError
+from .export import export_checkpoint
+from .formats import normalize_format, resolve_load_format
+from .inspection import summarize, verify_checkpoints
+
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+           "fp16": torch.float16, "float16": torch.float16}  # fmt: skip
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mm-ckpt", description=__doc__)
+    p.add_argument(
+        "--plugin", action="append", default=[], help="module to import first (registers key maps)"
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("convert", help="convert SRC to DST (safetensors -> dcp, or dcp -> safetensors)")
+    c.add_argument("src")
+    c.add_argument("dst")
+    c.add_argument("--to", required=True, help="dcp | diffusers | hf | safetensors")
+    c.add_argument("--from", dest="src_format", default="auto", help="source format (default: sniffed)")
+    c.add_argument("--model-type", default=None, help="registered key map to apply (export: inverted)")
+    c.add_argument("--max-shard-size", default="5GB", help="export shard size, e.g. 5GB")
+    c.add_argument("--config-from", default=None, help="export: dir whose config.json etc. to copy")
+    c.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="cast tensors")
+    i = sub.add_parser("inspect", help="format, tensor count, bytes, dtypes, a few keys")
+    i.add_argument("path")
+    i.add_argument("--format", default="auto")
+    i.add_argument("--json", action="store_true", help="print JSON")
+    v = sub.add_parser("verify", help="compare two checkpoints after key mapping (exit 1 if they differ)")
+    v.add_argument("a")
+    v.add_argument("b")
+    v.add_argument("--model-type", default=None)
+    v.add_argument("--atol", type=float, default=0.0)
+    return p
+
+
+def _convert(args: argparse.Namespace) -> int:
+    to = normalize_format(args.to)
+    dtype = _DTYPES[args.dtype] if args.dtype else None
+    start = time.perf_counter()
+    if to == "dcp":
+        out = convert_to_dcp(
+            args.src, args.dst, src_format=args.src_format, model_type=args.model_type, dtype=dtype
+        )
+    elif to in {"diffusers", "hf", "safetensors"}:
+        if resolve_load_format(args.src, args.src_format) != "dcp":
+            raise CheckpointError(
+                f"{args.src} is not DCP: convert between safetensors flavours via --to dcp first"
+            )
+        out = export_checkpoint(args.src, args.dst, to=to, model_type=args.model_type,
+                                config_from=args.config_from, max_shard_size=args.max_shard_size, dtype=dtype)  # fmt: skip
+    else:
+        raise CheckpointError(f"--to {args.to!r}: expected dcp, diffusers, hf or safetensors")
+    print(f"wrote {out} in {time.perf_counter() - start:.1f}s")
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    s = summarize(args.path, args.format)
+    if args.json:
+        print(json.dumps(asdict(s), indent=2))
+        return 0
+    print(f"path:    {s.path}\nformat:  {s.format}\ntensors: {s.tensors}")
+    print(f"bytes:   {s.total_bytes} ({s.total_bytes / 1e9:.3f} GB)\ndtypes:  {s.dtypes}")
+    print("keys:    " + "\n         ".join(s.sample_keys))
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    r = verify_checkpoints(args.a, args.b, model_type=args.model_type)
+    print(f"compared {r.compared} tensors; max abs diff {r.max_abs_diff:g} ({r.worst_key})")
+    for label, keys in (
+        ("only in A", r.only_in_a),
+        ("only in B", r.only_in_b),
+        ("shape mismatch", r.shape_mismatch),
+    ):
+        if keys:
+            print(f"{label} ({len(keys)}): {keys[:10]}")
+    same = r.same(args.atol)
+    print("SAME" if same else "DIFFERENT")
+    return 0 if same else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``mm-ckpt``; returns the exit code (2 for bad input)."""
+    args = _parser().parse_args(argv)
+    try:
+        for module in args.plugin:
+            importlib.import_module(module)
+        return {"convert": _convert, "inspect": _inspect, "verify": _verify}[args.command](args)
+    except (CheckpointError, FileNotFoundError, ValueError, ModuleNotFoundError) as e:
+        print(f"mm-ckpt: error: {e}", file=sys.stderr)
+        return 2
+
+
+def run() -> None:
+    """Console-script wrapper: ``sys.exit(main())``."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run()

@@ -1,0 +1,139 @@
+"""Export a DCP checkpoint to sharded diffusers / HF safetensors that upstream ``from_pretrained`` loads."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .conversion import copy_side_files
+from .dcp_io import DcpReader
+from .errors import CheckpointFormatError
+from .formats import DIFFUSERS_WEIGHTS_PREFIX, HF_WEIGHTS_PREFIX, normalize_format
+from .key_maps import KeyPlan, apply_plan, get_weight_transform
+from .layout import resolve_dcp_dir
+from .runtime import barrier, get_rank, progress
+from .safetensors_io import (
+    PendingTensor,
+    TensorInfo,
+    parse_size,
+    plan_shards,
+    shard_filenames,
+    write_index,
+    write_safetensors_file,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def _pending(reader: DcpReader | SubmoduleReader, key: str, plan: KeyPlan, dtype: torch.dtype | None) -> PendingTensor:
+    infos = [reader.info(s) for s in plan.sources]
+    if plan.fn is None:
+        shape, out_dtype = infos[0].shape, infos[0].dtype
+    else:
+        out = plan.fn([torch.empty(i.shape, dtype=i.dtype, device="meta") for i in infos])
+        shape, out_dtype = tuple(out.shape), out.dtype
+    final_dtype = dtype or out_dtype
+
+    def produce() -> torch.Tensor:
+        parts = reader.read_many(list(plan.sources))
+        return apply_plan(plan, [parts[s] for s in plan.sources]).to(final_dtype)
+
+    return PendingTensor(key, TensorInfo(tuple(shape), final_dtype), produce)
+
+
+def export_checkpoint(
+    dcp_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    to: str = "diffusers",
+    model_type: str | None = None,
+    config_from: str | os.PathLike | None = None,
+    max_shard_size: int | str = "5GB",
+    *,
+    iteration: int | None = None,
+    dtype: torch.dtype | None = None,
+    submodule: str | None = None,
+) -> Path:
+    """Consolidate the model tensors of a DCP checkpoint into sharded safetensors under ``out_dir``.
+
+    ``submodule`` exports one sub-model of a container checkpoint (e.g. ``predictor``: the keys
+    under ``predictor.``, written without that prefix).
+
+    ``to`` picks file names: ``diffusers`` -> ``diffusion_pytorch_model*.safetensors``, ``hf`` /
+    ``safetensors`` -> ``model*.safetensors`` (+ ``*.safetensors.index.json`` when sharded). Keys are
+    mapped back through the ``model_type`` key map. Side files (``config.json``...) come from
+    ``config_from`` if given, else from the DCP root (where ``convert`` keeps them). Tensors are read
+    and written one at a time. Runs on rank 0 only when a process group exists.
+    """
+    target = normalize_format(to)
+    if target not in {"diffusers", "hf", "safetensors"}:
+        raise CheckpointFormatError(f"cannot export to {to!r}; expected diffusers, hf or safetensors")
+    path, _ = resolve_dcp_dir(dcp_dir, iteration)
+    out = Path(out_dir)
+    if get_rank() == 0:
+        reader = DcpReader(path) if submodule is None else SubmoduleReader(DcpReader(path), submodule)
+        _export(reader, out, target, model_type, parse_size(max_shard_size), dtype)
+        _copy_config(Path(dcp_dir), path, config_from, out)
+    barrier()
+    return out
+
+
+class SubmoduleReader:
+    """A :class:`DcpReader` restricted to the keys under ``<submodule>.``, shown without the prefix."""
+
+    def __init__(self, reader: DcpReader, submodule: str) -> None:
+        self.reader, self.prefix = reader, submodule.rstrip(".") + "."
+        if not self.keys():
+            tops = sorted({k.split(".", 1)[0] for k in reader.keys()})
+            raise CheckpointFormatError(f"{reader.path} has no tensors under {submodule!r}; its top-level names: {tops}")
+
+    def keys(self) -> list[str]:
+        n = len(self.prefix)
+        return [k[n:] for k in self.reader.keys() if k.startswith(self.prefix)]
+
+    def info(self, key: str) -> Any:
+        return self.reader.info(self.prefix + key)
+
+    def read_many(self, keys: list[str]) -> dict[str, torch.Tensor]:
+        full = self.reader.read_many([self.prefix + k for k in keys])
+        return {k: full[self.prefix + k] for k in keys}
+
+
+def _export(
+    reader: DcpReader | SubmoduleReader,
+    out: Path,
+    target: str,
+    model_type: str | None,
+    max_bytes: int,
+    dtype: torch.dtype | None,
+) -> None:
+    plans = get_weight_transform(model_type).plan_export(reader.keys())
+    pending = [_pending(reader, key, plan, dtype) for key, plan in plans.items()]
+    prefix = DIFFUSERS_WEIGHTS_PREFIX if target == "diffusers" else HF_WEIGHTS_PREFIX
+    shards = plan_shards(pending, max_bytes)
+    names = shard_filenames(prefix, len(shards))
+    out.mkdir(parents=True, exist_ok=True)
+    written = progress(
+        (key for shard, name in zip(shards, names) for key in write_safetensors_file(out / name, shard)),
+        desc=f"export -> {target}",
+        total=len(pending),
+        unit="tensor",
+    )
+    for _ in written:
+        pass
+    if len(shards) > 1:
+        write_index(out, prefix, shards, names)
+
+
+def _copy_config(root: Path, dcp_path: Path, config_from: str | os.PathLike | None, out: Path) -> None:
+    sources = [Path(config_from)] if config_from is not None else [root, dcp_path.parent]
+    for src in sources:
+        if copy_side_files(src, out):
+            break
+    if not (out / "config.json").is_file():
+        logger.warning(
+            "%s has no config.json: upstream from_pretrained needs one (pass config_from=...)", out
+        )

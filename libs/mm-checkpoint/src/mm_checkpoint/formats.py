@@ -1,0 +1,125 @@
+"""Checkpoint format names, their aliases, and sniffing a format from a path's content."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+from .errors import CheckpointFormatError
+from .layout import looks_like_dcp_checkpoint_dir
+
+Format = Literal["dcp", "diffusers", "hf"]
+
+FORMAT_ALIASES: dict[str, str] = {
+    "auto": "auto",
+    "dcp": "dcp",
+    "torch_dcp": "dcp",
+    "distcp": "dcp",
+    "torch_distributed": "dcp",
+    "diffusers": "diffusers",
+    "diffuser": "diffusers",
+    "hf": "hf",
+    "huggingface": "hf",
+    "hugging_face": "hf",
+    "transformers": "hf",
+    "safetensors": "safetensors",
+    "hf_safetensors": "hf",
+}
+"""Accepted spellings (case-insensitive, ``-`` = ``_``). ``safetensors`` means "diffusers or hf, sniffed"."""
+
+DIFFUSERS_WEIGHTS_PREFIX = "diffusion_pytorch_model"
+HF_WEIGHTS_PREFIX = "model"
+
+
+def normalize_format(declared: str | None) -> str:
+    """Canonical name of a declared format: ``auto``, ``dcp``, ``diffusers``, ``hf`` or ``safetensors``."""
+    if declared is None or str(declared).strip() == "":
+        return "auto"
+    key = str(declared).strip().lower().replace("-", "_")
+    if key not in FORMAT_ALIASES:
+        raise CheckpointFormatError(
+            f"unknown checkpoint format {declared!r}; expected one of {sorted(FORMAT_ALIASES)}"
+        )
+    return FORMAT_ALIASES[key]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _safetensors_files(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir() if p.name.endswith(".safetensors"))
+
+
+def sniff_safetensors_format(path: str | os.PathLike) -> Format | None:
+    """``diffusers`` or ``hf`` for a safetensors file/dir, None if there are no safetensors weights."""
+    path = Path(path)
+    if path.is_file():
+        if not path.name.endswith(".safetensors"):
+            return None
+        return "diffusers" if path.name.startswith(DIFFUSERS_WEIGHTS_PREFIX) else "hf"
+    if not path.is_dir():
+        return None
+    files = _safetensors_files(path)
+    if not files:
+        return None
+    config = _read_json(path / "config.json")
+    if any(f.startswith(DIFFUSERS_WEIGHTS_PREFIX) for f in files) or "_diffusers_version" in config:
+        return "diffusers"
+    return "hf"
+
+
+def _describe(path: Path) -> str:
+    if not path.exists():
+        return "the path does not exist"
+    if path.is_file():
+        return f"a file named {path.name!r}"
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
+    shown = ", ".join(names[:20]) + (f", ... ({len(names)} entries)" if len(names) > 20 else "")
+    return f"entries: [{shown}]" if names else "an empty directory"
+
+
+def sniff_format(path: str | os.PathLike) -> Format:
+    """Sniff the format of ``path``: DCP first, then diffusers, then HF safetensors.
+
+    Raises:
+        CheckpointFormatError: none of them, listing what is at ``path``.
+    """
+    p = Path(path)
+    if looks_like_dcp_checkpoint_dir(p):
+        return "dcp"
+    found = sniff_safetensors_format(p)
+    if found is not None:
+        return found
+    hint = ""
+    if p.is_dir() and (p / "model_index.json").is_file():
+        hint = " (this is a diffusers pipeline root: point at a component subfolder such as transformer/)"
+    elif p.is_dir() and any(x.suffix in {".bin", ".pt", ".pth"} for x in p.iterdir()):
+        hint = " (pickle weights such as .bin/.pt are not supported: convert them to safetensors)"
+    raise CheckpointFormatError(
+        f"{p} is not a DCP, diffusers or HF safetensors checkpoint; {_describe(p)}{hint}"
+    )
+
+
+def resolve_load_format(path: str | os.PathLike, declared: str | None = "auto") -> Format:
+    """Normalize ``declared`` and, for ``auto`` (or ``safetensors``), sniff it from ``path``.
+
+    A declared ``dcp`` is kept even when ``path`` is not DCP yet: that is the online-conversion request.
+    """
+    fmt = normalize_format(declared)
+    if fmt == "auto":
+        return sniff_format(path)
+    if fmt == "safetensors":
+        found = sniff_safetensors_format(path)
+        if found is None:
+            raise CheckpointFormatError(
+                f"declared format 'safetensors' but {path} has none; {_describe(Path(path))}"
+            )
+        return found
+    return fmt  # type: ignore[return-value]

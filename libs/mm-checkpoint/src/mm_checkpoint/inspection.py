@@ -1,0 +1,106 @@
+"""Read-only views used by ``mm-ckpt inspect`` and ``mm-ckpt verify``."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from .dcp_io import DcpReader
+from .formats import resolve_load_format
+from .key_maps import KeyPlan, apply_plan, get_weight_transform
+from .layout import resolve_dcp_dir
+from .runtime import progress
+from .safetensors_io import SafetensorsReader
+
+
+@dataclass(frozen=True)
+class MappedSource:
+    """A checkpoint seen in the model key namespace: ``plans`` build model tensors from ``reader``."""
+
+    path: str
+    format: str
+    reader: SafetensorsReader | DcpReader
+    plans: dict[str, KeyPlan]
+
+    def read(self, key: str) -> torch.Tensor:
+        plan = self.plans[key]
+        return apply_plan(plan, [self.reader.read(s) for s in plan.sources])
+
+
+def open_mapped_source(
+    path: str | os.PathLike, fmt: str = "auto", model_type: str | None = None
+) -> MappedSource:
+    """Open a checkpoint of any format; safetensors keys go through the ``model_type`` key map, DCP keys as stored."""
+    resolved = resolve_load_format(path, fmt)
+    if resolved == "dcp":
+        reader: SafetensorsReader | DcpReader = DcpReader(resolve_dcp_dir(path)[0])
+        plans = {k: KeyPlan(k, (k,)) for k in reader.keys()}
+    else:
+        reader = SafetensorsReader(path)
+        plans = get_weight_transform(model_type).plan_load(reader.keys())
+    return MappedSource(str(path), resolved, reader, plans)
+
+
+@dataclass
+class Summary:
+    """What ``inspect`` prints."""
+
+    path: str
+    format: str
+    tensors: int
+    total_bytes: int
+    dtypes: dict[str, int]
+    sample_keys: list[str]
+
+
+def summarize(path: str | os.PathLike, fmt: str = "auto", sample: int = 5) -> Summary:
+    """Format, tensor count, total bytes, dtype histogram and a few keys of the checkpoint at ``path``."""
+    src = open_mapped_source(path, fmt)
+    keys = src.reader.keys()
+    infos = [src.reader.info(k) for k in keys]
+    dtypes = Counter(str(i.dtype).replace("torch.", "") for i in infos)
+    return Summary(
+        str(path), src.format, len(keys), sum(i.nbytes for i in infos), dict(dtypes), sorted(keys)[:sample]
+    )
+
+
+@dataclass
+class VerifyResult:
+    """Comparison of two checkpoints in the model key namespace."""
+
+    only_in_a: list[str] = field(default_factory=list)
+    only_in_b: list[str] = field(default_factory=list)
+    shape_mismatch: list[str] = field(default_factory=list)
+    max_abs_diff: float = 0.0
+    worst_key: str | None = None
+    compared: int = 0
+
+    def same(self, atol: float = 0.0) -> bool:
+        return not (self.only_in_a or self.only_in_b or self.shape_mismatch) and self.max_abs_diff <= atol
+
+
+def verify_checkpoints(
+    a: str | os.PathLike,
+    b: str | os.PathLike,
+    model_type: str | None = None,
+    fmt_a: str = "auto",
+    fmt_b: str = "auto",
+) -> VerifyResult:
+    """Compare every tensor of ``a`` and ``b`` after key mapping, one tensor pair in memory at a time."""
+    src_a, src_b = open_mapped_source(a, fmt_a, model_type), open_mapped_source(b, fmt_b, model_type)
+    keys_a, keys_b = set(src_a.plans), set(src_b.plans)
+    result = VerifyResult(sorted(keys_a - keys_b), sorted(keys_b - keys_a))
+    common = sorted(keys_a & keys_b)
+    for key in progress(common, desc="verify", total=len(common), unit="tensor"):
+        ta, tb = src_a.read(key), src_b.read(key)
+        if ta.shape != tb.shape:
+            result.shape_mismatch.append(key)
+            continue
+        diff = (ta.double() - tb.double()).abs().max().item() if ta.numel() else 0.0
+        result.compared += 1
+        if diff > result.max_abs_diff or result.worst_key is None:
+            result.max_abs_diff, result.worst_key = max(diff, result.max_abs_diff), key
+    return result

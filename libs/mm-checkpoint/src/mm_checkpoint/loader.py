@@ -1,0 +1,178 @@
+"""Load HF / diffusers safetensors or DCP weights into a plain, meta, or FSDP2-sharded module."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .dcp_io import DcpReader, load_dcp_into
+from .errors import CheckpointLoadError
+from .formats import resolve_load_format
+from .key_maps import WeightTransform, apply_plan, get_weight_transform
+from .layout import resolve_dcp_dir
+from .module_state import Target, assign_local, checkpoint_targets, local_index, materialize_meta
+from .runtime import progress
+from .safetensors_io import SafetensorsReader
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadReport:
+    """What a load did, by model state-dict key.
+
+    Attributes:
+        path: directory actually read (the DCP cache after an online conversion).
+        format: ``dcp``, ``diffusers`` or ``hf``.
+        loaded / missing / unexpected / mismatched: model keys; ``unexpected`` are checkpoint tensors
+            (after key mapping) the model lacks; ``mismatched`` have different shapes (see ``details``).
+        uninitialized_buffers: meta non-persistent buffers left uninitialized by materialization.
+        converted_from: the source read by an online DCP conversion in this call, if any.
+    """
+
+    path: str
+    format: str
+    loaded: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)
+    details: dict[str, str] = field(default_factory=dict)
+    uninitialized_buffers: list[str] = field(default_factory=list)
+    converted_from: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        """True when nothing is missing, unexpected or mismatched."""
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def raise_if_incomplete(self) -> None:
+        """Raise :class:`CheckpointLoadError` naming every problem key."""
+        if self.complete:
+            return
+        lines = [f"loading {self.format} checkpoint {self.path} failed (strict):"]
+        for label, keys in (("missing", self.missing), ("unexpected", self.unexpected)):
+            if keys:
+                lines.append(f"  {len(keys)} {label}: {keys[:20]}{' ...' if len(keys) > 20 else ''}")
+        for key in self.mismatched[:20]:
+            lines.append(f"  shape mismatch {key}: {self.details.get(key, '')}")
+        raise CheckpointLoadError("\n".join(lines))
+
+
+def _finish(report: LoadReport, targets: dict[str, Target], seen: set[str]) -> LoadReport:
+    loaded_ids = {id(targets[k].tensor) for k in report.loaded}
+    report.missing = [k for k, t in targets.items() if k not in seen and id(t.tensor) not in loaded_ids]
+    return report
+
+
+def load_safetensors_into(
+    model: nn.Module, path: str | os.PathLike, transform: WeightTransform, fmt: str
+) -> LoadReport:
+    """Load safetensors weights through ``transform``; DTensor targets read only their local slices."""
+    report = LoadReport(str(path), fmt)
+    targets = checkpoint_targets(model)
+    seen: set[str] = set()
+    with SafetensorsReader(path) as reader:
+        plans = transform.plan_load(reader.keys())
+        for key, plan in progress(
+            plans.items(), desc=f"load {Path(path).name}", total=len(plans), unit="tensor"
+        ):
+            if key not in targets:
+                report.unexpected.append(key)
+                continue
+            seen.add(key)
+            target = targets[key].tensor
+            index = local_index(target)
+            if plan.fn is None:
+                stored = reader.info(plan.sources[0]).shape
+                if stored != tuple(target.shape):
+                    _mismatch(report, key, plan.sources[0], stored, target)
+                    continue
+                value = reader.read(plan.sources[0], index)
+            else:
+                value = apply_plan(plan, [reader.read(s) for s in plan.sources])
+                if tuple(value.shape) != tuple(target.shape):
+                    _mismatch(report, key, plan.sources, tuple(value.shape), target)
+                    continue
+                value = value[index] if index is not None else value
+            assign_local(target, value)
+            report.loaded.append(key)
+    return _finish(report, targets, seen)
+
+
+def _mismatch(report: LoadReport, key: str, source: object, stored: tuple, target: torch.Tensor) -> None:
+    report.mismatched.append(key)
+    report.details[key] = (
+        f"checkpoint {source} has shape {tuple(stored)}, model expects {tuple(target.shape)}"
+    )
+
+
+def load_dcp_weights_into(model: nn.Module, path: str | os.PathLike) -> LoadReport:
+    """Load model tensors from a DCP checkpoint (root with tracker/iter dirs, or a DCP dir), resharding as needed."""
+    dcp_dir, _ = resolve_dcp_dir(path)
+    report = LoadReport(str(dcp_dir), "dcp")
+    reader = DcpReader(dcp_dir)
+    targets = checkpoint_targets(model)
+    state: dict[str, torch.Tensor] = {}
+    done_ids: set[int] = set()
+    for key in reader.keys():
+        if key not in targets:
+            report.unexpected.append(key)
+            continue
+        target = targets[key].tensor
+        stored = reader.info(key).shape
+        if stored != tuple(target.shape):
+            _mismatch(report, key, key, stored, target)
+            continue
+        report.loaded.append(key)
+        if id(target) not in done_ids:  # tied aliases share storage: load once
+            done_ids.add(id(target))
+            state[key] = target.detach()
+    load_dcp_into(state, dcp_dir, reader.prefix)
+    return _finish(report, targets, set(reader.keys()))
+
+
+def load_checkpoint_with_conversion(
+    model: nn.Module,
+    path: str | os.PathLike,
+    fmt: str | None = "auto",
+    model_type: str | None = None,
+    strict: bool = True,
+    conversion_dir: str | os.PathLike | None = None,
+    *,
+    device: torch.device | str | None = None,
+) -> LoadReport:
+    """Load weights at ``path`` into ``model`` (plain, meta or FSDP2-sharded), converting keys as registered.
+
+    ``fmt`` is sniffed when ``auto``. A declared ``dcp`` with a non-DCP ``path`` triggers the online
+    conversion: the source is loaded, saved as DCP iteration 0 under ``conversion_dir`` (reused by later
+    calls), and loaded back from there. Meta tensors are materialized on ``device`` (default: inferred)
+    first. ``model_type`` selects a key map from ``WEIGHT_TRANSFORM_PIPELINES`` for safetensors sources.
+
+    Raises:
+        CheckpointLoadError: ``strict`` and keys are missing, unexpected or shape-mismatched.
+        CheckpointFormatError / CheckpointNotFoundError: bad path or format, naming what was found.
+    """
+    resolved = resolve_load_format(path, fmt)
+    uninitialized = materialize_meta(model, device)
+    converted_from = None
+    if resolved == "dcp":
+        from .conversion import ensure_dcp_cache
+
+        dcp_path, converted_from = ensure_dcp_cache(model, path, conversion_dir, model_type=model_type)
+        report = load_dcp_weights_into(model, dcp_path)
+    else:
+        report = load_safetensors_into(model, path, get_weight_transform(model_type), resolved)
+    report.uninitialized_buffers = uninitialized
+    report.converted_from = converted_from
+    if uninitialized:
+        logger.warning(
+            "non-persistent buffers left uninitialized after meta materialization: %s", uninitialized
+        )
+    if strict:
+        report.raise_if_incomplete()
+    return report

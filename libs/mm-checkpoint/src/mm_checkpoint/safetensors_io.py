@@ -1,0 +1,315 @@
+"""Lazy reading of safetensors checkpoints (single file or sharded + index json) and streaming writes.
+
+Reading parses the (tiny, documented) safetensors header and ``pread``s exactly the bytes of one
+tensor or one dim-0 slice of it, so nothing else of the file becomes resident. Writing streams tensor by tensor: the header
+is computed from shapes first, then each tensor is produced, written and dropped.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import mmap
+import os
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import CheckpointFormatError, CheckpointNotFoundError
+
+SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "C64": torch.complex64,
+}
+_DTYPE_NAMES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes in ``size``: an int, or a string such as ``"5GB"``, ``"500MB"``, ``"2GiB"``."""
+    if isinstance(size, int):
+        return size
+    m = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]?)(i?)B?\s*", str(size), flags=re.IGNORECASE)
+    if not m:
+        raise ValueError(f"cannot parse size {size!r}; expected e.g. 5GB, 500MB or an integer")
+    base = 1024 if m.group(3) else 1000
+    return int(float(m.group(1)) * base ** " KMGT".index(m.group(2).upper() or " "))
+
+
+def weight_files(path: str | os.PathLike) -> list[Path]:
+    """The safetensors files making up the checkpoint at ``path`` (a file, or a dir with/without index json)."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise CheckpointNotFoundError(f"checkpoint path {path} does not exist")
+    indexes = sorted(path.glob("*.safetensors.index.json"))
+    if len(indexes) > 1:
+        raise CheckpointFormatError(
+            f"{path} holds several index files {[p.name for p in indexes]}; expected one"
+        )
+    if indexes:
+        weight_map = json.loads(indexes[0].read_text()).get("weight_map", {})
+        names = sorted(set(weight_map.values()))
+        missing = [n for n in names if not (path / n).is_file()]
+        if missing:
+            raise CheckpointNotFoundError(f"{indexes[0]} lists shard(s) missing from {path}: {missing}")
+        return [path / n for n in names]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointNotFoundError(f"{path} holds no .safetensors files")
+    return files
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Shape and dtype of one stored tensor."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * _element_size(self.dtype)
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
+class _Entry:
+    file: Path
+    info: TensorInfo
+    begin: int  # absolute byte offset of the tensor data in the file
+
+
+def _read_header(file: Path) -> dict[str, _Entry]:
+    with open(file, "rb") as f:
+        raw_len = f.read(8)
+        n = int.from_bytes(raw_len, "little") if len(raw_len) == 8 else -1
+        try:
+            header = json.loads(f.read(n)) if 0 < n < 100_000_000 else None
+        except ValueError:
+            header = None
+    if not isinstance(header, dict):
+        raise CheckpointFormatError(f"{file} is not a valid safetensors file (bad header)")
+    entries = {}
+    for key, meta in header.items():
+        if key == "__metadata__":
+            continue
+        if meta["dtype"] not in SAFETENSORS_DTYPES:
+            raise CheckpointFormatError(f"{file}: tensor {key!r} has unsupported dtype {meta['dtype']}")
+        info = TensorInfo(tuple(meta["shape"]), SAFETENSORS_DTYPES[meta["dtype"]])
+        entries[key] = _Entry(file, info, 8 + n + meta["data_offsets"][0])
+    return entries
+
+
+def _pread_into(fd: int, out: torch.Tensor, offset: int) -> None:
+    view = memoryview((ctypes.c_ubyte * out.nbytes).from_address(out.data_ptr())).cast("B")
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got <= 0:
+            raise CheckpointFormatError(
+                f"unexpected end of file reading {out.nbytes} bytes at offset {offset}"
+            )
+        done += got
+
+
+class SafetensorsReader:
+    """Key-addressed reader over a safetensors checkpoint; use as a context manager.
+
+    Reads use ``pread`` into freshly allocated tensors, never a memory map, so only what was asked for
+    becomes resident. A slice along dim 0 (an FSDP ``Shard(0)`` shard) reads just its bytes; other
+    slices read the covering rows and then narrow. With ``zero_copy=True`` whole-tensor reads return
+    copy-on-write views of a memory map instead (fastest for streaming conversion; the pages stay
+    mapped until :meth:`close`).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, zero_copy: bool = False) -> None:
+        self.path = Path(path)
+        self.zero_copy = zero_copy
+        self._maps: dict[Path, mmap.mmap] = {}
+        self._entries: dict[str, _Entry] = {}
+        for file in weight_files(path):
+            for key, entry in _read_header(file).items():
+                if key in self._entries:
+                    raise CheckpointFormatError(
+                        f"key {key!r} appears in both {self._entries[key].file} and {file}"
+                    )
+                self._entries[key] = entry
+        self._fds: dict[Path, int] = {}
+
+    def __enter__(self) -> SafetensorsReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the open files."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
+        self._maps = {}  # mappings close when the last tensor viewing them is freed
+
+    def keys(self) -> list[str]:
+        return list(self._entries)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries
+
+    def info(self, key: str) -> TensorInfo:
+        """Shape and dtype of ``key`` without reading it."""
+        return self._entry(key).info
+
+    def read(self, key: str, index: Sequence[slice] | None = None) -> torch.Tensor:
+        """Tensor ``key``, or only ``tensor[index]`` (slices with unit step) when ``index`` is given."""
+        entry = self._entry(key)
+        shape = entry.info.shape
+        if index is None and self.zero_copy:
+            return self._mapped(entry)
+        full = [slice(0, d) for d in shape]
+        index = list(index or ()) + full[len(index or ()) :]
+        if not shape:
+            rows, start = (), 0
+        else:
+            start, stop = index[0].start or 0, shape[0] if index[0].stop is None else index[0].stop
+            rows = (stop - start, *shape[1:])
+        out = torch.empty(rows, dtype=entry.info.dtype)
+        if out.numel():
+            row_bytes = math.prod(shape[1:]) * out.element_size() if shape else 0
+            _pread_into(self._fd(entry.file), out, entry.begin + start * row_bytes)
+        rest = index[1:]
+        if any((s.start or 0, s.stop) != (0, d) for s, d in zip(rest, shape[1:])):
+            out = out[(slice(None), *rest)].contiguous()
+        return out
+
+    def _entry(self, key: str) -> _Entry:
+        try:
+            return self._entries[key]
+        except KeyError:
+            raise KeyError(f"tensor {key!r} not found in safetensors checkpoint {self.path}") from None
+
+    def _mapped(self, entry: _Entry) -> torch.Tensor:
+        count = math.prod(entry.info.shape)
+        if count == 0:
+            return torch.empty(entry.info.shape, dtype=entry.info.dtype)
+        if entry.file not in self._maps:
+            self._maps[entry.file] = mmap.mmap(self._fd(entry.file), 0, access=mmap.ACCESS_COPY)
+        flat = torch.frombuffer(
+            self._maps[entry.file], dtype=entry.info.dtype, count=count, offset=entry.begin
+        )
+        return flat.reshape(entry.info.shape)
+
+    def _fd(self, file: Path) -> int:
+        if file not in self._fds:
+            self._fds[file] = os.open(file, os.O_RDONLY)
+        return self._fds[file]
+
+
+# --------------------------------------------------------------------------- streaming writer
+
+TensorProducer = Callable[[], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class PendingTensor:
+    """A tensor to write: its name, layout and a callable that produces it when its turn comes."""
+
+    key: str
+    info: TensorInfo
+    produce: TensorProducer
+
+
+def plan_shards(tensors: Sequence[PendingTensor], max_shard_size: int) -> list[list[PendingTensor]]:
+    """Greedy split (in order) into shards of at most ``max_shard_size`` bytes (a bigger tensor gets its own)."""
+    shards: list[list[PendingTensor]] = [[]]
+    size = 0
+    for t in tensors:
+        if shards[-1] and size + t.info.nbytes > max_shard_size:
+            shards.append([])
+            size = 0
+        shards[-1].append(t)
+        size += t.info.nbytes
+    return shards
+
+
+def _header(tensors: Sequence[PendingTensor]) -> bytes:
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for t in tensors:
+        end = offset + t.info.nbytes
+        header[t.key] = {
+            "dtype": _DTYPE_NAMES[t.info.dtype],
+            "shape": list(t.info.shape),
+            "data_offsets": [offset, end],
+        }
+        offset = end
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    # Pad (with spaces, as the format allows) so tensor data starts 64-byte aligned: zero-copy readers
+    # then see the same alignment as freshly allocated tensors (SIMD kernels can round differently).
+    return raw + b" " * (-(len(raw) + 8) % 64)
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    tensor = tensor.detach().cpu().contiguous()
+    if tensor.nbytes == 0:
+        return memoryview(b"")
+    buf = (ctypes.c_ubyte * tensor.nbytes).from_address(tensor.data_ptr())
+    return memoryview(buf).cast("B")
+
+
+def write_safetensors_file(path: str | os.PathLike, tensors: Sequence[PendingTensor]) -> Iterator[str]:
+    """Write ``tensors`` to one safetensors file, producing each only when written; yields keys as written."""
+    header = _header(tensors)
+    tmp = Path(f"{path}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(len(header).to_bytes(8, "little"))
+        f.write(header)
+        for t in tensors:
+            tensor = t.produce()
+            if tuple(tensor.shape) != t.info.shape or tensor.dtype != t.info.dtype:
+                raise CheckpointFormatError(
+                    f"tensor {t.key!r} came out as {tuple(tensor.shape)} {tensor.dtype}, "
+                    f"planned {t.info.shape} {t.info.dtype}"
+                )
+            f.write(_tensor_bytes(tensor))
+            del tensor
+            yield t.key
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def shard_filenames(prefix: str, count: int) -> list[str]:
+    """``prefix.safetensors`` for one shard, else ``prefix-00001-of-0000N.safetensors``."""
+    if count == 1:
+        return [f"{prefix}.safetensors"]
+    return [f"{prefix}-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+
+
+def write_index(out_dir: Path, prefix: str, shards: list[list[PendingTensor]], names: list[str]) -> Path:
+    """Write ``prefix.safetensors.index.json`` (total size + weight map) for a sharded checkpoint."""
+    weight_map = {t.key: name for shard, name in zip(shards, names) for t in shard}
+    total = sum(t.info.nbytes for shard in shards for t in shard)
+    index = out_dir / f"{prefix}.safetensors.index.json"
+    index.write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
+    )
+    return index

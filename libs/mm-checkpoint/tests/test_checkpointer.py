@@ -1,0 +1,158 @@
+"""DistributedCheckpointer: round trip of training state, tracker, discovery, pruning and crash safety."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from mm_checkpoint import (
+    TRACKER_FILENAME,
+    AmbiguousCheckpointError,
+    CheckpointLoadError,
+    CheckpointNotFoundError,
+    DistributedCheckpointer,
+    RNGState,
+    latest_iteration,
+)
+from torch import nn
+
+
+def _training_state(seed: int) -> dict:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.9**step)
+    return {"model": model, "optimizer": opt, "lr_scheduler": sched, "dataloader": {"epoch": 0, "index": 0}}
+
+
+def _train(state: dict, steps: int) -> None:
+    for _ in range(steps):
+        loss = state["model"](torch.randn(3, 4)).square().mean()
+        loss.backward()
+        state["optimizer"].step()
+        state["optimizer"].zero_grad()
+        state["lr_scheduler"].step()
+        state["dataloader"]["index"] += 3
+
+
+def test_round_trip_restores_model_optimizer_scheduler_dataloader_and_rng(tmp_path: Path) -> None:
+    saved = _training_state(0)
+    _train(saved, 3)
+    ckpt = DistributedCheckpointer(tmp_path)
+    ckpt.save({**saved, "rng": RNGState()}, iteration=3)
+    expected_draw = torch.rand(4)
+
+    restored = _training_state(1)
+    torch.manual_seed(123)
+    assert ckpt.load({**restored, "rng": RNGState()}) == 3
+    assert torch.equal(torch.rand(4), expected_draw)
+    for a, b in zip(saved["model"].parameters(), restored["model"].parameters()):
+        assert torch.equal(a, b)
+    sa, sb = saved["optimizer"].state_dict()["state"], restored["optimizer"].state_dict()["state"]
+    assert all(torch.equal(sa[i]["exp_avg"], sb[i]["exp_avg"]) for i in sa)
+    assert (
+        restored["lr_scheduler"].last_epoch == 3
+        and restored["lr_scheduler"].get_last_lr() == saved["lr_scheduler"].get_last_lr()
+    )
+    assert restored["dataloader"] == {"epoch": 0, "index": 9}
+
+
+def test_tracker_names_latest_save_and_keep_last_prunes(tmp_path: Path) -> None:
+    state = _training_state(0)
+    ckpt = DistributedCheckpointer(tmp_path, keep_last=2)
+    for it in (1, 2, 3):
+        ckpt.save(state, it)
+    assert (tmp_path / TRACKER_FILENAME).read_text().strip() == "3"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["iter_0000002", "iter_0000003"]
+    assert latest_iteration(tmp_path) == 3
+
+
+def test_without_tracker_the_single_valid_iteration_is_loaded(tmp_path: Path) -> None:
+    DistributedCheckpointer(tmp_path).save(_training_state(0), 5)
+    (tmp_path / TRACKER_FILENAME).unlink()
+    (tmp_path / "iter_0000009").mkdir()  # empty: an interrupted save, not a candidate
+    assert DistributedCheckpointer(tmp_path).load(_training_state(1)) == 5
+
+
+def test_two_valid_iterations_without_tracker_is_ambiguous(tmp_path: Path) -> None:
+    ckpt = DistributedCheckpointer(tmp_path)
+    ckpt.save(_training_state(0), 1)
+    ckpt.save(_training_state(0), 2)
+    (tmp_path / TRACKER_FILENAME).unlink()
+    with pytest.raises(AmbiguousCheckpointError, match=r"iter_0000001, iter_0000002"):
+        ckpt.load(_training_state(1))
+
+
+def test_no_valid_checkpoint_names_the_directory(tmp_path: Path) -> None:
+    (tmp_path / "iter_0000000").mkdir()
+    with pytest.raises(CheckpointNotFoundError, match=str(tmp_path)) as err:
+        DistributedCheckpointer(tmp_path).load(_training_state(0))
+    assert "-000001" not in str(err.value)
+
+
+def test_loading_state_the_checkpoint_lacks_is_an_error(tmp_path: Path) -> None:
+    model_only = {"model": _training_state(0)["model"]}
+    DistributedCheckpointer(tmp_path).save(model_only, 0)
+    with pytest.raises(CheckpointLoadError, match=r"no \['optimizer'"):
+        DistributedCheckpointer(tmp_path).load(_training_state(1))
+
+
+_SAVER = textwrap.dedent(
+    """
+    import sys, torch
+    from torch import nn
+    from mm_checkpoint import DistributedCheckpointer
+    torch.set_num_threads(1)
+    model = nn.ParameterList([nn.Parameter(torch.full((1024, 1024), 1.0)) for _ in range(48)])
+    ckpt = DistributedCheckpointer(sys.argv[1])
+    ckpt.save({"model": model}, 1)
+    print("saved 1", flush=True)
+    with torch.no_grad():
+        for p in model:
+            p.fill_(2.0)
+    while True:
+        ckpt.save({"model": model}, 2)
+    """
+)
+
+
+@pytest.mark.slow
+def test_save_killed_mid_write_leaves_previous_checkpoint_loadable(tmp_path: Path) -> None:
+    script = tmp_path / "saver.py"
+    script.write_text(_SAVER)
+    root = tmp_path / "ckpt"
+    proc = subprocess.Popen([sys.executable, str(script), str(root)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "saved 1"
+        partial = root / "iter_0000002.partial"
+        deadline = time.monotonic() + 60
+        while not any(f.suffix == ".distcp" and f.stat().st_size > 0 for f in _files(partial)):
+            assert time.monotonic() < deadline, "the save of iteration 2 never started"
+            time.sleep(0.001)
+        os.kill(proc.pid, signal.SIGKILL)  # mid-write: data file exists, .metadata not yet
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not (root / "iter_0000002").exists()
+    assert (root / TRACKER_FILENAME).read_text().strip() == "1"
+    model = nn.ParameterList([nn.Parameter(torch.zeros(1024, 1024)) for _ in range(48)])
+    assert DistributedCheckpointer(root).load({"model": model}) == 1
+    assert all(bool((p == 1.0).all()) for p in model)
+    DistributedCheckpointer(root).save(
+        {"model": model}, 2
+    )  # the leftover partial dir does not block a new save
+    assert latest_iteration(root) == 2
+
+
+def _files(path: Path) -> list[Path]:
+    try:
+        return list(path.iterdir())
+    except FileNotFoundError:
+        return []
