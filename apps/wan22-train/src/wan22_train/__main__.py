@@ -1,0 +1,3 @@
+from wan22_train.cli import main
+
+raise SystemExit(main())

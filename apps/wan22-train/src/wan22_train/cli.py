@@ -1,0 +1,101 @@
+"""``wan22-train``: mm-train with the Wan2.2 plugin loaded, plus make-tiny, sample, export and demo.
+
+wan22-train --config t2v_a14b_high.yaml                 # train (same as `mm-train`)
+torchrun --nproc-per-node 8 -m wan22_train --config X.yaml
+wan22-train --config X.yaml --dry-run --world-size 64   # FSDP plan, bytes per rank
+wan22-train make-tiny runs/tiny                         # tiny model set + clips
+wan22-train sample --checkpoint runs/tiny/ckpt --prompt "a red square moving left" --out clip.mp4
+wan22-train export --checkpoint runs/tiny/ckpt --out runs/tiny/export/transformer
+wan22-train demo                                        # make-tiny + train + export + sample
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+COMMANDS = ("make-tiny", "sample", "export", "demo")
+
+
+def _load(config: str | None, checkpoint: str, overrides: Sequence[str]):
+    from mm_config import load_config
+
+    path = Path(config) if config else Path(checkpoint) / "config.yaml"
+    if not path.is_file():
+        raise SystemExit(f"error: no config at {path}: pass --config (the training run writes config.yaml "
+                         "next to its checkpoints)")  # fmt: skip
+    return load_config(path, list(overrides), world_size=1)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="wan22-train", description="Wan2.2 tools; see the module docstring.")
+    sub = p.add_subparsers(dest="command", required=True)
+    tiny = sub.add_parser("make-tiny", help="write a tiny Wan2.2 model set (diffusers layout) + mp4 clips")
+    tiny.add_argument("out")
+    tiny.add_argument("--seed", type=int, default=0)
+    sample = sub.add_parser("sample", help="generate a clip with a trained predictor")
+    sample.add_argument("--checkpoint", required=True, help="training checkpoint root (iter_* + tracker)")
+    sample.add_argument("--config", help="training config (default: <checkpoint>/config.yaml)")
+    sample.add_argument("--prompt", required=True)
+    sample.add_argument("--out", required=True, help="output .mp4")
+    sample.add_argument("--frames", type=int, default=9)
+    sample.add_argument("--height", type=int, default=32)
+    sample.add_argument("--width", type=int, default=32)
+    sample.add_argument("--steps", type=int, default=20)
+    sample.add_argument("--shift", type=float, default=5.0)
+    sample.add_argument("--guidance", type=float, default=1.0)
+    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--fps", type=int, default=8)
+    export = sub.add_parser("export", help="export the trained predictor as a diffusers transformer folder")
+    export.add_argument("--checkpoint", required=True)
+    export.add_argument("--config", help="training config (default: <checkpoint>/config.yaml)")
+    export.add_argument("--out", required=True)
+    export.add_argument("--layout", choices=("diffusers", "native"), default="diffusers")
+    demo = sub.add_parser("demo", help="make-tiny (if missing) + train on 2 CPU processes + export + sample")
+    demo.add_argument("--out", default="runs/tiny")
+    demo.add_argument("--nproc", type=int, default=2)
+    demo.add_argument("--steps", type=int, default=50)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        from mm_trainer.cli import main as train_main
+
+        import wan22_train.plugin  # noqa: F401  (registers the Wan pieces before the config is read)
+
+        return train_main(argv, prog="wan22-train")
+    args = _parser().parse_args(argv)
+    if args.command == "make-tiny":
+        from wan22_train.tiny import make_tiny
+
+        print(make_tiny(args.out, seed=args.seed))
+    elif args.command == "sample":
+        from wan22_train.sampling import load_for_sampling, sample_video, write_video
+
+        modules = load_for_sampling(_load(args.config, args.checkpoint, []), args.checkpoint)
+        video = sample_video(
+            modules, args.prompt, num_frames=args.frames, height=args.height, width=args.width,
+            steps=args.steps, shift=args.shift, guidance=args.guidance, seed=args.seed,
+        )  # fmt: skip
+        print(write_video(video, args.out, fps=args.fps))
+    elif args.command == "export":
+        from wan22_train.export import export_predictor
+
+        print(
+            export_predictor(
+                _load(args.config, args.checkpoint, []), args.checkpoint, args.out, layout=args.layout
+            )
+        )
+    else:
+        from wan22_train.demo import run_demo
+
+        return run_demo(Path(args.out), nproc=args.nproc, steps=args.steps)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

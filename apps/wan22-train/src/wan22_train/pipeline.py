@@ -1,0 +1,63 @@
+"""Wan2.2 training pipeline: flow matching on VAE latents with UMT5 text, per task and expert."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from mm_pipelines import WAN22_RECIPE_GRID, FlowMatchScheduler, FlowMatchT2VPipeline
+from mm_trainer.dtypes import to_dtype
+
+EXPERTS = ("high_noise", "low_noise", "all")
+SCHEDULER_KEYS = ("num_train_timesteps", "shift", "sigma_min", "sigma_max", "extra_one_step", "weighting")
+
+
+class Wan22Pipeline(FlowMatchT2VPipeline):
+    """``FlowMatchT2VPipeline`` that tokenizes ``prompt`` strings with the text encoder's tokenizer.
+
+    Options (YAML ``model.pipeline``): ``task`` (t2v | i2v | ti2v), ``expert`` (high_noise |
+    low_noise | all: the A14B timestep split of DESIGN.md, or the whole range for TI2V-5B),
+    ``boundary`` (override of the expert split), the scheduler keys (``shift``, ``sigma_min``,
+    ``extra_one_step``, ``num_train_timesteps``, ``sigma_max``, ``weighting``) and
+    ``predict_dtype``.
+    """
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> Wan22Pipeline:
+        options = dict(options)
+        task = options.pop("task", "t2v")
+        expert = options.pop("expert", "all")
+        boundary = options.pop("boundary", None)
+        predict_dtype = to_dtype(options.pop("predict_dtype", None))
+        sched_kwargs = {k: options.pop(k) for k in SCHEDULER_KEYS if k in options}
+        if options:
+            raise ValueError(f"model.pipeline: unknown Wan pipeline options {sorted(options)}")
+        if expert not in EXPERTS:
+            raise ValueError(f"model.pipeline.expert={expert!r}: expected one of {list(EXPERTS)}")
+        scheduler = _expert_scheduler(expert, task, boundary, sched_kwargs)
+        return cls(scheduler, task=task, predict_dtype=predict_dtype)
+
+    def encode_prompt(self, container: Any, batch: Mapping[str, Any]) -> torch.Tensor:
+        """Tokenize ``batch["prompt"]`` with the text encoder's tokenizer unless ids are given."""
+        if "prompt_embeds" not in batch and "input_ids" not in batch and "prompt" in batch:
+            encoder = self.submodule(container, "text_encoder")
+            device = _device_of(batch)
+            batch = {**batch, **encoder.tokenize(batch["prompt"], device)}
+        return super().encode_prompt(container, batch)
+
+
+def _expert_scheduler(expert: str, task: str, boundary: float | None, kwargs: dict) -> FlowMatchScheduler:
+    if expert == "all":
+        return FlowMatchScheduler(**kwargs)
+    if boundary is None:
+        return FlowMatchScheduler.for_expert(expert, task="i2v" if task == "i2v" else "t2v", **kwargs)
+    lo, hi = (0.0, boundary) if expert == "high_noise" else (boundary, 1.0)
+    return FlowMatchScheduler(**{**WAN22_RECIPE_GRID, **kwargs}, min_boundary=lo, max_boundary=hi)
+
+
+def _device_of(batch: Mapping[str, Any]) -> torch.device:
+    for value in batch.values():
+        if isinstance(value, torch.Tensor):
+            return value.device
+    return torch.device("cpu")

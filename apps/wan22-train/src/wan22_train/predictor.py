@@ -1,0 +1,71 @@
+"""The Wan2.2 predictor as a trainer sub-model: ``WanDiT`` + weight loading + context parallelism."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from mm_parallel import ParallelState, gather_for_usp, split_for_usp, usp_attention
+from mm_trainer import BaseModel, model_register
+
+from wan22_train import key_maps  # noqa: F401  (registers the wan2_2 key map)
+from wan22_train.model import WanDiT, WanDiTConfig
+
+
+def predictor_config(args: Any) -> WanDiTConfig:
+    """``WanDiTConfig`` from the source's ``config.json`` (diffusers or native), updated by ``args.config``."""
+    overrides = dict(args.config or {})
+    source = args.checkpoint_path or args.from_pretrained
+    if source and (Path(source) / "config.json").is_file():
+        config = WanDiTConfig.from_file(Path(source) / "config.json")
+        for key, value in overrides.items():
+            if not hasattr(config, key):
+                raise ValueError(f"model.models.<predictor>.config.{key}: not a WanDiTConfig field")
+            setattr(config, key, tuple(value) if isinstance(value, list) else value)
+        config.__post_init__()
+        return config
+    if not overrides:
+        raise ValueError(
+            "the Wan predictor needs either from_pretrained/checkpoint_path with a config.json or a `config` "
+            "section with its shape (dim, num_heads, num_layers, ...)"
+        )
+    return WanDiTConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
+
+
+@model_register("wan2_2_predictor")
+class WanPredictor(BaseModel, WanDiT):
+    """``WanDiT`` built from a config section; weights through mm-checkpoint's ``wan2_2`` key map."""
+
+    weight_transform_model_type = "wan2_2"
+
+    @classmethod
+    def _from_config(cls, args: Any) -> WanPredictor:
+        return cls(predictor_config(args))
+
+    @classmethod
+    def from_pretrained(cls, args: Any) -> WanPredictor:
+        model = cls._from_config(args)
+        model.setup_weights(args)
+        return model
+
+    def random_init(self) -> None:
+        self.init_weights()
+
+    def tokens_per_sample(self, latent_shape: tuple[int, ...]) -> int:
+        """Video tokens after patchify for latents ``[c, T, h, w]``."""
+        return math.prod(s // p for s, p in zip(latent_shape[1:], self.config.patch_size))
+
+    def setup_context_parallel(self, parallel_state: ParallelState) -> None:
+        """Ulysses x Ring over the video tokens (split after patch embedding, gathered before the head)."""
+        ug, rg = parallel_state.ulysses_group, parallel_state.ring_group
+        if self.config.num_heads % parallel_state.ulysses_size:
+            raise ValueError(
+                f"parallel.ulysses_parallel_size={parallel_state.ulysses_size} must divide the predictor's "
+                f"num_heads={self.config.num_heads}"
+            )
+        self.enable_context_parallel(
+            lambda x, dim: split_for_usp(x, dim, ug, rg),
+            lambda x, dim, size: gather_for_usp(x, dim, ug, rg, seq_len=size),
+            lambda q, k, v: usp_attention(q, k, v, ug, rg),
+        )

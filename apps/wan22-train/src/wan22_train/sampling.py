@@ -1,0 +1,89 @@
+"""``wan22-train sample``: generate a clip with a trained predictor (Euler flow-match sampling)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from mm_checkpoint import DistributedCheckpointer
+from mm_config import TrainConfig
+from mm_data import write_clip
+from mm_pipelines import FlowMatchScheduler, masked_text_embeddings
+from mm_trainer import ModelContainer, ModelHub, freeze, import_plugins
+
+from wan22_train.predictor import WanPredictor
+from wan22_train.text_encoder import UMT5TextEncoder
+from wan22_train.vae import WanVideoVAE
+
+
+def load_for_sampling(config: TrainConfig, checkpoint: str | Path) -> dict[str, Any]:
+    """The VAE, text encoder (from their sources) and the predictor restored from ``checkpoint``."""
+    import_plugins(config.training.plugin)
+    subs = config.model.sub_models()
+    modules = {}
+    for name, args in subs.items():
+        module = (
+            ModelHub.build(args, meta_init=False) if name != "predictor" else WanPredictor._from_config(args)
+        )
+        freeze(module)
+        modules[name] = module
+    holder = ModelContainer({"predictor": modules["predictor"]}, trainable=("predictor",))
+    DistributedCheckpointer(checkpoint).load({"model": holder})
+    return modules
+
+
+@torch.no_grad()
+def sample_video(
+    modules: dict[str, Any],
+    prompt: str,
+    *,
+    num_frames: int,
+    height: int,
+    width: int,
+    steps: int = 20,
+    shift: float = 5.0,
+    guidance: float = 1.0,
+    negative_prompt: str = "",
+    seed: int = 0,
+) -> torch.Tensor:
+    """Video [3, F, H, W] in [-1, 1] for ``prompt`` (classifier-free guidance when ``guidance`` != 1)."""
+    vae: WanVideoVAE = modules["ae"]
+    text_encoder: UMT5TextEncoder = modules["text_encoder"]
+    predictor: WanPredictor = modules["predictor"]
+    t, s = vae.temporal_compression, vae.spatial_compression
+    if (num_frames - 1) % t or height % s or width % s:
+        raise ValueError(
+            f"frames-1 must divide by {t} and height/width by {s}; got {num_frames}x{height}x{width}"
+        )
+    shape = (1, vae.vae.config.z_dim, 1 + (num_frames - 1) // t, height // s, width // s)
+    latents = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    cond = _encode_text(text_encoder, [prompt])
+    uncond = _encode_text(text_encoder, [negative_prompt]) if guidance != 1.0 else None
+    scheduler = FlowMatchScheduler(shift=shift)
+    scheduler.set_inference_timesteps(steps)
+    sigmas = scheduler.inference_sigmas
+    for i, timestep in enumerate(scheduler.inference_timesteps):
+        t_batch = timestep.reshape(1)
+        v = predictor(latents, t_batch, cond)
+        if uncond is not None:
+            v_uncond = predictor(latents, t_batch, uncond)
+            v = v_uncond + guidance * (v - v_uncond)
+        latents = scheduler.step(v, sigmas[i], sigmas[i + 1], latents)
+    return vae.decode(latents)[0]
+
+
+def _encode_text(text_encoder: UMT5TextEncoder, prompts: list[str]) -> torch.Tensor:
+    tokens = text_encoder.tokenize(prompts, "cpu")
+    out = text_encoder(**tokens).last_hidden_state
+    return masked_text_embeddings(out, tokens["attention_mask"])
+
+
+def write_video(video: torch.Tensor, path: str | Path, fps: int = 16) -> Path:
+    """Write [3, F, H, W] in [-1, 1] as an H.264 mp4 (PyAV)."""
+    frames = ((video.permute(1, 2, 3, 0).float() + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).numpy()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_clip(path, np.ascontiguousarray(frames), fps=fps)
+    return path

@@ -1,0 +1,31 @@
+"""Shipped configs: they validate, and --dry-run of the A14B expert shards 14B fp32 params over 8 ranks."""
+
+from __future__ import annotations
+
+import pytest
+from mm_config import load_config
+from mm_parallel import FSDPPlan, explain_fsdp_plan
+from mm_trainer.dry_run import build_meta_model
+from wan22_train.configs import config_path
+
+SHIPPED = ["tiny_t2v.yaml", "t2v_a14b_high.yaml", "t2v_a14b_low.yaml", "i2v_a14b.yaml", "ti2v_5b.yaml"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_config_validates(name):
+    world = 2 if name.startswith("tiny") else 8
+    assert load_config(config_path(name), world_size=world).model.container_id == "wan2_2_container"
+
+
+def test_dry_run_of_the_a14b_high_expert_puts_14b_fp32_params_over_8_ranks():
+    cfg = load_config(config_path("t2v_a14b_high.yaml"), world_size=8)
+    model = build_meta_model(cfg)
+    assert all(p.is_meta for p in model.parameters())
+    explanation = explain_fsdp_plan(model, FSDPPlan.from_dict(cfg.parallel.fsdp_plan.model_dump()), 8)
+    per_rank = explanation.sharded_bytes_by_owner()
+    predictor_params = sum(p.numel() for p in model.predictor.parameters())
+    assert predictor_params == pytest.approx(14.29e9, rel=0.005)
+    assert per_rank["predictor"] == pytest.approx(predictor_params * 4 / 8, rel=0.001)
+    text_encoder_params = sum(p.numel() for p in model.text_encoder.parameters())
+    assert per_rank["text_encoder"] == pytest.approx(text_encoder_params * 2 / 8, rel=0.001)  # frozen bf16
+    assert "ae" not in per_rank  # ignored: never sharded, kept whole on each rank

@@ -1,0 +1,61 @@
+"""The Wan pipeline's noising, target, weights and expert ranges, against DESIGN.md's formulas."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from wan22_train.pipeline import Wan22Pipeline
+
+
+def recipe_sigma(index: int, n: int = 1000, shift: float = 5.0) -> float:
+    s = 1.0 - index / n  # linspace(1, 0, N + 1) without its last point (extra_one_step)
+    return shift * s / (1 + (shift - 1) * s)
+
+
+def weight(index: int, n: int = 1000, shift: float = 5.0) -> float:
+    ys = [math.exp(-2 * ((1000 * recipe_sigma(i, n, shift) - 500) / 1000) ** 2) for i in range(n)]
+    lo = min(ys)
+    return (ys[index] - lo) * n / sum(y - lo for y in ys)
+
+
+@pytest.mark.parametrize(("expert", "task", "lo", "hi"), [
+    ("high_noise", "t2v", 0, 417), ("low_noise", "t2v", 417, 1000), ("high_noise", "i2v", 0, 358),
+])  # fmt: skip
+def test_noising_target_and_weight_equal_the_formulas(expert, task, lo, hi):
+    pipeline = Wan22Pipeline.from_options({"task": task, "expert": expert})
+    x0 = torch.randn(2, 4, 3, 4, 4, dtype=torch.float32)
+    conditions = {"latents": x0, "prompt_embeds": torch.zeros(2, 3, 8)}
+    if task == "i2v":
+        conditions["image_condition"] = torch.zeros(2, 20, 3, 4, 4)
+    seen = set()
+    for seed in range(40):
+        noised = pipeline.noising(conditions, torch.Generator().manual_seed(seed))
+        index = int(noised["indices"][0])
+        seen.add(index)
+        assert lo <= index < hi
+        sigma = recipe_sigma(index)
+        noise = torch.randn(x0.shape, generator=_after_index_draw(seed, pipeline))
+        torch.testing.assert_close(noised["hidden_states"][:, :4], (1 - sigma) * x0 + sigma * noise)
+        torch.testing.assert_close(noised["target"], noise - x0)
+        assert noised["timestep"][0].item() == pytest.approx(1000 * sigma, rel=1e-6)
+        assert noised["weight"][0].item() == pytest.approx(weight(index), rel=1e-5)
+    assert len(seen) > 30
+
+
+def _after_index_draw(seed: int, pipeline: Wan22Pipeline) -> torch.Generator:
+    g = torch.Generator().manual_seed(seed)
+    pipeline.scheduler.sample_indices(2, g)  # the pipeline draws the index first, then the noise
+    return g
+
+
+def test_high_noise_t2v_expert_sees_only_timesteps_at_or_above_875():
+    pipeline = Wan22Pipeline.from_options({"task": "t2v", "expert": "high_noise"})
+    assert pipeline.scheduler.timesteps_for(torch.tensor([416])).item() >= 875
+    assert pipeline.scheduler.timesteps_for(torch.tensor([417])).item() < 875
+
+
+def test_unknown_pipeline_options_are_named():
+    with pytest.raises(ValueError, match="unknown Wan pipeline options \\['shfit'\\]"):
+        Wan22Pipeline.from_options({"shfit": 5.0})
