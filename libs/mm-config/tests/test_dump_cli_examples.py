@@ -42,9 +42,10 @@ def test_wan_example_carries_the_a14b_values(example_configs):
     assert (pred.model_id, pred.meta_init, pred.dtype, pred.freeze) == (
         "wan2_2_predictor",
         True,
-        "bf16",
+        "fp32",  # fp32 master weights; FSDP computes in bf16
         False,
     )
+    assert cfg.parallel.fsdp_plan.param_dtype == "bf16"
     c = pred.config
     assert (c["num_layers"], c["dim"], c["num_heads"], c["ffn_dim"], c["text_dim"]) == (
         40,
