@@ -195,3 +195,14 @@ def mm_train_popen():
         )
 
     return start
+
+
+@pytest.fixture
+def mm_train_result():
+    """``mm_train_result(config, *overrides)`` runs mm-train and returns the process, failed or not."""
+
+    def run(config: Path, *overrides: str) -> subprocess.CompletedProcess:
+        command = mm_train_command(config, *overrides)
+        return subprocess.run(command, env=train_env(), capture_output=True, text=True, timeout=300)
+
+    return run

@@ -81,11 +81,12 @@ class ToyPredictor(BaseModel, nn.Module):
 class ToyPipeline(GenerativePipelineBase):
     """Flow-match noising of ``x0``; noise either keyed by sample index or from the global RNG."""
 
-    def __init__(self, noise: str = "per_sample", sleep_s: float = 0.0) -> None:
+    def __init__(self, noise: str = "per_sample", sleep_s: float = 0.0, nan_calls: tuple = ()) -> None:
         super().__init__()
         if noise not in ("per_sample", "global"):
             raise ValueError(f"model.pipeline.noise must be per_sample or global, got {noise!r}")
         self.noise, self.sleep_s = noise, sleep_s
+        self.nan_calls, self.calls = set(nan_calls), 0  # forward calls (1-based) whose loss is NaN
 
     def prepare_conditions(self, container: Any, batch: dict) -> dict:
         cond = self.call(container, "text_encoder", batch["features"])
@@ -109,7 +110,9 @@ class ToyPipeline(GenerativePipelineBase):
         return self.call(container, "predictor", noised["x_t"], noised["sigma"], noised["cond"])
 
     def compute_loss(self, prediction: torch.Tensor, noised: dict) -> torch.Tensor:
-        return torch.nn.functional.mse_loss(prediction.float(), noised["target"].float())
+        self.calls += 1
+        loss = torch.nn.functional.mse_loss(prediction.float(), noised["target"].float())
+        return loss * float("nan") if self.calls in self.nan_calls else loss
 
     def metrics(self, container: Any, noised: dict) -> dict:
         return {"num_tokens": noised["x0"].numel()}

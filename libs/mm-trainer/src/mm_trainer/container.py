@@ -132,14 +132,28 @@ class ModelContainerHub:
                 if not _is_meta(module) and not getattr(module, "_skip_to_device", False):
                     module.to(device)
             sub_models[name] = module
-        container_id = getattr(model_section, "container_id", None)
-        cls = MODEL_REGISTRY.get(container_id) if container_id else ModelContainer
-        if not (isinstance(cls, type) and issubclass(cls, ModelContainer)):
-            raise TypeError(
-                f"model.container_id {container_id!r} is registered to {cls}, not a ModelContainer"
-            )
-        pipeline = cls.build_pipeline(dict(getattr(model_section, "pipeline", None) or {}))
+        cls = container_class(model_section)
+        pipeline = pipeline_factory(model_section, cls)(dict(getattr(model_section, "pipeline", None) or {}))
         return cls(sub_models, trainable=tuple(trainable), pipeline=pipeline)
+
+
+def container_class(model_section: Any) -> type[ModelContainer]:
+    """The registered ``model.container_id`` class, else the plain :class:`ModelContainer`."""
+    container_id = getattr(model_section, "container_id", None)
+    cls = MODEL_REGISTRY.get(container_id) if container_id else ModelContainer
+    if not (isinstance(cls, type) and issubclass(cls, ModelContainer)):
+        raise TypeError(f"model.container_id {container_id!r} is registered to {cls}, not a ModelContainer")
+    return cls
+
+
+def pipeline_factory(model_section: Any, cls: type[ModelContainer]) -> Any:
+    """Who builds the pipeline from ``model.pipeline``: the container class, or in the single-model
+    form (``model.model_id``) the model class when it defines ``build_pipeline``."""
+    if not model_section.is_container and model_section.model_id in MODEL_REGISTRY:
+        model_cls = MODEL_REGISTRY.get(model_section.model_id)
+        if hasattr(model_cls, "build_pipeline"):
+            return model_cls.build_pipeline
+    return cls.build_pipeline
 
 
 def freeze(module: nn.Module) -> None:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from mm_config import TrainConfig
 from mm_parallel import FSDPPlan, explain_fsdp_plan
 
-from mm_trainer.container import ModelContainer, freeze
+from mm_trainer.container import ModelContainer, container_class, freeze
 from mm_trainer.model_hub import ModelHub
 from mm_trainer.plugins import import_plugins
-from mm_trainer.registry import MODEL_REGISTRY
 
 
 def build_meta_model(config: TrainConfig) -> ModelContainer:
@@ -23,9 +20,7 @@ def build_meta_model(config: TrainConfig) -> ModelContainer:
         if name not in trainable:
             freeze(module)
         sub_models[name] = module
-    container_id = config.model.container_id
-    cls: Any = MODEL_REGISTRY.get(container_id) if container_id else ModelContainer
-    return cls(sub_models, trainable=tuple(trainable), pipeline=None)
+    return container_class(config.model)(sub_models, trainable=tuple(trainable), pipeline=None)
 
 
 def dry_run(config: TrainConfig, *, world_size: int) -> str:

@@ -41,6 +41,11 @@ class Trainer:
     """Builds everything a run needs from a validated :class:`mm_config.TrainConfig`, then trains."""
 
     def __init__(self, config: TrainConfig) -> None:
+        if config.features.condition_mbs != 1:
+            raise NotImplementedError(
+                f"features.condition_mbs={config.features.condition_mbs}: batched condition encoding is not "
+                "implemented yet; set it to 1"
+            )
         self.config = config
         device_type = config.training.device.split(":")[0] if config.training.device else None
         self.rank, self.world_size = init_distributed(device_type=device_type)

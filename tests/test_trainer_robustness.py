@@ -1,0 +1,55 @@
+"""Non-finite steps, SIGTERM, profiling and unsupported options: what a long run meets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_nan_step_is_skipped_and_counted_and_training_goes_on(toy_yaml, mm_train, metrics_of):
+    config = toy_yaml(training={"train_iters": 6, "save_interval": 100}, model={"pipeline": {"nan_calls": [3]}})
+    mm_train(config)
+    records = metrics_of(config.parent / "ckpt")
+    assert [r["skipped"] for r in records] == [False, False, True, False, False, False]
+    assert records[-1]["skipped_total"] == 1
+    assert all(r["loss"] == r["loss"] for i, r in enumerate(records) if i != 2)  # finite elsewhere
+
+
+def test_nonfinite_action_stop_ends_the_run_with_a_clear_message(toy_yaml, mm_train_result):
+    config = toy_yaml(
+        training={"train_iters": 6, "save_interval": 100, "nonfinite": {"action": "stop"}},
+        model={"pipeline": {"nan_calls": [2]}},
+    )
+    proc = mm_train_result(config)
+    assert proc.returncode != 0
+    assert "NonFiniteLossError" in proc.stderr and "training.nonfinite.action=stop" in proc.stderr
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(toy_yaml, mm_train_popen, metrics_of):
+    config = toy_yaml(training={"train_iters": 200, "save_interval": 1000}, model={"pipeline": {"sleep_s": 0.05}})
+    proc = mm_train_popen(config)
+    log = config.parent / "ckpt" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (log.exists() and len(log.read_text().splitlines()) >= 3):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0
+    stopped_at = len(log.read_text().splitlines())
+    tracker = config.parent / "ckpt" / "latest_checkpointed_iteration.txt"
+    assert 3 <= stopped_at < 200 and int(tracker.read_text()) == stopped_at
+
+
+def test_profile_writes_a_trace_for_the_step_range(toy_yaml, mm_train):
+    config = toy_yaml(
+        training={"train_iters": 4, "save_interval": 100},
+        tools={"profile": {"enable": True, "start_step": 1, "end_step": 3}},
+    )
+    mm_train(config)
+    trace = config.parent / "ckpt" / "profile" / "trace_rank0.json"
+    assert trace.is_file() and trace.stat().st_size > 0
