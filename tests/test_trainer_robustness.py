@@ -12,7 +12,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_nan_step_is_skipped_and_counted_and_training_goes_on(toy_yaml, mm_train, metrics_of):
-    config = toy_yaml(training={"train_iters": 6, "save_interval": 100}, model={"pipeline": {"nan_calls": [3]}})
+    config = toy_yaml(
+        training={"train_iters": 6, "save_interval": 100}, model={"pipeline": {"nan_calls": [3]}}
+    )
     mm_train(config)
     records = metrics_of(config.parent / "ckpt")
     assert [r["skipped"] for r in records] == [False, False, True, False, False, False]
@@ -31,7 +33,9 @@ def test_nonfinite_action_stop_ends_the_run_with_a_clear_message(toy_yaml, mm_tr
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(toy_yaml, mm_train_popen, metrics_of):
-    config = toy_yaml(training={"train_iters": 200, "save_interval": 1000}, model={"pipeline": {"sleep_s": 0.05}})
+    config = toy_yaml(
+        training={"train_iters": 200, "save_interval": 1000}, model={"pipeline": {"sleep_s": 0.05}}
+    )
     proc = mm_train_popen(config)
     log = config.parent / "ckpt" / "metrics.jsonl"
     deadline = time.monotonic() + 120

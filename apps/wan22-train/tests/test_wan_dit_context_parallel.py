@@ -13,7 +13,7 @@ CONFIG = dict(
 )  # fmt: skip
 
 
-def build(seed: int = 0):
+def build(seed: int = 0, fhw: tuple[int, int, int] = (2, 8, 12)):
     from wan22_train.model import WanDiTConfig
     from wan22_train.predictor import WanPredictor
 
@@ -24,7 +24,7 @@ def build(seed: int = 0):
             p.add_(0.1 * torch.randn_like(p))  # nothing trivially zero (the head starts at zero in Wan)
     g = torch.Generator().manual_seed(seed + 1)
     inputs = (
-        torch.randn(2, 4, 2, 8, 12, generator=g),  # latents: 2 x 4 x 6 = 48 tokens
+        torch.randn(2, 4, *fhw, generator=g),  # (2, 8, 12): 2 x 4 x 6 = 48 tokens
         torch.tensor([700.0, 125.0]),
         torch.randn(2, 5, 24, generator=g),
     )
@@ -39,9 +39,18 @@ def forward_backward(model, inputs):
     return out.detach(), hidden.grad.clone(), text.grad.clone(), grads
 
 
-@pytest.mark.parametrize(("world", "ulysses", "ring"), [(2, 2, 1), (2, 1, 2), (4, 2, 2)])
-def test_context_parallel_forward_and_backward_equal_one_process(distributed, world, ulysses, ring):
-    model, inputs = build()
+@pytest.mark.parametrize(
+    ("world", "ulysses", "ring", "fhw"),
+    [
+        (2, 2, 1, (2, 8, 12)),
+        (2, 1, 2, (2, 8, 12)),
+        (4, 2, 2, (2, 8, 12)),
+        (2, 2, 1, (1, 6, 10)),  # 15 tokens: padded to 16, padded keys masked
+        (4, 2, 2, (1, 6, 10)),  # 15 tokens: padded to 16 for ring 2 (zigzag) x ulysses 2
+    ],
+)
+def test_context_parallel_forward_and_backward_equal_one_process(distributed, world, ulysses, ring, fhw):
+    model, inputs = build(fhw=fhw)
     ref_out, ref_dh, ref_dt, ref_grads = forward_backward(model, inputs)
 
     def body(rank, world_size):
@@ -49,12 +58,14 @@ def test_context_parallel_forward_and_backward_equal_one_process(distributed, wo
         from mm_parallel import ParallelState
 
         state = ParallelState(world_size=world_size, ulysses=ulysses, ring=ring)
-        cp_model, cp_inputs = build()
+        cp_model, cp_inputs = build(fhw=fhw)
         cp_model.setup_context_parallel(state)
         seen = []
         cp_model.blocks[0].register_forward_pre_hook(lambda mod, args: seen.append(args[0].shape[1]))
         out, dh, dt, grads = forward_backward(cp_model, cp_inputs)
-        assert seen == [48 // world_size], f"block 0 saw {seen} tokens; each rank should hold 48/{world_size}"
+        tokens = fhw[0] * (fhw[1] // 2) * (fhw[2] // 2)
+        local = -(-tokens // (2 * world_size)) * 2 if ring > 1 else -(-tokens // world_size)
+        assert seen == [local], f"block 0 saw {seen} tokens; each rank should hold {local} of {tokens}"
         # Each rank holds its tokens' share of the gradient (scaled by the CP size): the CP mean is the
         # full gradient, which is what FSDP's gradient averaging over these ranks computes.
         for t in [dh, dt, *grads.values()]:

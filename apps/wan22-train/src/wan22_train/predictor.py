@@ -6,7 +6,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mm_parallel import ParallelState, gather_for_usp, split_for_usp, usp_attention
+import torch
+from mm_parallel import ParallelState, gather_for_usp, split_for_usp, usp_attention, usp_padded_length
 from mm_trainer import BaseModel, model_register
 
 from wan22_train import key_maps  # noqa: F401  (registers the wan2_2 key map)
@@ -57,15 +58,42 @@ class WanPredictor(BaseModel, WanDiT):
         return math.prod(s // p for s, p in zip(latent_shape[1:], self.config.patch_size))
 
     def setup_context_parallel(self, parallel_state: ParallelState) -> None:
-        """Ulysses x Ring over the video tokens (split after patch embedding, gathered before the head)."""
-        ug, rg = parallel_state.ulysses_group, parallel_state.ring_group
+        """Ulysses x Ring over the video tokens (split after patch embedding, gathered before the head).
+
+        A token count that does not split evenly is zero-padded at the end; padded keys are masked
+        in self-attention and padded outputs dropped by the gather.
+        """
         if self.config.num_heads % parallel_state.ulysses_size:
             raise ValueError(
                 f"parallel.ulysses_parallel_size={parallel_state.ulysses_size} must divide the predictor's "
                 f"num_heads={self.config.num_heads}"
             )
-        self.enable_context_parallel(
-            lambda x, dim: split_for_usp(x, dim, ug, rg),
-            lambda x, dim, size: gather_for_usp(x, dim, ug, rg, seq_len=size),
-            lambda q, k, v: usp_attention(q, k, v, ug, rg),
-        )
+        plan = USPSequencePlan(parallel_state.ulysses_group, parallel_state.ring_group)
+        self.enable_context_parallel(plan.split, plan.gather, plan.attention)
+
+
+class USPSequencePlan:
+    """The split / gather / attention callables of one model, sharing the current forward's padding."""
+
+    def __init__(self, ulysses_group: Any, ring_group: Any) -> None:
+        self.ulysses_group, self.ring_group = ulysses_group, ring_group
+        self.key_padding_mask: torch.Tensor | None = None
+
+    def split(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        if dim == 1:  # the token sequence [B, S, ...]: remember which local tokens are padding
+            self.key_padding_mask = self._local_mask(x.shape[0], x.shape[1], x.device)
+        return split_for_usp(x, dim, self.ulysses_group, self.ring_group, pad=True)
+
+    def gather(self, x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+        return gather_for_usp(x, dim, self.ulysses_group, self.ring_group, seq_len=size)
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        mask = self.key_padding_mask
+        return usp_attention(q, k, v, self.ulysses_group, self.ring_group, key_padding_mask=mask)
+
+    def _local_mask(self, batch: int, length: int, device: torch.device) -> torch.Tensor | None:
+        padded = usp_padded_length(length, self.ulysses_group, self.ring_group)
+        if padded == length:
+            return None
+        full = (torch.arange(padded, device=device) < length).expand(batch, padded)
+        return split_for_usp(full, 1, self.ulysses_group, self.ring_group)
