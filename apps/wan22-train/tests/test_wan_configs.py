@@ -8,7 +8,10 @@ from mm_parallel import FSDPPlan, explain_fsdp_plan
 from mm_trainer.dry_run import build_meta_model
 from wan22_train.configs import config_path
 
-SHIPPED = ["tiny_t2v.yaml", "t2v_a14b_high.yaml", "t2v_a14b_low.yaml", "i2v_a14b.yaml", "ti2v_5b.yaml"]
+SHIPPED = [
+    "tiny_t2v.yaml", "tiny_t2v_both.yaml", "t2v_a14b_high.yaml", "t2v_a14b_low.yaml", "t2v_a14b_both.yaml",
+    "i2v_a14b.yaml", "ti2v_5b.yaml",
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", SHIPPED)

@@ -59,3 +59,30 @@ def test_high_noise_t2v_expert_sees_only_timesteps_at_or_above_875():
 def test_unknown_pipeline_options_are_named():
     with pytest.raises(ValueError, match="unknown Wan pipeline options \\['shfit'\\]"):
         Wan22Pipeline.from_options({"shfit": 5.0})
+
+
+class _Recorder(torch.nn.Module):
+    def __init__(self, name: str, calls: list) -> None:
+        super().__init__()
+        self.name, self.calls, self.w = name, calls, torch.nn.Parameter(torch.ones(()))
+
+    def forward(self, hidden, timestep, text):
+        self.calls.append((self.name, float(timestep[0])))
+        return hidden * self.w
+
+
+def test_expert_both_routes_each_micro_batch_by_its_timestep():
+    pipeline = Wan22Pipeline.from_options({"task": "t2v", "expert": "both"})
+    assert pipeline.boundary_index == 417
+    calls: list = []
+    container = torch.nn.Module()
+    container.predictor, container.predictor_low = (
+        _Recorder("predictor", calls),
+        _Recorder("predictor_low", calls),
+    )
+    conditions = {"latents": torch.randn(2, 4, 3, 4, 4), "prompt_embeds": torch.zeros(2, 3, 8)}
+    for seed in range(30):
+        pipeline.predict(container, pipeline.noising(conditions, torch.Generator().manual_seed(seed)))
+    assert {name for name, _ in calls} == {"predictor", "predictor_low"}
+    for name, t in calls:
+        assert (t >= 875) == (name == "predictor"), (name, t)

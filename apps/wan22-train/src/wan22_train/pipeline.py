@@ -6,10 +6,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from mm_pipelines import WAN22_RECIPE_GRID, FlowMatchScheduler, FlowMatchT2VPipeline
+import torch.distributed as dist
+from mm_pipelines import EXPERT_BOUNDARIES, WAN22_RECIPE_GRID, FlowMatchScheduler, FlowMatchT2VPipeline
 from mm_trainer.dtypes import to_dtype
 
-EXPERTS = ("high_noise", "low_noise", "all")
+EXPERTS = ("high_noise", "low_noise", "all", "both")
+LOW_NOISE_ROLE = "predictor_low"
 SCHEDULER_KEYS = ("num_train_timesteps", "shift", "sigma_min", "sigma_max", "extra_one_step", "weighting")
 
 
@@ -17,7 +19,9 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
     """``FlowMatchT2VPipeline`` that tokenizes ``prompt`` strings with the text encoder's tokenizer.
 
     Options (YAML ``model.pipeline``): ``task`` (t2v | i2v | ti2v), ``expert`` (high_noise |
-    low_noise | all: the A14B timestep split of DESIGN.md, or the whole range for TI2V-5B),
+    low_noise | all | both: the A14B timestep split of DESIGN.md, the whole range for TI2V-5B, or
+    both A14B experts in one run: sub-models ``predictor`` (high noise) and ``predictor_low``, each
+    micro-batch routed by its sampled grid index, drawn once for all ranks),
     ``boundary`` (override of the expert split), the scheduler keys (``shift``, ``sigma_min``,
     ``extra_one_step``, ``num_train_timesteps``, ``sigma_max``, ``weighting``) and
     ``predict_dtype``.
@@ -36,7 +40,26 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
         if expert not in EXPERTS:
             raise ValueError(f"model.pipeline.expert={expert!r}: expected one of {list(EXPERTS)}")
         scheduler = _expert_scheduler(expert, task, boundary, sched_kwargs)
-        return cls(scheduler, task=task, predict_dtype=predict_dtype)
+        pipeline = cls(scheduler, task=task, predict_dtype=predict_dtype)
+        if expert == "both":
+            split = boundary if boundary is not None else EXPERT_BOUNDARIES["i2v" if task == "i2v" else "t2v"]
+            pipeline.boundary_index = round(split * scheduler.num_train_timesteps)
+        return pipeline
+
+    #: Grid index where the low-noise expert takes over (``expert: both`` only).
+    boundary_index: int | None = None
+
+    def predict(self, container: Any, noised: dict[str, Any]) -> torch.Tensor:
+        """With ``expert: both``, the micro-batch's grid index picks the expert that predicts."""
+        if self.boundary_index is None:
+            return super().predict(container, noised)
+        high = int(noised["indices"][0]) < self.boundary_index
+        roles = self.roles
+        self.roles = {**roles, "predictor": "predictor" if high else LOW_NOISE_ROLE}
+        try:
+            return super().predict(container, noised)
+        finally:
+            self.roles = roles
 
     def encode_prompt(self, container: Any, batch: Mapping[str, Any]) -> torch.Tensor:
         """Tokenize ``batch["prompt"]`` with the text encoder's tokenizer unless ids are given."""
@@ -47,9 +70,29 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
         return super().encode_prompt(container, batch)
 
 
+class SharedIndexScheduler(FlowMatchScheduler):
+    """Grid indices drawn on rank 0 and broadcast: every rank routes a micro-batch to the same expert
+    (their FSDP collectives must match)."""
+
+    def sample_indices(
+        self, batch_size: int, generator: Any = None, per_sample: bool = False
+    ) -> torch.Tensor:
+        if per_sample:
+            raise ValueError("expert: both routes whole micro-batches; per-sample timesteps cannot be used")
+        indices = super().sample_indices(batch_size, generator, per_sample)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+            shared = indices.to(device)
+            dist.broadcast(shared, src=0)
+            indices = shared.to(indices.device)
+        return indices
+
+
 def _expert_scheduler(expert: str, task: str, boundary: float | None, kwargs: dict) -> FlowMatchScheduler:
     if expert == "all":
         return FlowMatchScheduler(**kwargs)
+    if expert == "both":
+        return SharedIndexScheduler(**{**WAN22_RECIPE_GRID, **kwargs})
     if boundary is None:
         return FlowMatchScheduler.for_expert(expert, task="i2v" if task == "i2v" else "t2v", **kwargs)
     lo, hi = (0.0, boundary) if expert == "high_noise" else (boundary, 1.0)
