@@ -86,3 +86,23 @@ def test_expert_both_routes_each_micro_batch_by_its_timestep():
     assert {name for name, _ in calls} == {"predictor", "predictor_low"}
     for name, t in calls:
         assert (t >= 875) == (name == "predictor"), (name, t)
+
+
+def test_ti2v_gives_the_clean_first_frame_timestep_zero_per_token():
+    from wan22_train.model import WanDiT, WanDiTConfig
+
+    pipeline = Wan22Pipeline.from_options({"task": "ti2v"})
+    container = torch.nn.Module()
+    container.predictor = WanDiT(WanDiTConfig(model_type="ti2v", in_dim=4, out_dim=4, dim=32, ffn_dim=64,
+                                              num_heads=2, num_layers=1, text_dim=8, freq_dim=16))  # fmt: skip
+    seen = []
+    container.predictor.register_forward_pre_hook(lambda mod, args: seen.append(args[1].clone()))
+    conditions = {"latents": torch.randn(2, 4, 3, 4, 6), "prompt_embeds": torch.randn(2, 3, 8)}
+    noised = pipeline.noising(conditions, torch.Generator().manual_seed(0))
+    pipeline.predict(container, noised)
+    (timestep,) = seen
+    per_frame = (4 // 2) * (6 // 2)
+    assert timestep.shape == (2, 3 * per_frame)
+    assert torch.all(timestep[:, :per_frame] == 0)
+    assert torch.all(timestep[:, per_frame:] == noised["timestep"][:, None])
+    assert torch.equal(noised["hidden_states"][:, :, 0], conditions["latents"][:, :, 0])  # frame 0 is clean

@@ -50,7 +50,10 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
     boundary_index: int | None = None
 
     def predict(self, container: Any, noised: dict[str, Any]) -> torch.Tensor:
-        """With ``expert: both``, the micro-batch's grid index picks the expert that predicts."""
+        """TI2V: per-token timesteps, 0 on the clean first frame (as Wan2.2 TI2V-5B trains).
+        ``expert: both``: the micro-batch's grid index picks the expert that predicts."""
+        if self.task == "ti2v":
+            noised = {**noised, "timestep": self._first_frame_clean_timesteps(container, noised)}
         if self.boundary_index is None:
             return super().predict(container, noised)
         high = int(noised["indices"][0]) < self.boundary_index
@@ -60,6 +63,17 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
             return super().predict(container, noised)
         finally:
             self.roles = roles
+
+    def _first_frame_clean_timesteps(self, container: Any, noised: dict[str, Any]) -> torch.Tensor:
+        # timestep [B] -> [B, S] over post-patch tokens (frame-major), 0 for the first latent frame's tokens
+        pt, ph, pw = self.submodule(container, "predictor").config.patch_size
+        if pt != 1:
+            raise ValueError(f"ti2v needs a temporal patch size of 1 to keep the first frame clean, got {pt}")
+        _, _, t, h, w = noised["latent_shape"]
+        per_frame = (h // ph) * (w // pw)
+        timestep = noised["timestep"][:, None].repeat(1, t * per_frame)
+        timestep[:, :per_frame] = 0
+        return timestep
 
     def encode_prompt(self, container: Any, batch: Mapping[str, Any]) -> torch.Tensor:
         """Tokenize ``batch["prompt"]`` with the text encoder's tokenizer unless ids are given."""
