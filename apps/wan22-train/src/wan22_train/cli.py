@@ -19,14 +19,15 @@ from pathlib import Path
 COMMANDS = ("make-tiny", "sample", "export", "demo")
 
 
-def _load(config: str | None, checkpoint: str, overrides: Sequence[str]):
+def _load(config: str | None, checkpoint: str):
+    """The run's config (default: the one saved beside ``checkpoint``) at the run's world size."""
+    from mm_checkpoint import checkpoint_info
     from mm_config import load_config
+    from mm_trainer import load_run_config
 
-    path = Path(config) if config else Path(checkpoint) / "config.yaml"
-    if not path.is_file():
-        raise SystemExit(f"error: no config at {path}: pass --config (the training run writes config.yaml "
-                         "next to its checkpoints)")  # fmt: skip
-    return load_config(path, list(overrides), world_size=1)
+    if config is None:
+        return load_run_config(checkpoint)
+    return load_config(config, world_size=int(checkpoint_info(checkpoint)["world_size"]))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -76,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command == "sample":
         from wan22_train.sampling import load_for_sampling, sample_video, write_video
 
-        modules = load_for_sampling(_load(args.config, args.checkpoint, []), args.checkpoint)
+        modules = load_for_sampling(_load(args.config, args.checkpoint), args.checkpoint)
         video = sample_video(
             modules, args.prompt, num_frames=args.frames, height=args.height, width=args.width,
             steps=args.steps, shift=args.shift, guidance=args.guidance, seed=args.seed,
@@ -87,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(
             export_predictor(
-                _load(args.config, args.checkpoint, []), args.checkpoint, args.out, layout=args.layout
+                _load(args.config, args.checkpoint), args.checkpoint, args.out, layout=args.layout
             )
         )
     else:

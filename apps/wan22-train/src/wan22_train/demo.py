@@ -64,9 +64,9 @@ def run_demo(out: Path, *, nproc: int = 2, steps: int = 50) -> int:
         print(f"training failed (exit {result.returncode})", file=sys.stderr)
         return result.returncode
     ckpt = out / "ckpt"
-    from mm_config import load_config
+    from mm_trainer import load_run_config
 
-    cfg = load_config(ckpt / "config.yaml", world_size=nproc)
+    cfg = load_run_config(ckpt)
     exported = export_predictor(cfg, ckpt, out / "export" / "transformer")
     print(f"[3/4] exported predictor (diffusers WanTransformer3DModel): {exported}", flush=True)
     prompt = json.loads((out / "data" / "metadata.json").read_text())[0]["cap"][0]

@@ -3,7 +3,7 @@ distributed checkpointing and export."""
 
 __version__ = "0.1.0"
 
-from .checkpointer import DistributedCheckpointer, RNGState
+from .checkpointer import DistributedCheckpointer, RNGState, checkpoint_info
 from .conversion import convert_to_dcp, ensure_dcp_cache
 from .errors import (
     AmbiguousCheckpointError,
@@ -52,6 +52,7 @@ __all__ = [
     "Reshape",
     "SplitRule",
     "TRACKER_FILENAME",
+    "checkpoint_info",
     "Transpose",
     "WEIGHT_TRANSFORM_PIPELINES",
     "WeightTransform",

@@ -119,6 +119,18 @@ def _fsync_file(path: Path) -> None:
         os.fsync(f.fileno())
 
 
+def checkpoint_info(root: str | os.PathLike, iteration: int | None = None) -> dict[str, Any]:
+    """What a save recorded about itself (``iteration``, ``world_size``, ``dp_size``, ``time``);
+    ``iteration`` defaults to the tracker's (or the single valid one)."""
+    path, _ = resolve_dcp_dir(root, iteration)
+    info = path / INFO_FILENAME
+    if not info.is_file():
+        raise CheckpointNotFoundError(
+            f"{path} has no {INFO_FILENAME}: not written by DistributedCheckpointer"
+        )
+    return json.loads(info.read_text())
+
+
 class DistributedCheckpointer:
     """Save and load model / optimizer / LR scheduler / per-rank state under ``root``.
 

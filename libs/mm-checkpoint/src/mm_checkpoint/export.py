@@ -29,7 +29,9 @@ from .safetensors_io import (
 logger = logging.getLogger(__name__)
 
 
-def _pending(reader: DcpReader | SubmoduleReader, key: str, plan: KeyPlan, dtype: torch.dtype | None) -> PendingTensor:
+def _pending(
+    reader: DcpReader | SubmoduleReader, key: str, plan: KeyPlan, dtype: torch.dtype | None
+) -> PendingTensor:
     infos = [reader.info(s) for s in plan.sources]
     if plan.fn is None:
         shape, out_dtype = infos[0].shape, infos[0].dtype
@@ -88,7 +90,9 @@ class SubmoduleReader:
         self.reader, self.prefix = reader, submodule.rstrip(".") + "."
         if not self.keys():
             tops = sorted({k.split(".", 1)[0] for k in reader.keys()})
-            raise CheckpointFormatError(f"{reader.path} has no tensors under {submodule!r}; its top-level names: {tops}")
+            raise CheckpointFormatError(
+                f"{reader.path} has no tensors under {submodule!r}; its top-level names: {tops}"
+            )
 
     def keys(self) -> list[str]:
         n = len(self.prefix)

@@ -18,6 +18,7 @@ from mm_trainer.registry import (  # noqa: E402
     data_register,
     model_register,
 )
+from mm_trainer.run_config import load_run_config  # noqa: E402
 from mm_trainer.trainer import Trainer  # noqa: E402
 
 __all__ = [
@@ -43,5 +44,6 @@ __all__ = [
     "import_plugins",
     "init_module_weights",
     "load_module_weights",
+    "load_run_config",
     "model_register",
 ]

@@ -33,6 +33,7 @@ from mm_trainer.optim import build_lr_scheduler, build_optimizer
 from mm_trainer.plugins import import_plugins
 from mm_trainer.profiling import MemoryProfiler, StepProfiler
 from mm_trainer.rng import seed_everything
+from mm_trainer.run_config import RUN_CONFIG_NAME
 
 logger = logging.getLogger("mm_trainer")
 
@@ -146,7 +147,7 @@ class Trainer:
         assert self.checkpointer is not None
         self.checkpointer.save(self.state(), iteration)
         if self.rank == 0:
-            dump_config(self.config, Path(self.config.training.save) / "config.yaml")
+            dump_config(self.config, Path(self.config.training.save) / RUN_CONFIG_NAME)
 
     def _checkpointer(self, root: str) -> DistributedCheckpointer:
         ps = self.parallel_state

@@ -1,0 +1,28 @@
+"""The config a training run saved beside its checkpoints, for tools that work on its results."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from mm_checkpoint import checkpoint_info
+from mm_config import TrainConfig, load_config
+
+RUN_CONFIG_NAME = "config.yaml"
+
+
+def load_run_config(checkpoint_root: str | os.PathLike, overrides: Sequence[str] = ()) -> TrainConfig:
+    """``<checkpoint_root>/config.yaml`` validated at the world size of its latest checkpoint.
+
+    The saved config is resolved (``fully_shard_parallel_size``, the global batch...) for the world
+    size the run had, so tools such as export or sampling, which run as one process, must read it
+    with that world size rather than their own.
+    """
+    root = Path(checkpoint_root)
+    path = root / RUN_CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found: a training run writes its resolved config next to its checkpoints"
+        )
+    return load_config(path, list(overrides), world_size=int(checkpoint_info(root)["world_size"]))
