@@ -84,7 +84,10 @@ class FSDPPlanExplanation:
         lines.insert(1, "  ".join("-" * w for w in widths))
         lines += [
             f"world size: {self.world_size}",
-            *(f"sharded params per rank, {owner or '<root>'}: {_size(b)}" for owner, b in self.sharded_bytes_by_owner().items()),
+            *(
+                f"sharded params per rank, {owner or '<root>'}: {_size(b)}"
+                for owner, b in self.sharded_bytes_by_owner().items()
+            ),
             f"ignored params: {len(self.ignored_params)} ({_size(self.ignored_bytes)}, never sharded or cast)",
             f"replicated params: {len(self.replicated_params)} ({_size(self.replicated_bytes)}, not wrapped)",
             f"unmatched patterns: {', '.join(self.unmatched_patterns) or 'none'}",

@@ -1,0 +1,206 @@
+"""Time and peak memory per rank of context-parallel attention on CPU: one op and a layer stack.
+
+Configurations: P=1 (``mm_parallel.attention``, torch SDPA, on the full sequence), Ulysses 2 and
+Ring 2 (zigzag, non-causal by default) over real gloo process groups. Every configuration runs in
+fresh processes (one per rank, one intra-op thread each). Two measurements:
+
+- ``attention op``: each rank allocates its local q, k, v ``[1, S/P, H, D]`` and output gradient,
+  takes its resident set size (``/proc/self/statm``) as the baseline, runs ONE forward + backward
+  of the attention call and reports peak minus baseline: the transient workspace and
+  communication buffers of one call (inputs excluded). With a flash-style kernel this is small
+  and dominated by communication buffers, so it does not shrink with P.
+- ``layer stack``: ``--layers`` pre-norm transformer layers (LayerNorm -> q/k/v Linear ->
+  CP attention -> out Linear -> residual; LayerNorm -> 4x MLP with GELU -> residual), hidden
+  ``H * D``. Every rank builds the same seeded weights and only its local ``[1, S/P, hidden]``
+  input and output gradient, takes the baseline, then runs forward + backward: peak minus baseline
+  is the activation memory saved for backward across the layers (plus the parameter gradients,
+  identical for every P), which context parallelism divides by P.
+
+A thread samples RSS every millisecond between baseline and the end of backward. glibc's malloc
+is told (``mallopt``) to serve every allocation >= 64 KiB with ``mmap`` so freed tensors really
+leave the RSS instead of being cached by the heap.
+
+Usage: ``python benchmarks/cp_attention.py [--seq 16384 --heads 8 --dim 64 --layers 4]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import multiprocessing as mp
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from mm_parallel import attention, ring_attention, ulysses_attention
+from torch import Tensor, nn
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_CONFIGS = (("p1", 1), ("ulysses", 2), ("ring", 2))
+AttnFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+class _PeakRSS:
+    """Samples RSS in a background thread between ``start()`` and ``stop()``."""
+
+    def __init__(self) -> None:
+        self.peak, self._running = 0, False
+
+    def _loop(self) -> None:
+        while self._running:
+            self.peak = max(self.peak, _rss())
+            time.sleep(0.001)
+
+    def start(self) -> None:
+        self.peak, self._running = _rss(), True
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> int:
+        self._running = False
+        self._thread.join()
+        return max(self.peak, _rss())
+
+
+class _Layer(nn.Module):
+    """Pre-norm transformer layer whose attention is the given (context-parallel) function."""
+
+    def __init__(self, heads: int, dim: int, attn: AttnFn) -> None:
+        super().__init__()
+        hidden = heads * dim
+        self.heads, self.attn = heads, attn
+        self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
+        self.out = nn.Linear(hidden, hidden)
+        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # x: batch, local_seq, hidden
+        b, s, _ = x.shape
+        # 1. Self-attention over the (split) sequence: q, k, v are batch, local_seq, heads, head_dim
+        h = self.norm1(x)
+        q, k, v = (proj(h).view(b, s, self.heads, -1) for proj in (self.q, self.k, self.v))
+        x = x + self.out(self.attn(q, k, v).flatten(2))
+        # 2. MLP
+        return x + self.mlp(self.norm2(x))
+
+
+def _attn_fn(kind: str, group: dist.ProcessGroup | None, causal: bool) -> AttnFn:
+    return {
+        "p1": partial(attention, causal=causal),
+        "ulysses": partial(ulysses_attention, group=group, causal=causal),
+        "ring": partial(ring_attention, group=group, causal=causal, layout="zigzag"),
+    }[kind]
+
+
+def _op_step(fn: AttnFn, rank: int, world: int, args: argparse.Namespace) -> Callable[[], None]:
+    """Allocate local q, k, v and dout; return one forward + backward of the attention call."""
+    gen = torch.Generator().manual_seed(rank)
+    shape = (1, args.seq // world, args.heads, args.dim)
+    q, k, v = (torch.randn(shape, generator=gen).requires_grad_() for _ in range(3))
+    dout = torch.randn(shape, generator=gen)
+    return lambda: fn(q, k, v).backward(dout)
+
+
+def _stack_step(fn: AttnFn, rank: int, world: int, args: argparse.Namespace) -> Callable[[], None]:
+    """Build the seeded layer stack and the local input; return one forward + backward."""
+    torch.manual_seed(0)  # same weights on every rank
+    stack = nn.Sequential(*(_Layer(args.heads, args.dim, fn) for _ in range(args.layers)))
+    gen = torch.Generator().manual_seed(1 + rank)
+    shape = (1, args.seq // world, args.heads * args.dim)
+    x, dout = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    return lambda: stack(x).backward(dout)
+
+
+def _rank_main(
+    rank: int, world: int, port: int, kind: str, what: str, args: argparse.Namespace, queue: mp.Queue
+) -> None:
+    ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD: fixed, so frees return memory
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    fn = _attn_fn(kind, dist.group.WORLD if world > 1 else None, args.causal)
+    step = {"op": _op_step, "stack": _stack_step}[what](fn, rank, world, args)
+    dist.barrier()
+    baseline, sampler = _rss(), _PeakRSS()
+    sampler.start()
+    start = time.perf_counter()
+    step()
+    elapsed = time.perf_counter() - start
+    peak = sampler.stop()
+    dist.barrier()
+    queue.put((rank, elapsed, (peak - baseline) / 2**20))
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(kind: str, world: int, what: str, args: argparse.Namespace) -> list[tuple[int, float, float]]:
+    """Run one configuration of ``what`` ("op" or "stack") in ``world`` fresh processes.
+
+    Returns (rank, seconds, peak MiB above baseline) per rank.
+    """
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), _free_port()
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, world, port, kind, what, args, queue)) for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    results = sorted(queue.get(timeout=3600) for _ in procs)
+    for p in procs:
+        p.join()
+    return results
+
+
+def _table(title: str, what: str, args: argparse.Namespace) -> None:
+    print(title)
+    print(f"{'config':<10} {'rank':>4} {'time_s':>8} {'peak_MiB':>9} {'peak/P1':>8}")
+    base = None
+    for kind, world in _CONFIGS:
+        for rank, seconds, mib in run(kind, world, what, args):
+            base = base if base is not None else mib
+            print(f"{kind:<10} {rank:>4} {seconds:>8.2f} {mib:>9.1f} {mib / base:>8.2f}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq", type=int, default=16384)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--causal", action="store_true")
+    args = parser.parse_args()
+    print(
+        f"fp32, batch 1, seq {args.seq}, heads {args.heads}, dim {args.dim}, causal={args.causal}; "
+        "time = one forward + backward, peak = peak RSS above baseline per rank"
+    )
+    _table(
+        "attention op: one call's transient workspace + communication buffers (local q/k/v excluded)",
+        "op",
+        args,
+    )
+    _table(
+        f"layer stack: {args.layers} pre-norm layers (hidden {args.heads * args.dim}, MLP 4x); "
+        "activations saved for backward + parameter grads (weights and local input excluded)",
+        "stack",
+        args,
+    )
+
+
+if __name__ == "__main__":
+    main()
