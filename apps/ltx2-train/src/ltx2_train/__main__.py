@@ -1,0 +1,3 @@
+from ltx2_train.cli import main
+
+raise SystemExit(main())

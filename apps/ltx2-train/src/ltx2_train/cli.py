@@ -1,0 +1,79 @@
+"""``ltx2-train``: mm-train with the LTX-2 plugin loaded, plus make-tiny, preprocess and export.
+
+ltx2-train make-tiny runs/ltx2_tiny                                  # tiny model set + clips
+ltx2-train preprocess --config configs/tiny_t2av.yaml                # clips -> cached latents
+torchrun --nproc-per-node 2 -m ltx2_train --config configs/tiny_t2av.yaml   # train
+ltx2-train --config configs/t2av.yaml --dry-run --world-size 8       # FSDP plan on meta
+ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --out runs/ltx2_tiny/export/transformer
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+COMMANDS = ("make-tiny", "preprocess", "export")
+#: The parallel layout does not matter to the offline tools; they validate the config as one process.
+SINGLE_PROCESS = [
+    "parallel.ulysses_parallel_size=1",
+    "parallel.ring_attention_size=1",
+    "parallel.data_parallel_size=1",
+    "parallel.fully_shard_parallel_size=auto",
+]
+
+
+def _load(config: str | None, checkpoint: str | None, overrides: Sequence[str]):
+    from mm_config import load_config
+
+    path = Path(config) if config else Path(checkpoint or ".") / "config.yaml"
+    if not path.is_file():
+        raise SystemExit(
+            f"error: no config at {path}: pass --config (training writes config.yaml next to its checkpoints)"
+        )
+    return load_config(path, [*overrides, *SINGLE_PROCESS], world_size=1)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ltx2-train", description="LTX-2 tools; see the module docstring.")
+    sub = p.add_subparsers(dest="command", required=True)
+    tiny = sub.add_parser("make-tiny", help="write a tiny LTX-2 model set (diffusers layout) + clips")
+    tiny.add_argument("out")
+    tiny.add_argument("--seed", type=int, default=0)
+    pre = sub.add_parser("preprocess", help="encode clips into the cache data.data_path (torchrun shards it)")
+    pre.add_argument("--config", required=True)
+    pre.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.data_path=/tmp/cache")
+    export = sub.add_parser("export", help="export the trained transformer as a diffusers folder")
+    export.add_argument("--checkpoint", required=True, help="training checkpoint root (iter_* + tracker)")
+    export.add_argument("--config", help="training config (default: <checkpoint>/config.yaml)")
+    export.add_argument("--out", required=True)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        from mm_trainer.cli import main as train_main
+
+        import ltx2_train.plugin  # noqa: F401  (registers the LTX-2 pieces before the config is read)
+
+        return train_main(argv, prog="ltx2-train")
+    args = _parser().parse_args(argv)
+    if args.command == "make-tiny":
+        from ltx2_train.tiny import make_tiny
+
+        print(make_tiny(args.out, seed=args.seed))
+    elif args.command == "preprocess":
+        from ltx2_train.preprocess import run_preprocess
+
+        print(run_preprocess(_load(args.config, None, args.overrides)))
+    else:
+        from ltx2_train.export import export_transformer
+
+        print(export_transformer(_load(args.config, args.checkpoint, []), args.checkpoint, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,188 @@
+"""Ulysses sequence parallelism for diffusers' ``LTX2VideoTransformer3DModel``, installed as a patch.
+
+The upstream model is kept intact. Two small pieces make it sequence parallel:
+
+1. :func:`sequence_parallel_forward` splits the inputs that carry tokens along the sequence
+   dimension before the upstream ``forward`` runs: the video tokens and the audio tokens (each its
+   own stream, each zero-padded to a multiple of the group size), their RoPE coordinates (so every
+   rank rotates its own tokens with its own positions) and per-token timesteps. Text is NOT split:
+   every rank keeps all text tokens, so the text cross-attention needs no communication. After
+   the upstream ``forward`` the two outputs are gathered and the padding dropped.
+2. :class:`UlyssesAttnProcessor` replaces the attention processor of the four attentions that mix
+   tokens of a split stream (video self, audio self, audio-to-video, video-to-audio) and computes
+   attention with :func:`mm_parallel.ulysses_attention` (all-to-all sequence <-> heads). Padded
+   keys are masked with a key padding mask, padded queries are dropped at the gather.
+
+Everything between (norms, modulation, feed-forward, projections) is per token and runs on the
+local shard unchanged. Splits and gathers are mm-parallel's autograd-correct adjoints, so the
+mean of the per-rank gradients over the group equals the one-process gradient.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from diffusers.models.transformers.transformer_ltx2 import (
+    apply_interleaved_rotary_emb,
+    apply_split_rotary_emb,
+)
+from mm_parallel import gather_sequence, split_sequence, ulysses_attention
+from torch import Tensor, nn
+from torch.distributed import ProcessGroup
+
+#: Attention modules of one ``LTX2VideoTransformerBlock`` whose keys come from a split stream,
+#: with the stream their keys/values belong to. ``attn2`` / ``audio_attn2`` (text) stay upstream.
+SEQUENCE_PARALLEL_ATTENTIONS = {
+    "attn1": "video",
+    "audio_attn1": "audio",
+    "audio_to_video_attn": "audio",  # Q: video, K/V: audio
+    "video_to_audio_attn": "video",  # Q: audio, K/V: video
+}
+#: Forward arguments that sequence parallelism does not support (they index the full sequence).
+UNSUPPORTED_INPUTS = ("video_self_attention_mask", "spatio_temporal_guidance_blocks", "perturbation_mask")
+
+
+@dataclass
+class SequenceParallelState:
+    """The Ulysses group and, per forward, each stream's local key padding mask (None = no padding)."""
+
+    group: ProcessGroup
+    size: int
+    key_padding: dict[str, Tensor | None] = field(default_factory=dict)
+
+
+class UlyssesAttnProcessor:
+    """``LTX2AudioVideoAttnProcessor`` with its attention computed by :func:`mm_parallel.ulysses_attention`.
+
+    Projections, RMS norms, RoPE and the optional per-head gate are the upstream steps on local
+    tokens; only the attention itself communicates.
+    """
+
+    def __init__(self, state: SequenceParallelState, key_stream: str) -> None:
+        self.state = state
+        self.key_stream = key_stream
+
+    def __call__(
+        self,
+        attn: nn.Module,
+        hidden_states: Tensor,
+        encoder_hidden_states: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        query_rotary_emb: tuple[Tensor, Tensor] | None = None,
+        key_rotary_emb: tuple[Tensor, Tensor] | None = None,
+        perturbation_mask: Tensor | None = None,
+        all_perturbed: bool | Tensor | None = None,
+    ) -> Tensor:
+        if attention_mask is not None or perturbation_mask is not None or bool(all_perturbed):
+            raise ValueError(
+                "LTX-2 sequence parallelism: self/audio-video attention masks and STG perturbation "
+                "are not supported with parallel.ulysses_parallel_size > 1"
+            )
+        kv_input = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+        gate_logits = attn.to_gate_logits(hidden_states) if attn.to_gate_logits is not None else None
+        # 1. Projections + RMS norm over all heads (local tokens): [B, S_local, H*D]
+        query = attn.norm_q(attn.to_q(hidden_states))
+        key = attn.norm_k(attn.to_k(kv_input))
+        value = attn.to_v(kv_input)
+        # 2. RoPE with this rank's positions
+        if query_rotary_emb is not None:
+            rotate = (
+                apply_interleaved_rotary_emb if attn.rope_type == "interleaved" else apply_split_rotary_emb
+            )
+            query = rotate(query, query_rotary_emb)
+            key = rotate(key, key_rotary_emb if key_rotary_emb is not None else query_rotary_emb)
+        # 3. Ulysses attention: [B, S_local, H, D] in and out
+        query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
+        out = ulysses_attention(
+            query, key, value, self.state.group, key_padding_mask=self.state.key_padding.get(self.key_stream)
+        ).to(query.dtype)
+        # 4. Optional per-head gate, output projection
+        if gate_logits is not None:
+            out = out * (2.0 * torch.sigmoid(gate_logits)).unsqueeze(-1)
+        out = attn.to_out[0](out.flatten(2, 3))
+        return attn.to_out[1](out)
+
+
+def install_attention_processors(blocks: nn.ModuleList, state: SequenceParallelState) -> int:
+    """Set :class:`UlyssesAttnProcessor` on the sequence-parallel attentions of every block; return the count."""
+    count = 0
+    for block in blocks:
+        for name, stream in SEQUENCE_PARALLEL_ATTENTIONS.items():
+            getattr(block, name).set_processor(UlyssesAttnProcessor(state, stream))
+            count += 1
+    return count
+
+
+def _valid_mask(batch: int, length: int, state: SequenceParallelState, device: torch.device) -> Tensor | None:
+    """Local key padding mask of a stream of ``length`` tokens (None when no padding is needed)."""
+    if length % state.size == 0:
+        return None
+    valid = torch.ones(batch, length, dtype=torch.bool, device=device)
+    return split_sequence(valid, 1, state.group, pad=True)
+
+
+def sequence_parallel_forward(
+    model: nn.Module,
+    upstream_forward: Callable[..., Any],
+    state: SequenceParallelState,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """Run ``upstream_forward`` (the diffusers forward of ``model``) on this rank's token shards.
+
+    Returns what the upstream forward returns (``AudioVisualModelOutput`` or a tuple), with full
+    (gathered) video and audio outputs on every rank.
+    """
+    bound = inspect.signature(upstream_forward).bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = dict(bound.arguments)
+    for key in UNSUPPORTED_INPUTS:
+        if a.get(key) is not None:
+            raise ValueError(f"LTX-2 sequence parallelism: forward argument {key!r} is not supported")
+    video, audio = a["hidden_states"], a["audio_hidden_states"]
+    batch, video_len, audio_len = video.size(0), video.size(1), audio.size(1)
+    # 1. RoPE coordinates of the full sequences (same computation as upstream), split below.
+    if a.get("video_coords") is None:
+        a["video_coords"] = model.rope.prepare_video_coords(
+            batch, a["num_frames"], a["height"], a["width"], video.device, fps=a["fps"]
+        )
+    if a.get("audio_coords") is None:
+        a["audio_coords"] = model.audio_rope.prepare_audio_coords(batch, a["audio_num_frames"], audio.device)
+    state.key_padding = {
+        "video": _valid_mask(batch, video_len, state, video.device),
+        "audio": _valid_mask(batch, audio_len, state, audio.device),
+    }
+
+    def split(x: Tensor, dim: int) -> Tensor:
+        return split_sequence(x, dim, state.group, pad=True)
+
+    # 2. Token streams, their positions and their per-token inputs.
+    a["hidden_states"], a["audio_hidden_states"] = split(video, 1), split(audio, 1)
+    a["video_coords"], a["audio_coords"] = split(a["video_coords"], 2), split(a["audio_coords"], 2)
+    for key, length in (
+        ("timestep", video_len),
+        ("audio_timestep", audio_len),
+        ("video_keyframes_mask", video_len),
+    ):
+        value = a.get(key)
+        if isinstance(value, Tensor) and value.dim() >= 2 and value.size(1) == length and length > 1:
+            a[key] = split(value, 1)
+    return_dict = a.pop("return_dict", True)
+    video_out, audio_out = upstream_forward(**a, return_dict=False)
+    # 3. Full outputs on every rank (padding dropped).
+    video_out, audio_out = _gather(video_out, video_len, state), _gather(audio_out, audio_len, state)
+    if not return_dict:
+        return video_out, audio_out
+    from diffusers.models.transformers.transformer_ltx2 import AudioVisualModelOutput
+
+    return AudioVisualModelOutput(sample=video_out, audio_sample=audio_out)
+
+
+def _gather(x: Tensor, length: int, state: SequenceParallelState) -> Tensor:
+    """Full sequence of ``x`` on every rank; a padded one is cut to ``length`` (a copy, not a view)."""
+    full = gather_sequence(x, 1, state.group)
+    return full if full.size(1) == length else full[:, :length].clone()

@@ -1,0 +1,227 @@
+"""LTX-2 audio+video flow matching on precomputed latents and text embeddings.
+
+Per micro-batch (``x0`` = clean latents as tokens, ``eps`` ~ N(0, I)):
+
+1. one ``sigma`` per sample from :class:`~ltx2_train.timesteps.SigmaSampler` (token count = video
+   tokens), the SAME sigma for the video and the audio of a sample;
+2. optional first-frame conditioning: with probability ``first_frame_conditioning_p`` a sample's
+   first latent frame is given clean (``sigma = 0`` and timestep 0 on those tokens);
+3. ``x_sigma = (1 - sigma) x0 + sigma eps``; the predictor gets ``timestep = 1000 sigma`` (per
+   token for video when any token is conditioned, else per sample);
+4. target ``eps - x0``; loss = MSE over the video tokens that are not conditioning tokens
+   + ``audio_loss_weight`` x audio MSE (fp32).
+
+Batch keys (from ``ltx2-train preprocess``): ``latents [B, C, F, H, W]``, ``prompt_embeds [B, S, D]``,
+``prompt_attention_mask [B, S]``, optional ``audio_prompt_embeds``, ``audio_latents [B, C, L, M]``,
+``frame_rate [B]``. Without audio (``audio: false``, the T2V recipe) the audio stream gets a few zero
+tokens, modality cross-attention is off and audio contributes no loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from mm_pipelines import GenerativePipelineBase
+
+from ltx2_train.timesteps import SigmaSampler
+
+SAMPLER_KEYS = {
+    "timestep_sampling": "mode",
+    "sigma_std": "std",
+    "shift_min_tokens": "min_tokens",
+    "shift_min": "min_shift",
+    "shift_max_tokens": "max_tokens",
+    "shift_max": "max_shift",
+}
+
+
+def pack_video(latents: torch.Tensor) -> torch.Tensor:
+    """``[B, C, F, H, W]`` -> ``[B, F*H*W, C]`` (LTX-2's patch size 1 token order: frame, row, column)."""
+    return latents.permute(0, 2, 3, 4, 1).flatten(1, 3)
+
+
+def pack_audio(latents: torch.Tensor) -> torch.Tensor:
+    """``[B, C, L, M]`` -> ``[B, L, C*M]`` (upstream ``LTX2Pipeline._pack_audio_latents`` layout)."""
+    return latents.transpose(1, 2).flatten(2, 3)
+
+
+def first_frame_token_mask(
+    batch: int, frames: int, tokens_per_frame: int, probability: float, *, generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """``[B, F*H*W]`` bool: True on the first latent frame's tokens of samples drawn with ``probability``."""
+    chosen = torch.rand(batch, generator=generator, device=device) < probability
+    first = torch.zeros(frames * tokens_per_frame, dtype=torch.bool, device=device)
+    first[:tokens_per_frame] = True
+    return chosen[:, None] & first[None, :]
+
+
+def masked_mse(
+    prediction: torch.Tensor, target: torch.Tensor, keep: torch.Tensor | None = None
+) -> torch.Tensor:
+    """fp32 mean of squared errors over tokens where ``keep`` ``[B, S]`` is True (all when None)."""
+    err = (prediction.float() - target.float()).pow(2)
+    if keep is None:
+        return err.mean()
+    weight = keep.to(err.dtype)[..., None].expand_as(err)
+    return (err * weight).sum() / weight.sum().clamp_min(1.0)
+
+
+class LTX2Pipeline(GenerativePipelineBase):
+    """Flow matching for ``LTX2VideoTransformer3DModel`` (the container's ``model`` sub-model)."""
+
+    def __init__(
+        self,
+        sampler: SigmaSampler | None = None,
+        *,
+        audio: bool = True,
+        first_frame_conditioning_p: float = 0.0,
+        audio_loss_weight: float = 1.0,
+        frame_rate: float = 24.0,
+        audio_placeholder_tokens: int = 8,
+    ) -> None:
+        super().__init__(roles={"predictor": "model"})
+        if not 0.0 <= first_frame_conditioning_p <= 1.0:
+            raise ValueError(
+                f"model.pipeline.first_frame_conditioning_p={first_frame_conditioning_p}: expected in [0, 1]"
+            )
+        self.sampler = sampler or SigmaSampler()
+        self.audio = audio
+        self.first_frame_conditioning_p = first_frame_conditioning_p
+        self.audio_loss_weight = audio_loss_weight
+        self.frame_rate = frame_rate
+        self.audio_placeholder_tokens = audio_placeholder_tokens
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> LTX2Pipeline:
+        """Build from YAML ``model.pipeline``: the sampler keys of ``SAMPLER_KEYS`` and the init keywords."""
+        options = dict(options)
+        sampler = SigmaSampler(
+            **{field: options.pop(key) for key, field in SAMPLER_KEYS.items() if key in options}
+        )
+        known = (
+            "audio",
+            "first_frame_conditioning_p",
+            "audio_loss_weight",
+            "frame_rate",
+            "audio_placeholder_tokens",
+        )
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(
+                f"model.pipeline: unknown LTX-2 pipeline options {unknown}; expected some of "
+                f"{sorted([*SAMPLER_KEYS, *known])}"
+            )
+        return cls(sampler, **options)
+
+    # ------------------------------------------------------------------ stages
+    def prepare_conditions(self, container: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """Clean latents as token sequences + text embeddings (already encoded offline)."""
+        latents = batch["latents"]
+        if latents.dim() != 5:
+            raise ValueError(f"batch['latents']: expected [B, C, F, H, W], got shape {tuple(latents.shape)}")
+        out = {
+            "video": pack_video(latents),
+            "grid": tuple(latents.shape[2:]),
+            "text": batch["prompt_embeds"],
+            "audio_text": batch.get("audio_prompt_embeds", batch["prompt_embeds"]),
+            "text_mask": batch["prompt_attention_mask"],
+            "frame_rate": _frame_rate(batch.get("frame_rate"), self.frame_rate),
+        }
+        if self.audio:
+            if "audio_latents" not in batch:
+                raise KeyError(
+                    "model.pipeline.audio is true but the batch has no 'audio_latents' (preprocess with audio)"
+                )
+            out["audio"] = pack_audio(batch["audio_latents"])
+        return out
+
+    def noising(self, conditions: dict[str, Any], generator: torch.Generator | None = None) -> dict[str, Any]:
+        """Sample sigma, noise and conditioning; mix ``x_sigma = (1 - sigma) x0 + sigma eps``."""
+        x0 = conditions["video"]
+        batch, num_tokens, _ = x0.shape
+        frames, height, width = conditions["grid"]
+        device = x0.device
+        sigma = self.sampler.sample(batch, num_tokens, generator=generator, device=device)
+        conditioned = first_frame_token_mask(
+            batch, frames, height * width, self.first_frame_conditioning_p, generator=generator, device=device
+        )
+        token_sigma = sigma[:, None] * (~conditioned).to(sigma.dtype)  # [B, S]: 0 on conditioning tokens
+        eps = torch.randn(x0.shape, generator=generator, device=device, dtype=x0.dtype)
+        s = token_sigma[..., None].to(x0.dtype)
+        noised = {
+            **conditions,
+            "sigma": sigma,
+            "conditioned": conditioned,
+            "noisy_video": (1 - s) * x0 + s * eps,
+            "video_target": eps - x0,
+            "video_timestep": token_sigma if bool(conditioned.any()) else sigma,
+        }
+        if self.audio:
+            a0 = conditions["audio"]
+            eps_a = torch.randn(a0.shape, generator=generator, device=device, dtype=a0.dtype)
+            sa = sigma[:, None, None].to(a0.dtype)
+            noised["noisy_audio"] = (1 - sa) * a0 + sa * eps_a
+            noised["audio_target"] = eps_a - a0
+        return noised
+
+    def predict(self, container: Any, noised: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the transformer; returns (video, audio) velocity predictions as token sequences."""
+        model = self.submodule(container, "predictor")
+        scale = float(model.config.timestep_scale_multiplier)
+        video = noised["noisy_video"]
+        frames, height, width = noised["grid"]
+        if self.audio:
+            audio = noised["noisy_audio"]
+        else:
+            tokens = self.audio_placeholder_tokens
+            audio = video.new_zeros(video.size(0), tokens, model.config.audio_in_channels)
+        return model(
+            hidden_states=video,
+            audio_hidden_states=audio,
+            encoder_hidden_states=noised["text"],
+            audio_encoder_hidden_states=noised["audio_text"],
+            timestep=noised["video_timestep"] * scale,
+            audio_timestep=noised["sigma"] * scale,
+            encoder_attention_mask=noised["text_mask"],
+            audio_encoder_attention_mask=noised["text_mask"],
+            num_frames=frames, height=height, width=width, fps=noised["frame_rate"],
+            audio_num_frames=audio.size(1),
+            isolate_modalities=not self.audio,
+            return_dict=False,
+        )  # fmt: skip
+
+    def compute_loss(
+        self, prediction: tuple[torch.Tensor, torch.Tensor], noised: dict[str, Any]
+    ) -> torch.Tensor:
+        """Masked video MSE (non-conditioning tokens) + weighted audio MSE, fp32."""
+        video_pred, audio_pred = prediction
+        video_loss = masked_mse(video_pred, noised["video_target"], ~noised["conditioned"])
+        noised["video_loss"] = video_loss.detach()
+        if not self.audio:
+            return video_loss
+        audio_loss = masked_mse(audio_pred, noised["audio_target"])
+        noised["audio_loss"] = audio_loss.detach()
+        return video_loss + self.audio_loss_weight * audio_loss
+
+    def metrics(self, container: Any, noised: dict[str, Any]) -> dict[str, float]:
+        batch, video_tokens, _ = noised["video"].shape
+        audio_tokens = noised["audio"].shape[1] if self.audio else 0
+        out = {"num_samples": batch, "num_tokens": batch * (video_tokens + audio_tokens)}
+        out["loss_video"] = float(noised["video_loss"])
+        if self.audio:
+            out["loss_audio"] = float(noised["audio_loss"])
+        return out
+
+
+def _frame_rate(value: Any, default: float) -> float:
+    if value is None:
+        return default
+    rates = torch.as_tensor(value).flatten().tolist()
+    if len(set(rates)) > 1:
+        raise ValueError(
+            f"batch['frame_rate']: one frame rate per batch expected (RoPE positions), got {rates}"
+        )
+    return float(rates[0])

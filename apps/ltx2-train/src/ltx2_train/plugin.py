@@ -1,0 +1,8 @@
+"""Importing this module registers the LTX-2 pieces with mm-trainer and mm-config.
+
+Listed in ``training.plugin`` as ``ltx2_train.plugin`` and installed as the ``mm_trainer.plugins``
+entry point ``ltx2``: the ``ltx2_predictor`` model (with its pipeline) and the
+``ltx2_precomputed`` dataset.
+"""
+
+from ltx2_train import data, predictor  # noqa: F401

@@ -1,0 +1,134 @@
+"""The LTX-2 predictor: diffusers' ``LTX2VideoTransformer3DModel`` as a trainer model, keys unchanged.
+
+``LTX2Predictor`` only adds the trainer life cycle (build from a config section, on meta when
+asked; weights through mm-checkpoint), the training pipeline factory of the single-model form,
+and Ulysses sequence parallelism (:mod:`ltx2_train.context_parallel`). Module paths and state-dict
+keys are upstream's, so a diffusers ``transformer/`` folder loads with no key map and an export
+loads back with ``LTX2VideoTransformer3DModel.from_pretrained``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from diffusers import LTX2VideoTransformer3DModel
+from mm_parallel import ParallelState
+from mm_trainer import BaseModel, model_register
+from torch import nn
+
+from ltx2_train.context_parallel import (
+    SequenceParallelState,
+    install_attention_processors,
+    sequence_parallel_forward,
+)
+
+INIT_KEYS = frozenset(inspect.signature(LTX2VideoTransformer3DModel.__init__).parameters) - {"self"}
+
+
+def transformer_config(args: Any) -> dict[str, Any]:
+    """Constructor kwargs: the source's ``config.json`` (if there is one) updated by ``args.config``.
+
+    Without weights present (e.g. ``--dry-run`` of a real config) ``args.config`` alone gives the shape.
+    """
+    overrides = dict(getattr(args, "config", None) or {})
+    unknown = sorted(set(overrides) - INIT_KEYS)
+    if unknown:
+        raise ValueError(
+            f"model.config: {unknown} are not LTX2VideoTransformer3DModel arguments; expected some of "
+            f"{sorted(INIT_KEYS)}"
+        )
+    config: dict[str, Any] = {}
+    source = getattr(args, "checkpoint_path", None) or getattr(args, "from_pretrained", None)
+    if source and (Path(source) / "config.json").is_file():
+        config = {
+            k: v for k, v in json.loads((Path(source) / "config.json").read_text()).items() if k in INIT_KEYS
+        }
+    elif not overrides:
+        raise ValueError(
+            f"model: the LTX-2 predictor needs from_pretrained/checkpoint_path with a config.json (got {source!r}) "
+            "or a `config` section with its shape (num_layers, num_attention_heads, ...)"
+        )
+    config.update(overrides)
+    return config
+
+
+@model_register("ltx2_predictor")
+class LTX2Predictor(BaseModel, LTX2VideoTransformer3DModel):
+    """``LTX2VideoTransformer3DModel`` built from a config section (upstream module tree and keys).
+
+    Activation checkpointing comes from ``features.recompute_plan`` (applied before FSDP wraps the
+    blocks), never from upstream's internal ``gradient_checkpointing`` switch, which is refused.
+    """
+
+    _supports_gradient_checkpointing = False
+    _sequence_parallel: SequenceParallelState | None = None
+
+    @classmethod
+    def _from_config(cls, args: Any) -> LTX2Predictor:
+        return cls(**transformer_config(args))
+
+    @classmethod
+    def from_pretrained(cls, args: Any) -> LTX2Predictor:  # type: ignore[override]
+        model = cls._from_config(args)
+        model.setup_weights(args)
+        return model
+
+    @classmethod
+    def build_pipeline(cls, options: Mapping[str, Any]) -> Any:
+        """The LTX-2 flow-matching pipeline from ``model.pipeline`` (single-model form)."""
+        from ltx2_train.pipeline import LTX2Pipeline
+
+        return LTX2Pipeline.from_options(options)
+
+    def random_init(self) -> None:
+        """Upstream's initialization: ``reset_parameters`` of each layer, ``randn / sqrt(dim)`` tables."""
+        with torch.no_grad():
+            for module in self.modules():
+                if hasattr(module, "reset_parameters") and module is not self:
+                    module.reset_parameters()
+            for name, param in self.named_parameters():
+                if "scale_shift_table" in name:
+                    param.normal_(0.0, 1.0 / math.sqrt(param.shape[-1]))
+
+    @property
+    def sequence_multiple(self) -> int:
+        """Token counts that need no padding under sequence parallelism are multiples of this."""
+        return self._sequence_parallel.size if self._sequence_parallel else 1
+
+    def setup_context_parallel(self, parallel_state: ParallelState) -> None:
+        """Ulysses over the video and audio token streams (text replicated). Ring is refused."""
+        if parallel_state.ring_size > 1:
+            raise ValueError(
+                "parallel.ring_attention_size > 1: LTX-2's audio<->video cross-attention has queries and "
+                "keys of different lengths, which mm-parallel's ring attention does not take; use "
+                "ulysses_parallel_size only"
+            )
+        size = parallel_state.ulysses_size
+        for what, heads in (
+            ("num_attention_heads", self.config.num_attention_heads),
+            ("audio_num_attention_heads", self.config.audio_num_attention_heads),
+        ):
+            if heads % size:
+                raise ValueError(
+                    f"parallel.ulysses_parallel_size={size} must divide model.config.{what}={heads}"
+                )
+        self._sequence_parallel = SequenceParallelState(parallel_state.ulysses_group, size)
+        install_attention_processors(self.transformer_blocks, self._sequence_parallel)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Upstream forward; under sequence parallelism on this rank's token shards, outputs gathered."""
+        upstream = super().forward
+        if self._sequence_parallel is None:
+            return upstream(*args, **kwargs)
+        return sequence_parallel_forward(self, upstream, self._sequence_parallel, *args, **kwargs)
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Number of parameter elements (works on meta modules)."""
+    return sum(p.numel() for p in module.parameters())

@@ -1,0 +1,202 @@
+"""``ltx2-train preprocess``: clips -> per-sample safetensors of everything the transformer consumes.
+
+Runs the frozen encoders once, before training, so that nothing of them is resident while the
+transformer trains: the video VAE (``AutoencoderKLLTX2Video``), the audio VAE
+(``AutoencoderKLLTX2Audio``, on a log-mel of the clip's audio), Gemma-3 and the text connectors
+(``LTX2TextConnectors``). Each sample file holds ``latents [C, F, H, W]`` and ``audio_latents
+[C, L, M]`` (both normalized with the VAEs' statistics, as upstream's pipeline does before
+packing), ``prompt_embeds`` / ``audio_prompt_embeds [S, D]`` (connector outputs for the video and
+audio streams), ``prompt_attention_mask [S]`` and ``frame_rate`` (for the RoPE time axis).
+
+Sharded across ranks (rank ``r`` of ``W`` writes indices ``r::W``, under ``torchrun`` or alone) and
+resumable (complete files are skipped): both from :func:`mm_data.cache_dataset`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video
+from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
+from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline as Upstream
+from mm_config import TrainConfig
+from mm_data import CacheReport, VideoTextDataset, cache_dataset
+from mm_trainer.dtypes import to_dtype
+
+from ltx2_train.audio import log_mel, read_audio, synthetic_tone
+from ltx2_train.data import PreprocessOptions
+
+
+@dataclass
+class LTX2Encoders:
+    """The frozen LTX-2 encoders, in eval mode on one device."""
+
+    vae: AutoencoderKLLTX2Video
+    audio_vae: AutoencoderKLLTX2Audio | None
+    text_encoder: torch.nn.Module
+    tokenizer: Any
+    connectors: LTX2TextConnectors
+    device: torch.device
+    dtype: torch.dtype
+    n_fft: int = 1024
+
+    @classmethod
+    def load(
+        cls, model_root: str | Path, *, audio: bool, device: torch.device, dtype: torch.dtype
+    ) -> LTX2Encoders:
+        """Load ``vae/``, ``audio_vae/`` (when ``audio``), ``text_encoder/``, ``tokenizer/``, ``connectors/``."""
+        from transformers import AutoModel, AutoTokenizer
+
+        root = Path(model_root)
+        missing = [d for d in ("vae", "text_encoder", "tokenizer", "connectors", *(["audio_vae"] if audio else []))
+                   if not (root / d).is_dir()]  # fmt: skip
+        if missing:
+            raise FileNotFoundError(f"data.dataset.preprocess.model_root={root}: missing {missing}")
+        tokenizer = AutoTokenizer.from_pretrained(root / "tokenizer")
+        tokenizer.padding_side = "left"  # Gemma: left padding, as upstream's pipeline
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+
+        def ready(module: torch.nn.Module) -> Any:
+            return module.to(device=device).eval().requires_grad_(False)
+
+        def diffusers_part(cls_: Any, name: str) -> Any:
+            return ready(cls_.from_pretrained(root / name, torch_dtype=dtype))
+
+        audio_vae = diffusers_part(AutoencoderKLLTX2Audio, "audio_vae") if audio else None
+        encoders = cls(
+            vae=diffusers_part(AutoencoderKLLTX2Video, "vae"),
+            audio_vae=audio_vae,
+            text_encoder=ready(AutoModel.from_pretrained(root / "text_encoder", dtype=dtype)),
+            tokenizer=tokenizer,
+            connectors=diffusers_part(LTX2TextConnectors, "connectors"),
+            device=device,
+            dtype=dtype,
+        )
+        if audio_vae is not None:
+            encoders.n_fft = 4 * audio_vae.config.mel_hop_length  # 640 at 16 kHz / hop 160
+        return encoders
+
+    @torch.no_grad()
+    def encode_text(self, prompt: str, max_length: int) -> dict[str, torch.Tensor]:
+        """Gemma-3 hidden states of every layer -> connectors -> video/audio text embeddings + mask."""
+        tokens = self.tokenizer(
+            [prompt.strip()],
+            padding="max_length",
+            max_length=max_length,
+            truncation=True,
+            return_tensors="pt",
+        )
+        ids, mask = tokens.input_ids.to(self.device), tokens.attention_mask.to(self.device)
+        hidden = self.text_encoder(
+            input_ids=ids, attention_mask=mask, output_hidden_states=True
+        ).hidden_states
+        packed = torch.stack(hidden, dim=-1).flatten(2, 3).to(self.dtype)  # [1, S, D * (layers + 1)]
+        video, audio, text_mask = self.connectors(packed, mask, padding_side="left")
+        return {
+            "prompt_embeds": video[0],
+            "audio_prompt_embeds": audio[0],
+            "prompt_attention_mask": text_mask[0],
+        }
+
+    @torch.no_grad()
+    def encode_video(self, video: torch.Tensor) -> torch.Tensor:
+        """``[3, T, H, W]`` in [-1, 1] -> normalized latents ``[C, F, h, w]`` (posterior mode)."""
+        z = self.vae.encode(video[None].to(self.device, self.dtype)).latent_dist.mode()
+        vae = self.vae
+        return Upstream._normalize_latents(z, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)[0]
+
+    @torch.no_grad()
+    def encode_audio(self, wave: torch.Tensor) -> torch.Tensor:
+        """Stereo ``[2, N]`` -> normalized audio latents ``[C, L, M]`` (posterior mode)."""
+        assert self.audio_vae is not None
+        cfg = self.audio_vae.config
+        mel = log_mel(wave.float(), sample_rate=cfg.sample_rate, hop_length=cfg.mel_hop_length, n_fft=self.n_fft,
+                      mel_bins=cfg.mel_bins)  # fmt: skip
+        z = self.audio_vae.encode(mel[None].to(self.device, self.dtype)).latent_dist.mode()  # [1, C, L, M]
+        packed = Upstream._normalize_audio_latents(
+            Upstream._pack_audio_latents(z), self.audio_vae.latents_mean, self.audio_vae.latents_std
+        )
+        return Upstream._unpack_audio_latents(packed, z.shape[2], z.shape[3])[0]
+
+
+def clip_waveform(path: str | None, index: int, *, sample_rate: int, seconds: float) -> torch.Tensor:
+    """The clip's audio from its start, or :func:`synthetic_tone` when it has no audio track."""
+    num_samples = int(round(seconds * sample_rate))
+    wave = read_audio(path, sample_rate, num_samples) if path else None
+    return wave if wave is not None else synthetic_tone(index, sample_rate, num_samples)
+
+
+def encode_sample(
+    encoders: LTX2Encoders,
+    item: dict[str, Any],
+    *,
+    frame_rate: float,
+    max_length: int,
+    path: str | None = None,
+) -> dict[str, Any]:
+    """Everything one cached sample holds (tensors on CPU) for a ``VideoTextDataset`` item."""
+    out: dict[str, Any] = {"latents": encoders.encode_video(item["video"])}
+    out.update(encoders.encode_text(item["prompt"], max_length))
+    if encoders.audio_vae is not None:
+        seconds = item["video"].shape[1] / frame_rate
+        wave = clip_waveform(path, int(item["index"]), sample_rate=encoders.audio_vae.config.sample_rate,
+                             seconds=seconds)  # fmt: skip
+        out["audio_latents"] = encoders.encode_audio(wave)
+    out["frame_rate"] = torch.tensor(frame_rate, dtype=torch.float32)
+    return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
+
+
+def source_dataset(options: PreprocessOptions) -> VideoTextDataset:
+    """The clips to encode, at the configured size and frame count (caption chosen as at epoch 0)."""
+    return VideoTextDataset(
+        options.source, data_root=options.source_root, num_frames=options.num_frames, height=options.height,
+        width=options.width, fps=options.fps, frame_rule=options.frame_rule,
+    )  # fmt: skip
+
+
+def preprocess_options(config: TrainConfig) -> PreprocessOptions:
+    """``data.dataset.preprocess`` of an ``ltx2_precomputed`` config, validated."""
+    raw = (config.data.dataset or {}).get("preprocess")
+    if config.data.dataset_id != "ltx2_precomputed" or not raw or not config.data.data_path:
+        raise ValueError(
+            "ltx2-train preprocess needs data.dataset_id: ltx2_precomputed, data.data_path (the cache folder) "
+            "and data.dataset.preprocess {source, model_root, ...}"
+        )
+    return PreprocessOptions.model_validate(raw)
+
+
+def _default_device(options: PreprocessOptions) -> torch.device:
+    if options.device:
+        return torch.device(options.device)
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    return torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def run_preprocess(
+    config: TrainConfig, *, rank: int | None = None, world_size: int | None = None
+) -> CacheReport:
+    """Encode this rank's share of the clips into ``data.data_path`` (rank/world from ``torchrun``'s env)."""
+    options = preprocess_options(config)
+    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    dtype = to_dtype(options.dtype) or torch.float32
+    encoders = LTX2Encoders.load(
+        options.model_root, audio=options.audio, device=_default_device(options), dtype=dtype
+    )
+    dataset = source_dataset(options)
+
+    def encode(item: dict[str, Any]) -> dict[str, Any]:
+        row = dataset.rows[int(item["index"])]
+        rate = float(options.fps or row.get("fps") or 24.0)
+        if not math.isfinite(rate) or rate <= 0:
+            raise ValueError(f"{row['path']}: no usable frame rate ({rate}); set data.dataset.preprocess.fps")
+        return encode_sample(encoders, item, frame_rate=rate, max_length=options.max_sequence_length,
+                             path=str(row["path"]))  # fmt: skip
+
+    return cache_dataset(dataset, encode, config.data.data_path, rank=rank, world_size=world_size)

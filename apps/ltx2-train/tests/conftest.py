@@ -1,0 +1,107 @@
+"""Shared tiny LTX-2 transformer config and inputs for the ltx2-train tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from ltx2_train.tiny import TINY_TRANSFORMER
+
+VIDEO_FHW = (3, 4, 4)  # 48 video tokens
+AUDIO_LEN = 7  # odd: exercises the padded split under Ulysses 2
+TEXT_LEN = 6
+CAPTION = TINY_TRANSFORMER["caption_channels"]
+
+
+def perturbed(model: torch.nn.Module, seed: int = 0, scale: float = 0.1) -> torch.nn.Module:
+    """Add noise to every parameter so no term is trivially zero or one."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def transformer_inputs(batch: int = 2, seed: int = 1, per_token_timestep: bool = True) -> dict:
+    """Keyword inputs of ``LTX2VideoTransformer3DModel.forward`` for ``TINY_TRANSFORMER``."""
+    g = torch.Generator().manual_seed(seed)
+    f, h, w = VIDEO_FHW
+    video_len = f * h * w
+    timestep = (
+        torch.rand(batch, video_len, generator=g) * 1000
+        if per_token_timestep
+        else torch.tensor([700.0, 30.0])
+    )
+    mask = torch.ones(batch, TEXT_LEN, dtype=torch.long)
+    mask[0, :2] = 0
+    return dict(
+        hidden_states=torch.randn(batch, video_len, TINY_TRANSFORMER["in_channels"], generator=g),
+        audio_hidden_states=torch.randn(batch, AUDIO_LEN, TINY_TRANSFORMER["audio_in_channels"], generator=g),
+        encoder_hidden_states=torch.randn(batch, TEXT_LEN, CAPTION, generator=g),
+        audio_encoder_hidden_states=torch.randn(batch, TEXT_LEN, CAPTION, generator=g),
+        timestep=timestep,
+        audio_timestep=torch.tensor([700.0, 30.0][:batch]),
+        encoder_attention_mask=mask,
+        audio_encoder_attention_mask=mask,
+        num_frames=f, height=h, width=w, fps=8.0, audio_num_frames=AUDIO_LEN,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def tiny_predictor():
+    """Factory ``(seed=0) -> LTX2Predictor`` with ``TINY_TRANSFORMER`` and perturbed weights."""
+    from types import SimpleNamespace
+
+    from ltx2_train.predictor import LTX2Predictor
+
+    def make(seed: int = 0) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        model = LTX2Predictor._from_config(
+            SimpleNamespace(config=dict(TINY_TRANSFORMER), from_pretrained=None)
+        )
+        return perturbed(model, seed)
+
+    return make
+
+
+@pytest.fixture
+def ltx2_inputs():
+    """``transformer_inputs`` as a fixture."""
+    return transformer_inputs
+
+
+REPO = Path(__file__).resolve().parents[3]
+TINY_CONFIG = REPO / "apps" / "ltx2-train" / "configs" / "tiny_t2av.yaml"
+
+
+def tiny_run_config(root: Path, **training: object) -> Path:
+    """``configs/tiny_t2av.yaml`` with its ``runs/ltx2_tiny`` paths moved under ``root``; written to root."""
+    text = TINY_CONFIG.read_text().replace("runs/ltx2_tiny", str(root))
+    cfg = yaml.safe_load(text)
+    cfg["training"].update(training)
+    path = root / f"config_{len(list(root.glob('config_*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def run_config():
+    """``tiny_run_config`` as a fixture."""
+    return tiny_run_config
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tmp_path_factory) -> Path:
+    """``make-tiny`` + ``preprocess`` (as two ranks, one after the other) into a fresh folder."""
+    from ltx2_train.preprocess import run_preprocess
+    from ltx2_train.tiny import make_tiny
+    from mm_config import load_config
+
+    root = tmp_path_factory.mktemp("ltx2_tiny")
+    make_tiny(root, num_clips=6)
+    config = load_config(tiny_run_config(root), ["parallel.ulysses_parallel_size=1"], world_size=1)
+    reports = [run_preprocess(config, rank=r, world_size=2) for r in range(2)]
+    assert [r.written for r in reports] == [[0, 2, 4], [1, 3, 5]]
+    return root

@@ -1,0 +1,41 @@
+"""The shipped configs validate, and the real-shape ones dry-run on meta without weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.mark.parametrize(("name", "world"), [("tiny_t2av", 2), ("t2av", 8), ("t2v", 8)])
+def test_config_validates(name, world):
+    from mm_config import load_config
+
+    config = load_config(CONFIGS / f"{name}.yaml", world_size=world)
+    assert config.model.model_id == "ltx2_predictor"
+    assert config.data.dataset_id == "ltx2_precomputed"
+
+
+@pytest.mark.parametrize("name", ["t2av", "t2v"])
+def test_real_shape_dry_run_builds_on_meta_without_weights(name):
+    from mm_config import load_config
+    from mm_trainer.dry_run import build_meta_model, dry_run
+
+    config = load_config(CONFIGS / f"{name}.yaml", world_size=8)
+    assert not Path(config.model.from_pretrained).exists()
+    model = build_meta_model(config).model
+    assert len(model.transformer_blocks) == 48 and model.config.caption_channels == 3840
+    assert model.transformer_blocks[0].attn1.heads == 32 and model.config.attention_head_dim == 128
+    assert model.config.in_channels == 128
+    assert 18e9 < sum(p.numel() for p in model.parameters()) < 20e9  # LTX-2: 19B
+    report = dry_run(config, world_size=8)
+    assert "model.transformer_blocks.47" in report and "unmatched patterns: none" in report
+
+
+def test_ulysses_size_that_does_not_divide_the_heads_is_a_config_error():
+    from mm_config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="num_attention_heads"):
+        load_config(CONFIGS / "t2av.yaml", ["parallel.ulysses_parallel_size=3"], world_size=6)

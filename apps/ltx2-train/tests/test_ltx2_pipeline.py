@@ -1,0 +1,109 @@
+"""LTX-2 flow matching: noising, conditioning, targets and loss from their definitions."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from ltx2_train.pipeline import LTX2Pipeline, first_frame_token_mask, masked_mse, pack_audio, pack_video
+from ltx2_train.timesteps import SigmaSampler
+
+
+def conditions(batch: int = 3, grid=(3, 2, 2), channels: int = 4, audio_len: int = 5):
+    g = torch.Generator().manual_seed(0)
+    f, h, w = grid
+    return {
+        "video": torch.randn(batch, f * h * w, channels, generator=g),
+        "audio": torch.randn(batch, audio_len, 6, generator=g),
+        "grid": grid,
+    }
+
+
+def test_video_and_audio_share_one_sigma_and_mix_as_one_minus_sigma_x0_plus_sigma_eps():
+    pipe = LTX2Pipeline(SigmaSampler(), audio=True)
+    cond = conditions()
+    noised = pipe.noising(cond, torch.Generator().manual_seed(5))
+    # Recover eps from the targets (target = eps - x0) and check the mixture with the SAME sigma.
+    sigma = noised["sigma"][:, None, None]
+    eps_v = noised["video_target"] + cond["video"]
+    eps_a = noised["audio_target"] + cond["audio"]
+    torch.testing.assert_close(noised["noisy_video"], (1 - sigma) * cond["video"] + sigma * eps_v)
+    torch.testing.assert_close(noised["noisy_audio"], (1 - sigma) * cond["audio"] + sigma * eps_a)
+    assert noised["video_timestep"].shape == (3,)  # no conditioning: one timestep per sample
+
+
+def test_sigma_follows_the_sampler_for_the_video_token_count():
+    pipe = LTX2Pipeline(SigmaSampler(), audio=False)
+    cond = conditions(batch=4, grid=(4, 16, 16))  # 1024 tokens
+    got = pipe.noising(cond, torch.Generator().manual_seed(9))["sigma"]
+    want = SigmaSampler().sample(4, 1024, generator=torch.Generator().manual_seed(9))
+    torch.testing.assert_close(got, want)
+
+
+def test_first_frame_conditioning_keeps_the_first_latent_frame_clean_with_timestep_zero():
+    pipe = LTX2Pipeline(SigmaSampler(), audio=True, first_frame_conditioning_p=1.0)
+    cond = conditions(grid=(3, 2, 2))
+    noised = pipe.noising(cond, torch.Generator().manual_seed(1))
+    first = slice(0, 4)  # 2 x 2 tokens of latent frame 0
+    assert noised["conditioned"][:, first].all() and not noised["conditioned"][:, 4:].any()
+    torch.testing.assert_close(noised["noisy_video"][:, first], cond["video"][:, first])
+    assert (noised["video_timestep"][:, first] == 0).all()
+    torch.testing.assert_close(noised["video_timestep"][:, 4:], noised["sigma"][:, None].expand(-1, 8))
+
+
+def test_conditioning_probability_is_per_sample():
+    mask = first_frame_token_mask(10_000, 2, 3, 0.3, generator=torch.Generator().manual_seed(0))
+    chosen = mask[:, 0]
+    assert chosen.float().mean().item() == pytest.approx(0.3, abs=0.015)
+    assert torch.equal(mask[:, :3], chosen[:, None].expand(-1, 3)) and not mask[:, 3:].any()
+
+
+def test_video_loss_ignores_conditioning_tokens_and_audio_loss_adds_with_its_weight():
+    pipe = LTX2Pipeline(SigmaSampler(), audio=True, first_frame_conditioning_p=1.0, audio_loss_weight=0.5)
+    noised = pipe.noising(conditions(grid=(3, 2, 2)), torch.Generator().manual_seed(2))
+    video = noised["video_target"].clone()
+    video[:, :4] += 100.0  # error only on conditioning tokens
+    video[:, 4:] += 2.0  # squared error 4 elsewhere
+    audio = noised["audio_target"] + 1.0  # squared error 1
+    loss = pipe.compute_loss((video, audio), noised)
+    assert loss.item() == pytest.approx(4.0 + 0.5 * 1.0, rel=1e-6)
+
+
+def test_masked_mse_is_a_token_weighted_mean():
+    pred, target = torch.zeros(1, 2, 3), torch.tensor([[[1.0, 1, 1], [3, 3, 3]]])
+    assert masked_mse(pred, target).item() == pytest.approx(5.0)
+    assert masked_mse(pred, target, torch.tensor([[False, True]])).item() == pytest.approx(9.0)
+
+
+def test_packing_matches_upstream_ltx2_pipeline():
+    from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline as Upstream
+
+    video, audio = torch.randn(2, 4, 3, 2, 5), torch.randn(2, 4, 7, 3)
+    torch.testing.assert_close(pack_video(video), Upstream._pack_latents(video, 1, 1))
+    torch.testing.assert_close(pack_audio(audio), Upstream._pack_audio_latents(audio))
+
+
+def test_forward_runs_the_transformer_and_reports_tokens(tiny_predictor):
+    model = tiny_predictor()
+    container = SimpleNamespace(model=model)
+    pipe = LTX2Pipeline.from_options({"audio": True, "first_frame_conditioning_p": 0.5})
+    g = torch.Generator().manual_seed(0)
+    batch = {
+        "latents": torch.randn(2, 8, 2, 4, 4, generator=g),
+        "audio_latents": torch.randn(2, 4, 6, 4, generator=g),
+        "prompt_embeds": torch.randn(2, 6, 32, generator=g),
+        "audio_prompt_embeds": torch.randn(2, 6, 32, generator=g),
+        "prompt_attention_mask": torch.ones(2, 6, dtype=torch.long),
+        "frame_rate": torch.tensor([8.0, 8.0]),
+    }
+    out = pipe.forward(container, **batch)
+    assert torch.isfinite(out.loss) and out.loss.requires_grad
+    assert out.metrics["num_tokens"] == 2 * (32 + 6) and out.metrics["num_samples"] == 2
+    out.loss.backward()
+    assert model.proj_out.weight.grad is not None and model.audio_proj_out.weight.grad is not None
+
+
+def test_unknown_pipeline_option_is_named():
+    with pytest.raises(ValueError, match="first_frame_p"):
+        LTX2Pipeline.from_options({"first_frame_p": 0.1})

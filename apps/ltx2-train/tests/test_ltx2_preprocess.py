@@ -1,0 +1,53 @@
+"""`ltx2-train preprocess`: tiny clips -> cached files -> the precomputed dataset equals a direct encode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+
+def test_precomputed_dataset_yields_the_tensors_of_a_direct_encode(tiny_cache, run_config):
+    from ltx2_train.preprocess import LTX2Encoders, encode_sample, preprocess_options, source_dataset
+    from mm_config import load_config
+    from mm_trainer.registry import DATA_REGISTRY
+
+    config = load_config(run_config(tiny_cache), ["parallel.ulysses_parallel_size=1"], world_size=1)
+    options = preprocess_options(config)
+    dataset = DATA_REGISTRY.get("ltx2_precomputed")(data_path=config.data.data_path)
+    clips = source_dataset(options)
+    encoders = LTX2Encoders.load(
+        options.model_root, audio=True, device=torch.device("cpu"), dtype=torch.float32
+    )
+    assert len(dataset) == len(clips) == 6
+    for index in (0, 3):  # one file of each rank's shard
+        cached = dataset[index]
+        direct = encode_sample(encoders, clips[index], frame_rate=8.0, max_length=16)
+        assert cached["prompt"] == clips[index]["prompt"]
+        assert set(direct) <= set(cached)
+        for key, value in direct.items():
+            torch.testing.assert_close(cached[key], value, rtol=0, atol=0, msg=key)
+    sample = dataset[0]
+    assert sample["latents"].shape == (8, 5, 8, 8)  # 9 frames 32x32 -> x2 time, x4 space
+    assert sample["audio_latents"].shape == (4, 28, 4)  # 1.125 s at 100 mel frames/s, x4 time
+    assert sample["prompt_embeds"].shape == sample["audio_prompt_embeds"].shape == (16, 32)
+    assert not torch.equal(sample["prompt_embeds"], sample["audio_prompt_embeds"])  # two connectors
+
+
+def test_a_second_preprocess_run_skips_complete_files(tiny_cache, run_config):
+    from ltx2_train.preprocess import run_preprocess
+    from mm_config import load_config
+
+    config = load_config(run_config(tiny_cache), ["parallel.ulysses_parallel_size=1"], world_size=1)
+    report = run_preprocess(config, rank=0, world_size=1)
+    assert report.written == [] and report.skipped == list(range(6))
+
+
+def test_silent_clips_get_a_sample_dependent_tone():
+    from ltx2_train.audio import synthetic_tone
+    from ltx2_train.preprocess import clip_waveform
+
+    wave = clip_waveform(None, 3, sample_rate=16000, seconds=0.5)
+    torch.testing.assert_close(wave, synthetic_tone(3, 16000, 8000))
+    assert not torch.equal(wave, synthetic_tone(4, 16000, 8000))
