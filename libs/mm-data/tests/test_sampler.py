@@ -207,7 +207,9 @@ def test_sampler_works_with_torchdata_stateful_dataloader():
 def test_one_epoch_yields_each_step_once_then_stops(dp_size: int, micro: int):
     s = samplers(dp_size, micro)[0]
     steps = len(s.global_batches(0))
-    yielded = list(itertools.islice(iter(s), 10 * steps * s.accumulation_steps))  # bounded: a repeat never ends
+    yielded = list(
+        itertools.islice(iter(s), 10 * steps * s.accumulation_steps)
+    )  # bounded: a repeat never ends
     assert len(yielded) == steps * s.accumulation_steps == len(s)
     assert [b for step in s.global_batches(0) for b in s.rank_micro_batches(step)] == yielded
     assert s.epoch == 1

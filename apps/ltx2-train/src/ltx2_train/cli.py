@@ -24,15 +24,20 @@ SINGLE_PROCESS = [
 ]
 
 
-def _load(config: str | None, checkpoint: str | None, overrides: Sequence[str]):
+def _load(config: str, overrides: Sequence[str]):
+    """A user's config, validated as one process (preprocessing ignores the parallel layout)."""
     from mm_config import load_config
 
-    path = Path(config) if config else Path(checkpoint or ".") / "config.yaml"
-    if not path.is_file():
-        raise SystemExit(
-            f"error: no config at {path}: pass --config (training writes config.yaml next to its checkpoints)"
-        )
-    return load_config(path, [*overrides, *SINGLE_PROCESS], world_size=1)
+    if not Path(config).is_file():
+        raise SystemExit(f"error: no config at {config}")
+    return load_config(config, [*overrides, *SINGLE_PROCESS], world_size=1)
+
+
+def _run_config(config: str | None, checkpoint: str):
+    """The run's config (default: the one saved beside ``checkpoint``) at the run's world size."""
+    from mm_trainer import load_run_config
+
+    return load_run_config(checkpoint) if config is None else _load(config, [])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,11 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command == "preprocess":
         from ltx2_train.preprocess import run_preprocess
 
-        print(run_preprocess(_load(args.config, None, args.overrides)))
+        print(run_preprocess(_load(args.config, args.overrides)))
     else:
         from ltx2_train.export import export_transformer
 
-        print(export_transformer(_load(args.config, args.checkpoint, []), args.checkpoint, args.out))
+        print(export_transformer(_run_config(args.config, args.checkpoint), args.checkpoint, args.out))
     return 0
 
 

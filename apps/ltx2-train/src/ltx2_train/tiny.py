@@ -11,14 +11,12 @@ Fixed seeds: the same call writes the same weights.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import torch
 from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, LTX2VideoTransformer3DModel
 from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
-from mm_data import make_synthetic_dataset
-from mm_data.synthetic import COLOURS, DIRECTIONS, SHAPES
+from mm_data import caption_vocabulary, make_synthetic_dataset
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import Gemma3TextConfig, Gemma3TextModel, PreTrainedTokenizerFast
 
@@ -36,12 +34,10 @@ TINY_TRANSFORMER = dict(
     base_height=64, base_width=64, audio_sampling_rate=AUDIO["sample_rate"], audio_hop_length=AUDIO["hop_length"],
 )  # fmt: skip
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]
-FILLER = "a the is moving slides across dark grey background to of on in and video clip".split()
 
 
 def _vocabulary() -> list[str]:
-    words = [*COLOURS, *SHAPES, *DIRECTIONS, *FILLER]
-    return SPECIALS + sorted({w for word in words for w in re.findall(r"\w+", word.lower())})
+    return SPECIALS + caption_vocabulary()
 
 
 def write_tokenizer(out: Path) -> PreTrainedTokenizerFast:

@@ -10,24 +10,20 @@ same call writes the same weights.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
-from mm_data import make_synthetic_dataset
-from mm_data.synthetic import COLOURS, DIRECTIONS, SHAPES
+from mm_data import caption_vocabulary, make_synthetic_dataset
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
 
 TEXT_DIM = 32
 SPECIALS = ["<pad>", "</s>", "<unk>"]
-FILLER = "a the is moving slides across dark grey background to of on in and video clip".split()
 
 
 def _vocabulary() -> list[str]:
-    words = [*COLOURS, *SHAPES, *DIRECTIONS, *FILLER]
-    return SPECIALS + sorted({w for word in words for w in re.findall(r"\w+", word.lower())})
+    return SPECIALS + caption_vocabulary()
 
 
 def write_tokenizer(out: Path) -> PreTrainedTokenizerFast:

@@ -13,7 +13,13 @@ from .loader import ResumableDataLoader, build_dataloader
 from .metadata import MetadataError, read_metadata
 from .precomputed import PrecomputedLatentDataset, load_precomputed, save_precomputed
 from .sampler import GlobalOrderSampler
-from .synthetic import frame_index_from_colour, index_colour_rgb, make_synthetic_dataset, write_clip
+from .synthetic import (
+    caption_vocabulary,
+    frame_index_from_colour,
+    index_colour_rgb,
+    make_synthetic_dataset,
+    write_clip,
+)
 
 __all__ = [
     "BadSample",
@@ -32,6 +38,7 @@ __all__ = [
     "build_dataloader",
     "cache_dataset",
     "cache_file_name",
+    "caption_vocabulary",
     "check_frame_rule",
     "collate_video_text",
     "decode_frames",

@@ -7,7 +7,9 @@ the deliberately bad samples.
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
@@ -162,6 +164,17 @@ def _captions(colour: str, shape: str, direction: str) -> list[str]:
         f"a {colour} {shape} moving {direction}",
         f"A {colour} {shape} slides {direction} across a dark grey background.",
     ]
+
+
+def caption_vocabulary() -> list[str]:
+    """Every lower-case word a synthetic caption can contain, sorted (to build tiny tokenizers)."""
+    words = {
+        word
+        for colour, shape, direction in itertools.product(COLOURS, SHAPES, DIRECTIONS)
+        for caption in _captions(colour, shape, direction)
+        for word in re.findall(r"\w+", caption.lower())
+    }
+    return sorted(words)
 
 
 def _row(name: str, caps: list[str], n: int, fps: int | None, h: int, w: int, kind: str) -> dict[str, Any]:
