@@ -13,13 +13,16 @@ EXPECTED_FIELDS = {
 
 @pytest.mark.slow
 def test_metrics_jsonl_has_one_record_per_log_step_with_every_field(toy_yaml, mm_train, metrics_of):
-    config = toy_yaml(training={"train_iters": 6, "log_interval": 2, "save_interval": 100})
+    config = toy_yaml(
+        training={"train_iters": 6, "log_interval": 2, "save_interval": 100, "peak_flops": 1e12}
+    )
     mm_train(config)
     records = metrics_of(config.parent / "ckpt")
     assert [r["step"] for r in records] == [2, 4, 6]
     for r in records:
         assert EXPECTED_FIELDS <= r.keys()
         assert r["tokens_per_s"] > 0 and r["samples_per_s"] > 0
+        assert 0 < r["mfu"] < 1  # the plugin reports FLOPs per step; the peak comes from the config
 
 
 @pytest.mark.slow

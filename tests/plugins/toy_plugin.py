@@ -115,7 +115,9 @@ class ToyPipeline(GenerativePipelineBase):
         return loss * float("nan") if self.calls in self.nan_calls else loss
 
     def metrics(self, container: Any, noised: dict) -> dict:
-        return {"num_tokens": noised["x0"].numel()}
+        # forward + backward of a dense model: ~6 FLOPs per parameter per sample
+        params = sum(p.numel() for p in container.predictor.parameters())
+        return {"num_tokens": noised["x0"].numel(), "flops": 6.0 * params * noised["x0"].shape[0]}
 
 
 @model_register("toy_container")

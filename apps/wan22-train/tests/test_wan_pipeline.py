@@ -106,3 +106,18 @@ def test_ti2v_gives_the_clean_first_frame_timestep_zero_per_token():
     assert torch.all(timestep[:, :per_frame] == 0)
     assert torch.all(timestep[:, per_frame:] == noised["timestep"][:, None])
     assert torch.equal(noised["hidden_states"][:, :, 0], conditions["latents"][:, :, 0])  # frame 0 is clean
+
+
+def test_training_flops_count_matches_a_profiler_count_of_the_blocks():
+    from torch.utils.flop_counter import FlopCounterMode
+    from wan22_train.model import WanDiTConfig
+    from wan22_train.predictor import WanPredictor
+
+    model = WanPredictor(WanDiTConfig(in_dim=4, out_dim=4, dim=256, ffn_dim=1024, num_heads=4, num_layers=4,
+                                      text_dim=16, freq_dim=32))  # fmt: skip
+    x, t, text = torch.randn(1, 4, 2, 8, 8), torch.tensor([500.0]), torch.randn(1, 12, 16)
+    with FlopCounterMode(display=False) as counter:
+        model(x, t, text).sum().backward()
+    counted = counter.get_total_flops()
+    estimate = model.training_flops(video_tokens=2 * 4 * 4, text_tokens=12)
+    assert estimate == pytest.approx(counted, rel=0.03)  # the embeddings and head are left out

@@ -75,6 +75,17 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
         timestep[:, :per_frame] = 0
         return timestep
 
+    def metrics(self, container: Any, noised: dict[str, Any]) -> dict[str, float]:
+        """``num_samples``, ``num_tokens`` and the step's ``flops`` (for MFU)."""
+        out = super().metrics(container, noised)
+        predictor = self.submodule(container, "predictor")
+        counter = getattr(predictor, "training_flops", None)
+        if callable(counter):
+            b = noised["latent_shape"][0]
+            text_tokens = noised["encoder_hidden_states"].shape[1]
+            out["flops"] = counter(int(out["num_tokens"] // b), text_tokens) * b
+        return out
+
     def encode_prompt(self, container: Any, batch: Mapping[str, Any]) -> torch.Tensor:
         """Tokenize ``batch["prompt"]`` with the text encoder's tokenizer unless ids are given."""
         if "prompt_embeds" not in batch and "input_ids" not in batch and "prompt" in batch:

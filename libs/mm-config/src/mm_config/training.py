@@ -69,6 +69,9 @@ class TrainingConfig(ConfigModel):
     """Directory for metrics JSONL and TensorBoard events; None = ``save`` (or no files)."""
     tensorboard: bool = False
     """Also write TensorBoard events."""
+    peak_flops: float | None = Field(default=None, gt=0)
+    """Peak FLOP/s of one device for the MFU metric; None = looked up by device name (H200, H100,
+    A100, Ascend 910B), no MFU where unknown (CPU)."""
     trainable_submodels: list[str] | None = None
     """Sub-models that are trained (names from ``model.models``, ``model`` in the single form);
     None = every sub-model that is not frozen."""

@@ -59,7 +59,7 @@ class TrainEngine:
         self.dp_group, self.save_fn = dp_group, save_fn
         self.metrics = metrics or MetricsLogger(total_steps=training.train_iters, enabled=False)
         self.profilers = profilers
-        self.peak_flops = peak_flops if peak_flops is not None else device_peak_flops(device.type)
+        self.peak_flops = device_peak_flops(device.type, override=peak_flops)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.nonfinite_in_a_row = 0
         self.skipped_steps = 0

@@ -182,6 +182,7 @@ class Trainer:
                 enabled=self.rank == 0,
             ),
             profilers=self._profilers(log_dir),
+            peak_flops=cfg.training.peak_flops,
         )
         return engine.train(self.start_iteration)
 
