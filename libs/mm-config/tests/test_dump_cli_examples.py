@@ -29,7 +29,7 @@ def test_dump_round_trips_through_load_config(tmp_path, load, container):
     assert again.parallel.fully_shard_parallel_size == 4 and again.training.global_batch_size == 2
 
 
-@pytest.mark.parametrize(("name", "world"), [("wan", 8), ("ltx", 1), ("ltx", 8)])
+@pytest.mark.parametrize(("name", "world"), [("wan", 8), ("ltx", 2), ("ltx", 8)])
 def test_example_configs_validate_and_round_trip(example_configs, tmp_path, name, world):
     cfg = load_config(example_configs[name], world_size=world)
     assert load_config(dump_config(cfg, tmp_path / "r.yaml"), world_size=world) == cfg
@@ -68,7 +68,7 @@ def test_wan_example_carries_the_a14b_values(example_configs):
 
 
 def test_ltx_example_is_the_single_model_form(example_configs):
-    cfg = load_config(example_configs["ltx"], world_size=1)
+    cfg = load_config(example_configs["ltx"], world_size=8)
     assert list(cfg.model.sub_models()) == ["model"] and cfg.model.model_id == "ltx2_predictor"
     c = cfg.model.config
     assert (
@@ -102,7 +102,10 @@ def test_console_script_is_installed_and_works(example_configs):
     exe = str(script) if script.exists() else shutil.which("mm-config")
     assert exe, "the mm-config console script is not installed in this environment"
     proc = subprocess.run(
-        [exe, "check", str(example_configs["ltx"])], capture_output=True, text=True, timeout=60
+        [exe, "check", str(example_configs["ltx"]), "--world-size", "8"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
 
