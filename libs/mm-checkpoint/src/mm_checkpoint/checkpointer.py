@@ -33,7 +33,7 @@ from .layout import (
     valid_iterations,
     write_tracker,
 )
-from .runtime import barrier, get_rank, get_world_size, is_distributed
+from .runtime import barrier, get_rank, get_world_size, is_distributed, single_process_quiet
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +168,8 @@ class DistributedCheckpointer:
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir()
         barrier()
-        dcp.save(_dcp_state(state), checkpoint_id=str(partial))
+        with single_process_quiet():
+            dcp.save(_dcp_state(state), checkpoint_id=str(partial), no_dist=not is_distributed())
         self._save_per_rank(state, partial)
         barrier()
         if get_rank() == 0:
@@ -236,7 +237,8 @@ class DistributedCheckpointer:
             )
         dcp_state = _dcp_state(state)
         self._check_entries(path, dcp_state)
-        dcp.load(dcp_state, checkpoint_id=str(path))
+        with single_process_quiet():
+            dcp.load(dcp_state, checkpoint_id=str(path), no_dist=not is_distributed())
         model = state.get("model")
         if model is not None:
             set_state_dict(

@@ -25,6 +25,7 @@ from torch.distributed.checkpoint import (
 )
 
 from .errors import CheckpointNotFoundError
+from .runtime import single_process_quiet
 from .safetensors_io import TensorInfo
 
 MODEL_PREFIX = "model."
@@ -88,7 +89,8 @@ class DcpReader:
     def read_many(self, keys: list[str]) -> dict[str, torch.Tensor]:
         """Several tensors in one DCP read."""
         out = {k: torch.empty(self.info(k).shape, dtype=self.info(k).dtype) for k in keys}
-        dcp.load({self.prefix + k: v for k, v in out.items()}, storage_reader=self._reader, no_dist=True)
+        with single_process_quiet():
+            dcp.load({self.prefix + k: v for k, v in out.items()}, storage_reader=self._reader, no_dist=True)
         return out
 
 
@@ -121,7 +123,8 @@ def save_lazy_dcp(
         return produce(fqn[len(MODEL_PREFIX) :]).contiguous()
 
     writer = FileSystemWriter(str(out_dir), single_file_per_rank=False, thread_count=threads)
-    dcp.save(meta, storage_writer=writer, planner=_LazySavePlanner(_produce), no_dist=True)
+    with single_process_quiet():
+        dcp.save(meta, storage_writer=writer, planner=_LazySavePlanner(_produce), no_dist=True)
 
 
 def dcp_tensor_layout(path: str | os.PathLike) -> dict[str, TensorInfo]:
@@ -132,8 +135,9 @@ def dcp_tensor_layout(path: str | os.PathLike) -> dict[str, TensorInfo]:
 
 def load_dcp_into(state: Mapping[str, torch.Tensor], path: str | os.PathLike, prefix: str) -> None:
     """Collectively fill ``state`` (tensors or DTensors, written in place) from ``prefix + key`` in DCP ``path``."""
-    dcp.load(
-        {prefix + k: v for k, v in state.items()},
-        storage_reader=FileSystemReader(str(path)),
-        planner=DefaultLoadPlanner(allow_partial_load=True),
-    )
+    with single_process_quiet():
+        dcp.load(
+            {prefix + k: v for k, v in state.items()},
+            storage_reader=FileSystemReader(str(path)),
+            planner=DefaultLoadPlanner(allow_partial_load=True),
+        )

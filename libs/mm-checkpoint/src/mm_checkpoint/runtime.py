@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch.distributed as dist
 
 T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def single_process_quiet() -> Iterator[None]:
+    """Silence torch DCP's "assuming the intent is to load in a single process" warning: a single
+    process is what ``no_dist=True`` says, on purpose."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
+        )
+        yield
 
 
 def is_distributed() -> bool:
