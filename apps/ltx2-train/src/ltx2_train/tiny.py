@@ -16,9 +16,8 @@ from pathlib import Path
 import torch
 from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, LTX2VideoTransformer3DModel
 from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
-from mm_data import caption_vocabulary, make_synthetic_dataset
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-from transformers import Gemma3TextConfig, Gemma3TextModel, PreTrainedTokenizerFast
+from mm_data import make_synthetic_dataset, write_caption_tokenizer
+from transformers import Gemma3TextConfig, Gemma3TextModel
 
 TEXT_DIM = 32  # Gemma hidden size = caption channels
 TEXT_LAYERS = 2  # -> 3 hidden states (embeddings + 2 layers) stacked for the connectors
@@ -33,28 +32,14 @@ TINY_TRANSFORMER = dict(
     audio_cross_attention_dim=16, num_layers=2, caption_channels=TEXT_DIM, vae_scale_factors=(2, 4, 4),
     base_height=64, base_width=64, audio_sampling_rate=AUDIO["sample_rate"], audio_hop_length=AUDIO["hop_length"],
 )  # fmt: skip
-SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]
 
 
-def _vocabulary() -> list[str]:
-    return SPECIALS + caption_vocabulary()
-
-
-def write_tokenizer(out: Path) -> PreTrainedTokenizerFast:
+def write_tokenizer(out: Path):
     """A word-level tokenizer over the synthetic captions' words (``<bos>`` prepended, left padding)."""
-    vocab = {w: i for i, w in enumerate(_vocabulary())}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(
-        single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
+    specials = {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>"}
+    return write_caption_tokenizer(
+        out, special_tokens=specials, template="<bos> $A", model_max_length=MAX_TEXT_LEN, padding_side="left"
     )
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>",
-        model_max_length=MAX_TEXT_LEN, padding_side="left",
-    )  # fmt: skip
-    fast.save_pretrained(out)
-    return fast
 
 
 def tiny_transformer() -> LTX2VideoTransformer3DModel:

@@ -14,32 +14,16 @@ from pathlib import Path
 
 import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
-from mm_data import caption_vocabulary, make_synthetic_dataset
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast, UMT5Config, UMT5EncoderModel
+from mm_data import make_synthetic_dataset, write_caption_tokenizer
+from transformers import UMT5Config, UMT5EncoderModel
 
 TEXT_DIM = 32
-SPECIALS = ["<pad>", "</s>", "<unk>"]
 
 
-def _vocabulary() -> list[str]:
-    return SPECIALS + caption_vocabulary()
-
-
-def write_tokenizer(out: Path) -> PreTrainedTokenizerFast:
+def write_tokenizer(out: Path):
     """A word-level tokenizer over the synthetic captions' words (``</s>`` appended, like T5)."""
-    vocab = {w: i for i, w in enumerate(_vocabulary())}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(
-        single="$A </s>", special_tokens=[("</s>", vocab["</s>"])]
-    )
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", model_max_length=512
-    )
-    fast.save_pretrained(out)
-    return fast
+    specials = {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}
+    return write_caption_tokenizer(out, special_tokens=specials, template="$A </s>", model_max_length=512)
 
 
 def tiny_transformer() -> WanTransformer3DModel:

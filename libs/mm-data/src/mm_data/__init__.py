@@ -5,6 +5,7 @@ __version__ = "0.1.0"
 from .bad_samples import BadSample, BadSampleError, BadSampleTracker
 from .buckets import Bucket, assign_bucket, make_buckets, parse_buckets
 from .cache import CacheReport, cache_dataset, cache_file_name
+from .caption_tokenizer import write_caption_tokenizer
 from .collate import collate_video_text
 from .dataset import VideoTextDataset, to_video_tensor
 from .decode import DecodeError, VideoInfo, decode_frames, load_image, probe_video
@@ -55,5 +56,6 @@ __all__ = [
     "sample_frame_indices",
     "save_precomputed",
     "to_video_tensor",
+    "write_caption_tokenizer",
     "write_clip",
 ]
