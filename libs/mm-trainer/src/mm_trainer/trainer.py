@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from mm_checkpoint import DistributedCheckpointer, RNGState
+from mm_checkpoint import DistributedCheckpointer, RNGState, materialize_meta
 from mm_config import TrainConfig, dump_config
 from mm_parallel import FSDPPlan, ParallelState, apply_fsdp_plan, get_local_device, init_distributed
 from torch import nn
@@ -118,7 +118,7 @@ class Trainer:
     def _materialize_and_load(self, name: str, module: nn.Module, args: Any, restored: bool) -> None:
         was_meta = any(p.is_meta for p in module.parameters())
         if was_meta:
-            module.to_empty(device=self.device)
+            _materialize(name, module, self.device)
         if restored or getattr(module, "_weights_loaded", False):
             return
         setup = getattr(module, "setup_weights", None)
@@ -212,6 +212,20 @@ class Trainer:
         if dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
+
+
+def _materialize(name: str, module: nn.Module, device: torch.device) -> None:
+    """Allocate a meta-built sub-model on ``device`` (tied weights stay tied). Non-persistent buffers
+    are in no checkpoint: the module must rebuild them in ``init_non_persistent_buffers()``."""
+    lost = materialize_meta(module, device)
+    rebuild = getattr(module, "init_non_persistent_buffers", None)
+    if callable(rebuild):
+        rebuild()
+    elif lost:
+        raise ValueError(
+            f"model.models.{name}: meta_init leaves non-persistent buffers {lost} uninitialized and "
+            f"{type(module).__name__} has no init_non_persistent_buffers(); set meta_init: false or add it"
+        )
 
 
 def _setup_context_parallel(model: ModelContainer, parallel_state: ParallelState) -> None:
