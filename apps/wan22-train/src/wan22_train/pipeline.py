@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from mm_parallel import get_local_device
 from mm_pipelines import EXPERT_BOUNDARIES, WAN22_RECIPE_GRID, FlowMatchScheduler, FlowMatchT2VPipeline
 from mm_trainer.dtypes import to_dtype
 
@@ -106,8 +107,7 @@ class SharedIndexScheduler(FlowMatchScheduler):
             raise ValueError("expert: both routes whole micro-batches; per-sample timesteps cannot be used")
         indices = super().sample_indices(batch_size, generator, per_sample)
         if dist.is_initialized() and dist.get_world_size() > 1:
-            device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-            shared = indices.to(device)
+            shared = indices.to(get_local_device())  # NCCL / HCCL broadcast device tensors only
             dist.broadcast(shared, src=0)
             indices = shared.to(indices.device)
         return indices

@@ -150,7 +150,8 @@ class TrainEngine:
         return float(value.item())
 
     def _dp_sum(self, values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64)
+        # on the training device: NCCL / HCCL reduce device tensors only (fp32 is plenty for counters)
+        t = torch.tensor(values, dtype=torch.float32, device=self.device)
         if dist.is_initialized():
             dist.all_reduce(t, group=self.dp_group)
         return t.tolist()
