@@ -14,5 +14,7 @@ def test_installed_apps_register_through_their_entry_points():
 
 
 def test_a_plugin_module_that_does_not_import_is_named():
-    with pytest.raises(PluginImportError, match="training.plugin: cannot import plugin module 'no_such_plugin'"):
+    with pytest.raises(
+        PluginImportError, match="training.plugin: cannot import plugin module 'no_such_plugin'"
+    ):
         import_plugins(["no_such_plugin"], entry_point_group=None)
