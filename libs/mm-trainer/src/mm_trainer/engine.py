@@ -115,7 +115,7 @@ class TrainEngine:
             tokens += int(info.get("num_tokens", 0))
             flops += float(info.get("flops", 0.0))
         grad_norm = clip_grad_norm_(self.params, self.training.clip_grad or 0.0)
-        loss = self._dp_mean(loss_sum / accum)
+        loss, counts = self._dp_reduce(loss_sum / accum, [samples, tokens, flops])
         finite = math.isfinite(loss) and bool(torch.isfinite(torch.as_tensor(grad_norm)).all())
         skipped = not finite
         if finite:
@@ -125,7 +125,6 @@ class TrainEngine:
             self._handle_nonfinite(loss, float(grad_norm))
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
-        counts = self._dp_sum([samples, tokens, flops])
         return StepResult(loss, float(grad_norm), skipped, int(counts[0]), int(counts[1]), counts[2])
 
     # ------------------------------------------------------------- helpers
@@ -142,19 +141,18 @@ class TrainEngine:
                 "last checkpoint."
             )
 
-    def _dp_mean(self, value: torch.Tensor) -> float:
-        value = value.detach().float().reshape(1)
-        if dist.is_initialized():
-            dist.all_reduce(value, group=self.dp_group)
-            value /= dist.get_world_size(self.dp_group)
-        return float(value.item())
+    def _dp_reduce(self, loss: torch.Tensor, counts: list[float]) -> tuple[float, list[float]]:
+        """Loss averaged and counters summed over the data-parallel group, in one all-reduce.
 
-    def _dp_sum(self, values: list[float]) -> list[float]:
-        # on the training device: NCCL / HCCL reduce device tensors only (fp32 is plenty for counters)
-        t = torch.tensor(values, dtype=torch.float32, device=self.device)
+        fp32 on the training device: NCCL / HCCL reduce device tensors only.
+        """
+        t = torch.tensor([0.0, *counts], dtype=torch.float32, device=self.device)
+        t[0] = loss.detach().float()
         if dist.is_initialized():
             dist.all_reduce(t, group=self.dp_group)
-        return t.tolist()
+            t[0] /= dist.get_world_size(self.dp_group)
+        values = t.tolist()
+        return values[0], values[1:]
 
     def _metrics(self, r: StepResult, elapsed: float) -> dict[str, Any]:
         out: dict[str, Any] = {
