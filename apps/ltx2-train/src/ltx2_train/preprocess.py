@@ -26,7 +26,7 @@ from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
 from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline as Upstream
 from mm_config import TrainConfig
 from mm_data import CacheReport, VideoTextDataset, cache_dataset
-from mm_trainer.dtypes import to_dtype
+from mm_parallel import parse_dtype
 
 from ltx2_train.audio import log_mel, read_audio, synthetic_tone
 from ltx2_train.data import PreprocessOptions
@@ -185,7 +185,7 @@ def run_preprocess(
     options = preprocess_options(config)
     rank = int(os.environ.get("RANK", 0)) if rank is None else rank
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
-    dtype = to_dtype(options.dtype) or torch.float32
+    dtype = parse_dtype(options.dtype, key="data.dataset.preprocess.dtype") or torch.float32
     encoders = LTX2Encoders.load(
         options.model_root, audio=options.audio, device=_default_device(options), dtype=dtype
     )

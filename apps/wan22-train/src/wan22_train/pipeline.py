@@ -7,9 +7,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from mm_parallel import get_local_device
+from mm_parallel import get_local_device, parse_dtype
 from mm_pipelines import EXPERT_BOUNDARIES, WAN22_RECIPE_GRID, FlowMatchScheduler, FlowMatchT2VPipeline
-from mm_trainer.dtypes import to_dtype
 
 EXPERTS = ("high_noise", "low_noise", "all", "both")
 LOW_NOISE_ROLE = "predictor_low"
@@ -34,7 +33,7 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
         task = options.pop("task", "t2v")
         expert = options.pop("expert", "all")
         boundary = options.pop("boundary", None)
-        predict_dtype = to_dtype(options.pop("predict_dtype", None))
+        predict_dtype = parse_dtype(options.pop("predict_dtype", None), key="model.pipeline.predict_dtype")
         sched_kwargs = {k: options.pop(k) for k in SCHEDULER_KEYS if k in options}
         if options:
             raise ValueError(f"model.pipeline: unknown Wan pipeline options {sorted(options)}")

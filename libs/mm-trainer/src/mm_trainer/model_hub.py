@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mm_parallel import parse_dtype
 from torch import nn
 
-from mm_trainer.dtypes import to_dtype
 from mm_trainer.registry import MODEL_REGISTRY
 
 
@@ -41,7 +41,7 @@ class ModelHub:
         else:
             MODEL_REGISTRY.get(model_id)  # raises listing the known ids
             raise AssertionError("unreachable")
-        dtype = to_dtype(getattr(args, "dtype", None))
+        dtype = parse_dtype(getattr(args, "dtype", None), key=f"model {model_id!r} dtype")
         if dtype is not None:
             model.to(dtype)
         return model
