@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader, load
 from wan22_train.configs import config_path
 from wan22_train.key_maps import diffusers_to_native
-from wan22_train.tiny import make_tiny
+from wan22_train.tiny import make_tiny, tiny_overrides
 
 pytestmark = pytest.mark.slow
 
@@ -20,12 +20,8 @@ pytestmark = pytest.mark.slow
 def test_both_experts_train_and_share_one_checkpoint(tmp_path):
     tiny = make_tiny(tmp_path / "tiny")
     overrides = [
-        f"model.models.ae.from_pretrained={tiny / 'vae'}",
-        f"model.models.text_encoder.from_pretrained={tiny / 'text_encoder'}",
-        f"model.models.text_encoder.config.tokenizer={tiny / 'tokenizer'}",
-        f"model.models.predictor.from_pretrained={tiny / 'transformer'}",
+        *tiny_overrides(tiny),
         f"model.models.predictor_low.from_pretrained={tiny / 'transformer'}",
-        f"data.data_path={tiny / 'data' / 'metadata.json'}",
         f"training.save={tmp_path / 'ckpt'}",
         "training.train_iters=16",
         "training.micro_batch_size=1",

@@ -15,18 +15,14 @@ from pathlib import Path
 from mm_checkpoint import latest_iteration
 
 from wan22_train.configs import config_path
-from wan22_train.tiny import make_tiny
+from wan22_train.tiny import make_tiny, tiny_overrides
 
 
 def demo_overrides(out: Path, steps: int, nproc: int) -> list[str]:
     """Point the shipped tiny config at ``out``; resume when a checkpoint is there."""
     ckpt = out / "ckpt"
     overrides = [
-        f"model.models.ae.from_pretrained={out / 'vae'}",
-        f"model.models.text_encoder.from_pretrained={out / 'text_encoder'}",
-        f"model.models.text_encoder.config.tokenizer={out / 'tokenizer'}",
-        f"model.models.predictor.from_pretrained={out / 'transformer'}",
-        f"data.data_path={out / 'data' / 'metadata.json'}",
+        *tiny_overrides(out),
         f"training.save={ckpt}",
         f"training.train_iters={steps}",
         f"parallel.ulysses_parallel_size={min(nproc, 2)}",

@@ -9,11 +9,11 @@ same call writes the same weights.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
+from mm_checkpoint import write_pipeline_folder
 from mm_data import make_synthetic_dataset, write_caption_tokenizer
 from transformers import UMT5Config, UMT5EncoderModel
 
@@ -60,15 +60,24 @@ def make_tiny(out: str | Path, *, seed: int = 0, num_clips: int = 8) -> Path:
         "vae": ("diffusers", "AutoencoderKLWan", tiny_vae),
         "text_encoder": ("transformers", "UMT5EncoderModel", lambda: tiny_text_encoder(len(tokenizer))),
     }
-    for name, (_, _, build) in components.items():
-        if not (out / name / "config.json").is_file():
-            build().save_pretrained(out / name)
-    index = {"_class_name": "WanPipeline", "_diffusers_version": "0.35.0"}
-    index.update({name: [lib, cls] for name, (lib, cls, _) in components.items()})
-    index["tokenizer"] = ["transformers", "PreTrainedTokenizerFast"]
-    (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+    write_pipeline_folder(
+        out, "WanPipeline", components, diffusers_version="0.35.0",
+        extra_index={"tokenizer": ["transformers", "PreTrainedTokenizerFast"]},
+    )  # fmt: skip
     if not (out / "data" / "metadata.json").is_file():
         make_synthetic_dataset(
             out / "data", num_clips=num_clips, sizes=((32, 32),), fps=(8,), num_frames=(9,), seed=seed
         )
     return out
+
+
+def tiny_overrides(out: str | Path) -> list[str]:
+    """Config overrides pointing the shipped tiny configs' model and data paths at ``out``."""
+    out = Path(out)
+    return [
+        f"model.models.ae.from_pretrained={out / 'vae'}",
+        f"model.models.text_encoder.from_pretrained={out / 'text_encoder'}",
+        f"model.models.text_encoder.config.tokenizer={out / 'tokenizer'}",
+        f"model.models.predictor.from_pretrained={out / 'transformer'}",
+        f"data.data_path={out / 'data' / 'metadata.json'}",
+    ]
