@@ -10,12 +10,12 @@ Fixed seeds: the same call writes the same weights.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, LTX2VideoTransformer3DModel
 from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
+from mm_checkpoint import write_pipeline_folder
 from mm_data import make_synthetic_dataset, write_caption_tokenizer
 from transformers import Gemma3TextConfig, Gemma3TextModel
 
@@ -99,13 +99,10 @@ def make_tiny(out: str | Path, *, seed: int = 0, num_clips: int = 8) -> Path:
         "text_encoder": ("transformers", "Gemma3TextModel", lambda: tiny_text_encoder(len(tokenizer))),
         "connectors": ("ltx2", "LTX2TextConnectors", tiny_connectors),
     }
-    for name, (_, _, build) in components.items():
-        if not (out / name / "config.json").is_file():
-            build().save_pretrained(out / name)
-    index = {"_class_name": "LTX2Pipeline", "_diffusers_version": "0.42.1"}
-    index.update({name: [lib, cls] for name, (lib, cls, _) in components.items()})
-    index["tokenizer"] = ["transformers", "PreTrainedTokenizerFast"]
-    (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+    write_pipeline_folder(
+        out, "LTX2Pipeline", components, diffusers_version="0.42.1",
+        extra_index={"tokenizer": ["transformers", "PreTrainedTokenizerFast"]},
+    )  # fmt: skip
     if not (out / "data" / "metadata.json").is_file():
         make_synthetic_dataset(
             out / "data", num_clips=num_clips, sizes=((CLIP["height"], CLIP["width"]),), fps=(CLIP["fps"],),

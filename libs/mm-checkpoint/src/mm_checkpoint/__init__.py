@@ -32,6 +32,7 @@ from .key_maps import (
 from .layout import TRACKER_FILENAME, latest_iteration, looks_like_dcp_checkpoint_dir
 from .loader import LoadReport, load_checkpoint_with_conversion
 from .module_state import materialize_meta
+from .pipeline_folder import write_pipeline_folder
 from .sources import CheckpointSource, resolve_checkpoint_source
 
 __all__ = [
@@ -71,4 +72,5 @@ __all__ = [
     "sniff_format",
     "summarize",
     "verify_checkpoints",
+    "write_pipeline_folder",
 ]
