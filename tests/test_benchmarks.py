@@ -1,0 +1,45 @@
+"""The benchmark scripts keep running: each is started with its smallest settings."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_wan_step_prints_the_three_models_and_the_ratio():
+    out = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/wan_step.py",
+            "--grid",
+            "1",
+            "4",
+            "4",
+            "--blocks",
+            "1",
+            "--dim",
+            "64",
+            "--heads",
+            "2",
+            "--ffn-dim",
+            "128",
+            "--text-dim",
+            "32",
+            "--text-len",
+            "8",
+            "--repeats",
+            "1",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    for row in ("diffusers WanTransformer3DModel", "wan22_train WanDiT", "matmul skeleton (floor)"):
+        assert re.search(rf"^{re.escape(row)}\s+\d+\.\d+", out, re.MULTILINE), out
+    assert re.search(r"^ratio ours / diffusers: \d+\.\d{3}", out, re.MULTILINE), out
