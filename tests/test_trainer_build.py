@@ -99,3 +99,19 @@ def test_frozen_submodels_stay_bitwise_and_in_eval_and_only_the_predictor_is_che
     assert model_keys and all("text_encoder" not in k for k in model_keys)
     assert (ckpt / "config.yaml").is_file()
     assert list((ckpt / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_condition_mbs_without_a_pipeline_that_separates_encoding_is_refused_at_build(distributed, toy_yaml):
+    config = toy_yaml(
+        model={"container_id": None}, features={"condition_mbs": 2}
+    )  # plain container: no pipeline
+
+    def body(rank, world_size):
+        try:
+            build_trainer(config, world_size)
+        except ValueError as exc:
+            return str(exc)
+        return "no error"
+
+    (message,) = distributed(body, 1)
+    assert "features.condition_mbs=2 needs a pipeline that encodes conditions separately" in message

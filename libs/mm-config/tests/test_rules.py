@@ -258,6 +258,27 @@ def test_condition_mbs_must_be_positive(load_error, problem_at):
     assert "expected greater than or equal to 1" in problem_at(err, "features.condition_mbs")
 
 
+def test_condition_mbs_must_be_a_multiple_of_the_context_parallel_size(load_error, problem_at):
+    err = load_error(
+        {
+            "parallel": {"ulysses_parallel_size": 2, "ring_attention_size": 2},
+            "features": {"condition_mbs": 6},
+        },
+        world_size=4,
+    )
+    assert "must be a multiple of ulysses x ring = 4" in problem_at(err, "features.condition_mbs")
+
+
+def test_condition_mbs_equal_to_the_context_parallel_size_is_accepted(load):
+    cfg = load({"parallel": {"ulysses_parallel_size": 2}, "features": {"condition_mbs": 2}}, world_size=2)
+    assert cfg.features.condition_mbs == 2
+
+
+def test_condition_mbs_1_means_off_and_fits_any_context_parallel_size(load):
+    cfg = load({"parallel": {"ulysses_parallel_size": 2}}, world_size=2)
+    assert cfg.features.condition_mbs == 1
+
+
 # --- file level -------------------------------------------------------------------------------
 
 

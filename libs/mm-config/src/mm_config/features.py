@@ -22,7 +22,12 @@ class FeaturesConfig(ConfigModel):
     activation_offload_plan: ModulePlanConfig = ModulePlanConfig()
     """Move activations saved by the matched modules to host memory until backward."""
     condition_mbs: int = Field(default=1, ge=1)
-    """Encode VAE/text conditions for this many micro-steps at once and consume them slot by slot."""
+    """Encode VAE/text conditions for this many micro-steps ahead and consume them slot by slot.
+
+    Inside a context-parallel group (whose ranks see the same micro-batches) each rank encodes
+    only every ``cp``-th micro-batch and receives the others' conditions, so the frozen encoders run
+    once per micro-batch instead of once per rank. 1 = off; above 1 a multiple of ulysses x ring; needs frozen
+    condition encoders (conditions carry no autograd graph across ranks)."""
 
 
 __all__ = ["FeaturesConfig", "ModulePlanConfig"]

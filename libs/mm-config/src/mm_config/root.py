@@ -212,6 +212,17 @@ def _batch_and_heads_problems(cfg: TrainConfig, world: int) -> list[Problem]:
                 ),
             )
         )
+    mbs = cfg.features.condition_mbs
+    if mbs > 1 and mbs % p.cp_size:  # 1 = off: every rank encodes its own micro-batch
+        out.append(
+            Problem(
+                ("features", "condition_mbs"),
+                f"must be a multiple of ulysses x ring = {p.cp_size}: the ranks of a context-parallel "
+                "group take turns encoding the micro-batches' conditions",
+                mbs,
+                deps=(_ULYSSES, _RING),
+            )
+        )
     trainable = (
         t.trainable_submodels if t.trainable_submodels is not None else cfg.model.trainable_submodels()
     )

@@ -3,6 +3,7 @@
 __version__ = "0.1.0"
 
 # --- devices, meshes, FSDP plans (imports) ---
+from mm_parallel.broadcast import broadcast_tensor_dict
 from mm_parallel.devices import get_device_type, get_dist_backend, get_local_device, init_distributed
 from mm_parallel.explain import FSDPPlanExplanation, explain_fsdp_plan
 from mm_parallel.fsdp_apply import FSDPPlanReport, FSDPUnit, apply_fsdp_plan
@@ -69,6 +70,7 @@ __all__ += [
     "SKIP_ROOT_WRAP_ATTR",
     "SubPlan",
     "apply_fsdp_plan",
+    "broadcast_tensor_dict",
     "clip_grad_norm_",
     "explain_fsdp_plan",
     "fsdp_roots",

@@ -77,7 +77,13 @@ class GenerativePipelineBase:
         self, container: Any, generator: torch.Generator | None = None, **batch: Any
     ) -> PipelineOutput:
         """Run the four stages on one micro-batch and return the loss and metrics."""
-        conditions = self.prepare_conditions(container, batch)
+        return self.train_on_conditions(container, self.prepare_conditions(container, batch), generator)
+
+    def train_on_conditions(
+        self, container: Any, conditions: dict[str, Any], generator: torch.Generator | None = None
+    ) -> PipelineOutput:
+        """Stages 2-4 on conditions from :meth:`prepare_conditions` (possibly encoded earlier or by
+        another rank: the trainer's ``features.condition_mbs``)."""
         noised = self.noising(conditions, generator)
         prediction = self.predict(container, noised)
         loss = self.compute_loss(prediction, noised)

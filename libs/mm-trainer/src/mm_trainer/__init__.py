@@ -4,6 +4,7 @@ __version__ = "0.1.0"
 
 from mm_trainer.base_model import BaseModel, init_module_weights, load_module_weights  # noqa: E402
 from mm_trainer.batches import BatchStream, build_batch_stream  # noqa: E402
+from mm_trainer.conditions import ConditionStream  # noqa: E402
 from mm_trainer.container import ModelContainer, ModelContainerHub, freeze  # noqa: E402
 from mm_trainer.engine import NonFiniteLossError, TrainEngine  # noqa: E402
 from mm_trainer.features import FeaturesReport, apply_features  # noqa: E402
@@ -27,6 +28,7 @@ __all__ = [
     "PEAK_FLOPS",
     "BaseModel",
     "BatchStream",
+    "ConditionStream",
     "FeaturesReport",
     "MetricsLogger",
     "ModelContainer",

@@ -98,13 +98,39 @@ class ModelContainer(nn.Module):
             )
         return torch.nn.modules.module._IncompatibleKeys(missing, unexpected)
 
-    def forward(self, **batch: Any) -> Any:
-        """``pipeline.forward(self, **batch)``; without a pipeline, a single sub-model's own forward."""
+    def forward(self, conditions: dict[str, Any] | None = None, **batch: Any) -> Any:
+        """``pipeline.forward(self, **batch)``; without a pipeline, a single sub-model's own forward.
+
+        With ``conditions`` (from :meth:`encode_conditions`, possibly on another rank) the pipeline
+        skips encoding: ``pipeline.train_on_conditions(self, conditions)``.
+        """
+        if conditions is not None:
+            return self._conditioned_pipeline().train_on_conditions(self, conditions)
         if self.pipeline is not None:
             return self.pipeline.forward(self, **batch)
         if len(self.sub_model_names) == 1:
             return getattr(self, self.sub_model_names[0])(**batch)
         raise NotImplementedError(f"{type(self).__name__} has no pipeline; set one or override forward")
+
+    def encode_conditions(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """The pipeline's ``prepare_conditions`` for one micro-batch (frozen encoders: no grad)."""
+        return self._conditioned_pipeline().prepare_conditions(self, batch)
+
+    @property
+    def encodes_conditions(self) -> bool:
+        """Whether the pipeline separates condition encoding from the rest (``features.condition_mbs``)."""
+        return all(
+            callable(getattr(self.pipeline, name, None))
+            for name in ("prepare_conditions", "train_on_conditions")
+        )
+
+    def _conditioned_pipeline(self) -> Any:
+        if not self.encodes_conditions:
+            raise TypeError(
+                f"{type(self).__name__}'s pipeline {type(self.pipeline).__name__} has no prepare_conditions / "
+                "train_on_conditions (mm_pipelines.GenerativePipelineBase); features.condition_mbs needs both"
+            )
+        return self.pipeline
 
 
 class ModelContainerHub:

@@ -187,6 +187,8 @@ def to_device(batch: Any, device: torch.device) -> Any:
 
 
 def _batch_size(batch: dict) -> int:
+    if isinstance(batch.get("conditions"), dict):  # encoded ahead (features.condition_mbs)
+        batch = batch["conditions"]
     for value in batch.values():
         if isinstance(value, torch.Tensor) and value.ndim > 0:
             return int(value.shape[0])

@@ -6,7 +6,7 @@ config -> init distributed + ParallelState -> import plugins
  -> FSDP2 plan                                                       # DTensor layout on meta
  -> materialize (to_empty) + load weights                            # AFTER fully_shard
  -> random init only for sub-models that loaded nothing
- -> optimizer, lr scheduler, batches, checkpointer (resume)
+ -> optimizer, lr scheduler, batches (+ conditions ahead: features.condition_mbs), checkpointer (resume)
  -> TrainEngine.train
 """
 
@@ -25,6 +25,7 @@ from torch import nn
 
 from mm_trainer.base_model import init_module_weights, load_module_weights
 from mm_trainer.batches import BatchStream, build_batch_stream
+from mm_trainer.conditions import ConditionStream
 from mm_trainer.container import ModelContainer, ModelContainerHub
 from mm_trainer.engine import TrainEngine
 from mm_trainer.features import apply_features
@@ -42,11 +43,6 @@ class Trainer:
     """Builds everything a run needs from a validated :class:`mm_config.TrainConfig`, then trains."""
 
     def __init__(self, config: TrainConfig) -> None:
-        if config.features.condition_mbs != 1:
-            raise NotImplementedError(
-                f"features.condition_mbs={config.features.condition_mbs}: batched condition encoding is not "
-                "implemented yet; set it to 1"
-            )
         self.config = config
         device_type = config.training.device.split(":")[0] if config.training.device else None
         self.rank, self.world_size = init_distributed(device_type=device_type)
@@ -82,7 +78,7 @@ class Trainer:
             lr=config.training.lr,
             min_lr=config.training.min_lr,
         )
-        self.batches: BatchStream = build_batch_stream(
+        self.batches: BatchStream | ConditionStream = build_batch_stream(
             config.data,
             global_batch_size=config.training.global_batch_size,
             micro_batch_size=config.training.micro_batch_size,
@@ -90,6 +86,15 @@ class Trainer:
             dp_size=self.parallel_state.dp_size,
             seed=config.training.seed,
         )
+        if config.features.condition_mbs > 1:
+            ps = self.parallel_state
+            self.batches = ConditionStream(
+                self.batches,
+                self.model.encode_conditions,
+                micro_steps=config.features.condition_mbs,
+                device=self.device,
+                cp_group=ps.cp_group if ps.cp_enabled else None,
+            )
         self.checkpointer = self._checkpointer(config.training.save) if config.training.save else None
         self.start_iteration = self._resume() if config.training.load else 0
 
@@ -98,6 +103,12 @@ class Trainer:
         cfg = self.config
         trainable = cfg.training.trainable_submodels or cfg.model.trainable_submodels()
         model = ModelContainerHub.build(cfg.model, device=self.device, trainable=trainable)
+        if cfg.features.condition_mbs > 1 and not model.encodes_conditions:
+            raise ValueError(
+                f"features.condition_mbs={cfg.features.condition_mbs} needs a pipeline that encodes conditions "
+                f"separately (prepare_conditions + train_on_conditions, mm_pipelines.GenerativePipelineBase); "
+                f"{type(model).__name__} has pipeline {type(model.pipeline).__name__}. Set it to 1"
+            )
         if self.parallel_state.cp_enabled:
             _setup_context_parallel(model, self.parallel_state)
         apply_features(
