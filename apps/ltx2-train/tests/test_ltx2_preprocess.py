@@ -30,7 +30,11 @@ def test_precomputed_dataset_yields_the_tensors_of_a_direct_encode(tiny_cache, r
             torch.testing.assert_close(cached[key], value, rtol=0, atol=0, msg=key)
     sample = dataset[0]
     assert sample["latents"].shape == (8, 5, 8, 8)  # 9 frames 32x32 -> x2 time, x4 space
-    assert sample["audio_latents"].shape == (4, 28, 4)  # 1.125 s at 100 mel frames/s, x4 time
+    assert sample["audio_latents"].shape == (
+        4,
+        29,
+        4,
+    )  # 1.125 s: 18000 // 160 + 1 = 113 mel frames, causal /4
     assert sample["prompt_embeds"].shape == sample["audio_prompt_embeds"].shape == (16, 32)
     assert not torch.equal(sample["prompt_embeds"], sample["audio_prompt_embeds"])  # two connectors
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from mm_data import VideoTextDataset, build_dataloader, frame_index_from_colour, make_synthetic_dataset
+from mm_data.decode import probe_video
 from PIL import Image
 
 
@@ -54,6 +55,12 @@ def test_decoded_frames_equal_a_front_to_back_decode(clips: Path):
     reference = all_frames(str(clips.parent / row["path"]))[8:26:2]  # slack 16 -> start 8
     got = ((video + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 3, 0).numpy()
     assert np.array_equal(got, reference)
+
+
+def test_items_say_when_their_first_frame_plays_in_the_source_clip(clips: Path):
+    ds = VideoTextDataset(clips, num_frames=9, height=64, width=64, frame_stride=2, frame_offset="center")
+    fps = probe_video(str(clips.parent / json.loads(clips.read_text())[0]["path"])).fps
+    assert ds[0]["start_s"] == pytest.approx(8 / fps)  # frames 8, 10, ... (slack 16 -> start 8)
 
 
 def test_resize_and_center_crop_match_a_pil_reference(clips: Path):

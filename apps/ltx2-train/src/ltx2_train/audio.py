@@ -1,11 +1,13 @@
 """Audio for the audio VAE: a clip's waveform (or a synthetic tone for silent clips) -> log-mel.
 
-``AutoencoderKLLTX2Audio`` encodes a stereo log-mel spectrogram ``[2, T, mel_bins]`` with ``T``
-= one frame per ``hop_length`` samples. Clips without an audio track (e.g. the synthetic clips of
+``AutoencoderKLLTX2Audio`` encodes a stereo log-mel spectrogram ``[2, T, mel_bins]``. The front end
+follows LTX-2's reference audio processor: magnitude STFT (Hann window of ``n_fft``, centred with
+reflect padding, one frame per ``hop_length`` samples, so ``N // hop + 1`` frames), a Slaney-scale
+Slaney-normalised mel filterbank from 0 Hz to Nyquist (``transformers.audio_utils.mel_filter_bank``)
+and ``log(clamp(mel, 1e-5))``; the audio VAE's config gives the sample rate, hop and mel bins, and
+its reference ``n_fft`` is 1024. Clips without an audio track (e.g. the synthetic clips of
 ``make-tiny``) get a deterministic stereo sine tone whose pitch depends on the sample index, so the
-audio stream still has a learnable, sample-dependent target. The mel filterbank is the HTK
-triangle bank on magnitude STFT with ``log(clamp(mel, 1e-5))``; check it against the reference
-mel settings of the audio VAE you fine-tune before a real run.
+audio stream still has a learnable, sample-dependent target.
 """
 
 from __future__ import annotations
@@ -16,20 +18,38 @@ from pathlib import Path
 import torch
 
 
-def read_audio(path: str | Path, sample_rate: int, num_samples: int) -> torch.Tensor | None:
-    """The first ``num_samples`` of the clip's audio as stereo float ``[2, N]`` at ``sample_rate``; None if silent."""
+def read_audio(
+    path: str | Path, sample_rate: int, num_samples: int, start_s: float = 0.0
+) -> torch.Tensor | None:
+    """``num_samples`` of the clip's audio from ``start_s`` seconds, stereo float ``[2, N]`` at
+    ``sample_rate`` (mono duplicated, more channels downmixed, zero-padded past the end); None if
+    the clip has no audio track.
+
+    ``start_s`` is the time of the first sampled video frame (``VideoTextDataset`` items'
+    ``start_s``), so audio and frames stay in sync. Decoding stops once the span is read.
+    """
     import av
 
+    skip = int(round(start_s * sample_rate))
+    needed = skip + num_samples
     with av.open(str(path)) as container:
         if not container.streams.audio:
             return None
-        resampler = av.AudioResampler(format="fltp", layout="stereo", rate=sample_rate)
-        chunks = []
+        mono = container.streams.audio[0].codec_context.channels == 1
+        # mono is duplicated below (swresample's mono->stereo upmix would attenuate it by 3 dB)
+        resampler = av.AudioResampler(format="fltp", layout="mono" if mono else "stereo", rate=sample_rate)
+        chunks, have = [], 0
         for frame in container.decode(audio=0):
-            chunks += [torch.from_numpy(f.to_ndarray()) for f in resampler.resample(frame)]
-        chunks += [torch.from_numpy(f.to_ndarray()) for f in resampler.resample(None)]
-    wave = torch.cat(chunks, dim=1) if chunks else torch.zeros(2, 0)
-    return torch.nn.functional.pad(wave, (0, max(0, num_samples - wave.shape[1])))[:, :num_samples]
+            for out in resampler.resample(frame):
+                chunks.append(torch.from_numpy(out.to_ndarray()))
+                have += chunks[-1].shape[1]
+            if have >= needed:
+                break
+        else:
+            chunks += [torch.from_numpy(f.to_ndarray()) for f in resampler.resample(None)]
+    wave = torch.cat(chunks, dim=1)[:, skip:needed] if chunks else torch.zeros(2, 0)
+    wave = wave.expand(2, -1) if wave.shape[0] == 1 else wave
+    return torch.nn.functional.pad(wave, (0, num_samples - wave.shape[1]))
 
 
 def synthetic_tone(index: int, sample_rate: int, num_samples: int) -> torch.Tensor:
@@ -41,32 +61,34 @@ def synthetic_tone(index: int, sample_rate: int, num_samples: int) -> torch.Tens
 
 
 def mel_filterbank(sample_rate: int, n_fft: int, mel_bins: int) -> torch.Tensor:
-    """HTK triangular filters ``[mel_bins, n_fft // 2 + 1]`` from 0 Hz to Nyquist."""
+    """Slaney-scale, Slaney-normalised triangular filters ``[mel_bins, n_fft // 2 + 1]``, 0 Hz to Nyquist."""
+    from transformers.audio_utils import mel_filter_bank
 
-    def to_mel(hz: torch.Tensor) -> torch.Tensor:
-        return 2595.0 * torch.log10(1.0 + hz / 700.0)
-
-    def to_hz(mel: torch.Tensor) -> torch.Tensor:
-        return 700.0 * (10.0 ** (mel / 2595.0) - 1.0)
-
-    freqs = torch.linspace(0, sample_rate / 2, n_fft // 2 + 1, dtype=torch.float64)
-    edges = to_hz(
-        torch.linspace(0.0, float(to_mel(torch.tensor(sample_rate / 2.0))), mel_bins + 2, dtype=torch.float64)
+    bank = mel_filter_bank(
+        num_frequency_bins=n_fft // 2 + 1,
+        num_mel_filters=mel_bins,
+        min_frequency=0.0,
+        max_frequency=sample_rate / 2.0,
+        sampling_rate=sample_rate,
+        norm="slaney",
+        mel_scale="slaney",
     )
-    lower, centre, upper = edges[:-2, None], edges[1:-1, None], edges[2:, None]
-    rising = (freqs[None] - lower) / (centre - lower)
-    falling = (upper - freqs[None]) / (upper - centre)
-    return torch.clamp(torch.minimum(rising, falling), min=0.0).float()
+    return torch.from_numpy(bank).float().T.contiguous()
 
 
 def log_mel(
     wave: torch.Tensor, *, sample_rate: int, hop_length: int, n_fft: int, mel_bins: int
 ) -> torch.Tensor:
-    """``[2, N]`` waveform -> ``[2, N // hop_length, mel_bins]`` log-mel spectrogram."""
+    """``[2, N]`` waveform -> ``[2, N // hop_length + 1, mel_bins]`` log-mel spectrogram."""
     window = torch.hann_window(n_fft, dtype=wave.dtype)
     spec = torch.stft(
-        wave, n_fft, hop_length=hop_length, window=window, center=True, return_complex=True
+        wave,
+        n_fft,
+        hop_length=hop_length,
+        window=window,
+        center=True,
+        pad_mode="reflect",
+        return_complex=True,
     ).abs()
     mel = mel_filterbank(sample_rate, n_fft, mel_bins).to(spec.dtype) @ spec  # [2, mel_bins, frames]
-    frames = wave.shape[-1] // hop_length
-    return torch.log(torch.clamp(mel[..., :frames], min=1e-5)).transpose(1, 2).contiguous()
+    return torch.log(torch.clamp(mel, min=1e-5)).transpose(1, 2).contiguous()

@@ -44,6 +44,7 @@ class LTX2Encoders:
     device: torch.device
     dtype: torch.dtype
     n_fft: int = 1024
+    """STFT size of the log-mel front end: LTX-2's audio encoder uses 1024 (the diffusers config omits it)."""
 
     @classmethod
     def load(
@@ -78,8 +79,6 @@ class LTX2Encoders:
             device=device,
             dtype=dtype,
         )
-        if audio_vae is not None:
-            encoders.n_fft = 4 * audio_vae.config.mel_hop_length  # 640 at 16 kHz / hop 160
         return encoders
 
     @torch.no_grad()
@@ -125,10 +124,13 @@ class LTX2Encoders:
         return Upstream._unpack_audio_latents(packed, z.shape[2], z.shape[3])[0]
 
 
-def clip_waveform(path: str | None, index: int, *, sample_rate: int, seconds: float) -> torch.Tensor:
-    """The clip's audio from its start, or :func:`synthetic_tone` when it has no audio track."""
+def clip_waveform(
+    path: str | None, index: int, *, sample_rate: int, seconds: float, start_s: float = 0.0
+) -> torch.Tensor:
+    """``seconds`` of the clip's audio from ``start_s`` (its first sampled frame), or
+    :func:`synthetic_tone` when it has no audio track."""
     num_samples = int(round(seconds * sample_rate))
-    wave = read_audio(path, sample_rate, num_samples) if path else None
+    wave = read_audio(path, sample_rate, num_samples, start_s) if path else None
     return wave if wave is not None else synthetic_tone(index, sample_rate, num_samples)
 
 
@@ -146,7 +148,7 @@ def encode_sample(
     if encoders.audio_vae is not None:
         seconds = item["video"].shape[1] / frame_rate
         wave = clip_waveform(path, int(item["index"]), sample_rate=encoders.audio_vae.config.sample_rate,
-                             seconds=seconds)  # fmt: skip
+                             seconds=seconds, start_s=float(item.get("start_s", 0.0)))  # fmt: skip
         out["audio_latents"] = encoders.encode_audio(wave)
     out["frame_rate"] = torch.tensor(frame_rate, dtype=torch.float32)
     return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()}

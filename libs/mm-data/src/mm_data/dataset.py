@@ -34,7 +34,8 @@ class VideoTextDataset(Dataset):
     Each item is a dict: ``video`` float ``[C, T, H, W]`` in ``[-1, 1]`` (the sample's bucket
     size), ``prompt`` (one caption, chosen at random from a list; ``""`` with probability
     ``caption_dropout``), ``index`` (the dataset index actually loaded; differs from the asked
-    index when a bad sample was replaced), ``bucket`` (bucket id), and optionally
+    index when a bad sample was replaced), ``bucket`` (bucket id), ``start_s`` (time of the first
+    sampled frame in the source clip, seconds; 0 for images: where a matching audio span starts), and optionally
     ``first_frame`` ``[C, H, W]`` and ``input_ids`` / ``attention_mask`` ``[max_text_length]``.
 
     Random choices (temporal offset, caption, dropout) are drawn from ``(seed, epoch, index)``, so
@@ -134,7 +135,8 @@ class VideoTextDataset(Dataset):
     def _item(self, index: int, bucket_id: int) -> dict[str, Any]:
         row, bucket = self.rows[index], self.buckets[bucket_id]
         rng = np.random.default_rng([self.seed, self.epoch, index])
-        video = to_video_tensor(self._frames(row, bucket, rng))
+        frames, start_s = self._frames(row, bucket, rng)
+        video = to_video_tensor(frames)
         if video.shape[1] != bucket.num_frames:
             raise DecodeError(f"{row['path']}: got {video.shape[1]} frames, bucket needs {bucket.num_frames}")
         item: dict[str, Any] = {"video": video, "prompt": self._prompt(row["caption"], rng)}
@@ -142,15 +144,18 @@ class VideoTextDataset(Dataset):
             item["first_frame"] = video[:, 0].clone()
         if self.tokenizer is not None:
             item.update(self._tokenize(item["prompt"]))
-        item["index"], item["bucket"] = index, bucket_id
+        item["index"], item["bucket"], item["start_s"] = index, bucket_id, start_s
         return item
 
-    def _frames(self, row: Mapping[str, Any], bucket: Bucket, rng: np.random.Generator) -> np.ndarray:
+    def _frames(
+        self, row: Mapping[str, Any], bucket: Bucket, rng: np.random.Generator
+    ) -> tuple[np.ndarray, float]:
+        """The bucket's frames and the source time (s) of the first one."""
         path = row["path"]
         if is_image(path):
             if bucket.num_frames != 1:
                 raise DecodeError(f"{path}: an image cannot fill a {bucket.num_frames}-frame bucket")
-            return load_image(path, bucket.height, bucket.width)
+            return load_image(path, bucket.height, bucket.width), 0.0
         info = probe_video(path)
         if info.num_frames <= 0 and row.get("num_frames"):
             info = VideoInfo(int(row["num_frames"]), info.fps, info.height, info.width)
@@ -159,7 +164,9 @@ class VideoTextDataset(Dataset):
             indices = sample_frame_indices(info.num_frames, bucket.num_frames, step, self.frame_offset, rng)
         except ValueError as e:
             raise DecodeError(f"{path}: {e}") from e
-        return decode_frames(path, indices, bucket.height, bucket.width, info)
+        fps = info.fps or row.get("fps")
+        start_s = indices[0] / float(fps) if fps else 0.0
+        return decode_frames(path, indices, bucket.height, bucket.width, info), start_s
 
     def _prompt(self, caption: str | list[str], rng: np.random.Generator) -> str:
         text = caption if isinstance(caption, str) else caption[int(rng.integers(len(caption)))]
