@@ -5,7 +5,8 @@ A plugin module registers its pieces at import time::
     @model_register("wan2_2_predictor")
     class WanPredictor(BaseModel, nn.Module): ...
 
-The trainer then looks them up by the ids named in the YAML.
+The trainer then looks them up by the ids named in the YAML; an id nobody registered yet makes
+the registry import the installed ``mm_trainer.plugins`` entry points once and look again.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
+
+from mm_trainer.plugins import load_entry_point_plugins
 
 T = TypeVar("T")
 
@@ -47,23 +50,28 @@ class Registry:
         return decorate
 
     def get(self, name: str) -> Any:
-        """Return the object registered as ``name`` or raise listing the known ids."""
-        try:
+        """Return the object registered as ``name`` or raise listing the known ids.
+
+        A miss first imports the installed ``mm_trainer.plugins`` entry points (once).
+        """
+        if name in self:  # a miss loads the entry points first
             return self._items[name]
-        except KeyError:
-            known = sorted(self._items)
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise RegistryError(
-                f"unknown {self.kind} id {name!r}.{hint} Known {self.kind} ids: {known or 'none'}. "
-                "Is the plugin that registers it listed in `training.plugin` or installed with an "
-                "`mm_trainer.plugins` entry point?"
-            ) from None
+        known = sorted(self._items)
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise RegistryError(
+            f"unknown {self.kind} id {name!r}.{hint} Known {self.kind} ids: {known or 'none'}. "
+            "Is the plugin that registers it listed in `training.plugin` or installed with an "
+            "`mm_trainer.plugins` entry point?"
+        )
 
     def __contains__(self, name: object) -> bool:
+        if name not in self._items:
+            load_entry_point_plugins()
         return name in self._items
 
     def __iter__(self) -> Iterator[str]:
+        load_entry_point_plugins()
         return iter(sorted(self._items))
 
 
