@@ -65,3 +65,17 @@ def test_a_run_killed_with_sigkill_resumes_with_identical_losses(
     assert first in (6, 11), f"resumed at step {first}: expected the last complete checkpoint (5 or 10)"
     assert [r["step"] for r in resumed] == list(range(first, 21))
     assert losses(resumed) == expected[first - 1 :]  # bit-exact on CPU fp32
+
+
+def test_cross_submodel_prefetch_from_the_yaml_trains_the_same_losses(toy_yaml, mm_train, metrics_of):
+    sections = {"training": {"train_iters": 6}}
+    plain = toy_yaml("plain", **sections)
+    crossed = toy_yaml(
+        "crossed",
+        parallel={"fsdp_plan": {"cross_submodel_prefetch": ["text_encoder", "predictor"]}},
+        **sections,
+    )
+    mm_train(plain, nproc=2)
+    proc = mm_train(crossed, nproc=2)
+    assert "cross-sub-model prefetch: text_encoder gathers predictor" in proc.stderr
+    assert losses(metrics_of(crossed.parent / "ckpt")) == losses(metrics_of(plain.parent / "ckpt"))

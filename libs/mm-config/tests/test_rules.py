@@ -253,6 +253,16 @@ def test_memory_profile_range_must_be_ordered(load_error, problem_at):
     assert "must be greater than start_step (3)" in problem_at(err, "tools.memory_profile.end_step")
 
 
+def test_cross_submodel_prefetch_names_must_be_sub_models(load_error, problem_at):
+    err = load_error({"parallel": {"fsdp_plan": {"cross_submodel_prefetch": ["text_encodr", "model"]}}})
+    assert "not a sub-model" in problem_at(err, "parallel.fsdp_plan.cross_submodel_prefetch[0]")
+
+
+def test_cross_submodel_prefetch_must_not_repeat_a_sub_model(load_error, problem_at):
+    err = load_error({"parallel": {"fsdp_plan": {"cross_submodel_prefetch": ["model", "model"]}}})
+    assert "names a sub-model twice" in problem_at(err, "parallel.fsdp_plan.cross_submodel_prefetch")
+
+
 def test_condition_mbs_must_be_positive(load_error, problem_at):
     err = load_error({"features": {"condition_mbs": 0}})
     assert "expected greater than or equal to 1" in problem_at(err, "features.condition_mbs")

@@ -177,3 +177,61 @@ def test_meta_model_is_sharded_before_materialization_with_cpu_offload(distribut
     out = distributed(run, 2)[0]
     assert out["layout"] == ("meta", (4, 8), (8, 8))
     assert out["grad_device"] == "cpu" and torch.isfinite(torch.tensor(out["loss"]))
+
+
+def _pending_all_gather(module) -> bool:
+    # FSDP2 internals: an issued, not yet waited-for all-gather of the module's own parameters
+    return module._get_fsdp_state()._fsdp_param_group._all_gather_result is not None
+
+
+@pytest.mark.slow
+def test_cross_submodel_prefetch_gathers_the_next_sub_model_while_the_current_one_runs(
+    distributed, toy
+) -> None:
+    def run(rank: int, world: int, order: list[str]) -> dict:
+        model = toy.make_container()
+        report = apply_fsdp_plan(
+            model, FSDPPlan.from_dict(toy.plan(cross_submodel_prefetch=order)), ParallelState()
+        )
+        pending = []
+        model.text_encoder.register_forward_hook(
+            lambda *a: pending.append(_pending_all_gather(model.predictor))
+        )
+
+        def step(m, batch):
+            loss = m(**toy.shard_batch(batch, rank, world))
+            loss.backward()
+            mean = loss.detach().clone()
+            torch.distributed.all_reduce(mean, op=torch.distributed.ReduceOp.AVG)
+            return mean.item()
+
+        batches = [toy.make_batch(GLOBAL_BATCH, seed=s) for s in range(STEPS)]
+        return {
+            "pairs": report.cross_submodel_prefetch,
+            "pending": pending,
+            "losses": _train(model, batches, step),
+        }
+
+    crossed = distributed(run, 2, ["text_encoder", "predictor"])[0]
+    plain = distributed(run, 2, [])[0]
+    assert crossed["pairs"] == {"text_encoder": "predictor"}
+    assert crossed["pending"] == [False] + [True] * (
+        STEPS - 1
+    )  # installed after the predictor's first forward
+    assert plain["pending"] == [False] * STEPS
+    torch.testing.assert_close(crossed["losses"], _reference_losses(toy), rtol=1e-5, atol=0)
+
+
+def test_cross_submodel_prefetch_of_a_sub_model_without_units_is_refused_before_wrapping(
+    distributed, toy
+) -> None:
+    def run(rank: int, world: int) -> str:
+        model = toy.make_container()
+        plan = FSDPPlan.from_dict(toy.plan(cross_submodel_prefetch=["ae", "predictor"]))
+        with pytest.raises(ValueError, match=r"'ae' is not a sub-model with FSDP units; sub-models with units: "
+                                             r"\['predictor', 'text_encoder'\]"):  # fmt: skip
+            apply_fsdp_plan(model, plan, ParallelState())
+        assert not any(isinstance(p, DTensor) for p in model.parameters())
+        return "ok"
+
+    assert distributed(run, 2) == ["ok", "ok"]

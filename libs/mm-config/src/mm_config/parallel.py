@@ -65,6 +65,10 @@ class FSDPPlanConfig(ConfigModel):
     """How many following units of the same sub-model to all-gather ahead in forward."""
     num_to_backward_prefetch: int = Field(default=0, ge=0)
     """How many preceding units of the same sub-model to all-gather ahead in backward."""
+    cross_submodel_prefetch: list[str] = []
+    """Sub-models in the order the pipeline runs them every micro-step (``[text_encoder, predictor]``):
+    each one's last FSDP unit starts the all-gather of the next one's first unit, so the next
+    sub-model's parameters arrive while the current one computes (from the second step on)."""
     sub_plans: dict[str, SubPlanConfig] = {}
     """Per-sub-model overrides keyed by sub-model name (``text_encoder: {shard_size: 4}``)."""
 

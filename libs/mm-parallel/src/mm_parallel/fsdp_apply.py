@@ -9,7 +9,12 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from mm_parallel.fsdp_plan import FSDPPlan
 from mm_parallel.parallel_state import ParallelState
-from mm_parallel.prefetch import prefetch_lists, set_prefetch
+from mm_parallel.prefetch import (
+    cross_submodel_pairs,
+    install_cross_submodel_prefetch,
+    prefetch_lists,
+    set_prefetch,
+)
 from mm_parallel.sub_plans import mesh_for_owner, reshard_after_each_forward
 from mm_parallel.unit_layout import UnitSpec, plan_units
 
@@ -38,6 +43,8 @@ class FSDPPlanReport:
         replicated_params: other parameters left unwrapped (``enabled: false`` frozen
             sub-models, parameters held directly by a container).
         forward_prefetch / backward_prefetch: unit path -> prefetched unit paths.
+        cross_submodel_prefetch: last unit of a sub-model -> first unit of the next one it
+            prefetches (``cross_submodel_prefetch`` of the plan; active from the second step).
         resharded_roots: frozen sub-model roots given a post-forward reshard hook.
     """
 
@@ -47,6 +54,7 @@ class FSDPPlanReport:
     replicated_params: list[str]
     forward_prefetch: dict[str, list[str]] = field(default_factory=dict)
     backward_prefetch: dict[str, list[str]] = field(default_factory=dict)
+    cross_submodel_prefetch: dict[str, str] = field(default_factory=dict)
     resharded_roots: list[str] = field(default_factory=list)
 
     @property
@@ -78,6 +86,7 @@ def apply_fsdp_plan(model: nn.Module, plan: FSDPPlan, parallel_state: ParallelSt
     Works on meta-device models (materialize with ``to_empty`` afterwards).
     """
     layout = plan_units(model, plan)
+    cross = cross_submodel_pairs(layout.units, model, plan.cross_submodel_prefetch)  # checked before wrapping
     modules = dict(model.named_modules())
     params = dict(model.named_parameters())
     mp_policy = MixedPrecisionPolicy(
@@ -130,4 +139,6 @@ def apply_fsdp_plan(model: nn.Module, plan: FSDPPlan, parallel_state: ParallelSt
         layout.units, model, plan.num_to_forward_prefetch, plan.num_to_backward_prefetch
     )
     set_prefetch(model, report.forward_prefetch, report.backward_prefetch)
+    report.cross_submodel_prefetch = cross
+    install_cross_submodel_prefetch(model, cross, report.forward_prefetch)
     return report

@@ -110,6 +110,10 @@ class FSDPPlan:
         cpu_offload: keep sharded parameters and gradients on the host (``CPUOffloadPolicy``).
         num_to_forward_prefetch / num_to_backward_prefetch: explicit prefetch of the next
             N units of the same sub-model.
+        cross_submodel_prefetch: sub-model names in the order the pipeline runs them every
+            micro-step (e.g. ``["text_encoder", "predictor"]``): the last unit of each starts the
+            all-gather of the next one's first unit (from the second step on: FSDP2 initializes
+            a sub-model's communication state in its first forward).
         sub_plans: per top-level sub-model overrides (:class:`SubPlan`).
     """
 
@@ -123,6 +127,7 @@ class FSDPPlan:
     cpu_offload: bool = False
     num_to_forward_prefetch: int = 1
     num_to_backward_prefetch: int = 1
+    cross_submodel_prefetch: list[str] = field(default_factory=list)
     sub_plans: dict[str, SubPlan] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -165,6 +170,14 @@ class FSDPPlan:
             _check_type(value, int, f"{where}.{key}", "an integer >= 0")
             if value < 0:
                 raise ValueError(f"{where}.{key}: expected an integer >= 0, got {value}")
+        order = self.cross_submodel_prefetch
+        if isinstance(order, str) or not all(isinstance(n, str) and n for n in order):
+            raise ValueError(
+                f"{where}.cross_submodel_prefetch: expected a list of sub-model names, got {order!r}"
+            )
+        if len(set(order)) != len(order):
+            raise ValueError(f"{where}.cross_submodel_prefetch: {order} names a sub-model twice")
+        self.cross_submodel_prefetch = list(order)
         self.sub_plans = {
             name: SubPlan.from_dict(sub, f"{where}.sub_plans.{name}") for name, sub in self.sub_plans.items()
         }

@@ -57,3 +57,49 @@ def set_prefetch(
         fsdp(path).set_modules_to_forward_prefetch([fsdp(t) for t in targets])
     for path, targets in backward.items():
         fsdp(path).set_modules_to_backward_prefetch([fsdp(t) for t in targets])
+
+
+def cross_submodel_pairs(units: Sequence[UnitSpec], model: nn.Module, order: Sequence[str]) -> dict[str, str]:
+    """Source unit path -> target unit path for consecutive sub-models of ``order``.
+
+    The source is the last unit of a sub-model in execution order, the target the first unit of
+    the next one (its FSDP root when that holds parameters of its own, else its first block).
+
+    Raises:
+        ValueError: a name that is no sub-model with FSDP units, naming the ones that have some.
+    """
+    chains: dict[str, list[str]] = {}
+    for owner in dict.fromkeys(u.owner for u in units):
+        owned = [u for u in units if u.owner == owner and u.param_names]
+        chains[owner] = [u.path for u in execution_order(owned, model)]
+    for name in order:
+        if not chains.get(name):
+            raise ValueError(
+                f"parallel.fsdp_plan.cross_submodel_prefetch: {name!r} is not a sub-model with FSDP units; "
+                f"sub-models with units: {sorted(k for k, v in chains.items() if v)}"
+            )
+    return {chains[a][-1]: chains[b][0] for a, b in zip(order, order[1:])}
+
+
+def install_cross_submodel_prefetch(
+    model: nn.Module, pairs: Mapping[str, str], forward: Mapping[str, list[str]]
+) -> None:
+    """Add each target to its source's forward prefetch (after ``forward[source]``, the in-chain list).
+
+    FSDP2 sets up a sub-model root's communication state in its first forward, and prefetching a
+    root before that fails; so each pair is installed by a one-shot hook after the target's first
+    forward, and takes effect from the next step.
+    """
+    modules = dict(model.named_modules())
+    for source, target in pairs.items():
+        _install_after_first_forward(
+            modules[target], modules[source], [modules[p] for p in forward.get(source, [])]
+        )
+
+
+def _install_after_first_forward(target: nn.Module, source: nn.Module, chain: list[nn.Module]) -> None:
+    def install(module: nn.Module, args: object, output: object) -> None:
+        source.set_modules_to_forward_prefetch([*chain, target])  # type: ignore[operator]
+        handle.remove()
+
+    handle = target.register_forward_hook(install)

@@ -119,6 +119,8 @@ class Trainer:
         self.fsdp_report = apply_fsdp_plan(
             model, FSDPPlan.from_dict(cfg.parallel.fsdp_plan.model_dump()), self.parallel_state
         )
+        for source, target in self.fsdp_report.cross_submodel_prefetch.items():
+            _log_rank0(f"cross-sub-model prefetch: {source} gathers {target} (from step 2)")
         resuming = cfg.training.load is not None
         sub_model_args = cfg.model.sub_models()
         for name, module in model.sub_models().items():
