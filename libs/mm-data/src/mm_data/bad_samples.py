@@ -35,8 +35,9 @@ class BadSampleTracker:
     """Counts distinct bad samples; raises :class:`BadSampleError` once they exceed the allowed fraction.
 
     The fraction is measured against the dataset length; each DataLoader worker holds its own
-    tracker, so the limit applies per process (a conservative early stop is the
-    ``mm-data check`` command, which scans every sample).
+    tracker, so this limit applies per process. The global count is the trainer's: items name
+    the samples they passed over (``skipped``) and ``mm_trainer`` sums them over workers and ranks.
+    ``mm-data check`` scans every sample ahead of a run.
     """
 
     def __init__(self, total: int, max_bad_fraction: float) -> None:

@@ -35,14 +35,16 @@ class VideoTextDataset(Dataset):
     size), ``prompt`` (one caption, chosen at random from a list; ``""`` with probability
     ``caption_dropout``), ``index`` (the dataset index actually loaded; differs from the asked
     index when a bad sample was replaced), ``bucket`` (bucket id), ``start_s`` (time of the first
-    sampled frame in the source clip, seconds; 0 for images: where a matching audio span starts), and optionally
+    sampled frame in the source clip, seconds; 0 for images: where a matching audio span starts),
+    ``skipped`` (indices of bad samples passed over to reach this one, usually empty), and optionally
     ``first_frame`` ``[C, H, W]`` and ``input_ids`` / ``attention_mask`` ``[max_text_length]``.
 
     Random choices (temporal offset, caption, dropout) are drawn from ``(seed, epoch, index)``, so
     an item is reproducible in any worker and on resume; :meth:`set_epoch` varies them per epoch.
     A bad sample (undecodable, too short, wrong channels) is replaced by the next index of the same
-    bucket, logged and counted; more than ``max_bad_fraction`` of the dataset
-    raises :class:`BadSampleError` listing the paths.
+    bucket, logged, counted and named in the item's ``skipped``; more than ``max_bad_fraction`` of
+    the dataset seen by one process raises :class:`BadSampleError` listing the paths (the trainer
+    also sums ``skipped`` over all workers and ranks, see ``mm_trainer.BatchStream``).
     """
 
     def __init__(
@@ -103,12 +105,17 @@ class VideoTextDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         index = int(index)
         bucket_id = self.bucket_ids[index]
+        skipped: list[int] = []
         for source in self._same_bucket_from(index):
             try:
-                return self._item(source, bucket_id)
+                item = self._item(source, bucket_id)
             except DecodeError as e:
                 path = self.rows[source]["path"]
                 self.tracker.record(BadSample(source, path, str(e).removeprefix(f"{path}: ")))
+                skipped.append(source)
+                continue
+            item["skipped"] = skipped
+            return item
         raise BadSampleError(self.tracker.report(), self.bad_samples)
 
     def _same_bucket_from(self, index: int) -> Iterator[int]:

@@ -30,22 +30,45 @@ def precomputed_latents_dataset(*, data_path: str, data_root: str | None = None,
 
 
 class BatchStream:
-    """Endless micro-batches across epochs, with the loader's resumable position."""
+    """Endless micro-batches across epochs, with the loader's resumable position.
+
+    Bad samples that the dataset passed over (items' ``skipped``, from any DataLoader worker) are
+    taken out of the batch and counted per epoch: :attr:`bad_this_epoch`. Every sample is read by
+    exactly one data-parallel rank per epoch, so the sum over ranks is the epoch's count, which the
+    engine checks against :attr:`bad_limit`.
+    """
 
     def __init__(self, loader: Any) -> None:
         self.loader = loader
         self._it: Iterator[Any] | None = None
+        self._bad: set[int] = set()
+        tracker = getattr(getattr(loader, "dataset", None), "tracker", None)
+        #: the most bad samples an epoch may hold (``max_bad_fraction`` x dataset length), None = no limit
+        self.bad_limit: float | None = (
+            tracker.max_bad_fraction * tracker.total if tracker is not None else None
+        )
+
+    @property
+    def bad_this_epoch(self) -> int:
+        """Distinct bad samples this rank's batches passed over in the current epoch."""
+        return len(self._bad)
 
     def next_batch(self) -> Any:
         """The next micro-batch of this data-parallel rank; a new epoch starts when one ends."""
         for _ in range(2):
             if self._it is None:
                 self._it = iter(self.loader)
+                self._bad.clear()
             try:
-                return next(self._it)
+                return self._take_skipped(next(self._it))
             except StopIteration:
                 self._it = None
         raise RuntimeError("the dataset yields no batch: fewer samples than one global batch?")
+
+    def _take_skipped(self, batch: Any) -> Any:
+        if isinstance(batch, dict) and "skipped" in batch:
+            self._bad.update(int(i) for items in batch.pop("skipped") for i in items)
+        return batch
 
     def state_dict(self) -> dict[str, Any]:
         return self.loader.state_dict()

@@ -96,6 +96,15 @@ class ConditionStream:
             )
         return conditions
 
+    @property
+    def bad_this_epoch(self) -> int:
+        """The wrapped stream's count (it may run up to N - 1 micro-batches ahead)."""
+        return self.batches.bad_this_epoch
+
+    @property
+    def bad_limit(self) -> float | None:
+        return self.batches.bad_limit
+
     def state_dict(self) -> dict[str, Any]:
         """The loader position after the last micro-batch handed out (same format as ``BatchStream``)."""
         return dict(self._state)

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from mm_data import BadSampleError
 from mm_parallel import clip_grad_norm_, set_gradient_sync
 from torch import nn
 
@@ -34,6 +35,7 @@ class StepResult:
     samples: int
     tokens: int
     flops: float
+    bad_samples: int = 0
 
 
 class TrainEngine:
@@ -115,7 +117,9 @@ class TrainEngine:
             tokens += int(info.get("num_tokens", 0))
             flops += float(info.get("flops", 0.0))
         grad_norm = clip_grad_norm_(self.params, self.training.clip_grad or 0.0)
-        loss, counts = self._dp_reduce(loss_sum / accum, [samples, tokens, flops])
+        bad = int(getattr(self.batches, "bad_this_epoch", 0))
+        loss, counts = self._dp_reduce(loss_sum / accum, [samples, tokens, flops, bad])
+        self._check_bad_samples(int(counts[3]))
         finite = math.isfinite(loss) and bool(torch.isfinite(torch.as_tensor(grad_norm)).all())
         skipped = not finite
         if finite:
@@ -125,7 +129,9 @@ class TrainEngine:
             self._handle_nonfinite(loss, float(grad_norm))
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
-        return StepResult(loss, float(grad_norm), skipped, int(counts[0]), int(counts[1]), counts[2])
+        return StepResult(
+            loss, float(grad_norm), skipped, int(counts[0]), int(counts[1]), counts[2], int(counts[3])
+        )
 
     # ------------------------------------------------------------- helpers
     def _handle_nonfinite(self, loss: float, grad_norm: float) -> None:
@@ -139,6 +145,16 @@ class TrainEngine:
                 f"{message}; stopping (training.nonfinite.action={policy.action}, "
                 f"max_consecutive={policy.max_consecutive}). Lower the lr, check the data, or resume from the "
                 "last checkpoint."
+            )
+
+    def _check_bad_samples(self, total: int) -> None:
+        """Stop when this epoch's bad samples, summed over data-parallel ranks, pass the dataset's limit."""
+        limit = getattr(self.batches, "bad_limit", None)
+        if limit is not None and total > limit:
+            raise BadSampleError(
+                f"{total} bad samples so far this epoch across all data-parallel ranks and loader workers: "
+                f"more than data.dataset.max_bad_fraction allows ({int(limit)}). Each was logged as "
+                "'skipping bad sample'; `mm-data check` on the metadata file lists them all"
             )
 
     def _dp_reduce(self, loss: torch.Tensor, counts: list[float]) -> tuple[float, list[float]]:
@@ -166,6 +182,8 @@ class TrainEngine:
             "skipped": r.skipped,
             "skipped_total": self.skipped_steps,
         }
+        if getattr(self.batches, "bad_limit", None) is not None:
+            out["bad_samples_epoch"] = r.bad_samples
         if r.flops and self.peak_flops:
             world = dist.get_world_size() if dist.is_initialized() else 1
             out["mfu"] = r.flops / elapsed / (self.peak_flops * world)
