@@ -17,7 +17,7 @@ from wan22_train.tiny import make_tiny, tiny_overrides
 pytestmark = pytest.mark.slow
 
 
-def test_both_experts_train_and_share_one_checkpoint(tmp_path):
+def test_both_experts_share_one_checkpoint_sample_across_the_boundary_and_export_apart(tmp_path):
     tiny = make_tiny(tmp_path / "tiny")
     overrides = [
         *tiny_overrides(tiny),
@@ -44,3 +44,26 @@ def test_both_experts_train_and_share_one_checkpoint(tmp_path):
         load(state, checkpoint_id=str(ckpt))
         assert not torch.equal(state[weight], start["blocks.0.self_attn.q.weight"]), f"{expert} never trained"
     assert not any("text_encoder" in k or k.startswith("model.ae.") for k in keys)
+
+    # Sampling switches experts at the boundary; each expert exports on its own.
+    from mm_trainer import load_run_config
+    from wan22_train.export import export_predictor
+    from wan22_train.sampling import load_for_sampling, sample_video
+
+    config = load_run_config(tmp_path / "ckpt")
+    modules = load_for_sampling(config, tmp_path / "ckpt")
+    assert modules["boundary_timestep"] == pytest.approx(875.0, abs=1.0)  # t2v: high noise for t >= 875
+    calls = {"predictor": 0, "predictor_low": 0}
+    for name in calls:
+        modules[name].register_forward_hook(lambda *a, name=name: calls.__setitem__(name, calls[name] + 1))
+    sample_video(modules, "a red ball", num_frames=9, height=32, width=32, steps=10, shift=5.0)
+    assert calls["predictor"] > 0 and calls["predictor_low"] > 0 and sum(calls.values()) == 10
+
+    low = export_predictor(config, tmp_path / "ckpt", tmp_path / "transformer_2", submodel="predictor_low")
+    from diffusers import WanTransformer3DModel
+
+    exported = diffusers_to_native(WanTransformer3DModel.from_pretrained(low).state_dict())
+    weight = "blocks.0.self_attn.q.weight"
+    state = {f"model.predictor_low.{weight}": torch.empty(exported[weight].shape)}
+    load(state, checkpoint_id=str(ckpt))
+    assert torch.equal(exported[weight], state[f"model.predictor_low.{weight}"])

@@ -54,6 +54,12 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--config", help="training config (default: <checkpoint>/config.yaml)")
     export.add_argument("--out", required=True)
     export.add_argument("--layout", choices=("diffusers", "native"), default="diffusers")
+    export.add_argument(
+        "--submodel",
+        default="predictor",
+        help="which trained sub-model: predictor (default), or predictor_low for the low-noise expert of an "
+        "`expert: both` run (diffusers A14B layout: transformer/ and transformer_2/)",
+    )
     demo = sub.add_parser("demo", help="make-tiny (if missing) + train on 2 CPU processes + export + sample")
     demo.add_argument("--out", default="runs/tiny")
     demo.add_argument("--nproc", type=int, default=2)
@@ -88,7 +94,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(
             export_predictor(
-                _load(args.config, args.checkpoint), args.checkpoint, args.out, layout=args.layout
+                _load(args.config, args.checkpoint),
+                args.checkpoint,
+                args.out,
+                layout=args.layout,
+                submodel=args.submodel,
             )
         )
     else:

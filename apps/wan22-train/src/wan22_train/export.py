@@ -13,11 +13,23 @@ from wan22_train.predictor import predictor_config
 
 
 def export_predictor(
-    config: TrainConfig, checkpoint: str | Path, out: str | Path, *, layout: str = "diffusers"
+    config: TrainConfig,
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    layout: str = "diffusers",
+    submodel: str = "predictor",
 ) -> Path:
-    """Write the predictor of ``checkpoint`` (latest iteration) as a folder that
-    ``diffusers.WanTransformer3DModel.from_pretrained`` (``layout="diffusers"``) or ``WanDiT`` loads."""
-    args = config.model.sub_models()["predictor"]
+    """Write a predictor of ``checkpoint`` (latest iteration) as a folder that
+    ``diffusers.WanTransformer3DModel.from_pretrained`` (``layout="diffusers"``) or ``WanDiT`` loads.
+
+    ``submodel="predictor_low"`` exports the low-noise expert of an ``expert: both`` run (the
+    Wan2.2-A14B diffusers layout keeps it in ``transformer_2/``, the high-noise one in ``transformer/``).
+    """
+    subs = config.model.sub_models()
+    if submodel not in subs:
+        raise ValueError(f"--submodel {submodel!r}: the run's sub-models are {sorted(subs)}")
+    args = subs[submodel]
     wan_config = predictor_config(args)
     with tempfile.TemporaryDirectory() as side:
         native = layout == "native"
@@ -29,5 +41,5 @@ def export_predictor(
             to="hf" if native else "diffusers",
             model_type=None if native else "wan2_2",
             config_from=side,
-            submodule="predictor",
+            submodule=submodel,
         )

@@ -13,24 +13,35 @@ from mm_data import write_clip
 from mm_pipelines import FlowMatchScheduler, masked_text_embeddings
 from mm_trainer import ModelContainer, ModelHub, freeze, import_plugins
 
+from wan22_train.pipeline import LOW_NOISE_ROLE, Wan22Pipeline
 from wan22_train.predictor import WanPredictor
 from wan22_train.text_encoder import UMT5TextEncoder
 from wan22_train.vae import WanVideoVAE
 
+PREDICTOR = "predictor"
+
 
 def load_for_sampling(config: TrainConfig, checkpoint: str | Path) -> dict[str, Any]:
-    """The VAE, text encoder (from their sources) and the predictor restored from ``checkpoint``."""
+    """The VAE, text encoder (from their sources) and the predictor(s) restored from ``checkpoint``.
+
+    A run with ``expert: both`` restores ``predictor_low`` too, and ``boundary_timestep`` (the
+    timestep below which it takes over) comes with the modules.
+    """
     import_plugins(config.training.plugin)
     subs = config.model.sub_models()
-    modules = {}
+    trained = tuple(name for name in (PREDICTOR, LOW_NOISE_ROLE) if name in subs)
+    modules: dict[str, Any] = {}
     for name, args in subs.items():
-        module = (
-            ModelHub.build(args, meta_init=False) if name != "predictor" else WanPredictor._from_config(args)
-        )
+        module = WanPredictor._from_config(args) if name in trained else ModelHub.build(args, meta_init=False)
         freeze(module)
         modules[name] = module
-    holder = ModelContainer({"predictor": modules["predictor"]}, trainable=("predictor",))
+    holder = ModelContainer({name: modules[name] for name in trained}, trainable=trained)
     DistributedCheckpointer(checkpoint).load({"model": holder})
+    if LOW_NOISE_ROLE in trained:
+        pipeline = Wan22Pipeline.from_options(config.model.pipeline or {})
+        if pipeline.boundary_index is None:
+            raise ValueError(f"the config has {LOW_NOISE_ROLE!r} but model.pipeline.expert is not 'both'")
+        modules["boundary_timestep"] = float(pipeline.scheduler.timesteps[pipeline.boundary_index])
     return modules
 
 
@@ -48,10 +59,13 @@ def sample_video(
     negative_prompt: str = "",
     seed: int = 0,
 ) -> torch.Tensor:
-    """Video [3, F, H, W] in [-1, 1] for ``prompt`` (classifier-free guidance when ``guidance`` != 1)."""
+    """Video [3, F, H, W] in [-1, 1] for ``prompt`` (classifier-free guidance when ``guidance`` != 1).
+
+    With both A14B experts (``predictor_low`` and ``boundary_timestep`` in ``modules``) the
+    high-noise ``predictor`` runs while ``t >= boundary_timestep`` and ``predictor_low`` after.
+    """
     vae: WanVideoVAE = modules["ae"]
     text_encoder: UMT5TextEncoder = modules["text_encoder"]
-    predictor: WanPredictor = modules["predictor"]
     t, s = vae.temporal_compression, vae.spatial_compression
     if (num_frames - 1) % t or height % s or width % s:
         raise ValueError(
@@ -66,12 +80,21 @@ def sample_video(
     sigmas = scheduler.inference_sigmas
     for i, timestep in enumerate(scheduler.inference_timesteps):
         t_batch = timestep.reshape(1)
+        predictor = expert_for(modules, float(timestep))
         v = predictor(latents, t_batch, cond)
         if uncond is not None:
             v_uncond = predictor(latents, t_batch, uncond)
             v = v_uncond + guidance * (v - v_uncond)
         latents = scheduler.step(v, sigmas[i], sigmas[i + 1], latents)
     return vae.decode(latents)[0]
+
+
+def expert_for(modules: dict[str, Any], timestep: float) -> WanPredictor:
+    """The predictor that denoises at ``timestep``: the low-noise expert below the boundary, if any."""
+    boundary = modules.get("boundary_timestep")
+    if boundary is not None and timestep < boundary:
+        return modules[LOW_NOISE_ROLE]
+    return modules[PREDICTOR]
 
 
 def _encode_text(text_encoder: UMT5TextEncoder, prompts: list[str]) -> torch.Tensor:
