@@ -76,16 +76,14 @@ class ConditionStream:
         for _ in range(self.micro_steps):
             raw.append(self.batches.next_batch())
             states.append(self.batches.state_dict())
-        own = {
-            i: self._encode(raw[i], i) for i in range(self.micro_steps) if i % self.cp_size == self.cp_rank
-        }
+        own = {i: self._encode(raw[i]) for i in range(self.micro_steps) if i % self.cp_size == self.cp_rank}
         self._slots = [
             broadcast_tensor_dict(own.get(i), src=i % self.cp_size, group=self.cp_group, device=self.device)
             for i in range(self.micro_steps)
         ]
         self._states, self._next = states, 0
 
-    def _encode(self, batch: Any, index: int) -> dict[str, Any]:
+    def _encode(self, batch: Any) -> dict[str, Any]:
         conditions = self.encode(to_device(batch, self.device))
         grads = [k for k, v in conditions.items() if isinstance(v, torch.Tensor) and v.requires_grad]
         if grads:
