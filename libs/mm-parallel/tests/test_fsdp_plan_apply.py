@@ -21,6 +21,19 @@ def _train(model, batches, step_fn) -> list[float]:
     return losses
 
 
+def _train_sharded(model, toy, rank: int, world: int) -> list[float]:
+    """STEPS steps on this rank's slice of each global batch; the losses averaged over ranks."""
+
+    def step(m, batch):
+        loss = m(**toy.shard_batch(batch, rank, world))
+        loss.backward()
+        mean = loss.detach().clone()
+        torch.distributed.all_reduce(mean, op=torch.distributed.ReduceOp.AVG)
+        return mean.item()
+
+    return _train(model, [toy.make_batch(GLOBAL_BATCH, seed=s) for s in range(STEPS)], step)
+
+
 def _reference_losses(toy) -> list[float]:
     model = toy.make_container()
     batches = [toy.make_batch(GLOBAL_BATCH, seed=s) for s in range(STEPS)]
@@ -44,15 +57,7 @@ def test_toy_container_at_world_2(distributed, toy) -> None:
             for name, p in model.named_parameters()
         }
 
-        def step(m, batch):
-            loss = m(**toy.shard_batch(batch, rank, world))
-            loss.backward()
-            mean = loss.detach().clone()
-            torch.distributed.all_reduce(mean, op=torch.distributed.ReduceOp.AVG)
-            return mean.item()
-
-        batches = [toy.make_batch(GLOBAL_BATCH, seed=s) for s in range(STEPS)]
-        return {"report": report, "kinds": kinds, "losses": _train(model, batches, step)}
+        return {"report": report, "kinds": kinds, "losses": _train_sharded(model, toy, rank, world)}
 
     results = distributed(run, 2)
     report, kinds = results[0]["report"], results[0]["kinds"]
@@ -198,18 +203,10 @@ def test_cross_submodel_prefetch_gathers_the_next_sub_model_while_the_current_on
             lambda *a: pending.append(_pending_all_gather(model.predictor))
         )
 
-        def step(m, batch):
-            loss = m(**toy.shard_batch(batch, rank, world))
-            loss.backward()
-            mean = loss.detach().clone()
-            torch.distributed.all_reduce(mean, op=torch.distributed.ReduceOp.AVG)
-            return mean.item()
-
-        batches = [toy.make_batch(GLOBAL_BATCH, seed=s) for s in range(STEPS)]
         return {
             "pairs": report.cross_submodel_prefetch,
             "pending": pending,
-            "losses": _train(model, batches, step),
+            "losses": _train_sharded(model, toy, rank, world),
         }
 
     crossed = distributed(run, 2, ["text_encoder", "predictor"])[0]
