@@ -89,3 +89,15 @@ def test_train_resume_and_export(tiny_cache, run_config, ltx2_inputs):
         got = exported(**ltx2_inputs(), return_dict=False)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_conditions_shared_across_the_ulysses_group_train_the_same_losses(tiny_cache, run_config, tmp_path):
+    # LTX-2's conditions mix tensors with plain values (the latent grid, the frame rate)
+    runs = {}
+    for name, mbs in (("plain", 1), ("ahead", 2)):
+        save = tmp_path / name
+        config = run_config(tiny_cache, train_iters=6, save_interval=6, deterministic=True, save=str(save))
+        ltx2_train("--config", str(config), f"features.condition_mbs={mbs}", nproc=2)
+        runs[name] = losses(save)
+    assert len(runs["plain"]) == 6
+    assert runs["ahead"] == runs["plain"]
