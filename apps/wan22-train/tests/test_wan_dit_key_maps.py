@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from diffusers import WanTransformer3DModel
+from torch.distributed.checkpoint import FileSystemReader
 from wan22_train.key_maps import (
     WAN22_DIFFUSERS_TO_NATIVE,
     WAN22_KEY_MAP,
@@ -99,3 +103,18 @@ def test_unsupported_diffusers_key_raises_naming_it(key):
 def test_native_key_without_rule_raises_naming_it():
     with pytest.raises(KeyError, match="img_emb"):
         native_to_diffusers({"img_emb.proj.0.weight": 0})
+
+
+def test_mm_ckpt_alone_finds_the_wan2_2_map_through_its_entry_point(tmp_path):
+    WanTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=8, ffn_dim=32, num_layers=1, text_dim=16, freq_dim=16
+    ).save_pretrained(tmp_path / "diffusers")
+    # a fresh process that imports no Wan module itself
+    convert = "import sys; from mm_checkpoint.cli import main; sys.exit(main(sys.argv[1:]))"
+    args = [str(tmp_path / "diffusers"), str(tmp_path / "dcp"), "--to", "dcp", "--model-type", "wan2_2"]
+    subprocess.run(
+        [sys.executable, "-c", convert, "convert", *args], check=True, capture_output=True, timeout=120
+    )
+    keys = FileSystemReader(str(tmp_path / "dcp" / "iter_0000000")).read_metadata().state_dict_metadata
+    assert any(k.endswith("blocks.0.self_attn.q.weight") for k in keys)
+    assert not any("attn1" in k or "condition_embedder" in k for k in keys)
