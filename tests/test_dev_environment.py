@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import tomllib
 from importlib.metadata import distribution
 from pathlib import Path
 
 import pytest
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 MEMBERS = sorted([*REPO.glob("libs/*/pyproject.toml"), *REPO.glob("apps/*/pyproject.toml")])

@@ -1,3 +1,3 @@
-from ltx2_train.cli import main
+from ltx2_train.cli import run
 
-raise SystemExit(main())
+run()

@@ -1,3 +1,3 @@
-from wan22_train.cli import main
+from wan22_train.cli import run
 
-raise SystemExit(main())
+run()

@@ -15,6 +15,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 COMMANDS = ("make-tiny", "sample", "export", "demo")
 
@@ -108,5 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def run() -> NoReturn:
+    """Console-script and ``python -m`` entry: :func:`main`, leaving through ``mm_trainer.cli.run``."""
+    from mm_trainer.cli import run as run_process
+
+    run_process(main)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

@@ -12,6 +12,7 @@ from mm_parallel.grad_clip import clip_grad_norm_, total_grad_norm
 from mm_parallel.grad_sync import fsdp_roots, set_gradient_sync
 from mm_parallel.parallel_state import ParallelState
 from mm_parallel.patterns import PatternMatchError, match_modules, pattern_matches
+from mm_parallel.process_exit import exit_process
 from mm_parallel.unit_layout import SKIP_ROOT_WRAP_ATTR, plan_units
 
 # isort: split
@@ -72,6 +73,7 @@ __all__ += [
     "apply_fsdp_plan",
     "broadcast_tensor_dict",
     "clip_grad_norm_",
+    "exit_process",
     "explain_fsdp_plan",
     "fsdp_roots",
     "get_device_type",

@@ -1,3 +1,3 @@
-from mm_trainer.cli import main
+from mm_trainer.cli import run
 
-raise SystemExit(main())
+run()

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from mm_config import ConfigError, load_config
 
@@ -59,5 +60,15 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "mm-train") -> int:
     return 0
 
 
+def run(entry: Callable[[], int] = main) -> NoReturn:
+    """Process entry point (console script, ``python -m``): ``entry()`` (default :func:`main`), then
+    :func:`mm_parallel.exit_process` with its code, so that no communication thread outlives the
+    interpreter. Apps pass their own ``main``."""
+    code = entry()
+    from mm_parallel import exit_process
+
+    exit_process(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()
