@@ -42,6 +42,7 @@ class BatchStream:
         self.loader = loader
         self._it: Iterator[Any] | None = None
         self._bad: set[int] = set()
+        self._resumed = False  # the next iter() continues a saved epoch: keep its bad samples
         tracker = getattr(getattr(loader, "dataset", None), "tracker", None)
         #: the most bad samples an epoch may hold (``max_bad_fraction`` x dataset length), None = no limit
         self.bad_limit: float | None = (
@@ -58,7 +59,9 @@ class BatchStream:
         for _ in range(2):
             if self._it is None:
                 self._it = iter(self.loader)
-                self._bad.clear()
+                if not self._resumed:
+                    self._bad.clear()
+                self._resumed = False
             try:
                 return self._take_skipped(next(self._it))
             except StopIteration:
@@ -71,11 +74,18 @@ class BatchStream:
         return batch
 
     def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
+        """The loader's position and the epoch's bad samples so far (a resume keeps counting them)."""
+        return {"loader": self.loader.state_dict(), "bad_samples": sorted(self._bad)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state)
-        self._it = None
+        """Continue from :meth:`state_dict` (or a bare loader state, saved before bad samples were kept)."""
+        if set(state) == {"loader", "bad_samples"}:
+            self.loader.load_state_dict(state["loader"])
+            self._bad = set(state["bad_samples"])
+        else:
+            self.loader.load_state_dict(state)
+            self._bad = set()
+        self._it, self._resumed = None, True
 
 
 def build_batch_stream(
