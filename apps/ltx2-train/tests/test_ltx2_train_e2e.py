@@ -101,3 +101,17 @@ def test_conditions_shared_across_the_ulysses_group_train_the_same_losses(tiny_c
         runs[name] = losses(save)
     assert len(runs["plain"]) == 6
     assert runs["ahead"] == runs["plain"]
+
+
+def test_ring_attention_trains_the_losses_of_ulysses(tiny_cache, run_config, tmp_path):
+    # the same context-parallel group of 2, sequence split for the ring instead of all-to-all
+    runs = {}
+    for name, ulysses, ring in (("ulysses", 2, 1), ("ring", 1, 2)):
+        save = tmp_path / name
+        config = run_config(tiny_cache, train_iters=4, save_interval=4, deterministic=True, save=str(save))
+        layout = (f"parallel.ulysses_parallel_size={ulysses}", f"parallel.ring_attention_size={ring}")
+        ltx2_train("--config", str(config), *layout, nproc=2)
+        runs[name] = losses(save)
+    assert sorted(runs["ring"]) == [1, 2, 3, 4]
+    for step, loss in runs["ring"].items():
+        assert loss == pytest.approx(runs["ulysses"][step], rel=1e-4), (step, loss, runs["ulysses"][step])

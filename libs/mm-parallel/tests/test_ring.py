@@ -125,7 +125,46 @@ def test_ring_attention_without_group_is_plain_attention() -> None:
     torch.testing.assert_close(ring_attention(q, k, v, None, causal=True), expected.transpose(1, 2))
 
 
-def test_ring_attention_rejects_mismatched_shapes() -> None:
+def _cross_worker(rank: int, world: int, backend: str, padded: bool) -> float:
+    """Video-like queries (12 per rank) against audio-like keys (4 per rank, the last ones padding)."""
+    group = dist.new_group(list(range(world)))
+    gen = torch.Generator().manual_seed(3)
+    q, dout = (torch.randn(B, 12 * world, H, D, generator=gen, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(B, 4 * world, H, D, generator=gen, dtype=torch.float64) for _ in range(2))
+    valid = torch.ones(B, 4 * world, dtype=torch.bool)
+    if padded:
+        valid[:, -3:] = False
+    q_ref, k_ref, v_ref = (t.clone().requires_grad_() for t in (q, k, v))
+    ref = F.scaled_dot_product_attention(
+        *(t.transpose(1, 2) for t in (q_ref, k_ref, v_ref)), attn_mask=valid[:, None, None, :]
+    ).transpose(1, 2)
+    ref.backward(dout)
+    want = [ref.detach(), q_ref.grad, k_ref.grad, v_ref.grad]
+    split = [split_sequence(t, 1, group, "contiguous") for t in want]
+    local = [split_sequence(t, 1, group, "contiguous").requires_grad_() for t in (q, k, v)]
+    mask = split_sequence(valid, 1, group, "contiguous") if padded else None
+    out = ring_attention(*local, group, layout="contiguous", key_padding_mask=mask, backend=backend)
+    out.backward(split_sequence(dout, 1, group, "contiguous"))
+    got = [out.detach()] + [t.grad for t in local]
+    return max((g - e).abs().max().item() for g, e in zip(got, split, strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("padded", [False, True], ids=["nopad", "pad"])
+@pytest.mark.parametrize("backend", ["cpu_flash", "math"])
+def test_ring_cross_attention_with_queries_and_keys_of_different_lengths_matches_sdpa(
+    distributed, backend: str, padded: bool
+) -> None:  # noqa: ANN001
+    assert max(distributed(_cross_worker, 2, backend, padded)) < 1e-10
+
+
+def test_ring_attention_rejects_mismatched_heads() -> None:
     q = torch.zeros(1, 4, 2, 8)
-    with pytest.raises(ValueError, match="one shape"):
-        ring_attention(q, q[:, :2], q, None)
+    with pytest.raises(ValueError, match="one batch, heads and head_dim"):
+        ring_attention(q, q[:, :, :1], q[:, :, :1], None)
+
+
+def test_causal_ring_attention_rejects_queries_and_keys_of_different_lengths() -> None:
+    q = torch.zeros(1, 4, 2, 8)
+    with pytest.raises(ValueError, match="one length"):
+        ring_attention(q, q[:, :2], q[:, :2], None, causal=True)

@@ -1,17 +1,21 @@
-"""Ulysses sequence parallelism for diffusers' ``LTX2VideoTransformer3DModel``, installed as a patch.
+"""Sequence parallelism (Ulysses, Ring, or both: USP) for diffusers' ``LTX2VideoTransformer3DModel``.
 
-The upstream model is kept intact. Two small pieces make it sequence parallel:
+The upstream model is kept intact; it is patched, not copied. Two small pieces make it sequence
+parallel over the context-parallel group (``ring x ulysses`` ranks):
 
 1. :func:`sequence_parallel_forward` splits the inputs that carry tokens along the sequence
-   dimension before the upstream ``forward`` runs: the video tokens and the audio tokens (each its
-   own stream, each zero-padded to a multiple of the group size), their RoPE coordinates (so every
+   dimension before the upstream ``forward`` runs (:func:`mm_parallel.split_for_usp`, contiguous
+   ring layout): the video tokens and the audio tokens (each its own stream, each zero-padded to a
+   multiple of the group size), their RoPE coordinates (so every
    rank rotates its own tokens with its own positions) and per-token timesteps. Text is NOT split:
    every rank keeps all text tokens, so the text cross-attention needs no communication. After
    the upstream ``forward`` the two outputs are gathered and the padding dropped.
-2. :class:`UlyssesAttnProcessor` replaces the attention processor of the four attentions that mix
-   tokens of a split stream (video self, audio self, audio-to-video, video-to-audio) and computes
-   attention with :func:`mm_parallel.ulysses_attention` (all-to-all sequence <-> heads). Padded
-   keys are masked with a key padding mask, padded queries are dropped at the gather.
+2. :class:`SequenceParallelAttnProcessor` replaces the attention processor of the four attentions
+   that mix tokens of a split stream (video self, audio self, audio-to-video, video-to-audio) and
+   computes attention with :func:`mm_parallel.usp_attention`: all-to-all sequence <-> heads over
+   the Ulysses group, then ring attention over the ring group (non-causal, so the two
+   cross-attentions may have queries and keys of different lengths). Padded keys are masked with a
+   key padding mask, padded queries are dropped at the gather.
 
 Everything between (norms, modulation, feed-forward, projections) is per token and runs on the
 local shard unchanged. Splits and gathers are mm-parallel's autograd-correct adjoints, so the
@@ -30,7 +34,7 @@ from diffusers.models.transformers.transformer_ltx2 import (
     apply_interleaved_rotary_emb,
     apply_split_rotary_emb,
 )
-from mm_parallel import gather_sequence, split_sequence, ulysses_attention
+from mm_parallel import gather_for_usp, split_for_usp, usp_attention
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
@@ -46,17 +50,31 @@ SEQUENCE_PARALLEL_ATTENTIONS = {
 UNSUPPORTED_INPUTS = ("video_self_attention_mask", "spatio_temporal_guidance_blocks", "perturbation_mask")
 
 
+#: Ring split layout: attention here is never causal, so contiguous shards balance the work already.
+LAYOUT = "contiguous"
+
+
 @dataclass
 class SequenceParallelState:
-    """The Ulysses group and, per forward, each stream's local key padding mask (None = no padding)."""
+    """The two context-parallel groups (None = that dimension is off), their total size, and, per
+    forward, each stream's local key padding mask (None = no padding)."""
 
-    group: ProcessGroup
+    ulysses_group: ProcessGroup | None
+    ring_group: ProcessGroup | None
     size: int
     key_padding: dict[str, Tensor | None] = field(default_factory=dict)
 
+    def split(self, x: Tensor, dim: int) -> Tensor:
+        """This rank's zero-padded share of a full token stream along ``dim``."""
+        return split_for_usp(x, dim, self.ulysses_group, self.ring_group, LAYOUT, pad=True)
 
-class UlyssesAttnProcessor:
-    """``LTX2AudioVideoAttnProcessor`` with its attention computed by :func:`mm_parallel.ulysses_attention`.
+    def gather(self, x: Tensor, dim: int, length: int) -> Tensor:
+        """The full stream of ``length`` tokens on every rank (padding dropped)."""
+        return gather_for_usp(x, dim, self.ulysses_group, self.ring_group, LAYOUT, seq_len=length)
+
+
+class SequenceParallelAttnProcessor:
+    """``LTX2AudioVideoAttnProcessor`` with its attention computed by :func:`mm_parallel.usp_attention`.
 
     Projections, RMS norms, RoPE and the optional per-head gate are the upstream steps on local
     tokens; only the attention itself communicates.
@@ -80,7 +98,7 @@ class UlyssesAttnProcessor:
         if attention_mask is not None or perturbation_mask is not None or bool(all_perturbed):
             raise ValueError(
                 "LTX-2 sequence parallelism: self/audio-video attention masks and STG perturbation "
-                "are not supported with parallel.ulysses_parallel_size > 1"
+                "are not supported with parallel.ulysses_parallel_size x ring_attention_size > 1"
             )
         kv_input = hidden_states if encoder_hidden_states is None else encoder_hidden_states
         gate_logits = attn.to_gate_logits(hidden_states) if attn.to_gate_logits is not None else None
@@ -95,11 +113,13 @@ class UlyssesAttnProcessor:
             )
             query = rotate(query, query_rotary_emb)
             key = rotate(key, key_rotary_emb if key_rotary_emb is not None else query_rotary_emb)
-        # 3. Ulysses attention: [B, S_local, H, D] in and out
+        # 3. USP attention (Ulysses all-to-all, then the ring): [B, S_local, H, D] in and out
         query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
-        out = ulysses_attention(
-            query, key, value, self.state.group, key_padding_mask=self.state.key_padding.get(self.key_stream)
-        ).to(query.dtype)
+        state = self.state
+        out = usp_attention(
+            query, key, value, state.ulysses_group, state.ring_group, causal=False, layout=LAYOUT,
+            key_padding_mask=state.key_padding.get(self.key_stream),
+        ).to(query.dtype)  # fmt: skip
         # 4. Optional per-head gate, output projection
         if gate_logits is not None:
             out = out * (2.0 * torch.sigmoid(gate_logits)).unsqueeze(-1)
@@ -108,11 +128,12 @@ class UlyssesAttnProcessor:
 
 
 def install_attention_processors(blocks: nn.ModuleList, state: SequenceParallelState) -> int:
-    """Set :class:`UlyssesAttnProcessor` on the sequence-parallel attentions of every block; return the count."""
+    """Set :class:`SequenceParallelAttnProcessor` on the sequence-parallel attentions of every block;
+    return the count."""
     count = 0
     for block in blocks:
         for name, stream in SEQUENCE_PARALLEL_ATTENTIONS.items():
-            getattr(block, name).set_processor(UlyssesAttnProcessor(state, stream))
+            getattr(block, name).set_processor(SequenceParallelAttnProcessor(state, stream))
             count += 1
     return count
 
@@ -122,7 +143,7 @@ def _valid_mask(batch: int, length: int, state: SequenceParallelState, device: t
     if length % state.size == 0:
         return None
     valid = torch.ones(batch, length, dtype=torch.bool, device=device)
-    return split_sequence(valid, 1, state.group, pad=True)
+    return state.split(valid, 1)
 
 
 def sequence_parallel_forward(
@@ -157,10 +178,8 @@ def sequence_parallel_forward(
         "audio": _valid_mask(batch, audio_len, state, audio.device),
     }
 
-    def split(x: Tensor, dim: int) -> Tensor:
-        return split_sequence(x, dim, state.group, pad=True)
-
     # 2. Token streams, their positions and their per-token inputs.
+    split = state.split
     a["hidden_states"], a["audio_hidden_states"] = split(video, 1), split(audio, 1)
     a["video_coords"], a["audio_coords"] = split(a["video_coords"], 2), split(a["audio_coords"], 2)
     for key, length in (
@@ -174,7 +193,7 @@ def sequence_parallel_forward(
     return_dict = a.pop("return_dict", True)
     video_out, audio_out = upstream_forward(**a, return_dict=False)
     # 3. Full outputs on every rank (padding dropped).
-    video_out, audio_out = _gather(video_out, video_len, state), _gather(audio_out, audio_len, state)
+    video_out, audio_out = _full(video_out, video_len, state), _full(audio_out, audio_len, state)
     if not return_dict:
         return video_out, audio_out
     from diffusers.models.transformers.transformer_ltx2 import AudioVisualModelOutput
@@ -182,7 +201,7 @@ def sequence_parallel_forward(
     return AudioVisualModelOutput(sample=video_out, audio_sample=audio_out)
 
 
-def _gather(x: Tensor, length: int, state: SequenceParallelState) -> Tensor:
+def _full(x: Tensor, length: int, state: SequenceParallelState) -> Tensor:
     """Full sequence of ``x`` on every rank; a padded one is cut to ``length`` (a copy, not a view)."""
-    full = gather_sequence(x, 1, state.group)
-    return full if full.size(1) == length else full[:, :length].clone()
+    full = state.gather(x, 1, length)
+    return full if x.size(1) * state.size == length else full.clone()

@@ -102,13 +102,8 @@ class LTX2Predictor(BaseModel, LTX2VideoTransformer3DModel):
         return self._sequence_parallel.size if self._sequence_parallel else 1
 
     def setup_context_parallel(self, parallel_state: ParallelState) -> None:
-        """Ulysses over the video and audio token streams (text replicated). Ring is refused."""
-        if parallel_state.ring_size > 1:
-            raise ValueError(
-                "parallel.ring_attention_size > 1: LTX-2's audio<->video cross-attention has queries and "
-                "keys of different lengths, which mm-parallel's ring attention does not take; use "
-                "ulysses_parallel_size only"
-            )
+        """Sequence parallelism over the video and audio token streams (text replicated): Ulysses,
+        Ring, or both (USP). Ulysses needs the head counts divisible by its size."""
         size = parallel_state.ulysses_size
         for what, heads in (
             ("num_attention_heads", self.config.num_attention_heads),
@@ -118,7 +113,11 @@ class LTX2Predictor(BaseModel, LTX2VideoTransformer3DModel):
                 raise ValueError(
                     f"parallel.ulysses_parallel_size={size} must divide model.config.{what}={heads}"
                 )
-        self._sequence_parallel = SequenceParallelState(parallel_state.ulysses_group, size)
+        self._sequence_parallel = SequenceParallelState(
+            ulysses_group=parallel_state.ulysses_group if size > 1 else None,
+            ring_group=parallel_state.ring_group if parallel_state.ring_size > 1 else None,
+            size=size * parallel_state.ring_size,
+        )
         install_attention_processors(self.transformer_blocks, self._sequence_parallel)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

@@ -13,7 +13,8 @@ each block's (dq, dk, dv) is computed from the global output and LSE; dq stays l
 Causal masking uses global token positions: with the ``contiguous`` layout rank ``r`` skips
 blocks from later ranks (rank ``P-1`` does ``P`` times the work of rank 0); with ``zigzag``
 (chunks ``r`` and ``2P-1-r``) every off-diagonal step is exactly one half-size block on every
-rank, so the work is balanced. Non-causal attention (the DiT case) does full blocks.
+rank, so the work is balanced. Non-causal attention (the DiT case) does full blocks, and its
+queries and keys may come from two different split sequences (e.g. video queries, audio keys).
 """
 
 from __future__ import annotations
@@ -175,15 +176,22 @@ class _RingAttention(torch.autograd.Function):
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None, None
 
 
-def _check_inputs(q: Tensor, k: Tensor, v: Tensor, layout: str, world: int) -> None:
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, layout: str, world: int) -> None:
     _check_layout(layout)
-    if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
+    if q.dim() != 4 or k.shape != v.shape or (q.size(0), *q.shape[2:]) != (k.size(0), *k.shape[2:]):
         raise ValueError(
-            "ring_attention: q, k, v must all be [batch, local_seq, heads, head_dim] of one shape, "
-            f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+            "ring_attention: q, k, v must be [batch, local_seq, heads, head_dim] with one batch, heads and "
+            f"head_dim (k and v of one shape), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
-    if layout == "zigzag" and world > 1 and q.size(1) % 2:
-        raise ValueError(f"ring_attention: zigzag needs an even local sequence length, got {q.size(1)}")
+    if causal and q.size(1) != k.size(1):
+        raise ValueError(
+            f"ring_attention: causal attention needs queries and keys of one length, got {q.size(1)} and "
+            f"{k.size(1)} local tokens"
+        )
+    if layout == "zigzag" and world > 1 and (q.size(1) % 2 or k.size(1) % 2):
+        raise ValueError(
+            f"ring_attention: zigzag needs even local sequence lengths, got {q.size(1)} and {k.size(1)}"
+        )
 
 
 def ring_attention(
@@ -201,7 +209,9 @@ def ring_attention(
     """Attention over a sequence split across the ring ``group`` (``[B, S/P, H, D]`` per rank).
 
     Args:
-        q, k, v: local shards, split with ``split_sequence(..., layout=layout)``.
+        q, k, v: local shards, split with ``split_sequence(..., layout=layout)``. Non-causal
+            attention may have queries and keys of different lengths (cross-attention between two
+            split streams): q ``[B, Sq/P, H, D]``, k and v ``[B, Sk/P, H, D]``.
         group: the ring process group; ``None`` or size 1 = plain attention (torch SDPA).
         causal: causal over GLOBAL positions (the layout says which positions a rank holds).
         layout: ``"zigzag"`` (load-balanced for causal) or ``"contiguous"``.
@@ -215,7 +225,7 @@ def ring_attention(
         ``[batch, local_seq, heads, head_dim]`` in ``q.dtype``.
     """
     world = group_size(group)
-    _check_inputs(q, k, v, layout, world)
+    _check_inputs(q, k, v, causal, layout, world)
     scale = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
     if world == 1:
         return attention(q, k, v, causal=causal, key_padding_mask=key_padding_mask, scale=scale)
