@@ -150,7 +150,10 @@ def main() -> None:
     ap.add_argument("--layers", type=int)
     args = ap.parse_args()
     if args.worker:
-        return worker(args.worker, args.src, args.layers)
+        worker(args.worker, args.src, args.layers)
+        from mm_parallel import exit_process
+
+        exit_process(0)  # no interpreter teardown for a gloo thread to race (see mm_parallel.process_exit)
     src = args.workdir / "hf"
     layers = build_checkpoint(src, args.gb)
     size_gb = sum(f.stat().st_size for f in src.iterdir()) / 1e9
