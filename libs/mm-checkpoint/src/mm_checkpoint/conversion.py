@@ -15,7 +15,7 @@ from .checkpointer import DistributedCheckpointer
 from .dcp_io import save_lazy_dcp
 from .errors import CheckpointFormatError
 from .formats import sniff_format
-from .key_maps import KeyPlan, apply_plan, get_weight_transform
+from .key_maps import KeyPlan, apply_plan, get_weight_transform, planned_shape_dtype
 from .layout import iteration_dir_name, looks_like_dcp_checkpoint_dir, write_tracker
 from .runtime import barrier, broadcast_object, get_rank, progress
 from .safetensors_io import SafetensorsReader, TensorInfo
@@ -139,10 +139,5 @@ def convert_to_dcp(
 
 
 def _planned_info(reader: SafetensorsReader, plan: KeyPlan, dtype: torch.dtype | None) -> TensorInfo:
-    infos = [reader.info(s) for s in plan.sources]
-    if plan.fn is None:
-        shape, out_dtype = infos[0].shape, infos[0].dtype
-    else:
-        out = plan.fn([torch.empty(i.shape, dtype=i.dtype, device="meta") for i in infos])
-        shape, out_dtype = tuple(out.shape), out.dtype
-    return TensorInfo(tuple(shape), dtype or out_dtype)
+    shape, out_dtype = planned_shape_dtype(plan, [(i.shape, i.dtype) for i in map(reader.info, plan.sources)])
+    return TensorInfo(shape, dtype or out_dtype)

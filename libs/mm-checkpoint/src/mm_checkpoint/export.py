@@ -13,7 +13,7 @@ from .conversion import copy_side_files
 from .dcp_io import DcpReader
 from .errors import CheckpointFormatError
 from .formats import DIFFUSERS_WEIGHTS_PREFIX, HF_WEIGHTS_PREFIX, normalize_format
-from .key_maps import KeyPlan, apply_plan, get_weight_transform
+from .key_maps import KeyPlan, apply_plan, get_weight_transform, planned_shape_dtype
 from .layout import resolve_dcp_dir
 from .runtime import barrier, get_rank, progress
 from .safetensors_io import (
@@ -32,19 +32,14 @@ logger = logging.getLogger(__name__)
 def _pending(
     reader: DcpReader | SubmoduleReader, key: str, plan: KeyPlan, dtype: torch.dtype | None
 ) -> PendingTensor:
-    infos = [reader.info(s) for s in plan.sources]
-    if plan.fn is None:
-        shape, out_dtype = infos[0].shape, infos[0].dtype
-    else:
-        out = plan.fn([torch.empty(i.shape, dtype=i.dtype, device="meta") for i in infos])
-        shape, out_dtype = tuple(out.shape), out.dtype
+    shape, out_dtype = planned_shape_dtype(plan, [(i.shape, i.dtype) for i in map(reader.info, plan.sources)])
     final_dtype = dtype or out_dtype
 
     def produce() -> torch.Tensor:
         parts = reader.read_many(list(plan.sources))
         return apply_plan(plan, [parts[s] for s in plan.sources]).to(final_dtype)
 
-    return PendingTensor(key, TensorInfo(tuple(shape), final_dtype), produce)
+    return PendingTensor(key, TensorInfo(shape, final_dtype), produce)
 
 
 def export_checkpoint(

@@ -493,6 +493,18 @@ def apply_plan(plan: KeyPlan, tensors: list[torch.Tensor]) -> torch.Tensor:
     return tensors[0] if plan.fn is None else plan.fn(tensors)
 
 
+def planned_shape_dtype(
+    plan: KeyPlan, sources: Sequence[tuple[Sequence[int], torch.dtype]]
+) -> tuple[tuple[int, ...], torch.dtype]:
+    """Shape and dtype of ``plan``'s target from its sources' (shape, dtype), reading no data
+    (``fn`` runs on meta tensors)."""
+    if plan.fn is None:
+        shape, dtype = sources[0]
+        return tuple(shape), dtype
+    out = plan.fn([torch.empty(tuple(shape), dtype=dtype, device="meta") for shape, dtype in sources])
+    return tuple(out.shape), out.dtype
+
+
 IDENTITY = KeyMapTransform(())
 """The transform used when no ``model_type`` is given."""
 
