@@ -33,6 +33,13 @@ from .layout import TRACKER_FILENAME, latest_iteration, looks_like_dcp_checkpoin
 from .loader import LoadReport, load_checkpoint_with_conversion
 from .module_state import materialize_meta
 from .pipeline_folder import write_pipeline_folder
+from .restricted_dcp import (
+    RestrictedFileSystemReader,
+    RestrictedLoadPlanner,
+    check_dcp_storage,
+    read_dcp_metadata,
+    restricted_dcp_load,
+)
 from .sources import CheckpointSource, resolve_checkpoint_source
 
 __all__ = [
@@ -51,8 +58,11 @@ __all__ = [
     "RNGState",
     "RenameRule",
     "Reshape",
+    "RestrictedFileSystemReader",
+    "RestrictedLoadPlanner",
     "SplitRule",
     "TRACKER_FILENAME",
+    "check_dcp_storage",
     "checkpoint_info",
     "Transpose",
     "WEIGHT_TRANSFORM_PIPELINES",
@@ -66,9 +76,11 @@ __all__ = [
     "looks_like_dcp_checkpoint_dir",
     "materialize_meta",
     "normalize_format",
+    "read_dcp_metadata",
     "register_weight_transform",
     "resolve_checkpoint_source",
     "resolve_load_format",
+    "restricted_dcp_load",
     "sniff_format",
     "summarize",
     "verify_checkpoints",

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from .errors import CheckpointLoadError, CheckpointNotFoundError
@@ -33,6 +32,7 @@ from .layout import (
     valid_iterations,
     write_tracker,
 )
+from .restricted_dcp import read_dcp_metadata, restricted_dcp_load
 from .runtime import barrier, get_rank, get_world_size, is_distributed, single_process_quiet
 
 logger = logging.getLogger(__name__)
@@ -237,8 +237,7 @@ class DistributedCheckpointer:
             )
         dcp_state = _dcp_state(state)
         self._check_entries(path, dcp_state)
-        with single_process_quiet():
-            dcp.load(dcp_state, checkpoint_id=str(path), no_dist=not is_distributed())
+        restricted_dcp_load(dcp_state, path, no_dist=not is_distributed())
         model = state.get("model")
         if model is not None:
             set_state_dict(
@@ -253,7 +252,7 @@ class DistributedCheckpointer:
         return it
 
     def _check_entries(self, path: Path, dcp_state: Mapping[str, Any]) -> None:
-        stored = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        stored = read_dcp_metadata(path).state_dict_metadata
         tops = {k.split(".", 1)[0] for k in stored}
         absent = [k for k in dcp_state if k not in tops]
         if absent:

@@ -4,6 +4,8 @@
 * :func:`save_lazy_dcp` - write a DCP directory whose tensors are produced one at a time
   (so converting a checkpoint never holds it all in memory);
 * :func:`load_dcp_into` - fill a module's (possibly sharded) tensors from DCP, resharding as needed.
+
+Every read goes through :mod:`.restricted_dcp`: no checkpoint file is unpickled without restriction.
 """
 
 from __future__ import annotations
@@ -16,15 +18,14 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import (
-    DefaultLoadPlanner,
     DefaultSavePlanner,
-    FileSystemReader,
     FileSystemWriter,
     Metadata,
     TensorStorageMetadata,
 )
 
 from .errors import CheckpointNotFoundError
+from .restricted_dcp import RestrictedFileSystemReader, check_dcp_storage, restricted_dcp_load
 from .runtime import single_process_quiet
 from .safetensors_io import TensorInfo
 
@@ -32,8 +33,8 @@ MODEL_PREFIX = "model."
 """DCP checkpoints written here keep model tensors under ``model.<state-dict key>``."""
 
 
-class _CachedReader(FileSystemReader):
-    """FileSystemReader that parses ``.metadata`` once."""
+class _CachedReader(RestrictedFileSystemReader):
+    """Restricted reader that parses ``.metadata`` once."""
 
     _cached: Metadata | None = None
 
@@ -44,7 +45,11 @@ class _CachedReader(FileSystemReader):
 
 
 class DcpReader:
-    """Read tensors of one DCP directory by key; model keys are exposed without the ``model.`` prefix."""
+    """Read tensors of one DCP directory by key; model keys are exposed without the ``model.`` prefix.
+
+    Opening checks the metadata (restricted unpickling) and that every storage file it names is there
+    at full size, so a corrupt or crafted checkpoint fails here with one message naming the file.
+    """
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -52,6 +57,7 @@ class DcpReader:
             raise CheckpointNotFoundError(f"{self.path} is not a DCP checkpoint directory (no .metadata)")
         self._reader = _CachedReader(str(self.path))
         meta = self._reader.read_metadata()
+        check_dcp_storage(self.path, meta)
         tensors = {k: v for k, v in meta.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
         # Our layout nests model tensors under "model." next to "optimizer."; a raw DCP dir does not.
         ours = any(k.startswith(MODEL_PREFIX) for k in tensors) and all(
@@ -89,8 +95,9 @@ class DcpReader:
     def read_many(self, keys: list[str]) -> dict[str, torch.Tensor]:
         """Several tensors in one DCP read."""
         out = {k: torch.empty(self.info(k).shape, dtype=self.info(k).dtype) for k in keys}
-        with single_process_quiet():
-            dcp.load({self.prefix + k: v for k, v in out.items()}, storage_reader=self._reader, no_dist=True)
+        restricted_dcp_load(
+            {self.prefix + k: v for k, v in out.items()}, self.path, reader=self._reader, no_dist=True
+        )
         return out
 
 
@@ -135,9 +142,4 @@ def dcp_tensor_layout(path: str | os.PathLike) -> dict[str, TensorInfo]:
 
 def load_dcp_into(state: Mapping[str, torch.Tensor], path: str | os.PathLike, prefix: str) -> None:
     """Collectively fill ``state`` (tensors or DTensors, written in place) from ``prefix + key`` in DCP ``path``."""
-    with single_process_quiet():
-        dcp.load(
-            {prefix + k: v for k, v in state.items()},
-            storage_reader=FileSystemReader(str(path)),
-            planner=DefaultLoadPlanner(allow_partial_load=True),
-        )
+    restricted_dcp_load({prefix + k: v for k, v in state.items()}, path, allow_partial_load=True)

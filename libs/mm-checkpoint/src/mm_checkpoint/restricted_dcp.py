@@ -1,0 +1,199 @@
+"""Reading torch DCP checkpoints without running code a checkpoint file could carry.
+
+DCP stores its ``.metadata`` as a pickle and non-tensor entries (scheduler and optimizer scalars)
+as ``torch.save`` bytes, and torch reads both with full unpickling: a crafted checkpoint directory
+runs arbitrary code in whoever inspects, exports or resumes it. Here:
+
+* :class:`RestrictedFileSystemReader` (a ``FileSystemReader``) unpickles ``.metadata`` admitting only
+  the DCP metadata classes, ``torch.Size``, dtypes, layouts and paths, and checks that every storage
+  file it names is a plain file name inside the checkpoint directory;
+* :class:`RestrictedLoadPlanner` (a ``DefaultLoadPlanner``) admits a non-tensor entry only when it
+  loads with ``torch.load(weights_only=True)`` (tensors and plain Python values);
+* :func:`check_dcp_storage` finds missing or truncated ``.distcp`` files before any read.
+
+Anything else is refused with :class:`~mm_checkpoint.errors.CheckpointFormatError` naming the file.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import os
+import pickle
+from pathlib import Path, PosixPath, PurePosixPath
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import CheckpointException, DefaultLoadPlanner, FileSystemReader, Metadata
+from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.planner import ReadItem
+
+from .errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError
+from .layout import METADATA_FILENAME
+from .runtime import single_process_quiet
+
+_ALLOWED: dict[tuple[str, str], Any] = {
+    **{
+        (dcp_metadata.__name__, cls.__name__): cls
+        for cls in (
+            dcp_metadata.Metadata,
+            dcp_metadata.TensorStorageMetadata,
+            dcp_metadata.BytesStorageMetadata,
+            dcp_metadata.ChunkStorageMetadata,
+            dcp_metadata.TensorProperties,
+            dcp_metadata.MetadataIndex,
+            dcp_metadata.StorageMeta,
+            dcp_metadata._MEM_FORMAT_ENCODING,
+        )
+    },
+    (_StorageInfo.__module__, _StorageInfo.__name__): _StorageInfo,
+    ("torch", "Size"): torch.Size,
+    ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
+    ("pathlib", "PosixPath"): PosixPath,
+    ("pathlib", "PurePosixPath"): PurePosixPath,
+    ("collections", "OrderedDict"): collections.OrderedDict,
+}
+"""Every global a DCP ``.metadata`` pickle written by torch references (dtypes are checked apart)."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """An unpickler that resolves only the globals of :data:`_ALLOWED` and ``torch.<dtype>``."""
+
+    def __init__(self, file: io.BufferedIOBase, path: Path) -> None:
+        super().__init__(file)
+        self.path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED:
+            return _ALLOWED[(module, name)]
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise CheckpointFormatError(
+            f"{self.path}: refusing to unpickle {module}.{name}; DCP metadata holds only DCP metadata "
+            "classes, torch.Size, dtypes and paths (a crafted or foreign file?)"
+        )
+
+
+def load_metadata_file(path: str | os.PathLike) -> Metadata:
+    """Unpickle the DCP metadata file ``path`` with the restricted unpickler and check its structure.
+
+    Raises:
+        CheckpointFormatError: a global outside the DCP metadata classes, unreadable or truncated
+            content, or a storage entry pointing outside the checkpoint directory; names ``path``.
+        CheckpointNotFoundError: the file does not exist.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointNotFoundError(f"{path} does not exist: not a complete DCP checkpoint")
+    with open(path, "rb") as f:
+        try:
+            metadata = _MetadataUnpickler(f, path).load()
+        except CheckpointFormatError:
+            raise
+        except Exception as exc:  # any parse failure of untrusted bytes means a corrupt file
+            raise CheckpointFormatError(
+                f"{path} is not readable DCP metadata ({type(exc).__name__}: {exc})"
+            ) from None
+    _check_structure(metadata, path)
+    return metadata
+
+
+def _check_structure(metadata: Any, path: Path) -> None:
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
+        raise CheckpointFormatError(f"{path} holds a {type(metadata).__name__}, not DCP Metadata")
+    storage = metadata.storage_data
+    if not isinstance(storage, dict):
+        raise CheckpointFormatError(f"{path}: storage_data is a {type(storage).__name__}, expected a dict")
+    for index, info in storage.items():
+        name = getattr(info, "relative_path", None)
+        if not isinstance(info, _StorageInfo) or not _plain_file_name(name):
+            raise CheckpointFormatError(
+                f"{path}: entry {getattr(index, 'fqn', index)!r} points at {name!r}; "
+                "expected a file name inside the checkpoint directory"
+            )
+
+
+def _plain_file_name(name: object) -> bool:
+    return (
+        isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name and "\\" not in name
+    )
+
+
+def check_dcp_storage(path: str | os.PathLike, metadata: Metadata) -> None:
+    """Raise :class:`CheckpointFormatError` listing every storage file of ``metadata`` that is missing
+    from the DCP directory ``path`` or shorter than the bytes the metadata places in it."""
+    path = Path(path)
+    needed: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    problems = []
+    for name, size in sorted(needed.items()):
+        file = path / name
+        if not file.is_file():
+            problems.append(f"{name} is missing")
+        elif file.stat().st_size < size:
+            problems.append(f"{name} is truncated ({file.stat().st_size} bytes, the metadata needs {size})")
+    if problems:
+        raise CheckpointFormatError(f"DCP checkpoint {path}: " + "; ".join(problems))
+
+
+class RestrictedFileSystemReader(FileSystemReader):
+    """``FileSystemReader`` whose ``read_metadata`` runs no code from the file (see the module doc)."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        rank = kwargs.get("rank")
+        metadata = load_metadata_file(self._get_metadata_path(rank))
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = dcp_metadata.StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class RestrictedLoadPlanner(DefaultLoadPlanner):
+    """``DefaultLoadPlanner`` that admits a non-tensor entry only if ``torch.load(weights_only=True)``
+    reads it; the admitted bytes then go through the default path unchanged."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        try:
+            torch.load(value, weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - whatever the restricted load refuses is refused here
+            raise CheckpointFormatError(
+                f"DCP entry {read_item.dest_index.fqn!r} is not plain data (tensors, numbers, strings, "
+                f"lists, dicts); refusing to unpickle it: {exc}"
+            ) from None
+        value.seek(0)
+        super().load_bytes(read_item, value)
+
+
+def read_dcp_metadata(path: str | os.PathLike) -> Metadata:
+    """The restricted-unpickled metadata of the DCP directory ``path``, its storage files checked."""
+    metadata = load_metadata_file(Path(path) / METADATA_FILENAME)
+    check_dcp_storage(path, metadata)
+    return metadata
+
+
+def restricted_dcp_load(
+    state: dict[str, Any],
+    path: str | os.PathLike,
+    *,
+    reader: FileSystemReader | None = None,
+    allow_partial_load: bool = False,
+    no_dist: bool = False,
+) -> None:
+    """``torch.distributed.checkpoint.load`` of ``state`` (filled in place) from ``path`` through the
+    restricted reader and planner (collective unless ``no_dist``). A refusal on any rank raises its
+    :class:`~mm_checkpoint.errors.CheckpointError` itself rather than DCP's ``CheckpointException``."""
+    reader = reader or RestrictedFileSystemReader(str(path))
+    if not isinstance(reader, RestrictedFileSystemReader):
+        raise TypeError(f"reader must be a RestrictedFileSystemReader, got {type(reader).__name__}")
+    planner = RestrictedLoadPlanner(allow_partial_load=allow_partial_load)
+    try:
+        with single_process_quiet():
+            dcp.load(state, storage_reader=reader, planner=planner, no_dist=no_dist)
+    except CheckpointException as exc:
+        ours = [e for e, _ in exc.failures.values() if isinstance(e, CheckpointError)]
+        if ours:
+            raise ours[0] from None
+        raise
