@@ -88,6 +88,7 @@ def _verify(args: argparse.Namespace) -> int:
         ("only in A", r.only_in_a),
         ("only in B", r.only_in_b),
         ("shape mismatch", r.shape_mismatch),
+        ("NaN in one only", r.nan_mismatch),
     ):
         if keys:
             print(f"{label} ({len(keys)}): {keys[:10]}")
@@ -103,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for module in args.plugin:
             importlib.import_module(module)
         return {"convert": _convert, "inspect": _inspect, "verify": _verify}[args.command](args)
-    except (CheckpointError, FileNotFoundError, ValueError, ModuleNotFoundError) as e:
+    except (CheckpointError, OSError, ValueError, ModuleNotFoundError) as e:
         print(f"mm-ckpt: error: {e}", file=sys.stderr)
         return 2
 

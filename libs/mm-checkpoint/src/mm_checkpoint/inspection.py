@@ -69,17 +69,37 @@ def summarize(path: str | os.PathLike, fmt: str = "auto", sample: int = 5) -> Su
 
 @dataclass
 class VerifyResult:
-    """Comparison of two checkpoints in the model key namespace."""
+    """Comparison of two checkpoints in the model key namespace.
+
+    ``nan_mismatch`` lists tensors where one side is NaN and the other is not at some element (NaN on
+    both sides at the same place counts as equal); such a difference is infinite in ``max_abs_diff``.
+    """
 
     only_in_a: list[str] = field(default_factory=list)
     only_in_b: list[str] = field(default_factory=list)
     shape_mismatch: list[str] = field(default_factory=list)
+    nan_mismatch: list[str] = field(default_factory=list)
     max_abs_diff: float = 0.0
     worst_key: str | None = None
     compared: int = 0
 
     def same(self, atol: float = 0.0) -> bool:
-        return not (self.only_in_a or self.only_in_b or self.shape_mismatch) and self.max_abs_diff <= atol
+        """True when both hold the same keys and shapes and every element differs by at most ``atol``."""
+        differ = self.only_in_a or self.only_in_b or self.shape_mismatch or self.nan_mismatch
+        return not differ and self.max_abs_diff <= atol
+
+
+def max_abs_difference(a: torch.Tensor, b: torch.Tensor) -> tuple[float, bool]:
+    """``(max |a - b|, NaN positions differ)`` over elements; equal values (infinities included) and NaN
+    on both sides differ by 0, NaN on one side only by ``inf``."""
+    if not a.numel():
+        return 0.0, False
+    a, b = a.double(), b.double()
+    nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+    diff = (a - b).abs()
+    diff[(a == b) | (nan_a & nan_b)] = 0.0
+    diff[torch.isnan(diff)] = float("inf")  # NaN on one side, or opposite infinities
+    return diff.max().item(), bool((nan_a ^ nan_b).any())
 
 
 def verify_checkpoints(
@@ -99,7 +119,9 @@ def verify_checkpoints(
         if ta.shape != tb.shape:
             result.shape_mismatch.append(key)
             continue
-        diff = (ta.double() - tb.double()).abs().max().item() if ta.numel() else 0.0
+        diff, nan_differs = max_abs_difference(ta, tb)
+        if nan_differs:
+            result.nan_mismatch.append(key)
         result.compared += 1
         if diff > result.max_abs_diff or result.worst_key is None:
             result.max_abs_diff, result.worst_key = max(diff, result.max_abs_diff), key

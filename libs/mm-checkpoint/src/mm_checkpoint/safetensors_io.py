@@ -63,8 +63,7 @@ def weight_files(path: str | os.PathLike) -> list[Path]:
             f"{path} holds several index files {[p.name for p in indexes]}; expected one"
         )
     if indexes:
-        weight_map = json.loads(indexes[0].read_text()).get("weight_map", {})
-        names = sorted(set(weight_map.values()))
+        names = _index_shards(indexes[0])
         missing = [n for n in names if not (path / n).is_file()]
         if missing:
             raise CheckpointNotFoundError(f"{indexes[0]} lists shard(s) missing from {path}: {missing}")
@@ -73,6 +72,21 @@ def weight_files(path: str | os.PathLike) -> list[Path]:
     if not files:
         raise CheckpointNotFoundError(f"{path} holds no .safetensors files")
     return files
+
+
+def _index_shards(index: Path) -> list[str]:
+    """The shard file names an ``*.safetensors.index.json`` maps tensors to (plain names in its directory)."""
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (ValueError, AttributeError):
+        weight_map = None
+    names = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else None
+    if not names or not all(isinstance(n, str) and n and Path(n).name == n for n in names):
+        raise CheckpointFormatError(
+            f"{index} is not a valid safetensors index: expected JSON with a 'weight_map' of tensor "
+            "name -> shard file name in the same directory"
+        )
+    return names
 
 
 @dataclass(frozen=True)
@@ -98,24 +112,43 @@ class _Entry:
     begin: int  # absolute byte offset of the tensor data in the file
 
 
-def _read_header(file: Path) -> dict[str, _Entry]:
+def read_header_bytes(file: str | os.PathLike) -> bytes:
+    """The raw JSON header of the safetensors file ``file`` (names, dtypes, shapes, offsets; no data)."""
     with open(file, "rb") as f:
         raw_len = f.read(8)
         n = int.from_bytes(raw_len, "little") if len(raw_len) == 8 else -1
-        try:
-            header = json.loads(f.read(n)) if 0 < n < 100_000_000 else None
-        except ValueError:
-            header = None
+        raw = f.read(n) if 0 < n < 100_000_000 else b""
+    if not raw or len(raw) != n:
+        raise CheckpointFormatError(f"{file} is not a valid safetensors file (bad header)")
+    return raw
+
+
+def _read_header(file: Path) -> dict[str, _Entry]:
+    raw = read_header_bytes(file)
+    n = len(raw)
+    try:
+        header = json.loads(raw)
+    except ValueError:
+        header = None
     if not isinstance(header, dict):
         raise CheckpointFormatError(f"{file} is not a valid safetensors file (bad header)")
     entries = {}
+    data_end = 0
     for key, meta in header.items():
         if key == "__metadata__":
             continue
-        if meta["dtype"] not in SAFETENSORS_DTYPES:
-            raise CheckpointFormatError(f"{file}: tensor {key!r} has unsupported dtype {meta['dtype']}")
-        info = TensorInfo(tuple(meta["shape"]), SAFETENSORS_DTYPES[meta["dtype"]])
-        entries[key] = _Entry(file, info, 8 + n + meta["data_offsets"][0])
+        try:
+            dtype, shape, (begin, end) = meta["dtype"], tuple(meta["shape"]), meta["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointFormatError(f"{file}: header entry {key!r} is malformed: {meta!r}") from None
+        if dtype not in SAFETENSORS_DTYPES:
+            raise CheckpointFormatError(f"{file}: tensor {key!r} has unsupported dtype {dtype}")
+        entries[key] = _Entry(file, TensorInfo(shape, SAFETENSORS_DTYPES[dtype]), 8 + n + begin)
+        data_end = max(data_end, end)
+    size, expected = file.stat().st_size, 8 + n + data_end
+    if size != expected:
+        what = "truncated" if size < expected else "longer than its header says"
+        raise CheckpointFormatError(f"{file} is {what}: {size} bytes, its header describes {expected}")
     return entries
 
 
