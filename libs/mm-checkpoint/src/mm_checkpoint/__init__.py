@@ -40,6 +40,7 @@ from .restricted_dcp import (
     read_dcp_metadata,
     restricted_dcp_load,
 )
+from .source_identity import identity_change, source_identity
 from .sources import CheckpointSource, resolve_checkpoint_source
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "ensure_dcp_cache",
     "export_checkpoint",
     "get_weight_transform",
+    "identity_change",
     "latest_iteration",
     "load_checkpoint_with_conversion",
     "looks_like_dcp_checkpoint_dir",
@@ -82,6 +84,7 @@ __all__ = [
     "resolve_load_format",
     "restricted_dcp_load",
     "sniff_format",
+    "source_identity",
     "summarize",
     "verify_checkpoints",
     "write_pipeline_folder",

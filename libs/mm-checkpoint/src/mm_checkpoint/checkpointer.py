@@ -159,8 +159,14 @@ class DistributedCheckpointer:
         """Iteration the tracker (or the single valid dir) points at, None if there is none."""
         return latest_iteration(self.root)
 
-    def save(self, state: Mapping[str, Any], iteration: int) -> Path:
-        """Collectively save ``state`` as ``iteration``; returns the final directory. Call on every rank."""
+    def save(
+        self, state: Mapping[str, Any], iteration: int, *, info: Mapping[str, Any] | None = None
+    ) -> Path:
+        """Collectively save ``state`` as ``iteration``; returns the final directory. Call on every rank.
+
+        ``info`` (rank 0's, JSON-serializable) is added to the iteration's ``mm_checkpoint.json``, so it
+        becomes visible atomically with the tensors (see :func:`checkpoint_info`).
+        """
         final = self.root / iteration_dir_name(iteration)
         partial = final.with_name(final.name + ".partial")
         if get_rank() == 0:
@@ -173,7 +179,7 @@ class DistributedCheckpointer:
         self._save_per_rank(state, partial)
         barrier()
         if get_rank() == 0:
-            self._write_info(partial, iteration)
+            self._write_info(partial, iteration, info or {})
             self._commit(partial, final, iteration)
             self._prune(keep=final)
         barrier()
@@ -194,8 +200,9 @@ class DistributedCheckpointer:
         torch.save({"dp_rank": self.dp_rank, "dp_size": self.dp_size, "state": per_rank}, path)
         _fsync_file(path)
 
-    def _write_info(self, partial: Path, iteration: int) -> None:
+    def _write_info(self, partial: Path, iteration: int, extra: Mapping[str, Any]) -> None:
         info = {
+            **extra,
             "iteration": iteration,
             "world_size": get_world_size(),
             "dp_size": self.dp_size,

@@ -3,22 +3,29 @@ and offline (file to file, streaming one tensor at a time)."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import shutil
 import threading
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
-from .checkpointer import DistributedCheckpointer
+from .checkpointer import INFO_FILENAME, DistributedCheckpointer
 from .dcp_io import save_lazy_dcp
-from .errors import CheckpointFormatError
+from .errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError
 from .formats import sniff_format
 from .key_maps import KeyPlan, apply_plan, get_weight_transform, planned_shape_dtype
-from .layout import iteration_dir_name, looks_like_dcp_checkpoint_dir, write_tracker
-from .runtime import barrier, broadcast_object, get_rank, progress
+from .layout import iteration_dir_name, looks_like_dcp_checkpoint_dir, resolve_dcp_dir, write_tracker
+from .runtime import barrier, get_rank, on_rank0, progress
 from .safetensors_io import SafetensorsReader, TensorInfo
+from .source_identity import identity_change, source_identity
+
+logger = logging.getLogger(__name__)
 
 SIDE_FILE_LIMIT = 16 * 1024 * 1024
 _WEIGHT_SUFFIXES = (
@@ -52,10 +59,16 @@ def copy_side_files(src: str | os.PathLike, dst: str | os.PathLike) -> list[str]
 
 
 def save_model_as_dcp(
-    model: nn.Module, out_dir: str | os.PathLike, side_files_from: str | os.PathLike | None
+    model: nn.Module,
+    out_dir: str | os.PathLike,
+    side_files_from: str | os.PathLike | None,
+    *,
+    source: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Collectively save ``model`` as DCP iteration 0 under ``out_dir`` (+ tracker and the source's side files)."""
-    final = DistributedCheckpointer(out_dir).save({"model": model}, 0)
+    """Collectively save ``model`` as DCP iteration 0 under ``out_dir`` (+ tracker and the source's side
+    files); ``source`` (a :func:`source_identity` record) goes into its ``mm_checkpoint.json``."""
+    info = {"source": dict(source)} if source is not None else None
+    final = DistributedCheckpointer(out_dir).save({"model": model}, 0, info=info)
     if get_rank() == 0 and side_files_from is not None:
         copy_side_files(side_files_from, out_dir)
     barrier()
@@ -70,8 +83,11 @@ def ensure_dcp_cache(
 ) -> tuple[Path, str | None]:
     """Return ``(dcp_path, converted_from)``: ``path`` if it is DCP, else the (possibly new) cache.
 
-    A cache that already looks like DCP is reused without reading the source; an empty or partial
-    one is rebuilt by loading ``path`` into ``model`` (strictly) and saving iteration 0.
+    A cache is reused only when the source identity it recorded (:mod:`.source_identity`: resolved
+    path, file names / sizes / times, safetensors header hash, key map) matches ``path`` now; otherwise
+    (empty, partial, older, or of another or a changed source) it is rebuilt by loading ``path`` into
+    ``model`` (strictly) and saving iteration 0, which replaces the old one atomically, with a log line
+    saying why. A cache whose recorded source no longer exists is used with a warning.
     """
     if looks_like_dcp_checkpoint_dir(path):
         return Path(path), None
@@ -80,16 +96,49 @@ def ensure_dcp_cache(
             f"load_format is dcp but {path} is not a DCP checkpoint and no conversion dir was given "
             f"(set checkpoint_conversion_dir to cache the converted weights)"
         )
-    if not broadcast_object(not looks_like_dcp_checkpoint_dir(conversion_dir)):
+    reason, identity = on_rank0(lambda: _cache_decision(Path(path), Path(conversion_dir), model_type))
+    if reason is None:
         return Path(conversion_dir), None
+    if get_rank() == 0:
+        logger.warning("converting %s to DCP in %s: %s", path, conversion_dir, reason)
     from .loader import load_safetensors_into
 
     source_format = sniff_format(path)
     if source_format == "dcp":  # pragma: no cover - excluded above
         raise CheckpointFormatError(f"{path} is already DCP")
     load_safetensors_into(model, path, get_weight_transform(model_type), source_format).raise_if_incomplete()
-    save_model_as_dcp(model, conversion_dir, side_files_from=path)
+    save_model_as_dcp(model, conversion_dir, side_files_from=path, source=identity)
     return Path(conversion_dir), str(path)
+
+
+def _cache_decision(
+    path: Path, cache: Path, model_type: str | None
+) -> tuple[str | None, dict[str, Any] | None]:
+    """``(why the cache must be rebuilt or None, the source's identity)``; run on rank 0."""
+    recorded, problem = _recorded_source(cache)
+    if not path.exists():
+        if recorded and recorded.get("path") == str(path.resolve()):
+            logger.warning("%s no longer exists: using its conversion in %s unchecked", path, cache)
+            return None, None
+        raise CheckpointNotFoundError(
+            f"weights source {path} does not exist (the conversion cache {cache} holds "
+            f"{recorded.get('path') if recorded else 'no recorded source'})"
+        )
+    current = source_identity(path, model_type)
+    return problem or identity_change(recorded, current), current
+
+
+def _recorded_source(cache: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The source identity recorded in conversion cache ``cache``, or why there is no usable one."""
+    if not looks_like_dcp_checkpoint_dir(cache):
+        return None, "the cache holds no complete conversion"
+    try:
+        dcp_dir, _ = resolve_dcp_dir(cache)
+        info = dcp_dir / INFO_FILENAME
+        recorded = json.loads(info.read_text()).get("source") if info.is_file() else None
+    except (CheckpointError, ValueError, AttributeError) as exc:
+        return None, f"the cache is unreadable ({exc})"
+    return (recorded if isinstance(recorded, dict) else None), None
 
 
 def convert_to_dcp(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch.distributed as dist
@@ -52,6 +52,21 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def on_rank0(fn: Callable[[], T]) -> T:
+    """``fn()`` run on rank 0 only, its result returned on every rank; an exception it raises is raised
+    on every rank (so that no rank waits in a collective for a rank that failed)."""
+    outcome: tuple[bool, Any] = (True, None)
+    if get_rank() == 0:
+        try:
+            outcome = (True, fn())
+        except Exception as exc:  # noqa: BLE001 - re-raised below, on every rank
+            outcome = (False, exc)
+    ok, value = broadcast_object(outcome)
+    if not ok:
+        raise value
+    return value
 
 
 def progress(iterable: Iterable[T], *, desc: str, total: int | None = None, unit: str = "it") -> Iterator[T]:
