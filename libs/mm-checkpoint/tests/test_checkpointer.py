@@ -15,6 +15,7 @@ import torch
 from mm_checkpoint import (
     TRACKER_FILENAME,
     AmbiguousCheckpointError,
+    CheckpointError,
     CheckpointLoadError,
     CheckpointNotFoundError,
     DistributedCheckpointer,
@@ -72,6 +73,25 @@ def test_tracker_names_latest_save_and_keep_last_prunes(tmp_path: Path) -> None:
     assert (tmp_path / TRACKER_FILENAME).read_text().strip() == "3"
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["iter_0000002", "iter_0000003"]
     assert latest_iteration(tmp_path) == 3
+
+
+def test_saving_below_the_tracker_is_refused_and_touches_nothing(tmp_path: Path) -> None:
+    ckpt = DistributedCheckpointer(tmp_path, keep_last=1)
+    ckpt.save(_training_state(0), 30)
+    with pytest.raises(CheckpointError, match=r"already holds iteration 30 .*move the tracker back"):
+        ckpt.save(_training_state(0), 10)
+    assert (tmp_path / TRACKER_FILENAME).read_text().strip() == "30"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["iter_0000030"]
+
+
+def test_keep_last_counts_only_iterations_up_to_the_save(tmp_path: Path) -> None:
+    ckpt = DistributedCheckpointer(tmp_path, keep_last=2)
+    ckpt.save(_training_state(0), 30)
+    (tmp_path / TRACKER_FILENAME).unlink()  # another run's iteration 30, its tracker gone
+    ckpt.save(_training_state(0), 10)
+    ckpt.save(_training_state(0), 20)  # keeps 10 and 20: 30 is not one of this run's two
+    dirs = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    assert dirs == ["iter_0000010", "iter_0000020", "iter_0000030"]
 
 
 def test_without_tracker_the_single_valid_iteration_is_loaded(tmp_path: Path) -> None:

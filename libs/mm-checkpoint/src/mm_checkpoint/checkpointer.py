@@ -23,11 +23,12 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from .errors import CheckpointLoadError, CheckpointNotFoundError
+from .errors import CheckpointError, CheckpointLoadError, CheckpointNotFoundError
 from .layout import (
     RELEASE_ITERATION,
     iteration_dir_name,
     latest_iteration,
+    read_tracker,
     resolve_dcp_dir,
     valid_iterations,
     write_tracker,
@@ -167,6 +168,7 @@ class DistributedCheckpointer:
         ``info`` (rank 0's, JSON-serializable) is added to the iteration's ``mm_checkpoint.json``, so it
         becomes visible atomically with the tensors (see :func:`checkpoint_info`).
         """
+        self._check_forward(iteration)
         final = self.root / iteration_dir_name(iteration)
         partial = final.with_name(final.name + ".partial")
         if get_rank() == 0:
@@ -181,7 +183,7 @@ class DistributedCheckpointer:
         if get_rank() == 0:
             self._write_info(partial, iteration, info or {})
             self._commit(partial, final, iteration)
-            self._prune(keep=final)
+            self._prune(iteration)
         barrier()
         return final
 
@@ -220,13 +222,25 @@ class DistributedCheckpointer:
         write_tracker(self.root, iteration)
         shutil.rmtree(replaced, ignore_errors=True)
 
-    def _prune(self, keep: Path) -> None:
+    def _check_forward(self, iteration: int) -> None:
+        """Refuse (on every rank, before any collective) to move the tracker back: a lower iteration than
+        the tracker's belongs to another run, whose checkpoints this save would replace or prune."""
+        tracked = read_tracker(self.root)
+        if tracked is not None and tracked != RELEASE_ITERATION and iteration < tracked:
+            raise CheckpointError(
+                f"{self.root} already holds iteration {tracked} (its tracker); saving iteration {iteration} "
+                "there would move the tracker back and mix two runs: resume that run, or save elsewhere"
+            )
+
+    def _prune(self, iteration: int) -> None:
+        """Keep the ``keep_last`` newest iterations up to ``iteration``; newer ones are not this run's."""
         if self.keep_last is None:
             return
-        iters = [(it, p) for it, p in valid_iterations(self.root).items() if it != RELEASE_ITERATION]
-        for _, path in iters[: max(0, len(iters) - self.keep_last)]:
-            if path != keep:
-                shutil.rmtree(path, ignore_errors=True)
+        iters = [
+            p for it, p in valid_iterations(self.root).items() if it != RELEASE_ITERATION and it <= iteration
+        ]
+        for path in iters[: max(0, len(iters) - self.keep_last)]:
+            shutil.rmtree(path, ignore_errors=True)
 
     def load(self, state: MutableMapping[str, Any], iteration: int | None = None) -> int:
         """Collectively restore ``state`` in place from ``iteration`` (default: tracker / single valid dir).
