@@ -56,9 +56,16 @@ class TrainingConfig(ConfigModel):
     clip_grad: float | None = Field(default=1.0, ge=0)
     """Clip the global gradient norm to this value; 0 or None disables clipping."""
     load: str | None = None
-    """Checkpoint directory to resume from (model, optimizer, scheduler, data, RNG)."""
+    """Checkpoint directory a new run starts from (model, optimizer, scheduler, data, RNG); a run that
+    already has checkpoints in ``save`` resumes those instead (see ``resume``)."""
     save: str | None = None
-    """Directory checkpoints and the resolved config are written to; None saves nothing."""
+    """Directory checkpoints and the resolved config are written to; None saves nothing. A run locks it
+    (and ``log_dir``): a second run into it stops with an error naming the holder."""
+    resume: Literal["auto", "must", "never"] = "auto"
+    """``auto``: a ``save`` dir that holds a checkpoint is resumed (else start from ``load``, or the
+    pretrained weights); ``must``: the same, but an error when there is nothing to resume;
+    ``never``: start over, moving a non-empty ``save`` dir aside to ``<save>.previous-<time>``
+    (nothing is deleted)."""
     save_interval: int = Field(default=1000, ge=1)
     """Save a checkpoint every this many steps (and at the end)."""
     keep_last: int | None = Field(default=None, ge=1)

@@ -20,6 +20,8 @@ from mm_trainer.registry import (  # noqa: E402
     model_register,
 )
 from mm_trainer.run_config import load_run_config  # noqa: E402
+from mm_trainer.run_dir import RunDirectory, RunDirectoryError, RunStart, open_run_directory  # noqa: E402
+from mm_trainer.run_lock import RunLock, RunLockedError  # noqa: E402
 from mm_trainer.trainer import Trainer  # noqa: E402
 
 __all__ = [
@@ -37,6 +39,11 @@ __all__ = [
     "NonFiniteLossError",
     "Registry",
     "RegistryError",
+    "RunDirectory",
+    "RunDirectoryError",
+    "RunLock",
+    "RunLockedError",
+    "RunStart",
     "TrainEngine",
     "Trainer",
     "apply_features",
@@ -48,4 +55,5 @@ __all__ = [
     "load_module_weights",
     "load_run_config",
     "model_register",
+    "open_run_directory",
 ]

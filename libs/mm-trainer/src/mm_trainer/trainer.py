@@ -35,6 +35,7 @@ from mm_trainer.plugins import import_plugins
 from mm_trainer.profiling import MemoryProfiler, StepProfiler
 from mm_trainer.rng import seed_everything
 from mm_trainer.run_config import RUN_CONFIG_NAME
+from mm_trainer.run_dir import open_run_directory
 
 logger = logging.getLogger("mm_trainer")
 
@@ -54,6 +55,8 @@ class Trainer:
             ring=parallel.ring_attention_size,
         )
         self.device = get_local_device(device_type)
+        # Lock the save / log dirs for this run and decide where it starts (training.resume).
+        self.run_dir = open_run_directory(config.training)
         import_plugins(config.training.plugin)
         seed_everything(config.training.seed)
         if config.training.deterministic:
@@ -96,7 +99,7 @@ class Trainer:
                 cp_group=ps.cp_group if ps.cp_enabled else None,
             )
         self.checkpointer = self._checkpointer(config.training.save) if config.training.save else None
-        self.start_iteration = self._resume() if config.training.load else 0
+        self.start_iteration = self._resume() if self.run_dir.resume_from else 0
 
     # ------------------------------------------------------------ building
     def _build_model(self) -> nn.Module:
@@ -121,7 +124,7 @@ class Trainer:
         )
         for source, target in self.fsdp_report.cross_submodel_prefetch.items():
             _log_rank0(f"cross-sub-model prefetch: {source} gathers {target} (from step 2)")
-        resuming = cfg.training.load is not None
+        resuming = self.run_dir.resume_from is not None
         sub_model_args = cfg.model.sub_models()
         for name, module in model.sub_models().items():
             restored_by_checkpoint = resuming and name in model.checkpoint_submodels
@@ -170,8 +173,9 @@ class Trainer:
 
     def _resume(self) -> int:
         """Restore model, optimizer, scheduler, data position and RNG in place; return the iteration."""
-        iteration = self._checkpointer(self.config.training.load).load(self.state())
-        _log_rank0(f"resumed from {self.config.training.load} at iteration {iteration}")
+        root = str(self.run_dir.resume_from)
+        iteration = self._checkpointer(root).load(self.state())
+        _log_rank0(f"resumed from {root} at iteration {iteration}")
         return iteration
 
     def train(self) -> int:
@@ -222,6 +226,7 @@ class Trainer:
         )
 
     def close(self) -> None:
+        self.run_dir.release()  # every save has completed on all ranks by now
         if dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()

@@ -1,0 +1,99 @@
+"""RunLock: one run per directory; a live holder is named, a provably dead one is taken over."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from mm_trainer.run_lock import LOCK_FILENAME, LockHolder, RunLock, RunLockedError
+
+
+@pytest.fixture
+def other_process() -> Iterator[subprocess.Popen]:
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _holder_of(pid: int) -> LockHolder:
+    """The record a run with process ``pid`` on this host would have written."""
+    me = LockHolder.me()
+    return replace(me, pid=pid, started="2026-01-01 00:00:00 +0000", process_start=_start_of(pid))
+
+
+def _start_of(pid: int) -> str | None:
+    from mm_trainer.run_lock import _process_start
+
+    return _process_start(pid)
+
+
+def _plant(directory: Path, holder: LockHolder) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / LOCK_FILENAME).write_text(json.dumps(vars(holder)))
+    return directory / LOCK_FILENAME
+
+
+def test_acquire_writes_who_holds_the_lock_and_release_removes_it(tmp_path: Path) -> None:
+    lock = RunLock(tmp_path / "run").acquire()
+    holder = json.loads((tmp_path / "run" / LOCK_FILENAME).read_text())
+    assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname() and holder["started"]
+    lock.release()
+    assert not (tmp_path / "run" / LOCK_FILENAME).exists()
+
+
+def test_a_live_holder_is_refused_with_its_pid_and_host(tmp_path: Path, other_process) -> None:
+    _plant(tmp_path, _holder_of(other_process.pid))
+    with pytest.raises(RunLockedError) as err:
+        RunLock(tmp_path).acquire()
+    message = str(err.value)
+    assert f"pid {other_process.pid} on host {socket.gethostname()}" in message and "in use" in message
+
+
+def test_a_dead_holder_on_this_host_is_stale_and_taken_over(tmp_path: Path, caplog, other_process) -> None:
+    holder = _holder_of(other_process.pid)
+    other_process.kill()
+    other_process.wait()
+    lock_file = _plant(tmp_path, holder)
+    with caplog.at_level(logging.WARNING, logger="mm_trainer"):
+        RunLock(tmp_path).acquire().release()
+    assert (
+        f"taking over the stale lock of pid {holder.pid}" in caplog.text and "is not running" in caplog.text
+    )
+    assert not lock_file.exists()
+
+
+def test_a_reused_pid_is_stale(tmp_path: Path, other_process) -> None:
+    _plant(tmp_path, replace(_holder_of(other_process.pid), process_start="1"))  # pid now another process
+    RunLock(tmp_path).acquire().release()
+
+
+def test_a_holder_on_another_host_is_refused_with_how_to_clear_it(tmp_path: Path) -> None:
+    lock_file = _plant(tmp_path, replace(_holder_of(1), host="node-17"))
+    with pytest.raises(RunLockedError, match=f"host node-17.*delete {lock_file}"):
+        RunLock(tmp_path).acquire()
+
+
+def test_the_holding_process_may_take_it_again(tmp_path: Path) -> None:
+    RunLock(tmp_path).acquire()
+    RunLock(tmp_path).acquire().release()
+    assert not (tmp_path / LOCK_FILENAME).exists()
+
+
+def test_a_killed_holder_not_yet_reaped_is_stale(tmp_path: Path, other_process) -> None:
+    lock_file = _plant(tmp_path, _holder_of(other_process.pid))
+    other_process.kill()  # a zombie until waited for, as under a pid 1 that reaps nothing
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{other_process.pid}/stat").read_text().split(")")[-1].split()[0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    RunLock(tmp_path).acquire().release()
+    assert not lock_file.exists()
