@@ -85,3 +85,19 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
 def distributed() -> Callable[..., list[Any]]:
     """Fixture form of :func:`run_distributed`: ``distributed(fn, world_size, *args)``."""
     return run_distributed
+
+
+class _CreatesFile:
+    """Unpickling this creates ``path``: a stand-in for the code a crafted checkpoint file would run."""
+
+    def __init__(self, path: Any) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple:
+        return (open, (str(self.path), "w"))
+
+
+@pytest.fixture
+def pickle_payload() -> Callable[[Any], Any]:
+    """``pickle_payload(marker)``: an object whose unpickling creates the file ``marker``."""
+    return _CreatesFile

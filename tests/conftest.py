@@ -206,3 +206,34 @@ def mm_train_result():
         return subprocess.run(command, env=train_env(), capture_output=True, text=True, timeout=300)
 
     return run
+
+
+def build_toy_trainer(config: Path, world_size: int, *overrides: str):
+    """A ``Trainer`` of a toy config, built in this (rank) process."""
+    if str(PLUGIN_DIR) not in sys.path:
+        sys.path.insert(0, str(PLUGIN_DIR))
+    from mm_config import load_config
+    from mm_trainer import Trainer
+
+    return Trainer(load_config(config, list(overrides), world_size=world_size))
+
+
+@pytest.fixture
+def trainer_build_error():
+    """``trainer_build_error(config, world_size)`` -> ``"ErrorType: message"`` of building its Trainer
+    on this rank, or ``"no error"``."""
+
+    def build(config: Path, world_size: int) -> str:
+        try:
+            build_toy_trainer(config, world_size)
+        except Exception as exc:  # noqa: BLE001 - the error is the result
+            return f"{type(exc).__name__}: {exc}"
+        return "no error"
+
+    return build
+
+
+@pytest.fixture
+def toy_trainer():
+    """``toy_trainer(config, world_size, *overrides)`` -> a built ``Trainer`` (call inside a rank)."""
+    return build_toy_trainer

@@ -5,26 +5,14 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from mm_checkpoint import checkpoint_info
 
-PLUGIN_DIR = str(Path(__file__).parent / "plugins")
 
-
-def build_trainer(config_path: Path, world_size: int, *overrides: str):
-    if PLUGIN_DIR not in sys.path:
-        sys.path.insert(0, PLUGIN_DIR)
-    from mm_config import load_config
-    from mm_trainer import Trainer
-
-    return Trainer(load_config(config_path, list(overrides), world_size=world_size))
-
-
-def train_once(rank: int, world_size: int, config: Path) -> tuple[int, int]:
-    trainer = build_trainer(config, world_size)
+def train_once(build, config: Path, world_size: int) -> tuple[int, int]:
+    trainer = build(config, world_size)
     try:
         return trainer.start_iteration, trainer.train()
     finally:
@@ -38,21 +26,23 @@ def saved(ckpt: Path) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_running_the_same_config_twice_resumes_and_leaves_every_earlier_checkpoint(
-    distributed, toy_yaml, metrics_of
+    distributed, toy_yaml, metrics_of, toy_trainer
 ):
     config = toy_yaml(training={"train_iters": 6, "save_interval": 3, "keep_last": 2})
     ckpt = config.parent / "ckpt"
-    assert distributed(train_once, 2, config) == [(0, 6)] * 2
+    assert distributed(lambda rank, world: train_once(toy_trainer, config, world), 2) == [(0, 6)] * 2
     first = saved(ckpt)
     assert list(first) == ["iter_0000003", "iter_0000006"]
 
-    assert distributed(train_once, 2, config) == [(6, 6)] * 2  # resumed at 6: nothing left to train
+    assert (
+        distributed(lambda rank, world: train_once(toy_trainer, config, world), 2) == [(6, 6)] * 2
+    )  # resumed at 6: nothing left to train
     assert saved(ckpt) == first  # neither replaced nor pruned
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "6"
     assert [r["step"] for r in metrics_of(ckpt)] == [1, 2, 3, 4, 5, 6]
 
 
-def test_a_save_dir_in_use_by_a_live_run_is_refused_on_every_rank(distributed, toy_yaml, tmp_path):
+def test_a_save_dir_in_use_by_a_live_run_is_refused_on_every_rank(distributed, toy_yaml, trainer_build_error):
     config = toy_yaml()
     ckpt = config.parent / "ckpt"
     holder = subprocess.Popen(["sleep", "60"])
@@ -61,14 +51,7 @@ def test_a_save_dir_in_use_by_a_live_run_is_refused_on_every_rank(distributed, t
         record = {"pid": holder.pid, "host": socket.gethostname(), "started": "2026-01-01 00:00:00 +0000"}
         (ckpt / ".mm_train.lock").write_text(json.dumps(record))
 
-        def body(rank, world_size):
-            try:
-                build_trainer(config, world_size)
-            except Exception as exc:  # noqa: BLE001
-                return f"{type(exc).__name__}: {exc}"
-            return "no error"
-
-        messages = distributed(body, 2)
+        messages = distributed(lambda rank, world: trainer_build_error(config, world), 2)
     finally:
         holder.kill()
         holder.wait()

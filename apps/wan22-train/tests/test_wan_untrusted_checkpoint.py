@@ -14,15 +14,9 @@ from wan22_train.configs import config_path
 from wan22_train.tiny import make_tiny, tiny_overrides
 
 
-class _Payload:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (open, (str(self.marker), "w"))
-
-
-def test_export_of_a_crafted_checkpoint_runs_nothing_and_names_the_file(tmp_path: Path) -> None:
+def test_export_of_a_crafted_checkpoint_runs_nothing_and_names_the_file(
+    tmp_path: Path, pickle_payload
+) -> None:
     tiny = make_tiny(tmp_path / "tiny")
     ckpt, marker = tmp_path / "ckpt", tmp_path / "pwned"
     iteration_dir = ckpt / "iter_0000001"
@@ -31,7 +25,7 @@ def test_export_of_a_crafted_checkpoint_runs_nothing_and_names_the_file(tmp_path
         load_config(config_path("tiny_t2v.yaml"), tiny_overrides(tiny), world_size=2), ckpt / "config.yaml"
     )
     (iteration_dir / "mm_checkpoint.json").write_text(json.dumps({"iteration": 1, "world_size": 2}))
-    (iteration_dir / ".metadata").write_bytes(pickle.dumps({"state_dict_metadata": _Payload(marker)}))
+    (iteration_dir / ".metadata").write_bytes(pickle.dumps({"state_dict_metadata": pickle_payload(marker)}))
     (ckpt / "latest_checkpointed_iteration.txt").write_text("1")
     with pytest.raises(CheckpointFormatError, match=str(iteration_dir / ".metadata")):
         main(["export", "--checkpoint", str(ckpt), "--out", str(tmp_path / "out")])

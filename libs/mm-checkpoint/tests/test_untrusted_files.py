@@ -14,36 +14,26 @@ from mm_checkpoint.restricted_dcp import load_metadata_file
 from torch import nn
 
 
-class _Payload:
-    """Unpickling this creates ``marker``: what an attacker's code would do."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (open, (str(self.marker), "w"))
-
-
 def _checkpoint(root: Path) -> Path:
     torch.manual_seed(0)
     DistributedCheckpointer(root).save({"model": nn.Linear(4, 4)}, iteration=1)
     return root / "iter_0000001"
 
 
-def _plant_metadata_payload(dcp_dir: Path, marker: Path) -> Path:
+def _plant_metadata_payload(dcp_dir: Path, payload: object) -> Path:
     """Rewrite ``.metadata`` as the real metadata with a code-running object inside it."""
     file = dcp_dir / ".metadata"
     metadata = pickle.loads(file.read_bytes())  # our own, just written: trusted here
-    metadata.planner_data = {"x": _Payload(marker)}
+    metadata.planner_data = {"x": payload}
     file.write_bytes(pickle.dumps(metadata))
     return file
 
 
 @pytest.fixture
-def crafted(tmp_path: Path) -> tuple[Path, Path, Path]:
+def crafted(tmp_path: Path, pickle_payload) -> tuple[Path, Path, Path]:
     """``(checkpoint root, crafted .metadata, marker the payload would create)``."""
     root, marker = tmp_path / "ckpt", tmp_path / "pwned"
-    metadata = _plant_metadata_payload(_checkpoint(root), marker)
+    metadata = _plant_metadata_payload(_checkpoint(root), pickle_payload(marker))
     return root, metadata, marker
 
 
@@ -88,9 +78,9 @@ class _Holder:
         self.value = state["value"]
 
 
-def test_resume_refuses_a_crafted_non_tensor_entry_and_runs_nothing(tmp_path: Path) -> None:
+def test_resume_refuses_a_crafted_non_tensor_entry_and_runs_nothing(tmp_path: Path, pickle_payload) -> None:
     marker = tmp_path / "pwned"
-    state = {"model": nn.Linear(4, 4), "lr_scheduler": _Holder(_Payload(marker))}
+    state = {"model": nn.Linear(4, 4), "lr_scheduler": _Holder(pickle_payload(marker))}
     DistributedCheckpointer(tmp_path / "ckpt").save(state, iteration=1)
     assert not marker.exists()
     with pytest.raises(CheckpointFormatError, match="'lr_scheduler.value' is not plain data"):
