@@ -108,3 +108,11 @@ def test_verify_calls_nan_and_inf_at_the_same_places_same(tmp_path: Path, capsys
     a, b = _pair(tmp_path, special, special.clone())
     assert main(["verify", str(a), str(b)]) == 0
     assert capsys.readouterr().out.strip().endswith("SAME")
+
+
+def test_verify_of_a_corrupt_dcp_shard_exits_2_naming_the_checkpoint(tmp_path: Path, capsys) -> None:
+    root = _dcp_root(tmp_path)
+    shard = next((root / "iter_0000001").glob("*.distcp"))
+    shard.write_bytes(b"\0" * shard.stat().st_size)  # right size, garbage content
+    assert main(["verify", str(root), str(root)]) == 2
+    assert f"reading DCP checkpoint {root / 'iter_0000001'} failed" in _one_error_line(capsys)

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.planner import ReadItem
 
-from .errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError
+from .errors import CheckpointError, CheckpointFormatError, CheckpointLoadError, CheckpointNotFoundError
 from .layout import METADATA_FILENAME
 from .runtime import single_process_quiet
 
@@ -184,7 +184,9 @@ def restricted_dcp_load(
 ) -> None:
     """``torch.distributed.checkpoint.load`` of ``state`` (filled in place) from ``path`` through the
     restricted reader and planner (collective unless ``no_dist``). A refusal on any rank raises its
-    :class:`~mm_checkpoint.errors.CheckpointError` itself rather than DCP's ``CheckpointException``."""
+    :class:`~mm_checkpoint.errors.CheckpointError` itself, any other failure a
+    :class:`~mm_checkpoint.errors.CheckpointLoadError` naming ``path``, instead of DCP's
+    ``CheckpointException`` (a ``BaseException`` that ordinary handlers miss)."""
     reader = reader or RestrictedFileSystemReader(str(path))
     if not isinstance(reader, RestrictedFileSystemReader):
         raise TypeError(f"reader must be a RestrictedFileSystemReader, got {type(reader).__name__}")
@@ -193,7 +195,13 @@ def restricted_dcp_load(
         with single_process_quiet():
             dcp.load(state, storage_reader=reader, planner=planner, no_dist=no_dist)
     except CheckpointException as exc:
-        ours = [e for e, _ in exc.failures.values() if isinstance(e, CheckpointError)]
+        failures = {rank: e for rank, (e, _) in exc.failures.items()}
+        ours = [e for e in failures.values() if isinstance(e, CheckpointError)]
         if ours:
             raise ours[0] from None
-        raise
+        rank, first = next(iter(failures.items()))
+        what = (str(first).strip().splitlines() or [""])[0]  # torch's own messages run over many lines
+        raise CheckpointLoadError(
+            f"reading DCP checkpoint {path} failed on rank(s) {sorted(failures)}; rank {rank}: "
+            f"{type(first).__name__}: {what}"
+        ) from exc
