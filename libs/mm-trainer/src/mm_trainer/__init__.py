@@ -6,8 +6,10 @@ from mm_trainer.base_model import BaseModel, init_module_weights, load_module_we
 from mm_trainer.batches import BatchStream, build_batch_stream  # noqa: E402
 from mm_trainer.conditions import ConditionStream  # noqa: E402
 from mm_trainer.container import ModelContainer, ModelContainerHub, freeze  # noqa: E402
+from mm_trainer.conversation_data import conversation_dataset  # noqa: E402
 from mm_trainer.engine import NonFiniteLossError, TrainEngine  # noqa: E402
 from mm_trainer.features import FeaturesReport, apply_features  # noqa: E402
+from mm_trainer.hf_model import HFModel, TransformersKeyRenaming, hf_model_class  # noqa: E402
 from mm_trainer.metrics import PEAK_FLOPS, MetricsLogger  # noqa: E402
 from mm_trainer.model_hub import ModelHub  # noqa: E402
 from mm_trainer.plugins import import_plugins  # noqa: E402
@@ -30,6 +32,7 @@ __all__ = [
     "BatchStream",
     "ConditionStream",
     "FeaturesReport",
+    "HFModel",
     "MetricsLogger",
     "ModelContainer",
     "ModelContainerHub",
@@ -38,11 +41,14 @@ __all__ = [
     "Registry",
     "RegistryError",
     "TrainEngine",
+    "TransformersKeyRenaming",
     "Trainer",
     "apply_features",
     "build_batch_stream",
+    "conversation_dataset",
     "data_register",
     "freeze",
+    "hf_model_class",
     "import_plugins",
     "init_module_weights",
     "load_module_weights",
