@@ -9,6 +9,7 @@ from mm_trainer.container import ModelContainer, ModelContainerHub, freeze  # no
 from mm_trainer.conversation_data import conversation_dataset  # noqa: E402
 from mm_trainer.engine import NonFiniteLossError, TrainEngine  # noqa: E402
 from mm_trainer.features import FeaturesReport, apply_features  # noqa: E402
+from mm_trainer.hf_export import export_hf_model  # noqa: E402
 from mm_trainer.hf_model import HFModel, TransformersKeyRenaming, hf_model_class  # noqa: E402
 from mm_trainer.metrics import PEAK_FLOPS, MetricsLogger  # noqa: E402
 from mm_trainer.model_hub import ModelHub  # noqa: E402
@@ -46,6 +47,7 @@ __all__ = [
     "apply_features",
     "build_batch_stream",
     "conversation_dataset",
+    "export_hf_model",
     "data_register",
     "freeze",
     "hf_model_class",
