@@ -82,7 +82,7 @@ def test_bad_samples_are_named_skipped_and_counted(tiny_dataset, tiny_root):
     ds = tiny_dataset(rows, max_bad_fraction=1.0)
     item = ds[0]
     assert item["index"] == 2 and item["skipped"] == [0, 1]
-    first, second = ds.bad_samples
+    first, second = ds.tracker.bad_samples
     assert first.path.endswith("[0] (id two-placeholders)")
     assert "2 <image> placeholder(s) in the text but 1 image(s) listed" in first.reason
     assert second.path.endswith("[1] (id missing-file)")

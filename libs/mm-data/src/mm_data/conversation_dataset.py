@@ -15,7 +15,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from .bad_samples import BadSample, BadSampleError, BadSampleTracker
+from .bad_samples import BadSample, BadSampleTracker
 from .chat_template import IGNORE_INDEX, ChatTemplate, TrainOn
 from .conversation import ConversationColumns, ConversationError, to_conversation
 from .metadata import MetadataError, _read_rows
@@ -30,7 +30,8 @@ class ConversationDataset(Dataset):
     ``mm_token_type_ids`` (with a multimodal plugin), ``media`` (processor tensors), ``index`` and
     ``skipped``.
 
-    ``collate_fn`` is a :class:`~mm_data.MultimodalCollator` (padding, or packing with ``packing``).
+    ``collate_fn`` is a :class:`~mm_data.MultimodalCollator` (padding, or packing with ``packing``);
+    ``tracker.bad_samples`` lists the bad samples this process skipped.
     """
 
     def __init__(
@@ -65,24 +66,10 @@ class ConversationDataset(Dataset):
     def __len__(self) -> int:
         return len(self.rows)
 
-    @property
-    def bad_samples(self) -> list[BadSample]:
-        """Bad samples this process has skipped so far."""
-        return self.tracker.bad_samples
-
     def __getitem__(self, index: int) -> dict[str, Any]:
-        skipped: list[int] = []
-        for offset in range(len(self)):
-            source = (int(index) + offset) % len(self)
-            try:
-                item = self.encode(source)
-            except (SampleError, ConversationError) as e:
-                self.tracker.record(BadSample(source, self.sample_name(source), str(e)))
-                skipped.append(source)
-                continue
-            item["skipped"] = skipped
-            return item
-        raise BadSampleError(self.tracker.report(), self.bad_samples)
+        candidates = ((int(index) + offset) % len(self) for offset in range(len(self)))
+        describe = lambda i, e: BadSample(i, self.sample_name(i), str(e))  # noqa: E731
+        return self.tracker.first_good(candidates, self.encode, describe, (SampleError, ConversationError))
 
     def sample_name(self, index: int) -> str:
         """``<file>[<row>]`` plus the row's ``id`` when it has one."""

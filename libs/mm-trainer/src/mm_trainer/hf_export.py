@@ -36,7 +36,9 @@ def upstream_class(args: Any) -> type:
     raise TypeError(f"model {args.model_id!r} is {registered}, not a transformers model of the HF path")
 
 
-def export_hf_model(config: Any, checkpoint: str | Path, out: str | Path, *, max_shard_size: str = "5GB") -> Path:
+def export_hf_model(
+    config: Any, checkpoint: str | Path, out: str | Path, *, max_shard_size: str = "5GB"
+) -> Path:
     """Write the latest iteration of ``checkpoint`` (a run of ``config``, single-model form) to ``out``."""
     args = config.model.sub_models()["model"]
     upstream = upstream_class(args)
@@ -44,7 +46,9 @@ def export_hf_model(config: Any, checkpoint: str | Path, out: str | Path, *, max
     hf_config.architectures = [upstream.__name__]
     with tempfile.TemporaryDirectory() as side:
         hf_config.save_pretrained(side)
-        export_checkpoint(checkpoint, out, to="hf", config_from=side, submodule="model", max_shard_size=max_shard_size)
+        export_checkpoint(
+            checkpoint, out, to="hf", config_from=side, submodule="model", max_shard_size=max_shard_size
+        )
     source = args.from_pretrained or args.checkpoint_path
     if source and Path(source).is_dir():
         for pattern in _SIDE_FILES:
