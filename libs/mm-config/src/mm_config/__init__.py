@@ -3,9 +3,11 @@
 __version__ = "0.1.0"
 
 from .base import ConfigModel, DType, ModulePattern  # noqa: E402
+from .conversation import ConversationColumnsConfig, ConversationDatasetConfig  # noqa: E402
 from .data import DataConfig  # noqa: E402
 from .errors import ConfigError, Problem, RuleViolations  # noqa: E402
 from .features import FeaturesConfig, ModulePlanConfig  # noqa: E402
+from .hf_model import HFModelConfig  # noqa: E402
 from .loader import (  # noqa: E402
     apply_overrides,
     config_to_yaml,
@@ -31,10 +33,13 @@ from .training import NonFiniteConfig, TrainingConfig  # noqa: E402
 __all__ = [
     "ConfigError",
     "ConfigModel",
+    "ConversationColumnsConfig",
+    "ConversationDatasetConfig",
     "DType",
     "DataConfig",
     "FSDPPlanConfig",
     "FeaturesConfig",
+    "HFModelConfig",
     "MemoryProfileConfig",
     "ModelConfig",
     "ModulePattern",
