@@ -11,6 +11,7 @@ from mm_trainer.features import FeaturesReport, apply_features  # noqa: E402
 from mm_trainer.metrics import PEAK_FLOPS, MetricsLogger  # noqa: E402
 from mm_trainer.model_hub import ModelHub  # noqa: E402
 from mm_trainer.plugins import import_plugins  # noqa: E402
+from mm_trainer.preflight import preflight  # noqa: E402
 from mm_trainer.registry import (  # noqa: E402
     DATA_REGISTRY,
     MODEL_REGISTRY,
@@ -48,4 +49,5 @@ __all__ = [
     "load_module_weights",
     "load_run_config",
     "model_register",
+    "preflight",
 ]
