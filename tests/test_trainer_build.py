@@ -34,17 +34,27 @@ def test_features_sit_inside_fsdp_units_and_loaded_weights_survive_init(
 
     def body(rank, world_size):
         from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.tensor import DTensor
 
         trainer = build_trainer(config, world_size)
-        block = trainer.model.predictor.blocks[0]
-        assert isinstance(block, FSDPModule)
-        assert block._mm_recompute and block._mm_activation_offload
-        assert "forward" in vars(block)  # the wrapper is the instance's forward, inside FSDP's __call__ hooks
+        blocks = trainer.model.predictor.blocks
+        assert all(isinstance(block, FSDPModule) for block in blocks)
+        calls = []  # (block, its fc1 weight is a DTensor shard?, shape) at every fc1 forward
+        for i, block in enumerate(blocks):
+            block.fc1.register_forward_hook(
+                lambda m, args, out, i=i: calls.append(
+                    (i, isinstance(m.weight, DTensor), tuple(m.weight.shape))
+                )
+            )
+        trainer.model(**trainer.batches.next_batch()).loss.backward()
         encoder = trainer.model.text_encoder
         assert isinstance(encoder, FSDPModule)
-        return {k: full(v).clone() for k, v in encoder.state_dict().items()}
+        return sorted(calls), {k: full(v).clone() for k, v in encoder.state_dict().items()}
 
-    for loaded in distributed(body, 2):
+    for calls, loaded in distributed(body, 2):
+        # recompute_plan blocks.{*} (block 0 offloaded too): every block runs again in backward, and
+        # both runs see the unsharded weights, so the wrappers sit inside the FSDP units' hooks
+        assert calls == [(i, False, (32, 32)) for i in range(3) for _ in range(2)]
         assert loaded.keys() == source.keys()
         for key, value in source.items():
             assert torch.equal(loaded[key], value), key

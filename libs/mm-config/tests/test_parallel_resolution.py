@@ -55,9 +55,9 @@ def test_world_size_falls_back_to_env_then_1(load, monkeypatch, write_config):
     from mm_config import load_config
 
     monkeypatch.setenv("WORLD_SIZE", "4")
-    assert load_config(write_config({})).parallel.fully_shard_parallel_size == 4
+    assert load_config(write_config({"parallel": {}})).parallel.fully_shard_parallel_size == 4
     monkeypatch.delenv("WORLD_SIZE")
-    assert load_config(write_config({})).parallel.fully_shard_parallel_size == 1
+    assert load_config(write_config({"parallel": {}})).parallel.fully_shard_parallel_size == 1
 
 
 def test_unresolved_section_refuses_derived_sizes():

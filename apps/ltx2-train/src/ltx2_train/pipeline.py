@@ -25,16 +25,8 @@ from typing import Any
 import torch
 from mm_pipelines import GenerativePipelineBase
 
+from ltx2_train.config_schema import PIPELINE_KEYS, SAMPLER_KEYS
 from ltx2_train.timesteps import SigmaSampler
-
-SAMPLER_KEYS = {
-    "timestep_sampling": "mode",
-    "sigma_std": "std",
-    "shift_min_tokens": "min_tokens",
-    "shift_min": "min_shift",
-    "shift_max_tokens": "max_tokens",
-    "shift_max": "max_shift",
-}
 
 
 def pack_video(latents: torch.Tensor) -> torch.Tensor:
@@ -101,18 +93,11 @@ class LTX2Pipeline(GenerativePipelineBase):
         sampler = SigmaSampler(
             **{field: options.pop(key) for key, field in SAMPLER_KEYS.items() if key in options}
         )
-        known = (
-            "audio",
-            "first_frame_conditioning_p",
-            "audio_loss_weight",
-            "frame_rate",
-            "audio_placeholder_tokens",
-        )
-        unknown = sorted(set(options) - set(known))
+        unknown = sorted(set(options) - set(PIPELINE_KEYS))
         if unknown:
             raise ValueError(
                 f"model.pipeline: unknown LTX-2 pipeline options {unknown}; expected some of "
-                f"{sorted([*SAMPLER_KEYS, *known])}"
+                f"{sorted([*SAMPLER_KEYS, *PIPELINE_KEYS])}"
             )
         return cls(sampler, **options)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-MODES = ("shifted_logit_normal", "uniform")
+from ltx2_train.config_schema import SAMPLING_MODES as MODES
 
 
 @dataclass(frozen=True)

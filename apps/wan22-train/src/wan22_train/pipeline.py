@@ -10,9 +10,9 @@ import torch.distributed as dist
 from mm_parallel import get_local_device, parse_dtype
 from mm_pipelines import EXPERT_BOUNDARIES, WAN22_RECIPE_GRID, FlowMatchScheduler, FlowMatchT2VPipeline
 
-EXPERTS = ("high_noise", "low_noise", "all", "both")
+from wan22_train.config_schema import EXPERTS, SCHEDULER_KEYS
+
 LOW_NOISE_ROLE = "predictor_low"
-SCHEDULER_KEYS = ("num_train_timesteps", "shift", "sigma_min", "sigma_max", "extra_one_step", "weighting")
 
 
 class Wan22Pipeline(FlowMatchT2VPipeline):

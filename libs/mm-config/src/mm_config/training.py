@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from .base import ConfigModel
+from .base import ConfigModel, InputPath
 from .errors import Problem, RuleViolations
 
 
@@ -24,8 +24,8 @@ class TrainingConfig(ConfigModel):
 
     plugin: list[str] = []
     """Python modules imported before the config is validated and the model is built (registrations)."""
-    seed: int = 1234
-    """Base random seed (model init, data order, noise)."""
+    seed: int = Field(default=1234, ge=0, lt=2**63)
+    """Base random seed (model init, data order, noise); data-parallel rank r draws with seed + r."""
     micro_batch_size: int = Field(default=1, ge=1)
     """Samples per data-parallel rank per forward/backward."""
     gradient_accumulation_steps: int = Field(default=1, ge=1)
@@ -55,7 +55,7 @@ class TrainingConfig(ConfigModel):
     """AdamW decoupled weight decay."""
     clip_grad: float | None = Field(default=1.0, ge=0)
     """Clip the global gradient norm to this value; 0 or None disables clipping."""
-    load: str | None = None
+    load: InputPath | None = None
     """Checkpoint directory a new run starts from (model, optimizer, scheduler, data, RNG); a run that
     already has checkpoints in ``save`` resumes those instead (see ``resume``)."""
     save: str | None = None
@@ -86,8 +86,9 @@ class TrainingConfig(ConfigModel):
     """Handling of NaN/inf loss or gradient norm."""
     deterministic: bool = False
     """Use deterministic algorithms (slower; bitwise reproducible runs)."""
-    device: str | None = Field(default=None, pattern=r"^(cpu|cuda|npu)(:\d+)?$")
-    """``cpu``, ``cuda`` or ``npu`` (optionally ``:index``); None picks npu, then cuda, then cpu."""
+    device: str | None = Field(default=None, pattern=r"^(cpu|cuda|npu)$")
+    """``cpu``, ``cuda`` or ``npu`` for the process group, the device mesh and the model (rank r of a
+    node uses device ``LOCAL_RANK``, so no index is given); None picks npu, then cuda, then cpu."""
 
     @model_validator(mode="after")
     def _schedule_consistent(self) -> TrainingConfig:

@@ -14,6 +14,7 @@ from mm_trainer.hf_model import HFModel, TransformersKeyRenaming, hf_model_class
 from mm_trainer.metrics import PEAK_FLOPS, MetricsLogger  # noqa: E402
 from mm_trainer.model_hub import ModelHub  # noqa: E402
 from mm_trainer.plugins import import_plugins  # noqa: E402
+from mm_trainer.preflight import preflight  # noqa: E402
 from mm_trainer.registry import (  # noqa: E402
     DATA_REGISTRY,
     MODEL_REGISTRY,
@@ -64,4 +65,5 @@ __all__ = [
     "load_run_config",
     "model_register",
     "open_run_directory",
+    "preflight",
 ]

@@ -2,7 +2,8 @@
 
 Built-in dataset ids: ``video_text`` (``mm_data.VideoTextDataset``, ``data.data_path`` is
 its metadata file) and ``precomputed_latents`` (``mm_data.PrecomputedLatentDataset``,
-``data.data_path`` is the cache directory). Plugins register more with ``@data_register``;
+``data.data_path`` is the cache directory); mm-config holds their ``data.dataset`` schemas
+(``mm_config.VideoTextDatasetConfig``, ``PrecomputedLatentsConfig``). Plugins register more with ``@data_register``;
 a registered callable is called with ``data.dataset`` as keyword arguments plus
 ``data_path`` / ``data_root`` when set, and may expose ``collate_fn``.
 """
@@ -25,7 +26,10 @@ def video_text_dataset(*, data_path: str, data_root: str | None = None, **kwargs
 
 @data_register("precomputed_latents")
 def precomputed_latents_dataset(*, data_path: str, data_root: str | None = None, **kwargs: Any) -> Any:
-    """``PrecomputedLatentDataset`` over the cache directory ``data.data_path``."""
+    """``PrecomputedLatentDataset`` over the cache directory ``data.data_path`` (``data_root`` is
+    refused: the cache holds no relative media paths)."""
+    if data_root is not None:
+        raise ValueError(f"data.data_root={data_root!r}: precomputed_latents reads no media paths; remove it")
     return PrecomputedLatentDataset(data_path, **kwargs)
 
 
@@ -110,5 +114,6 @@ def build_batch_stream(
         drop_last=data.drop_last,
         pin_memory=bool(data.pin_memory),
         prefetch_factor=data.prefetch_factor,
+        persistent_workers=data.persistent_workers,
     )
     return BatchStream(loader)

@@ -40,8 +40,8 @@ def build_parser(prog: str = "mm-train") -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, *, prog: str = "mm-train") -> int:
     args = build_parser(prog).parse_args(argv)
     world = args.world_size or int(os.environ.get("WORLD_SIZE", "1"))
-    try:
-        config = load_config(args.config, args.overrides, world_size=world)
+    try:  # the full check (the Trainer repeats it); a dry run needs no weights or data on disk
+        config = load_config(args.config, args.overrides, world_size=world, check_paths=not args.dry_run)
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """Trainer: assembles a run in the build order of DESIGN.md.
 
-config -> init distributed + ParallelState -> import plugins
+config (the config check, paths included) -> init distributed + ParallelState -> import plugins
  -> build model (ModelHub / ModelContainerHub; meta where asked)
  -> context parallel hooks, features (recompute, activation offload)   # BEFORE fully_shard
  -> FSDP2 plan                                                       # DTensor layout on meta
@@ -32,6 +32,7 @@ from mm_trainer.features import apply_features
 from mm_trainer.metrics import MetricsLogger
 from mm_trainer.optim import build_lr_scheduler, build_optimizer
 from mm_trainer.plugins import import_plugins
+from mm_trainer.preflight import preflight
 from mm_trainer.profiling import MemoryProfiler, StepProfiler
 from mm_trainer.rng import seed_everything
 from mm_trainer.run_config import RUN_CONFIG_NAME
@@ -44,8 +45,8 @@ class Trainer:
     """Builds everything a run needs from a validated :class:`mm_config.TrainConfig`, then trains."""
 
     def __init__(self, config: TrainConfig) -> None:
-        self.config = config
-        device_type = config.training.device.split(":")[0] if config.training.device else None
+        self.config = config = preflight(config)
+        device_type = config.training.device
         self.rank, self.world_size = init_distributed(device_type=device_type)
         parallel = config.parallel
         self.parallel_state = ParallelState(
@@ -53,6 +54,7 @@ class Trainer:
             dp_replicate=parallel.data_parallel_size,
             ulysses=parallel.ulysses_parallel_size,
             ring=parallel.ring_attention_size,
+            device_type=device_type,
         )
         self.device = get_local_device(device_type)
         # Lock the save / log dirs for this run and decide where it starts (training.resume).
