@@ -13,6 +13,7 @@ from mm_parallel.grad_sync import fsdp_roots, set_gradient_sync
 from mm_parallel.parallel_state import ParallelState
 from mm_parallel.patterns import PatternMatchError, match_modules, pattern_matches
 from mm_parallel.process_exit import exit_process
+from mm_parallel.timeouts import set_collective_timeout
 from mm_parallel.unit_layout import SKIP_ROOT_WRAP_ATTR, plan_units
 
 # isort: split
@@ -84,6 +85,7 @@ __all__ += [
     "parse_dtype",
     "pattern_matches",
     "plan_units",
+    "set_collective_timeout",
     "set_gradient_sync",
     "total_grad_norm",
 ]

@@ -45,13 +45,15 @@ class Trainer:
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
         device_type = config.training.device.split(":")[0] if config.training.device else None
-        self.rank, self.world_size = init_distributed(device_type=device_type)
+        timeout_s = config.training.collective_timeout_s
+        self.rank, self.world_size = init_distributed(device_type=device_type, timeout_s=timeout_s)
         parallel = config.parallel
         self.parallel_state = ParallelState(
             world_size=self.world_size,
             dp_replicate=parallel.data_parallel_size,
             ulysses=parallel.ulysses_parallel_size,
             ring=parallel.ring_attention_size,
+            timeout_s=timeout_s,
         )
         self.device = get_local_device(device_type)
         import_plugins(config.training.plugin)
@@ -222,8 +224,10 @@ class Trainer:
         )
 
     def close(self) -> None:
+        """Release the process groups after a run that ended normally. No collective: ranks that are
+        done need not wait for each other (the last step or save already synchronized them), and a
+        rank that failed must not call it, but leave at once (:func:`mm_trainer.cli.run`)."""
         if dist.is_initialized():
-            dist.barrier()
             dist.destroy_process_group()
 
 
