@@ -20,6 +20,7 @@ from mm_trainer.registry import (  # noqa: E402
     model_register,
 )
 from mm_trainer.run_config import load_run_config  # noqa: E402
+from mm_trainer.stop_signals import StopSignals  # noqa: E402
 from mm_trainer.trainer import Trainer  # noqa: E402
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "NonFiniteLossError",
     "Registry",
     "RegistryError",
+    "StopSignals",
     "TrainEngine",
     "Trainer",
     "apply_features",

@@ -188,6 +188,8 @@ class Trainer:
             training=cfg.training,
             device=self.device,
             dp_group=self.parallel_state.dp_group,
+            cp_rank=self.parallel_state.cp_rank,
+            cp_size=self.parallel_state.cp_size,
             save_fn=self.save if self.checkpointer else None,
             metrics=MetricsLogger(
                 total_steps=cfg.training.train_iters,
