@@ -1,4 +1,4 @@
-"""SIGTERM on some ranks stops every rank at one saved iteration.
+"""SIGTERM on some ranks, or the death of their launcher, stops every rank at one saved iteration.
 
 (SIGINT is the same stop: libs/mm-trainer/tests/test_engine_stop.py.)
 """
@@ -50,3 +50,19 @@ def test_sigterm_on_some_ranks_saves_one_iteration_on_all_and_exits_0(signalled,
     assert codes == [0], output[-4000:]
     steps = _assert_one_checkpoint_at_the_last_logged_step(config.parent / "ckpt")
     assert f"saved iteration {steps}" in output
+
+
+def test_workers_stop_when_their_torchrun_is_killed(toy_yaml, processes):
+    config = _long_run(toy_yaml)
+    (torchrun,) = processes.start(config)
+    workers = processes.worker_pids(torchrun.pid, 2)
+    processes.wait_for_steps(config.parent / "ckpt" / "metrics.jsonl", 3, torchrun)
+    torchrun.kill()  # SIGKILL: torchrun gets no chance to stop its workers itself
+    torchrun.wait()
+    deadline = time.monotonic() + 60
+    while any(processes.running(pid) for pid in workers.values()):
+        assert time.monotonic() < deadline, (
+            f"workers still running 60 s after their launcher died:\n{torchrun.log.read_text()[-4000:]}"
+        )
+        time.sleep(0.1)
+    _assert_one_checkpoint_at_the_last_logged_step(config.parent / "ckpt")

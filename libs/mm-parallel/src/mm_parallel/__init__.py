@@ -10,6 +10,7 @@ from mm_parallel.fsdp_apply import FSDPPlanReport, FSDPUnit, apply_fsdp_plan
 from mm_parallel.fsdp_plan import FSDPPlan, SubPlan, parse_dtype
 from mm_parallel.grad_clip import clip_grad_norm_, total_grad_norm
 from mm_parallel.grad_sync import fsdp_roots, set_gradient_sync
+from mm_parallel.launcher import signal_when_launcher_dies
 from mm_parallel.parallel_state import ParallelState
 from mm_parallel.patterns import PatternMatchError, match_modules, pattern_matches
 from mm_parallel.process_exit import exit_process
@@ -87,5 +88,6 @@ __all__ += [
     "plan_units",
     "set_collective_timeout",
     "set_gradient_sync",
+    "signal_when_launcher_dies",
     "total_grad_norm",
 ]

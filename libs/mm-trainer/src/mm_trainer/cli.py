@@ -65,10 +65,16 @@ def run(entry: Callable[[], int] = main) -> NoReturn:
     :func:`mm_parallel.exit_process` with its code, so that no communication thread outlives the
     interpreter. Apps pass their own ``main``.
 
-    An exception ends this rank at once, with code 1 (130 for Ctrl-C outside the training loop),
-    after printing it with its rank: no ``close()``, no collective, no waiting for the other ranks. torchrun then stops them; under another launcher
+    Under torchrun the process asks for SIGTERM when its launcher dies (a stop, as any SIGTERM:
+    :mod:`mm_trainer.stop_signals`). An exception ends this rank at once, with code 1 (130 for
+    Ctrl-C outside the training loop), after printing it with its rank: no ``close()``, no
+    collective, no waiting for the other ranks. torchrun then stops them; under another launcher
     they fail in their next collective, at the latest after ``training.collective_timeout_s``.
     """
+    if os.environ.get("TORCHELASTIC_RUN_ID") is not None:
+        from mm_parallel import signal_when_launcher_dies
+
+        signal_when_launcher_dies()
     try:
         code = entry()
     except SystemExit:
