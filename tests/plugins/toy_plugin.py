@@ -81,12 +81,19 @@ class ToyPredictor(BaseModel, nn.Module):
 class ToyPipeline(GenerativePipelineBase):
     """Flow-match noising of ``x0``; noise either keyed by sample index or from the global RNG."""
 
-    def __init__(self, noise: str = "per_sample", sleep_s: float = 0.0, nan_calls: tuple = ()) -> None:
+    def __init__(
+        self,
+        noise: str = "per_sample",
+        sleep_s: float = 0.0,
+        nan_calls: tuple = (),
+        stall: dict | None = None,
+    ) -> None:
         super().__init__()
         if noise not in ("per_sample", "global"):
             raise ValueError(f"model.pipeline.noise must be per_sample or global, got {noise!r}")
         self.noise, self.sleep_s = noise, sleep_s
         self.nan_calls, self.calls = set(nan_calls), 0  # forward calls (1-based) whose loss is NaN
+        self.stall = stall  # {rank, call, seconds}: that rank sleeps before that forward call's predictor
 
     def prepare_conditions(self, container: Any, batch: dict) -> dict:
         cond = self.call(container, "text_encoder", batch["features"])
@@ -107,6 +114,9 @@ class ToyPipeline(GenerativePipelineBase):
     def predict(self, container: Any, noised: dict) -> torch.Tensor:
         if self.sleep_s:
             time.sleep(self.sleep_s)
+        stall = self.stall
+        if stall and self.calls + 1 == stall["call"] and torch.distributed.get_rank() == stall["rank"]:
+            time.sleep(stall["seconds"])
         return self.call(container, "predictor", noised["x_t"], noised["sigma"], noised["cond"])
 
     def compute_loss(self, prediction: torch.Tensor, noised: dict) -> torch.Tensor:

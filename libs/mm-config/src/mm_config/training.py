@@ -89,6 +89,11 @@ class TrainingConfig(ConfigModel):
     device: str | None = Field(default=None, pattern=r"^(cpu|cuda|npu)$")
     """``cpu``, ``cuda`` or ``npu`` for the process group, the device mesh and the model (rank r of a
     node uses device ``LOCAL_RANK``, so no index is given); None picks npu, then cuda, then cpu."""
+    collective_timeout_s: float | None = Field(default=600.0, gt=0)
+    """Seconds a collective (on every process group of the run, gloo / NCCL / HCCL) may wait for the
+    other ranks before this rank fails: how long a job can hang when a rank dies or stops answering.
+    Raise it when one rank legitimately works alone longer (a save to slow storage); None = the
+    backend's default (30 min gloo, 10 min NCCL)."""
 
     @model_validator(mode="after")
     def _schedule_consistent(self) -> TrainingConfig:

@@ -10,9 +10,11 @@ from mm_parallel.fsdp_apply import FSDPPlanReport, FSDPUnit, apply_fsdp_plan
 from mm_parallel.fsdp_plan import FSDPPlan, SubPlan, parse_dtype
 from mm_parallel.grad_clip import clip_grad_norm_, total_grad_norm
 from mm_parallel.grad_sync import fsdp_roots, set_gradient_sync
+from mm_parallel.launcher import signal_when_launcher_dies
 from mm_parallel.parallel_state import ParallelState
 from mm_parallel.patterns import PatternMatchError, match_modules, pattern_matches
 from mm_parallel.process_exit import exit_process
+from mm_parallel.timeouts import set_collective_timeout
 from mm_parallel.unit_layout import SKIP_ROOT_WRAP_ATTR, plan_units
 
 # isort: split
@@ -84,6 +86,8 @@ __all__ += [
     "parse_dtype",
     "pattern_matches",
     "plan_units",
+    "set_collective_timeout",
     "set_gradient_sync",
+    "signal_when_launcher_dies",
     "total_grad_norm",
 ]

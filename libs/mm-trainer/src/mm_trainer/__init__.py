@@ -26,6 +26,7 @@ from mm_trainer.registry import (  # noqa: E402
 from mm_trainer.run_config import load_run_config  # noqa: E402
 from mm_trainer.run_dir import RunDirectory, RunDirectoryError, RunStart, open_run_directory  # noqa: E402
 from mm_trainer.run_lock import RunLock, RunLockedError  # noqa: E402
+from mm_trainer.stop_signals import StopSignals  # noqa: E402
 from mm_trainer.trainer import Trainer  # noqa: E402
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "RunLock",
     "RunLockedError",
     "RunStart",
+    "StopSignals",
     "TrainEngine",
     "TransformersKeyRenaming",
     "Trainer",

@@ -6,7 +6,6 @@ checkpoints go through ``state_dict()`` / ``load_state_dict()``.
 from __future__ import annotations
 
 import math
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from mm_parallel import clip_grad_norm_, set_gradient_sync
 from torch import nn
 
 from mm_trainer.metrics import MetricsLogger, device_peak_flops, peak_memory_bytes
+from mm_trainer.stop_signals import StopSignals
 
 
 class NonFiniteLossError(RuntimeError):
@@ -36,10 +36,19 @@ class StepResult:
     tokens: int
     flops: float
     bad_samples: int = 0
+    stop_requests: int = 0
+    """Ranks (of all ranks) that received SIGTERM / SIGINT by this step: every rank stops if any did."""
 
 
 class TrainEngine:
-    """Runs optimizer steps with gradient accumulation, clipping, logging, checkpoints and SIGTERM saves."""
+    """Runs optimizer steps with gradient accumulation, clipping, logging, checkpoints and stop saves.
+
+    ``dp_group`` is the data-parallel group (loss averaged, counters summed over it). With context
+    parallelism each CP rank has its own data-parallel group; ``cp_rank`` / ``cp_size`` place this
+    rank's values so that the step's single all-reduce, over all ranks, still sums each data-parallel
+    group apart while a stop request (SIGTERM / SIGINT, :mod:`mm_trainer.stop_signals`) reaches every
+    rank, including the other CP ranks of the same data-parallel rank.
+    """
 
     def __init__(
         self,
@@ -51,6 +60,8 @@ class TrainEngine:
         training: Any,
         device: torch.device,
         dp_group: Any = None,
+        cp_rank: int = 0,
+        cp_size: int = 1,
         save_fn: Callable[[int], None] | None = None,
         metrics: MetricsLogger | None = None,
         profilers: tuple[Any, ...] = (),
@@ -59,20 +70,22 @@ class TrainEngine:
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
         self.batches, self.training, self.device = batches, training, device
         self.dp_group, self.save_fn = dp_group, save_fn
+        self.cp_rank, self.cp_size = cp_rank, cp_size
+        _check_layout(dp_group, cp_rank, cp_size)
         self.metrics = metrics or MetricsLogger(total_steps=training.train_iters, enabled=False)
         self.profilers = profilers
         self.peak_flops = device_peak_flops(device.type, override=peak_flops)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.nonfinite_in_a_row = 0
         self.skipped_steps = 0
-        self._stop_requested = False
+        self.stop_signals = StopSignals()
 
     # ---------------------------------------------------------------- loop
     def train(self, start_iteration: int = 0) -> int:
         """Train from ``start_iteration`` to ``training.train_iters``; return the last completed iteration."""
         training = self.training
         self.model.train()
-        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.stop_signals.install()
         iteration = start_iteration
         try:
             while iteration < training.train_iters:
@@ -90,13 +103,13 @@ class TrainEngine:
                 due = iteration == training.train_iters or (
                     training.save_interval and iteration % training.save_interval == 0
                 )
-                if self.save_fn and (due or self._stop_requested):
+                if self.save_fn and (due or result.stop_requests):
                     self.save_fn(iteration)
-                if self._stop_requested:
-                    self.metrics.write(f"SIGTERM received: saved iteration {iteration}, exiting")
+                if result.stop_requests:
+                    self.metrics.write(self._stop_message(result.stop_requests, iteration))
                     break
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            self.stop_signals.release()
             self.metrics.close()
         return iteration
 
@@ -118,7 +131,7 @@ class TrainEngine:
             flops += float(info.get("flops", 0.0))
         grad_norm = clip_grad_norm_(self.params, self.training.clip_grad or 0.0)
         bad = int(getattr(self.batches, "bad_this_epoch", 0))
-        loss, counts = self._dp_reduce(loss_sum / accum, [samples, tokens, flops, bad])
+        loss, counts, stop_requests = self._dp_reduce(loss_sum / accum, [samples, tokens, flops, bad])
         self._check_bad_samples(int(counts[3]))
         finite = math.isfinite(loss) and bool(torch.isfinite(torch.as_tensor(grad_norm)).all())
         skipped = not finite
@@ -130,8 +143,9 @@ class TrainEngine:
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
         return StepResult(
-            loss, float(grad_norm), skipped, int(counts[0]), int(counts[1]), counts[2], int(counts[3])
-        )
+            loss, float(grad_norm), skipped, int(counts[0]), int(counts[1]), counts[2], int(counts[3]),
+            stop_requests,
+        )  # fmt: skip
 
     # ------------------------------------------------------------- helpers
     def _handle_nonfinite(self, loss: float, grad_norm: float) -> None:
@@ -157,18 +171,34 @@ class TrainEngine:
                 "'skipping bad sample'; `mm-data check` on the metadata file lists them all"
             )
 
-    def _dp_reduce(self, loss: torch.Tensor, counts: list[float]) -> tuple[float, list[float]]:
-        """Loss averaged and counters summed over the data-parallel group, in one all-reduce.
+    def _dp_reduce(self, loss: torch.Tensor, counts: list[float]) -> tuple[float, list[float], int]:
+        """Loss averaged and counters summed over the data-parallel group, and the ranks asking to
+        stop counted over all ranks, in one all-reduce.
+
+        The all-reduce spans every rank, so that a stop reaches the CP ranks of this data-parallel
+        rank too (they sit in other data-parallel groups). Its tensor is ``cp_size`` rows of
+        ``[loss, *counts]`` and one stop slot: a rank fills the row of its CP rank and leaves the
+        others zero. The ranks of one data-parallel group are the ranks of one CP rank, so after the
+        sum that row holds its group's sums, as an all-reduce over the group alone would.
 
         fp32 on the training device: NCCL / HCCL reduce device tensors only.
         """
-        t = torch.tensor([0.0, *counts], dtype=torch.float32, device=self.device)
-        t[0] = loss.detach().float()
+        width = 1 + len(counts)
+        t = torch.zeros(self.cp_size * width + 1, dtype=torch.float32, device=self.device)
+        start = self.cp_rank * width
+        t[start] = loss.detach().float()
+        t[start + 1 : start + width] = torch.tensor(counts, dtype=torch.float32)
+        t[-1] = float(self.stop_signals.received is not None)
         if dist.is_initialized():
-            dist.all_reduce(t, group=self.dp_group)
-            t[0] /= dist.get_world_size(self.dp_group)
+            dist.all_reduce(t)
+            t[start] /= dist.get_world_size(self.dp_group)
         values = t.tolist()
-        return values[0], values[1:]
+        return values[start], values[start + 1 : start + width], int(values[-1])
+
+    def _stop_message(self, requests: int, iteration: int) -> str:
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        saved = f"saved iteration {iteration}" if self.save_fn else "nothing saved (no training.save)"
+        return f"stop requested (SIGTERM / SIGINT) on {requests} of {world} rank(s): {saved}, exiting"
 
     def _metrics(self, r: StepResult, elapsed: float) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -189,8 +219,18 @@ class TrainEngine:
             out["mfu"] = r.flops / elapsed / (self.peak_flops * world)
         return out
 
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self._stop_requested = True
+
+def _check_layout(dp_group: Any, cp_rank: int, cp_size: int) -> None:
+    """The step's all-reduce places values by CP rank: the data-parallel groups must tile the world."""
+    if not 0 <= cp_rank < cp_size:
+        raise ValueError(f"cp_rank {cp_rank} is not in [0, cp_size={cp_size})")
+    if dist.is_initialized():
+        dp_size, world = dist.get_world_size(dp_group), dist.get_world_size()
+        if dp_size * cp_size != world:
+            raise ValueError(
+                f"data-parallel group size {dp_size} x cp_size {cp_size} != world size {world}: every rank "
+                "must belong to one data-parallel group per CP rank"
+            )
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

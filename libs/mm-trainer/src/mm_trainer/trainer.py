@@ -47,7 +47,8 @@ class Trainer:
     def __init__(self, config: TrainConfig) -> None:
         self.config = config = preflight(config)
         device_type = config.training.device
-        self.rank, self.world_size = init_distributed(device_type=device_type)
+        timeout_s = config.training.collective_timeout_s
+        self.rank, self.world_size = init_distributed(device_type=device_type, timeout_s=timeout_s)
         parallel = config.parallel
         self.parallel_state = ParallelState(
             world_size=self.world_size,
@@ -55,6 +56,7 @@ class Trainer:
             ulysses=parallel.ulysses_parallel_size,
             ring=parallel.ring_attention_size,
             device_type=device_type,
+            timeout_s=timeout_s,
         )
         self.device = get_local_device(device_type)
         # Lock the save / log dirs for this run and decide where it starts (training.resume).
@@ -192,6 +194,8 @@ class Trainer:
             training=cfg.training,
             device=self.device,
             dp_group=self.parallel_state.dp_group,
+            cp_rank=self.parallel_state.cp_rank,
+            cp_size=self.parallel_state.cp_size,
             save_fn=self.save if self.checkpointer else None,
             metrics=MetricsLogger(
                 total_steps=cfg.training.train_iters,
@@ -228,9 +232,11 @@ class Trainer:
         )
 
     def close(self) -> None:
+        """Release the process groups after a run that ended normally. No collective: ranks that are
+        done need not wait for each other (the last step or save already synchronized them), and a
+        rank that failed must not call it, but leave at once (:func:`mm_trainer.cli.run`)."""
         self.run_dir.release()  # every save has completed on all ranks by now
         if dist.is_initialized():
-            dist.barrier()
             dist.destroy_process_group()
 
 
