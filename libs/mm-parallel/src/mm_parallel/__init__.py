@@ -24,6 +24,7 @@ from mm_parallel.attention_backends import (
     get_backend,
     lse_backends,
     register_backend,
+    ring_backend_names,
 )
 from mm_parallel.attention_choice import AttentionChoice, resolve_attention_backend, use_attention_backend
 from mm_parallel.attention_memory import BlockShape, block_step_bytes
@@ -59,6 +60,7 @@ __all__ = [
     "register_backend",
     "resolve_attention_backend",
     "ring_attention",
+    "ring_backend_names",
     "split_for_usp",
     "split_sequence",
     "ulysses_attention",

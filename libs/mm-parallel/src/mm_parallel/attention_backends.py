@@ -91,6 +91,11 @@ def available_backends() -> list[str]:
     return [name for name, b in _REGISTRY.items() if b.is_available()]
 
 
+def ring_backend_names() -> list[str]:
+    """Names of every registered backend that can run ring blocks (LSE + block backward), installed or not."""
+    return [name for name, b in _REGISTRY.items() if b.returns_lse and b.backward is not None]
+
+
 def lse_backends() -> list[str]:
     """Names of available backends that return the log-sum-exp (usable as ring-attention kernels)."""
     return [name for name in available_backends() if _REGISTRY[name].returns_lse]

@@ -18,7 +18,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mm_parallel.attention_backends import AttentionBackend, available_backends, get_backend
+from mm_parallel.attention_backends import (
+    AttentionBackend,
+    available_backends,
+    get_backend,
+    ring_backend_names,
+)
 from mm_parallel.attention_memory import math_score_bytes
 
 logger = logging.getLogger("mm_parallel")
@@ -81,23 +86,18 @@ def resolve_attention_backend(requested: str, device: torch.device | str) -> Att
     if requested == AUTO:
         return _auto(device_type)
     backend = get_backend(requested)
-    if not backend.returns_lse or backend.backward is None:
+    usable = [n for n in ring_backend_names() if n in available_backends()]
+    if requested not in usable:
         raise ValueError(
             f"attention backend {requested!r} cannot run ring-attention blocks (they need the LSE and a "
-            f"block backward); ring kernels: {[n for n in available_backends() if _ring_capable(n)]}"
+            f"block backward); ring kernels here: {usable}"
         )
     if not backend.runs_on(device_type):
         raise ValueError(
-            f"attention backend {requested!r} runs on {list(backend.device_types)}, not on this run's "
-            f"device {device_type!r}; use auto or one of "
-            f"{[n for n in available_backends() if _ring_capable(n) and get_backend(n).runs_on(device_type)]}"
+            f"attention backend {requested!r} runs on {list(backend.device_types)}, not on this run's device "
+            f"{device_type!r}; use auto or one of {[n for n in usable if get_backend(n).runs_on(device_type)]}"
         )
     return AttentionChoice(requested, device_type, f"parallel.attention_backend ({backend.summary})")
-
-
-def _ring_capable(name: str) -> bool:
-    backend = get_backend(name)
-    return backend.returns_lse and backend.backward is not None
 
 
 def use_attention_backend(requested: str, device: torch.device | str) -> AttentionChoice:

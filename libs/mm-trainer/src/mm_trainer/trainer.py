@@ -20,7 +20,14 @@ import torch
 import torch.distributed as dist
 from mm_checkpoint import DistributedCheckpointer, RNGState, materialize_meta
 from mm_config import TrainConfig, dump_config
-from mm_parallel import FSDPPlan, ParallelState, apply_fsdp_plan, get_local_device, init_distributed
+from mm_parallel import (
+    FSDPPlan,
+    ParallelState,
+    apply_fsdp_plan,
+    get_local_device,
+    init_distributed,
+    use_attention_backend,
+)
 from torch import nn
 
 from mm_trainer.base_model import init_module_weights, load_module_weights
@@ -54,6 +61,10 @@ class Trainer:
             ring=parallel.ring_attention_size,
         )
         self.device = get_local_device(device_type)
+        if parallel.ring_attention_size > 1:  # the ring's block kernel (before any model is built)
+            _log_rank0(
+                f"ring attention kernel: {use_attention_backend(parallel.attention_backend, self.device)}"
+            )
         import_plugins(config.training.plugin)
         seed_everything(config.training.seed)
         if config.training.deterministic:
