@@ -15,7 +15,8 @@ block's ``(dq, dk, dv)``. None of them allocates a ``[Sq, Sk]`` tensor.
   sliced back, as torch's SDPA does. The kernel returns its LSE padded to a multiple of 32 rows
   (and reads it so in backward).
 - ``flash_attn`` (the Dao package, >= 2.7): ``flash_attn_func`` forward and
-  ``flash_attn_interface._flash_attn_backward``; blocks with a mask run the memory-efficient kernel.
+  ``flash_attn_interface._flash_attn_backward``; blocks with a mask, and float32 inputs, run the
+  memory-efficient kernel.
 
 Neither kernel takes dropout here (ring attention has none), so the RNG state tensors the backward
 ops want are placeholders. Copies go through ``clone`` / ``add_`` onto zeros rather than
@@ -180,8 +181,9 @@ def flash_attn_forward(
     q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, attn_mask: Tensor | None = None,
     scale: float | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """One block on ``flash_attn.flash_attn_func``; a block with a mask runs the efficient kernel."""
-    if attn_mask is not None:
+    """One block on ``flash_attn.flash_attn_func``; a block with a mask (or float32 inputs, which
+    flash_attn does not take) runs the efficient kernel."""
+    if attn_mask is not None or q.dtype == torch.float32:
         return efficient_forward(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)
     from flash_attn import flash_attn_func
 
@@ -196,7 +198,7 @@ def flash_attn_backward(
     attn_mask: Tensor | None = None, scale: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """Block gradients through ``flash_attn_interface._flash_attn_backward`` (writes dq, dk, dv)."""
-    if attn_mask is not None:
+    if attn_mask is not None or q.dtype == torch.float32:
         return efficient_backward(dout, q, k, v, out, lse, causal=causal, attn_mask=attn_mask, scale=scale)
     from flash_attn.flash_attn_interface import _flash_attn_backward
 
