@@ -28,7 +28,6 @@ import torch.nn.functional as F
 from mm_parallel import get_backend
 
 B, S, H, D = 2, 10, 3, 8
-INT_MAX = 2147483647
 
 
 def _module(name: str) -> types.ModuleType:
@@ -72,35 +71,25 @@ def _npu_scores(query, key, head_num, input_layout, atten_mask, scale, sparse_mo
     return s if masked is None else s.masked_fill(masked, float("-inf"))
 
 
+#: Keyword arguments torch_npu documents for the forward and the grad (anything else is an error).
+FWD_KEYWORDS = {
+    "pse", "padding_mask", "atten_mask", "scale", "keep_prob", "pre_tockens", "next_tockens", "inner_precise",
+    "prefix", "actual_seq_qlen", "actual_seq_kvlen", "sparse_mode", "gen_mask_parallel", "sync",
+}  # fmt: skip
+GRAD_KEYWORDS = (FWD_KEYWORDS - {"scale"}) | {
+    "softmax_max", "softmax_sum", "softmax_in", "attention_in", "scale_value", "seed", "offset", "numels",
+}  # fmt: skip
+
+
 def _standin_torch_npu() -> types.ModuleType:
     npu = _module("torch_npu")
     npu.calls = []
 
-    def npu_fusion_attention(
-        query,
-        key,
-        value,
-        head_num,
-        input_layout,
-        pse=None,
-        padding_mask=None,
-        atten_mask=None,
-        scale=1.0,
-        keep_prob=1.0,
-        pre_tockens=INT_MAX,
-        next_tockens=INT_MAX,
-        inner_precise=0,
-        prefix=None,
-        actual_seq_qlen=None,
-        actual_seq_kvlen=None,
-        sparse_mode=0,
-        gen_mask_parallel=True,
-        sync=False,
-    ):  # noqa: ANN001, ANN202
-        npu.calls.append(
-            {"op": "fwd", "layout": input_layout, "scale": scale, "mask": atten_mask, "mode": sparse_mode}
-        )
-        s = _npu_scores(query, key, head_num, input_layout, atten_mask, scale, sparse_mode)
+    def npu_fusion_attention(query, key, value, head_num, input_layout, **kw):  # noqa: ANN001, ANN003, ANN202
+        assert set(kw) <= FWD_KEYWORDS, set(kw) - FWD_KEYWORDS
+        mask, scale, mode = kw.get("atten_mask"), kw.get("scale", 1.0), kw.get("sparse_mode", 0)
+        npu.calls.append({"op": "fwd", "layout": input_layout, "scale": scale, "mask": mask, "mode": mode})
+        s = _npu_scores(query, key, head_num, input_layout, mask, scale, mode)
         row_max = s.amax(-1, keepdim=True)
         e = torch.exp(s - row_max)
         row_sum = e.sum(-1, keepdim=True)
@@ -108,45 +97,19 @@ def _standin_torch_npu() -> types.ModuleType:
         stats = [t.expand(*t.shape[:-1], 8).float() for t in (row_max, row_sum)]
         return out, *stats, torch.empty(0), 0, 0, 0
 
-    def npu_fusion_attention_grad(
-        query,
-        key,
-        value,
-        dy,
-        head_num,
-        input_layout,
-        *,
-        pse=None,
-        padding_mask=None,
-        atten_mask=None,
-        softmax_max=None,
-        softmax_sum=None,
-        softmax_in=None,
-        attention_in=None,
-        scale_value=1.0,
-        keep_prob=1.0,
-        pre_tockens=INT_MAX,
-        next_tockens=INT_MAX,
-        inner_precise=0,
-        seed=0,
-        offset=0,
-        numels=0,
-        prefix=None,
-        actual_seq_qlen=None,
-        actual_seq_kvlen=None,
-        sparse_mode=0,
-        gen_mask_parallel=True,
-        sync=False,
-    ):  # noqa: ANN001, ANN202
-        npu.calls.append({"op": "grad", "layout": input_layout, "scale": scale_value, "mask": atten_mask})
+    def npu_fusion_attention_grad(query, key, value, dy, head_num, input_layout, **kw):  # noqa: ANN001, ANN003, ANN202
+        assert set(kw) <= GRAD_KEYWORDS, set(kw) - GRAD_KEYWORDS
+        mask, scale, mode = kw.get("atten_mask"), kw.get("scale_value", 1.0), kw.get("sparse_mode", 0)
+        npu.calls.append({"op": "grad", "layout": input_layout, "scale": scale, "mask": mask})
+        softmax_max, softmax_sum = kw["softmax_max"], kw["softmax_sum"]
         assert softmax_max.shape[-1] == 8 and softmax_sum.shape == softmax_max.shape
-        s = _npu_scores(query, key, head_num, input_layout, atten_mask, scale_value, sparse_mode)
+        s = _npu_scores(query, key, head_num, input_layout, mask, scale, mode)
         p = torch.exp(s - softmax_max[..., :1].to(s.dtype)) / softmax_sum[..., :1].to(s.dtype)
-        delta = (dy * attention_in).sum(-1).transpose(1, 2)[..., None]
+        delta = (dy * kw["attention_in"]).sum(-1).transpose(1, 2)[..., None]
         dv = torch.einsum("bhqk,bqhd->bkhd", p, dy)
         ds = p * (torch.einsum("bqhd,bkhd->bhqk", dy, value) - delta)
-        dq = torch.einsum("bhqk,bkhd->bqhd", ds, key) * scale_value
-        dk = torch.einsum("bhqk,bqhd->bkhd", ds, query) * scale_value
+        dq = torch.einsum("bhqk,bkhd->bqhd", ds, key) * scale
+        dk = torch.einsum("bhqk,bqhd->bkhd", ds, query) * scale
         return dq, dk, dv, None
 
     npu.npu_fusion_attention = npu_fusion_attention

@@ -32,6 +32,7 @@ queries and keys may come from two different split sequences (e.g. video queries
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -207,23 +208,28 @@ class RingPass:
         return cls(group, masks, plans, scale, kernel)
 
 
-def ring_forward(q: Tensor, k: Tensor, v: Tensor, ring: RingPass) -> tuple[Tensor, Tensor]:
-    """The forward pass: ``(out, lse)`` in the accumulation dtype (float32, float64 for float64)."""
-    world, rank = group_size(ring.group), group_rank(ring.group)
-    cdt = torch.promote_types(q.dtype, torch.float32)
-    out = torch.zeros(q.shape, dtype=cdt, device=q.device)
-    lse = torch.full(q.shape[:3], float("-inf"), dtype=cdt, device=q.device)  # [B, S, H]
-    kv = (k.contiguous(), v.contiguous())
+def _circulate(kv: tuple[Tensor, ...], group: ProcessGroup) -> Iterator[tuple[int, tuple[Tensor, ...]]]:
+    """Yield ``(source rank, its KV block)`` for every ring step; the next block is already in flight
+    while the caller computes on the current one."""
+    world, rank = group_size(group), group_rank(group)
     for step in range(world):
-        src = (rank - step) % world
         if step + 1 < world:
-            incoming, reqs = ring_exchange(kv, ring.group)
-        for block in ring.plans[src]:
-            forward_step(q, kv[0], kv[1], out, lse, block, ring.masks[src], ring.scale, ring.kernel)
+            incoming, reqs = ring_exchange(kv, group)
+        yield (rank - step) % world, kv
         if step + 1 < world:
             for req in reqs:
                 req.wait()
             kv = incoming
+
+
+def ring_forward(q: Tensor, k: Tensor, v: Tensor, ring: RingPass) -> tuple[Tensor, Tensor]:
+    """The forward pass: ``(out, lse)`` in the accumulation dtype (float32, float64 for float64)."""
+    cdt = torch.promote_types(q.dtype, torch.float32)
+    out = torch.zeros(q.shape, dtype=cdt, device=q.device)
+    lse = torch.full(q.shape[:3], float("-inf"), dtype=cdt, device=q.device)  # [B, S, H]
+    for src, (k_blk, v_blk) in _circulate((k.contiguous(), v.contiguous()), ring.group):
+        for block in ring.plans[src]:
+            forward_step(q, k_blk, v_blk, out, lse, block, ring.masks[src], ring.scale, ring.kernel)
     return out, lse
 
 
@@ -231,25 +237,16 @@ def ring_backward(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, ring: RingPass
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The backward pass from the forward's ``out`` / ``lse``: ``(dq, dk, dv)`` of this rank's shards."""
-    world, rank = group_size(ring.group), group_rank(ring.group)
     cdt = out.dtype
     out = out.to(q.dtype)  # the kernels read the output in the input dtype: convert once
     dq = torch.zeros(q.shape, dtype=cdt, device=q.device)
     # (dk, dv) accumulators of the visiting KV block
     dkv = tuple(torch.zeros(t.shape, dtype=cdt, device=t.device) for t in (k, v))
-    kv = (k.contiguous(), v.contiguous())
-    for step in range(world):
-        src = (rank - step) % world
-        if step + 1 < world:
-            incoming, reqs = ring_exchange(kv, ring.group)
+    for src, (k_blk, v_blk) in _circulate((k.contiguous(), v.contiguous()), ring.group):
         for block in ring.plans[src]:
             backward_step(
-                dout, q, kv[0], kv[1], out, lse, dq, *dkv, block, ring.masks[src], ring.scale, ring.kernel
+                dout, q, k_blk, v_blk, out, lse, dq, *dkv, block, ring.masks[src], ring.scale, ring.kernel
             )
-        if step + 1 < world:
-            for req in reqs:
-                req.wait()
-            kv = incoming
         sent = dkv
         dkv, reqs = ring_exchange(sent, ring.group)  # the accumulator follows its KV block
         for req in reqs:
