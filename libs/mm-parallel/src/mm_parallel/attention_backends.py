@@ -87,7 +87,8 @@ def get_backend(name: str) -> AttentionBackend:
 
 
 def available_backends() -> list[str]:
-    """Names of the registered backends usable in this process."""
+    """Names of the registered backends whose code is present in this process (torch ops, packages);
+    ``get_backend(name).device_types`` says which devices each runs on."""
     return [name for name, b in _REGISTRY.items() if b.is_available()]
 
 
