@@ -85,19 +85,22 @@ def resolve_attention_backend(requested: str, device: torch.device | str) -> Att
     device_type = _device_type(device)
     if requested == AUTO:
         return _auto(device_type)
-    backend = get_backend(requested)
-    usable = [n for n in ring_backend_names() if n in available_backends()]
-    if requested not in usable:
+    backend = get_backend(requested)  # KeyError / RuntimeError naming the others
+    if requested not in ring_backend_names():
         raise ValueError(
             f"attention backend {requested!r} cannot run ring-attention blocks (they need the LSE and a "
-            f"block backward); ring kernels here: {usable}"
+            f"block backward); ring kernels here: {_usable()}"
         )
     if not backend.runs_on(device_type):
         raise ValueError(
             f"attention backend {requested!r} runs on {list(backend.device_types)}, not on this run's device "
-            f"{device_type!r}; use auto or one of {[n for n in usable if get_backend(n).runs_on(device_type)]}"
+            f"{device_type!r}; use auto or one of {[n for n in _usable() if get_backend(n).runs_on(device_type)]}"
         )
     return AttentionChoice(requested, device_type, f"parallel.attention_backend ({backend.summary})")
+
+
+def _usable() -> list[str]:
+    return [n for n in ring_backend_names() if n in available_backends()]
 
 
 def use_attention_backend(requested: str, device: torch.device | str) -> AttentionChoice:
