@@ -125,3 +125,39 @@ def test_condition_mbs_without_a_pipeline_that_separates_encoding_is_refused_at_
 
     (message,) = distributed(body, 1)
     assert "features.condition_mbs=2 needs a pipeline that encodes conditions separately" in message
+
+
+def test_a_ring_run_logs_its_attention_kernel_and_why_before_building(distributed, toy_yaml):
+    import logging
+
+    config = toy_yaml()
+
+    def body(rank, world_size):
+        seen: list[str] = []
+        handler = logging.Handler()
+        handler.emit = lambda record: seen.append(record.getMessage())
+        logging.getLogger("mm_trainer").addHandler(handler)
+        with pytest.raises(
+            ValueError, match="no sub-model defines setup_context_parallel"
+        ):  # the toy has no CP
+            build_trainer(config, world_size, "parallel.ring_attention_size=2")
+        return [m for m in seen if m.startswith("ring attention kernel")]
+
+    logged = distributed(body, 2)
+    assert logged[0] == [
+        "ring attention kernel: cpu_flash on cpu: auto: the fused kernel of cpu (torch's CPU flash kernel)"
+    ]
+    assert logged[1] == []  # rank 0 only
+
+
+def test_a_ring_kernel_that_does_not_run_on_the_device_stops_the_run_naming_both(distributed, toy_yaml):
+    config = toy_yaml()
+
+    def body(rank, world_size):
+        with pytest.raises(ValueError, match=r"'flash' runs on \['cuda'\], not on this run's device 'cpu'"):
+            build_trainer(
+                config, world_size, "parallel.ring_attention_size=2", "parallel.attention_backend=flash"
+            )
+        return True
+
+    assert all(distributed(body, 2))

@@ -100,6 +100,7 @@ def test_forward_runs_the_transformer_and_reports_tokens(tiny_predictor):
     out = pipe.forward(container, **batch)
     assert torch.isfinite(out.loss) and out.loss.requires_grad
     assert out.metrics["num_tokens"] == 2 * (32 + 6) and out.metrics["num_samples"] == 2
+    assert out.metrics["flops"] == 2 * model.training_flops(32, 6, 6)
     out.loss.backward()
     assert model.proj_out.weight.grad is not None and model.audio_proj_out.weight.grad is not None
 
@@ -107,3 +108,35 @@ def test_forward_runs_the_transformer_and_reports_tokens(tiny_predictor):
 def test_unknown_pipeline_option_is_named():
     with pytest.raises(ValueError, match="first_frame_p"):
         LTX2Pipeline.from_options({"first_frame_p": 0.1})
+
+
+FLOPS_TRANSFORMER = dict(
+    in_channels=8, out_channels=8, num_attention_heads=4, attention_head_dim=32, cross_attention_dim=128,
+    audio_in_channels=16, audio_out_channels=16, audio_num_attention_heads=4, audio_attention_head_dim=16,
+    audio_cross_attention_dim=64, num_layers=2, caption_channels=32,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("cross_modal", [True, False])
+def test_training_flops_match_torch_flop_counter_of_forward_and_backward(cross_modal: bool):
+    from ltx2_train.predictor import LTX2Predictor
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = LTX2Predictor._from_config(SimpleNamespace(config=FLOPS_TRANSFORMER, from_pretrained=None))
+    (f, h, w), audio, text = (4, 8, 8), 24, 6
+    inputs = dict(
+        hidden_states=torch.randn(1, f * h * w, 8), audio_hidden_states=torch.randn(1, audio, 16),
+        encoder_hidden_states=torch.randn(1, text, 32), audio_encoder_hidden_states=torch.randn(1, text, 32),
+        timestep=torch.tensor([500.0]), audio_timestep=torch.tensor([500.0]), num_frames=f, height=h, width=w,
+        fps=8.0, audio_num_frames=audio, isolate_modalities=not cross_modal, return_dict=False,
+    )  # fmt: skip
+    # SDPA's math backend runs attention as matmuls, which the counter sees (its fused CPU kernel it does not)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        video, audio_out = model(**inputs)
+        (video.sum() + audio_out.sum()).backward()
+    counted = counter.get_total_flops()
+    attention = counter.get_flop_counts()["Global"][torch.ops.aten.bmm]
+    assert attention > 0.15 * counted  # the attention term carries weight in this shape
+    estimate = model.training_flops(f * h * w, audio, text, cross_modal=cross_modal)
+    assert estimate == pytest.approx(counted, rel=0.03)  # patchify, embeddings, modulation, heads left out

@@ -115,3 +115,13 @@ def test_ring_attention_trains_the_losses_of_ulysses(tiny_cache, run_config, tmp
     assert sorted(runs["ring"]) == [1, 2, 3, 4]
     for step, loss in runs["ring"].items():
         assert loss == pytest.approx(runs["ulysses"][step], rel=1e-4), (step, loss, runs["ulysses"][step])
+
+
+def test_a_tiny_run_reports_mfu_from_the_predictor_flops(tiny_cache, run_config, tmp_path):
+    # CPUs have no peak-FLOPs entry; training.peak_flops gives one, so MFU = flops / time / peak
+    save = tmp_path / "mfu"
+    config = run_config(tiny_cache, train_iters=2, save_interval=2, save=str(save), peak_flops=1e12)
+    ltx2_train("--config", str(config), "parallel.ulysses_parallel_size=1")
+    rows = [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "loss" in r]
+    assert len(steps) == 2 and all(0 < r["mfu"] < 1 for r in steps), steps

@@ -25,6 +25,18 @@ def test_ring_alone_not_dividing_world_size_is_reported_at_ring_attention_size(l
     assert "= 3 must divide the world size 8 (8 % 3 = 2)" in problem_at(err, "parallel.ring_attention_size")
 
 
+def test_an_attention_backend_without_ring_attention_is_refused(load_error, problem_at):
+    err = load_error({"parallel": {"ulysses_parallel_size": 2, "attention_backend": "flash"}}, world_size=2)
+    msg = problem_at(err, "parallel.attention_backend")
+    assert "parallel.attention_backend = 'flash'" in msg and "ring_attention_size is 1" in msg
+    assert "expected auto" in msg
+
+
+def test_an_unknown_attention_backend_lists_the_kernels(load_error, problem_at):
+    err = load_error({"parallel": {"ring_attention_size": 2, "attention_backend": "xformers"}}, world_size=2)
+    assert "'flash_attn'" in problem_at(err, "parallel.attention_backend")
+
+
 def test_data_parallel_size_must_divide_world_size(load_error, problem_at):
     err = load_error({"parallel": {"data_parallel_size": 3}}, world_size=8)
     assert "must divide the world size 8 (8 % 3 = 2)" in problem_at(err, "parallel.data_parallel_size")

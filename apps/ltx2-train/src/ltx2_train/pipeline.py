@@ -192,12 +192,18 @@ class LTX2Pipeline(GenerativePipelineBase):
         return video_loss + self.audio_loss_weight * audio_loss
 
     def metrics(self, container: Any, noised: dict[str, Any]) -> dict[str, float]:
+        """``num_samples``, ``num_tokens`` (video + audio), the losses and the step's ``flops`` (for MFU)."""
         batch, video_tokens, _ = noised["video"].shape
         audio_tokens = noised["audio"].shape[1] if self.audio else 0
         out = {"num_samples": batch, "num_tokens": batch * (video_tokens + audio_tokens)}
         out["loss_video"] = float(noised["video_loss"])
         if self.audio:
             out["loss_audio"] = float(noised["audio_loss"])
+        counter = getattr(self.submodule(container, "predictor"), "training_flops", None)
+        if callable(counter):  # without audio the transformer still runs its placeholder audio tokens
+            computed_audio = audio_tokens if self.audio else self.audio_placeholder_tokens
+            text_tokens = noised["text"].shape[1]
+            out["flops"] = batch * counter(video_tokens, computed_audio, text_tokens, cross_modal=self.audio)
         return out
 
 

@@ -27,6 +27,7 @@ _ULYSSES: Loc = ("parallel", "ulysses_parallel_size")
 _RING: Loc = ("parallel", "ring_attention_size")
 _DP: Loc = ("parallel", "data_parallel_size")
 _SHARD: Loc = ("parallel", "fully_shard_parallel_size")
+_KERNEL: Loc = ("parallel", "attention_backend")
 
 
 class TrainConfig(ConfigModel):
@@ -113,6 +114,16 @@ def _layout_problems(p: ParallelConfig, world: int) -> list[Problem]:
                 "the shard group",
                 shard,
                 deps=(_DP, _ULYSSES, _RING),
+            )
+        )
+    if p.attention_backend != "auto" and p.ring_attention_size == 1:
+        out.append(
+            Problem(
+                _KERNEL,
+                "selects the ring-attention block kernel, and ring_attention_size is 1 (Ulysses-only attention "
+                "runs torch SDPA, which picks its fused kernel itself); expected auto",
+                p.attention_backend,
+                deps=(_RING,),
             )
         )
     for name, sub in p.fsdp_plan.sub_plans.items():

@@ -26,13 +26,17 @@ from mm_parallel.attention_backends import (
     get_backend,
     lse_backends,
     register_backend,
+    ring_backend_names,
 )
+from mm_parallel.attention_choice import AttentionChoice, resolve_attention_backend, use_attention_backend
+from mm_parallel.attention_memory import BlockShape, block_step_bytes
 from mm_parallel.ring import ring_attention
 from mm_parallel.sequence import (
     gather_for_usp,
     gather_sequence,
     local_token_indices,
     padded_length,
+    real_token_counts,
     split_for_usp,
     split_sequence,
     usp_padded_length,
@@ -43,19 +47,26 @@ from mm_parallel.usp import usp_attention
 __all__ = [
     "__version__",
     "AttentionBackend",
+    "AttentionChoice",
+    "BlockShape",
     "attention",
     "available_backends",
+    "block_step_bytes",
     "gather_for_usp",
     "gather_sequence",
     "get_backend",
     "local_token_indices",
     "lse_backends",
     "padded_length",
+    "real_token_counts",
     "register_backend",
+    "resolve_attention_backend",
     "ring_attention",
+    "ring_backend_names",
     "split_for_usp",
     "split_sequence",
     "ulysses_attention",
+    "use_attention_backend",
     "usp_attention",
     "usp_padded_length",
 ]

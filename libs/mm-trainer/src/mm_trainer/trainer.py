@@ -20,7 +20,14 @@ import torch
 import torch.distributed as dist
 from mm_checkpoint import DistributedCheckpointer, RNGState, materialize_meta
 from mm_config import TrainConfig, dump_config
-from mm_parallel import FSDPPlan, ParallelState, apply_fsdp_plan, get_local_device, init_distributed
+from mm_parallel import (
+    FSDPPlan,
+    ParallelState,
+    apply_fsdp_plan,
+    get_local_device,
+    init_distributed,
+    use_attention_backend,
+)
 from torch import nn
 
 from mm_trainer.base_model import init_module_weights, load_module_weights
@@ -59,6 +66,10 @@ class Trainer:
             timeout_s=timeout_s,
         )
         self.device = get_local_device(device_type)
+        if parallel.ring_attention_size > 1:  # the ring's block kernel (before any model is built)
+            _log_rank0(
+                f"ring attention kernel: {use_attention_backend(parallel.attention_backend, self.device)}"
+            )
         # Lock the save / log dirs for this run and decide where it starts (training.resume).
         self.run_dir = open_run_directory(config.training)
         import_plugins(config.training.plugin)
