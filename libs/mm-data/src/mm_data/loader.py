@@ -31,6 +31,8 @@ class ResumableDataLoader:
         self.dataset, self.sampler = dataset, sampler
         self.loader = DataLoader(dataset, batch_sampler=sampler, **loader_kwargs)
         self._state = sampler.state_dict()
+        #: global sample indices of the last batch handed out (``GlobalOrderSampler.sample_ids_at``)
+        self.last_sample_ids: list[int] = []
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -41,6 +43,7 @@ class ResumableDataLoader:
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
         for batch in self.loader:
+            self.last_sample_ids = self.sampler.sample_ids_at(epoch, position)
             position += 1
             self._state = self.sampler.state_at(epoch, position)
             yield batch

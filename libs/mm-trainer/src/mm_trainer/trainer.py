@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from mm_checkpoint import DistributedCheckpointer, RNGState, materialize_meta
+from mm_checkpoint import DistributedCheckpointer, materialize_meta
 from mm_config import TrainConfig, dump_config
 from mm_parallel import FSDPPlan, ParallelState, apply_fsdp_plan, get_local_device, init_distributed
 from torch import nn
@@ -59,9 +59,7 @@ class Trainer:
         if config.training.deterministic:
             torch.use_deterministic_algorithms(True)
         self.model = self._build_model()
-        # Model init above used one seed everywhere; from here on each data-parallel rank draws its
-        # own noise, and the ranks of one context-parallel group draw the same.
-        seed_everything(config.training.seed + self.parallel_state.dp_rank)
+        # No reseeding by rank: training draws are keyed by (seed, step, sample), see TrainEngine.
         self.optimizer = build_optimizer(
             self.model,
             lr=config.training.lr,
@@ -146,13 +144,13 @@ class Trainer:
 
     # ------------------------------------------------------------- running
     def state(self) -> dict[str, Any]:
-        """What a checkpoint holds: model, optimizer, scheduler, and this rank's data position and RNG."""
+        """What a checkpoint holds: model, optimizer, scheduler and the data position. All of it loads
+        at any layout; no RNG state is needed, since every draw is keyed by (seed, step, sample)."""
         return {
             "model": self.model,
             "optimizer": self.optimizer,
             "lr_scheduler": self.lr_scheduler,
             "dataloader": self.batches,
-            "rng": RNGState(),
         }
 
     def save(self, iteration: int) -> None:
@@ -169,9 +167,20 @@ class Trainer:
         )
 
     def _resume(self) -> int:
-        """Restore model, optimizer, scheduler, data position and RNG in place; return the iteration."""
-        iteration = self._checkpointer(self.config.training.load).load(self.state())
-        _log_rank0(f"resumed from {self.config.training.load} at iteration {iteration}")
+        """Restore model, optimizer, scheduler and data position in place; return the iteration.
+
+        ``training.reset_data_position`` leaves the data out: it starts over at epoch 0."""
+        training = self.config.training
+        state = self.state()
+        if training.reset_data_position:
+            del state["dataloader"]
+        iteration = self._checkpointer(training.load).load(state)
+        reset = (
+            " (data position reset to epoch 0: training.reset_data_position)"
+            if training.reset_data_position
+            else ""
+        )
+        _log_rank0(f"resumed from {training.load} at iteration {iteration}{reset}")
         return iteration
 
     def train(self) -> int:
