@@ -206,3 +206,15 @@ def mm_train_result():
         return subprocess.run(command, env=train_env(), capture_output=True, text=True, timeout=300)
 
     return run
+
+
+@pytest.fixture
+def mm_train_cli():
+    """``mm_train_cli(*args)`` runs ``python -m mm_trainer *args`` (e.g. a subcommand) with the toy plugin
+    importable, and returns the process, failed or not."""
+
+    def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "mm_trainer", *args]
+        return subprocess.run(command, env=train_env(), capture_output=True, text=True, timeout=timeout)
+
+    return run
