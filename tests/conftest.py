@@ -218,3 +218,22 @@ def mm_train_cli():
         return subprocess.run(command, env=train_env(), capture_output=True, text=True, timeout=timeout)
 
     return run
+
+
+@pytest.fixture
+def mm_train_forked(distributed):
+    """``mm_train_forked(config, *overrides, nproc=1)``: mm-train's ``main`` on ``nproc`` forked gloo ranks
+    (the command line's code path without a fresh interpreter per run); a failure on any rank raises
+    with its traceback. Returns the metrics records."""
+
+    def run(config: Path, *overrides: str, nproc: int = 1) -> list[dict]:
+        def body(rank: int, world: int) -> int:
+            sys.path.insert(0, str(PLUGIN_DIR))
+            from mm_trainer.cli import main
+
+            return main(["--config", str(config), *overrides])
+
+        assert distributed(body, nproc) == [0] * nproc
+        return read_metrics(config.parent / "ckpt")
+
+    return run

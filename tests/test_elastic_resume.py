@@ -21,20 +21,15 @@ SECTIONS = {
 }
 
 
-def test_a_dp_1_2_4_chain_trains_each_sample_once_with_the_uninterrupted_losses(
-    toy_yaml, mm_train, metrics_of
-):
-    reference = toy_yaml("reference", **SECTIONS)
-    mm_train(reference)
-    expected = metrics_of(reference.parent / "ckpt")
+def test_a_dp_1_2_4_chain_trains_each_sample_once_with_the_uninterrupted_losses(toy_yaml, mm_train_forked):
+    expected = mm_train_forked(toy_yaml("reference", **SECTIONS))
 
     previous, records = None, []
     for name, world, until in (("dp1", 1, 2), ("dp2", 2, 4), ("dp4", 4, 6)):
         config = toy_yaml(name, **SECTIONS)
         load = [f"training.load={previous}"] if previous else []
-        mm_train(config, *load, f"training.train_iters={until}", nproc=world)
+        records += mm_train_forked(config, *load, f"training.train_iters={until}", nproc=world)
         previous = config.parent / "ckpt"
-        records += metrics_of(previous)
 
     assert [r["step"] for r in records] == list(range(1, 7))
     trained = [r["sample_ids"] for r in records]
