@@ -101,7 +101,8 @@ class ToyPipeline(GenerativePipelineBase):
         x0 = conditions["x0"]
         if self.noise == "keyed":
             rng = self.require_rng(rng, x0.shape[0])
-            eps, sigma = rng.randn("noise", x0.shape[1:]), rng.rand("sigma")
+            eps = rng.randn("noise", x0.shape[1:])
+            sigma = rng.per_sample("sigma", lambda g: torch.rand((), generator=g))
         elif self.noise == "global":
             eps, sigma = torch.randn(x0.shape), torch.rand(x0.shape[0])
         else:

@@ -18,14 +18,18 @@ def test_a_sample_draws_the_same_in_any_micro_batch_split() -> None:
     assert torch.equal(whole, halves) and torch.equal(whole, singles)
 
 
+def uniform(keys: SampleRNG, purpose: str) -> torch.Tensor:
+    return keys.per_sample(purpose, lambda g: torch.rand(4, generator=g))
+
+
 def test_draws_ignore_the_global_rng_and_earlier_draws() -> None:
     torch.manual_seed(1)
-    first = rng([3]).rand("sigma", (4,))
+    first = uniform(rng([3]), "sigma")
     torch.manual_seed(2)
     torch.rand(100)
     keys = rng([3])
-    keys.rand("sigma", (4,))  # an earlier draw of the same purpose changes nothing
-    assert torch.equal(keys.rand("sigma", (4,)), first)
+    uniform(keys, "sigma")  # an earlier draw of the same purpose changes nothing
+    assert torch.equal(uniform(keys, "sigma"), first)
 
 
 @pytest.mark.parametrize(
@@ -40,7 +44,7 @@ def test_each_part_of_the_key_changes_the_draw(other: dict) -> None:
 
 
 def test_samples_of_one_micro_batch_draw_independently() -> None:
-    draws = rng(range(64)).randint("timestep", 0, 1000)
+    draws = rng(range(64)).per_sample("timestep", lambda g: torch.randint(0, 1000, (), generator=g))
     assert draws.shape == (64,) and len(draws.unique()) > 32
 
 

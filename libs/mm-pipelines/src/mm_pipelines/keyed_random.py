@@ -115,49 +115,6 @@ class SampleRNG:
         return generator.manual_seed(key_seed(*key))
 
     # ------------------------------------------------------------ per-sample draws
-    def randn(
-        self,
-        purpose: str,
-        shape: Sequence[int] = (),
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str | None = None,
-    ) -> torch.Tensor:
-        """``[B, *shape]`` standard normal: sample ``i``'s slice from its own key (drawn in fp32)."""
-        return self._stack(
-            purpose, device, dtype, lambda g, d: torch.randn(tuple(shape), generator=g, device=d)
-        )
-
-    def rand(
-        self,
-        purpose: str,
-        shape: Sequence[int] = (),
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str | None = None,
-    ) -> torch.Tensor:
-        """``[B, *shape]`` uniform in ``[0, 1)``, per sample."""
-        return self._stack(
-            purpose, device, dtype, lambda g, d: torch.rand(tuple(shape), generator=g, device=d)
-        )
-
-    def randint(
-        self,
-        purpose: str,
-        low: int,
-        high: int,
-        shape: Sequence[int] = (),
-        *,
-        device: torch.device | str | None = None,
-    ) -> torch.Tensor:
-        """``[B, *shape]`` int64 uniform in ``[low, high)``, per sample."""
-        return self._stack(
-            purpose,
-            device,
-            torch.int64,
-            lambda g, d: torch.randint(low, high, tuple(shape), generator=g, device=d),
-        )
-
     def per_sample(
         self,
         purpose: str,
@@ -166,16 +123,23 @@ class SampleRNG:
     ) -> torch.Tensor:
         """``[B, ...]``: ``draw(generator)`` once per sample with that sample's generator, stacked.
 
-        For samplers that take a ``generator`` (e.g. a sigma distribution): each sample's value then
-        depends on its own key only.
+        Any sampler that takes a ``generator`` (``torch.rand``, a sigma distribution...) becomes a
+        per-sample draw: each sample's value depends on its own key only.
         """
         return torch.stack([draw(g) for g in self.sample_generators(purpose, device)])
 
-    def _stack(
-        self, purpose: str, device: torch.device | str | None, dtype: torch.dtype, draw
+    def randn(
+        self,
+        purpose: str,
+        shape: Sequence[int] = (),
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
     ) -> torch.Tensor:
+        """``[B, *shape]`` standard normal (noise): sample ``i``'s slice from its own key, drawn in fp32."""
         where = torch.device(device) if device is not None else self.device
-        return self.per_sample(purpose, lambda g: draw(g, where), where).to(dtype)
+        draw = lambda g: torch.randn(tuple(shape), generator=g, device=where)  # noqa: E731
+        return self.per_sample(purpose, draw, where).to(dtype)
 
     # ------------------------------------------------------------ per-step draws
     def step_randint(self, purpose: str, low: int, high: int) -> int:
