@@ -41,7 +41,6 @@ from .layout import (
 )
 from .runtime import barrier, get_rank, get_world_size, is_distributed, single_process_quiet
 
-
 DCP_KEYS = ("model", "optimizer", "lr_scheduler")
 """State entries stored through DCP (resharded on load); every other entry is per data-parallel rank."""
 INFO_FILENAME = "mm_checkpoint.json"
