@@ -17,6 +17,7 @@ from .loader import (  # noqa: E402
     read_yaml,
     validate_config,
 )
+from .lora import LoraConfig  # noqa: E402
 from .model import ModelConfig, SubModelConfig  # noqa: E402
 from .parallel import FSDPPlanConfig, ParallelConfig, SubPlanConfig  # noqa: E402
 from .registry import (  # noqa: E402
@@ -40,6 +41,7 @@ __all__ = [
     "FSDPPlanConfig",
     "FeaturesConfig",
     "HFModelConfig",
+    "LoraConfig",
     "MemoryProfileConfig",
     "ModelConfig",
     "ModulePattern",
