@@ -103,7 +103,9 @@ def lora_target_paths(module: nn.Module, patterns: list[str], *, where: str) -> 
 def inject_lora_layers(module: nn.Module, targets: LoraTargets) -> None:
     """Wrap ``targets.paths`` of ``module`` in peft LoRA layers; everything else in ``module`` is frozen.
 
-    Works on a meta-built module (the adapters are created on meta too and materialized with it).
+    Works on a meta-built module (the adapters are created on meta too and materialized with it). The
+    adapters are fp32 whatever the base's dtype: a bf16 base (the sub-model's ``dtype``) stays bf16 and
+    frozen while the trained weights keep full precision (FSDP's ``param_dtype`` sets the compute dtype).
     """
     peft = require_peft(targets.where)
     config = peft.LoraConfig(
@@ -116,6 +118,9 @@ def inject_lora_layers(module: nn.Module, targets: LoraTargets) -> None:
     )
     meta = any(p.is_meta for p in module.parameters())
     peft.inject_adapter_in_model(config, module, adapter_name=ADAPTER_NAME, low_cpu_mem_usage=meta)
+    from peft.functional import cast_adapter_dtype
+
+    cast_adapter_dtype(module, ADAPTER_NAME, autocast_adapter_dtype=True)
     for name, param in module.named_parameters():
         param.requires_grad_(is_adapter_key(name))
 
