@@ -10,21 +10,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mm_checkpoint import (
-    export_checkpoint,
-    export_merged,
-    read_lora_adapters,
-    save_comfy_lora,
-    save_peft_lora,
-)
+from mm_checkpoint import LORA_EXPORT_FORMATS, export_checkpoint
+from mm_checkpoint import export_lora as export_lora_files
 from mm_config import TrainConfig
 
 from wan22_train.predictor import predictor_config
 
-LORA_FORMATS = ("peft", "comfyui", "merged")
+LORA_FORMATS = LORA_EXPORT_FORMATS
 """``--lora`` choices: diffusers ``load_lora_weights`` file, ComfyUI / official-Wan-names file, merged folder."""
-PEFT_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
-"""The file name diffusers' ``load_lora_weights(folder)`` looks for."""
 
 
 def export_predictor(
@@ -75,23 +68,23 @@ def export_lora(
         ``W + alpha / rank * B A`` (the base read from the sub-model's ``checkpoint_path`` /
         ``from_pretrained``).
     """
-    if fmt not in LORA_FORMATS:
-        raise ValueError(f"--lora {fmt!r}: expected one of {', '.join(LORA_FORMATS)}")
     args = _submodel_args(config, submodel)
     if args.lora is None:
         raise ValueError(
             f"--lora: {submodel} was trained without LoRA (model.models.{submodel}.lora is unset)"
         )
-    adapters = read_lora_adapters(checkpoint, alpha=args.lora.alpha, submodule=submodel)
-    if fmt == "peft":
-        return save_peft_lora(
-            adapters, Path(out) / PEFT_WEIGHT_NAME, prefix="transformer.", model_type="wan2_2"
-        )
-    if fmt == "comfyui":
-        return save_comfy_lora(adapters, out, prefix="diffusion_model.")
     with _config_json(args, native=False) as side:
-        base = args.checkpoint_path or args.from_pretrained
-        return export_merged(base, adapters, out, to="diffusers", model_type="wan2_2", config_from=side)
+        return export_lora_files(
+            checkpoint,
+            out,
+            fmt,
+            alpha=args.lora.alpha,
+            submodule=submodel,
+            base=args.checkpoint_path or args.from_pretrained,
+            model_type="wan2_2",  # the base: diffusers (or native) keys -> native; merged: back to diffusers
+            file_model_type="wan2_2",  # PEFT file: diffusers module names; ComfyUI keeps the native ones
+            config_from=side,
+        )
 
 
 def _submodel_args(config: TrainConfig, submodel: str) -> Any:

@@ -37,6 +37,10 @@ from .layout import resolve_dcp_dir
 from .runtime import barrier, get_rank
 from .safetensors_io import SafetensorsReader, TensorInfo, parse_size
 
+LORA_EXPORT_FORMATS = ("peft", "comfyui", "merged")
+"""What :func:`export_lora` writes: a PEFT / diffusers file, a ComfyUI file, a merged model folder."""
+PEFT_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
+"""The file name diffusers' ``load_lora_weights(folder)`` looks for."""
 PEFT_METADATA_KEY = "lora_adapter_metadata"
 """Safetensors metadata entry holding the LoRA config as JSON (diffusers' ``LORA_ADAPTER_METADATA_KEY``)."""
 _DOWN, _UP = ".lora_A.", ".lora_B."
@@ -222,6 +226,39 @@ def export_merged(
         _copy_config(Path(base), Path(base), config_from, out)
     barrier()
     return out
+
+
+def export_lora(
+    checkpoint: str | os.PathLike,
+    out: str | os.PathLike,
+    fmt: str,
+    *,
+    alpha: float,
+    submodule: str | None = None,
+    base: str | os.PathLike | None = None,
+    model_type: str | None = None,
+    file_model_type: str | None = None,
+    config_from: str | os.PathLike | None = None,
+) -> Path:
+    """Export the adapters of ``checkpoint`` (latest iteration, keys under ``submodule``) as ``fmt``:
+
+    - ``peft``: ``out/pytorch_lora_weights.safetensors`` (:func:`save_peft_lora`, prefix ``transformer.``),
+      module paths renamed through ``file_model_type``;
+    - ``comfyui``: the file ``out`` (:func:`save_comfy_lora`, prefix ``diffusion_model.``), the model's own
+      module paths;
+    - ``merged``: the folder ``out``, ``base`` with the adapters merged (:func:`export_merged`, diffusers
+      layout): ``model_type`` maps the base's keys to the model's and back.
+    """
+    if fmt not in LORA_EXPORT_FORMATS:
+        raise ValueError(f"LoRA export format {fmt!r}: expected one of {', '.join(LORA_EXPORT_FORMATS)}")
+    adapters = read_lora_adapters(checkpoint, alpha=alpha, submodule=submodule)
+    if fmt == "peft":
+        return save_peft_lora(adapters, Path(out) / PEFT_WEIGHT_NAME, model_type=file_model_type)
+    if fmt == "comfyui":
+        return save_comfy_lora(adapters, out)
+    if base is None:
+        raise ValueError("a merged LoRA export needs the base weights (the sub-model's from_pretrained)")
+    return export_merged(base, adapters, out, to="diffusers", model_type=model_type, config_from=config_from)
 
 
 def _common_rank_alpha(adapters: Mapping[str, LoraWeights]) -> tuple[int, float]:
