@@ -25,10 +25,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from mm_config import HFModelConfig, register_model_schema
 from mm_trainer import HFModel, model_register
 from transformers import Qwen2_5_VLForConditionalGeneration
 from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+import qwen_vl_train.config_schema  # noqa: F401  (the model config schema, torch-free)
 
 GROUPS = {
     "vision_tower": ("model.visual.patch_embed", "model.visual.blocks"),
@@ -122,5 +123,3 @@ class QwenVLTraining(HFModel):
 class Qwen2_5_VLForTraining(QwenVLTraining, Qwen2_5_VLForConditionalGeneration):
     """``Qwen2_5_VLForConditionalGeneration`` for training (keys and module tree upstream's)."""
 
-
-register_model_schema("qwen2_5_vl", HFModelConfig)

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from .base import ConfigModel
+from .registry import register_dataset_schema
 
 
 class ConversationColumnsConfig(ConfigModel):
@@ -81,5 +82,7 @@ class ConversationDatasetConfig(ConfigModel):
             )
         return value
 
+
+register_dataset_schema("conversation", ConversationDatasetConfig)
 
 __all__ = ["ConversationColumnsConfig", "ConversationDatasetConfig"]

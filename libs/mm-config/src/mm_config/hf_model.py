@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import ConfigModel
+from .registry import register_model_schema
 
 
 class HFModelConfig(ConfigModel):
@@ -22,5 +23,7 @@ class HFModelConfig(ConfigModel):
     """Keys merged into the source's ``config.json`` (nested dicts merge), or the whole config when there
     is no source (e.g. a ``--dry-run`` of a model whose weights are elsewhere)."""
 
+
+register_model_schema("hf_causal_lm", HFModelConfig)
 
 __all__ = ["HFModelConfig"]

@@ -15,6 +15,7 @@ from mm_trainer.lora import LoraAdapters, LoraTargets, inject_lora  # noqa: E402
 from mm_trainer.metrics import PEAK_FLOPS, MetricsLogger  # noqa: E402
 from mm_trainer.model_hub import ModelHub  # noqa: E402
 from mm_trainer.plugins import import_plugins  # noqa: E402
+from mm_trainer.preflight import preflight  # noqa: E402
 from mm_trainer.registry import (  # noqa: E402
     DATA_REGISTRY,
     MODEL_REGISTRY,
@@ -26,6 +27,7 @@ from mm_trainer.registry import (  # noqa: E402
 from mm_trainer.run_config import load_run_config  # noqa: E402
 from mm_trainer.run_dir import RunDirectory, RunDirectoryError, RunStart, open_run_directory  # noqa: E402
 from mm_trainer.run_lock import RunLock, RunLockedError  # noqa: E402
+from mm_trainer.stop_signals import StopSignals  # noqa: E402
 from mm_trainer.trainer import Trainer  # noqa: E402
 
 __all__ = [
@@ -51,6 +53,7 @@ __all__ = [
     "RunLock",
     "RunLockedError",
     "RunStart",
+    "StopSignals",
     "TrainEngine",
     "TransformersKeyRenaming",
     "Trainer",
@@ -68,4 +71,5 @@ __all__ = [
     "load_run_config",
     "model_register",
     "open_run_directory",
+    "preflight",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mm_config import ConversationDatasetConfig, register_dataset_schema
+from mm_config import ConversationDatasetConfig
 from mm_data import (
     MM_PLUGINS,
     TEMPLATES,
@@ -26,9 +26,6 @@ from mm_trainer.plugins import load_entry_point_plugins
 from mm_trainer.registry import data_register
 
 __all__ = ["build_plugin", "conversation_dataset", "load_processor_parts"]
-
-register_dataset_schema("conversation", ConversationDatasetConfig)
-
 
 def load_processor_parts(path: str) -> tuple[Any, Any]:
     """``(tokenizer, image_processor or None)`` from a local folder."""

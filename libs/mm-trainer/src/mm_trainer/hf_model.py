@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 from mm_checkpoint import KeyMapError, KeyPlan, LoadReport, register_weight_transform
-from mm_config import HFModelConfig, register_model_schema
+from mm_config import HFModelConfig
 from mm_parallel import pattern_matches
 from torch import nn
 
@@ -246,5 +246,3 @@ class HFCausalLM:
     def from_pretrained(cls, args: Any) -> nn.Module:
         return hf_model_class(hf_class(args)).from_pretrained(args)
 
-
-register_model_schema("hf_causal_lm", HFModelConfig)
