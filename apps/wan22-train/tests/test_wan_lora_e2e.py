@@ -40,9 +40,11 @@ def _inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def _fixed_draw_loss(trainer, batch: dict) -> float:
-    """The training loss of ``batch`` with the noise and timesteps of one fixed generator."""
+    """The training loss of ``batch`` with the noise and timesteps of fixed keys."""
+    from mm_pipelines import SampleRNG
+
     with torch.no_grad():
-        return float(trainer.model(generator=torch.Generator().manual_seed(0), **batch).loss)
+        return float(trainer.model(rng=SampleRNG.for_batch(2, seed=0), **batch).loss)
 
 
 def _base_mismatches(trainer, pretrained: dict[str, torch.Tensor]) -> list[str]:
@@ -62,6 +64,7 @@ def _train_and_probe(rank: int, world: int, overrides: list[str], resume_root: s
     batch = build_batch_stream(
         config.data, global_batch_size=2, micro_batch_size=2, dp_rank=0, dp_size=1, seed=0
     ).next_batch()
+    batch.pop("sample_ids")
     before = _fixed_draw_loss(trainer, batch)
     trainer.train()
     after = _fixed_draw_loss(trainer, batch)
