@@ -37,7 +37,7 @@ MODES = ("full", "lora", "lora, bf16 base")
 TARGETS = ["blocks.{*}.self_attn.?", "blocks.{*}.cross_attn.?", "blocks.{*}.ffn.0", "blocks.{*}.ffn.2"]
 
 
-def _parse(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dim", type=int, default=1024)
     parser.add_argument("--heads", type=int, default=8)
@@ -85,8 +85,13 @@ def _model(args: argparse.Namespace, mode: str, device: torch.device) -> tuple[t
     return model.train(), dtype
 
 
-def _child(args: argparse.Namespace) -> dict:
-    """Run ``args.mode`` and return its numbers (printed as JSON by the child process)."""
+def measure(args: argparse.Namespace) -> dict:
+    """Run ``args.mode`` and return its numbers (a child process prints them as JSON). Sets torch's
+    intra-op threads to ``args.threads``."""
+    import mm_trainer  # noqa: F401  (these imports before the baseline: no mode's peak counts them)
+    import peft  # noqa: F401
+    import wan22_train.model  # noqa: F401
+
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     base_rss = _rss_bytes()
@@ -141,36 +146,40 @@ def _run_mode(mode: str, argv: list[str]) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    argv = sys.argv[1:]
-    args = _parse(argv)
-    if args.mode is not None:
-        print(json.dumps(_child(args)))
-        return
-    results = {mode: _run_mode(mode, argv) for mode in MODES}
+def report(args: argparse.Namespace, results: dict[str, dict]) -> str:
+    """The table of ``results`` (one :func:`measure` per mode, ``full`` among them)."""
     f, h, w = args.grid
     cuda = args.device.startswith("cuda")
     peak_name = "peak alloc" if cuda else "peak RSS +"
     time_name = "wall s" if cuda else "cpu s"
-    print(
+    lines = [
         f"WanDiT train step fwd+bwd+AdamW on {args.device} ({args.threads} thread(s) on CPU): dim {args.dim}, "
         f"{args.heads} heads, {args.blocks} blocks, ffn {args.ffn_dim}, {f * h * w} video tokens, "
         f"{args.text_len} text tokens; LoRA rank {args.rank} on {len(TARGETS)} patterns "
-        f"(10 linears per block); median of {args.repeats} after {args.warmup} warm-up"
-    )
-    print(
+        f"(10 linears per block); median of {args.repeats} after {args.warmup} warm-up",
         f"{'mode':<16} {'trainable':>11} {'frozen':>11} {'train state MB':>15} {peak_name + ' MB':>14} "
-        f"{time_name:>8} {'wall s':>7} {'memory / full':>14} {'time / full':>12}"
-    )
+        f"{time_name:>8} {'wall s':>7} {'memory / full':>14} {'time / full':>12}",
+    ]
     full = results["full"]
     for mode, r in results.items():
         step = r["wall_s"] if cuda else r["cpu_s"]
         full_step = full["wall_s"] if cuda else full["cpu_s"]
-        print(
+        memory = r["peak_bytes"] / full["peak_bytes"] if full["peak_bytes"] > 0 else float("nan")
+        lines.append(
             f"{mode:<16} {r['trainable']:>11,} {r['frozen']:>11,} {r['state_bytes'] / 2**20:>15.1f} "
             f"{r['peak_bytes'] / 2**20:>14.1f} {step:>8.3f} {r['wall_s']:>7.3f} "
-            f"{r['peak_bytes'] / full['peak_bytes']:>14.3f} {step / full_step:>12.3f}"
+            f"{memory:>14.3f} {step / full_step:>12.3f}"
         )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.mode is not None:
+        print(json.dumps(measure(args)))
+        return
+    print(report(args, {mode: _run_mode(mode, argv) for mode in MODES}))
 
 
 if __name__ == "__main__":
