@@ -3,8 +3,9 @@
 Checked: a fixed-draw loss decreases; the base weights stay bitwise the pretrained ones; a resume from
 the step-4 checkpoint trains the uninterrupted run's losses; the PEFT file loaded into a diffusers
 ``WanPipeline`` with ``load_lora_weights``, the ComfyUI file (through the same loader's converter for
-the official-Wan-names layout) and the merged folder loaded in ``WanTransformer3DModel`` compute the
-outputs of the trained (sharded, context-parallel) model; the ComfyUI keys follow ComfyUI's layout.
+the official-Wan-names layout), the merged folder loaded in ``WanTransformer3DModel`` and the sampling
+loader (base from its source, adapters from the checkpoint) compute the outputs of the trained (sharded,
+context-parallel) model; the ComfyUI keys follow ComfyUI's layout.
 """
 
 from __future__ import annotations
@@ -165,6 +166,13 @@ def test_lora_trains_resumes_and_exports_for_diffusers_and_comfyui(tmp_path, dis
         torch.testing.assert_close(
             comfy_transformer(x, t, text, return_dict=False)[0], ours, rtol=1e-5, atol=1e-5
         )
+
+    # `wan22-train sample` reads the base from its source and the adapters from the checkpoint.
+    from wan22_train.sampling import load_for_sampling
+
+    with torch.no_grad():
+        sampled = load_for_sampling(config, tmp_path / "ckpt")["predictor"](x, t, text)
+    torch.testing.assert_close(sampled, ours, rtol=1e-5, atol=1e-5)
 
     # (c) merged: a full diffusers transformer folder.
     merged = export_lora(config, tmp_path / "ckpt", tmp_path / "merged", fmt="merged")
