@@ -38,7 +38,9 @@ TARGETS = ["blocks.{*}.self_attn.?", "blocks.{*}.cross_attn.?", "blocks.{*}.ffn.
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dim", type=int, default=1024)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--blocks", type=int, default=8)
@@ -49,7 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank (alpha = rank)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads on CPU (shared machine: 1)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads on CPU (shared machine: 1)"
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # a child process's one mode
     return parser.parse_args(argv)

@@ -38,7 +38,12 @@ def test_dry_run_of_the_a14b_high_expert_puts_14b_fp32_params_over_8_ranks():
 
 def test_dry_run_of_an_a14b_lora_puts_the_adapters_in_the_block_units_and_trains_only_them():
     # blocks 0-3 only: peft's injection costs ~10 ms a layer, and 4 blocks show the layout as well as 40
-    targets = ["blocks.{0-3}.self_attn.?", "blocks.{0-3}.cross_attn.?", "blocks.{0-3}.ffn.0", "blocks.{0-3}.ffn.2"]
+    targets = [
+        "blocks.{0-3}.self_attn.?",
+        "blocks.{0-3}.cross_attn.?",
+        "blocks.{0-3}.ffn.0",
+        "blocks.{0-3}.ffn.2",
+    ]
     lora = json.dumps({"target_modules": targets, "rank": 32})
     cfg = load_config(
         config_path("t2v_a14b_high.yaml"), [f"model.models.predictor.lora={lora}"], world_size=8
