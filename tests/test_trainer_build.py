@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from mm_pipelines import SampleRNG
 from safetensors.torch import load_file
 
 PLUGIN_DIR = str(Path(__file__).parent / "plugins")
@@ -46,7 +47,9 @@ def test_features_sit_inside_fsdp_units_and_loaded_weights_survive_init(
                     (i, isinstance(m.weight, DTensor), tuple(m.weight.shape))
                 )
             )
-        trainer.model(**trainer.batches.next_batch()).loss.backward()
+        batch = trainer.batches.next_batch()
+        rng = SampleRNG.for_batch(len(batch["sample_ids"]))
+        trainer.model(rng=rng, **batch).loss.backward()
         encoder = trainer.model.text_encoder
         assert isinstance(encoder, FSDPModule)
         return sorted(calls), {k: full(v).clone() for k, v in encoder.state_dict().items()}
