@@ -130,3 +130,10 @@ def test_ranks_per_node_that_do_not_divide_the_world_are_refused(write_config):
 
     with pytest.raises(ValueError, match="3 ranks per node do not divide the world size 8"):
         load_config(write_config({"parallel": {}}), world_size=8, ranks_per_node=3)
+
+
+def test_auto_data_parallel_size_follows_an_explicit_shard_degree(write_config):
+    from mm_config import load_config
+
+    data = {"parallel": {"fully_shard_parallel_size": 2}}
+    assert load_config(write_config(data), world_size=8, ranks_per_node=8).parallel.data_parallel_size == 4

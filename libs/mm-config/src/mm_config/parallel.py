@@ -85,7 +85,8 @@ class ParallelConfig(ConfigModel):
     one replica per node: world / lcm(ranks per node, ulysses x ring), so plain FSDP on one node, and
     across nodes HSDP whose shard groups and context-parallel groups stay inside a node while only the
     gradient all-reduce crosses nodes. Ranks per node: ``$LOCAL_WORLD_SIZE`` (torchrun's
-    ``--nproc-per-node``), else all ranks on one node."""
+    ``--nproc-per-node``), else all ranks on one node. With an explicit ``fully_shard_parallel_size``,
+    ``auto`` is world / that."""
     tensor_parallel_size: int = Field(default=1, ge=1)
     """Tensor parallel degree; only 1 is supported."""
     ulysses_parallel_size: int = Field(default=1, ge=1)

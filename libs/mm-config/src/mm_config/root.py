@@ -52,10 +52,11 @@ class TrainConfig(ConfigModel):
     @model_validator(mode="after")
     def _cross_section_rules(self, info: ValidationInfo) -> TrainConfig:
         world = context_world_size(info.context)
-        if self.parallel.data_parallel_size == "auto":
-            self.parallel.data_parallel_size = replicas_across_nodes(
-                world, context_ranks_per_node(info.context, world), self.parallel.cp_size
-            )
+        p = self.parallel
+        if p.data_parallel_size == "auto" and p.fully_shard_parallel_size != "auto":
+            p.data_parallel_size = max(1, world // int(p.fully_shard_parallel_size))  # the shard degree decides
+        elif p.data_parallel_size == "auto":
+            p.data_parallel_size = replicas_across_nodes(world, context_ranks_per_node(info.context, world), p.cp_size)
         problems = _layout_problems(self.parallel, world)
         problems += _submodel_problems(self)
         if not problems:
