@@ -33,6 +33,7 @@ from .layout import TRACKER_FILENAME, latest_iteration, looks_like_dcp_checkpoin
 from .loader import LoadReport, load_checkpoint_with_conversion
 from .module_state import materialize_meta
 from .pipeline_folder import write_pipeline_folder
+from .staging import StagedCopy, stage_on_node, staged_location
 from .restricted_dcp import (
     RestrictedFileSystemReader,
     RestrictedLoadPlanner,
@@ -62,6 +63,7 @@ __all__ = [
     "RestrictedFileSystemReader",
     "RestrictedLoadPlanner",
     "SplitRule",
+    "StagedCopy",
     "TRACKER_FILENAME",
     "check_dcp_storage",
     "checkpoint_info",
@@ -76,6 +78,8 @@ __all__ = [
     "latest_iteration",
     "load_checkpoint_with_conversion",
     "looks_like_dcp_checkpoint_dir",
+    "stage_on_node",
+    "staged_location",
     "materialize_meta",
     "normalize_format",
     "read_dcp_metadata",

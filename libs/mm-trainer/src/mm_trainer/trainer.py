@@ -22,8 +22,10 @@ from mm_checkpoint import DistributedCheckpointer, materialize_meta
 from mm_config import TrainConfig, dump_config
 from mm_parallel import (
     FSDPPlan,
+    NodeLayout,
     ParallelState,
     apply_fsdp_plan,
+    describe_node_layout,
     get_local_device,
     init_distributed,
     use_attention_backend,
@@ -65,6 +67,9 @@ class Trainer:
             device_type=device_type,
             timeout_s=timeout_s,
         )
+        nodes = NodeLayout.from_env(self.world_size)  # refuses nodes that run different numbers of ranks
+        if nodes.num_nodes > 1:
+            _log_rank0(describe_node_layout(self.parallel_state.rank_groups(), nodes))
         self.device = get_local_device(device_type)
         if parallel.ring_attention_size > 1:  # the ring's block kernel (before any model is built)
             _log_rank0(
