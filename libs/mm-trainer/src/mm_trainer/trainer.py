@@ -46,6 +46,7 @@ from mm_trainer.profiling import MemoryProfiler, StepProfiler
 from mm_trainer.rng import seed_everything
 from mm_trainer.run_config import RUN_CONFIG_NAME
 from mm_trainer.run_dir import open_run_directory
+from mm_trainer.weight_staging import stage_model_weights
 
 logger = logging.getLogger("mm_trainer")
 
@@ -123,7 +124,9 @@ class Trainer:
     def _build_model(self) -> nn.Module:
         cfg = self.config
         trainable = cfg.training.trainable_submodels or cfg.model.trainable_submodels()
-        model = ModelContainerHub.build(cfg.model, device=self.device, trainable=trainable)
+        # training.stage_dir: read the weights from node-local copies (the saved config keeps the sources)
+        model_cfg = stage_model_weights(cfg.model, cfg.training.stage_dir) if cfg.training.stage_dir else cfg.model
+        model = ModelContainerHub.build(model_cfg, device=self.device, trainable=trainable)
         if cfg.features.condition_mbs > 1 and not model.encodes_conditions:
             raise ValueError(
                 f"features.condition_mbs={cfg.features.condition_mbs} needs a pipeline that encodes conditions "
@@ -143,7 +146,7 @@ class Trainer:
         for source, target in self.fsdp_report.cross_submodel_prefetch.items():
             _log_rank0(f"cross-sub-model prefetch: {source} gathers {target} (from step 2)")
         resuming = self.run_dir.resume_from is not None
-        sub_model_args = cfg.model.sub_models()
+        sub_model_args = model_cfg.sub_models()
         for name, module in model.sub_models().items():
             restored_by_checkpoint = resuming and name in model.checkpoint_submodels
             self._materialize_and_load(name, module, sub_model_args[name], restored_by_checkpoint)
