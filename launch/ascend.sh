@@ -1,13 +1,12 @@
 #!/bin/bash
 # mm-train on several Ascend NPU nodes (HCCL): run this script once on every node, with the same
-# MASTER_ADDR (an address of the first node that the others reach) and NNODES, and that node's
-# NODE_RANK (0 on the first). All nodes meet at one c10d rendezvous on MASTER_ADDR:MASTER_PORT.
+# MASTER_ADDR (an address of the first node that the others reach) and NNODES. All nodes meet at
+# one c10d rendezvous on MASTER_ADDR:MASTER_PORT, which numbers them in the order they join.
 # Checkpoints go to training.save, which every node must see (shared storage).
 #
-#   MASTER_ADDR=10.0.0.1 NNODES=2 NODE_RANK=0 bash launch/ascend.sh --config my_run.yaml   # node 0
-#   MASTER_ADDR=10.0.0.1 NNODES=2 NODE_RANK=1 bash launch/ascend.sh --config my_run.yaml   # node 1
+#   MASTER_ADDR=10.0.0.1 NNODES=2 bash launch/ascend.sh --config my_run.yaml   # on each of the 2 nodes
 #
-# Settings (environment): MASTER_ADDR, NNODES and NODE_RANK are required;
+# Settings (environment): MASTER_ADDR and NNODES are required;
 #   MASTER_PORT        rendezvous port (default 29500)
 #   NPROC_PER_NODE     NPUs per node (default 8)
 #   TRAIN_MODULE       python module to run (mm_trainer; wan22_train, ltx2_train, qwen_vl_train)
@@ -20,7 +19,6 @@ set -euo pipefail
 
 : "${MASTER_ADDR:?set MASTER_ADDR to an address of node 0}"
 : "${NNODES:?set NNODES to the number of nodes}"
-: "${NODE_RANK:?set NODE_RANK to this node index (0 .. NNODES-1)}"
 
 toolkit=${ASCEND_TOOLKIT_HOME:-/usr/local/Ascend/ascend-toolkit/latest}
 if [[ -f "$toolkit/set_env.sh" ]]; then
@@ -40,7 +38,6 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 
 exec python -m torch.distributed.run \
     --nnodes "$NNODES" \
-    --node-rank "$NODE_RANK" \
     --nproc-per-node "${NPROC_PER_NODE:-8}" \
     --rdzv-backend c10d \
     --rdzv-endpoint "$MASTER_ADDR:${MASTER_PORT:-29500}" \

@@ -1,7 +1,8 @@
 """Two simulated nodes on this host: tiny Wan2.2 under a multi-node torchrun, HSDP across the nodes.
 
 Each "node" is one ``torchrun --nnodes 2 --node-rank R --nproc-per-node 2`` process; both meet at one
-c10d rendezvous on localhost and run 2 gloo workers each. ``data_parallel_size: auto`` makes it HSDP
+c10d rendezvous on localhost and run 2 gloo workers each (c10d numbers the nodes in the order they
+join; each node's workers get consecutive ranks). ``data_parallel_size: auto`` makes it HSDP
 with the shard group inside a node (2 ranks) and the replicate group across the nodes. Its losses
 are those of the single-node world-4 FSDP run (rel 1e-5): the same 4 samples a step, whatever the
 layout. Node 1 is then killed mid-run (its agent and workers, SIGKILL); node 0 fails on its own, and
@@ -65,16 +66,32 @@ def start_nodes(args: list[str], logs: Path, name: str) -> list[subprocess.Popen
         ]  # fmt: skip
         log = logs / f"{name}-node{node}.log"
         with open(log, "w") as out:
-            proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
         proc.log = log
         procs.append(proc)
     return procs
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc): torchrun starts its workers in sessions of their own."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit():
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
 def kill_node(proc: subprocess.Popen) -> None:
-    """SIGKILL a node: its torchrun agent and every worker (one process group: start_new_session)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    """SIGKILL a node: its workers and its torchrun agent, as a machine that goes down."""
+    for pid in [*descendants(proc.pid), proc.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     proc.wait()
 
 

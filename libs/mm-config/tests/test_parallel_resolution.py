@@ -102,7 +102,9 @@ def test_global_batch_size_derives_gradient_accumulation_at_any_world_size(
         (8, 2, 1, 1, 4),
     ],
 )
-def test_auto_data_parallel_size_is_one_replica_per_node(world, per_node, ulysses, ring, replicate, write_config):
+def test_auto_data_parallel_size_is_one_replica_per_node(
+    world, per_node, ulysses, ring, replicate, write_config
+):
     from mm_config import load_config
 
     data = {"parallel": {"ulysses_parallel_size": ulysses, "ring_attention_size": ring}}

@@ -68,7 +68,9 @@ def test_from_env_reads_torchruns_local_world_size(monkeypatch):
 
 
 def test_from_env_refuses_nodes_with_different_numbers_of_ranks(monkeypatch):
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # this node runs 2, but rank 5 sits on node 1: the first ran 4
+    monkeypatch.setenv(
+        "LOCAL_WORLD_SIZE", "2"
+    )  # this node runs 2, but rank 5 sits on node 1: the first ran 4
     monkeypatch.setenv("RANK", "5")
     monkeypatch.setenv("GROUP_RANK", "1")
     with pytest.raises(ValueError, match="same --nproc-per-node"):

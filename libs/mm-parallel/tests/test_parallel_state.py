@@ -99,7 +99,9 @@ def test_meshes_and_groups_at_world_4(distributed) -> None:
             "hsdp_shard_group": dist.get_process_group_ranks(hsdp.fsdp_mesh.get_group("dp_shard_cp")),
             "sub2": (tuple(sub2.shape), dist.get_process_group_ranks(sub2.get_group("sub_shard"))),
             "sub4": tuple(sub4.shape),
-            "arithmetic": [_own_groups(s.rank_groups(), rank) == _real_groups(s) for s in (usp, ulysses_dp, hsdp)],
+            "arithmetic": [
+                _own_groups(s.rank_groups(), rank) == _real_groups(s) for s in (usp, ulysses_dp, hsdp)
+            ],
         }
 
     out = distributed(run, 4)

@@ -33,7 +33,6 @@ from .layout import TRACKER_FILENAME, latest_iteration, looks_like_dcp_checkpoin
 from .loader import LoadReport, load_checkpoint_with_conversion
 from .module_state import materialize_meta
 from .pipeline_folder import write_pipeline_folder
-from .staging import StagedCopy, stage_on_node, staged_location
 from .restricted_dcp import (
     RestrictedFileSystemReader,
     RestrictedLoadPlanner,
@@ -43,6 +42,7 @@ from .restricted_dcp import (
 )
 from .source_identity import identity_change, source_identity
 from .sources import CheckpointSource, resolve_checkpoint_source
+from .staging import StagedCopy, stage_on_node, staged_location
 
 __all__ = [
     "AmbiguousCheckpointError",

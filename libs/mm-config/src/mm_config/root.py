@@ -54,9 +54,13 @@ class TrainConfig(ConfigModel):
         world = context_world_size(info.context)
         p = self.parallel
         if p.data_parallel_size == "auto" and p.fully_shard_parallel_size != "auto":
-            p.data_parallel_size = max(1, world // int(p.fully_shard_parallel_size))  # the shard degree decides
+            p.data_parallel_size = max(
+                1, world // int(p.fully_shard_parallel_size)
+            )  # the shard degree decides
         elif p.data_parallel_size == "auto":
-            p.data_parallel_size = replicas_across_nodes(world, context_ranks_per_node(info.context, world), p.cp_size)
+            p.data_parallel_size = replicas_across_nodes(
+                world, context_ranks_per_node(info.context, world), p.cp_size
+            )
         problems = _layout_problems(self.parallel, world)
         problems += _submodel_problems(self)
         if not problems:

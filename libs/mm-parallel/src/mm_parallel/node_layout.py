@@ -103,9 +103,7 @@ class NodeLayout:
         return layout
 
 
-def mesh_rank_groups(
-    dp_replicate: int, dp_shard: int, ring: int, ulysses: int
-) -> dict[str, list[list[int]]]:
+def mesh_rank_groups(dp_replicate: int, dp_shard: int, ring: int, ulysses: int) -> dict[str, list[list[int]]]:
     """The ranks of every group of each kind in :data:`GROUP_DIMS`, for a ParallelState of these degrees.
 
     Ranks fill the mesh ``(dp_replicate, dp_shard, ring, ulysses)`` row-major, as ``init_device_mesh``

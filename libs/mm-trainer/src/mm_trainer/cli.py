@@ -17,7 +17,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from mm_config import ConfigError, load_config
+from mm_config import load_config
 
 
 def build_parser(prog: str = "mm-train") -> argparse.ArgumentParser:
@@ -60,13 +60,17 @@ def _dry_run_layout(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     world = args.world_size
     if args.nnodes is not None or args.nproc_per_node is not None:
         if not args.dry_run:
-            parser.error("--nnodes / --nproc-per-node describe the layout of a --dry-run; torchrun sets them for a run")
+            parser.error(
+                "--nnodes / --nproc-per-node describe the layout of a --dry-run; torchrun sets them for a run"
+            )
         if args.nnodes is not None:
             if args.nproc_per_node is None:
                 parser.error("--nnodes needs --nproc-per-node")
             nodes_world = args.nnodes * args.nproc_per_node
             if world is not None and world != nodes_world:
-                parser.error(f"--world-size {world} != --nnodes {args.nnodes} x --nproc-per-node {args.nproc_per_node}")
+                parser.error(
+                    f"--world-size {world} != --nnodes {args.nnodes} x --nproc-per-node {args.nproc_per_node}"
+                )
             world = nodes_world
     return world or int(os.environ.get("WORLD_SIZE", "1")), args.nproc_per_node
 
@@ -82,7 +86,11 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "mm-train") -> int:
     world, per_node = _dry_run_layout(parser, args)
     try:  # the full check (the Trainer repeats it); a dry run needs no weights or data on disk
         config = load_config(
-            args.config, args.overrides, world_size=world, check_paths=not args.dry_run, ranks_per_node=per_node
+            args.config,
+            args.overrides,
+            world_size=world,
+            check_paths=not args.dry_run,
+            ranks_per_node=per_node,
         )
     except ValueError as err:  # a ConfigError report, or ranks per node that do not divide the world
         print(err, file=sys.stderr)

@@ -125,7 +125,9 @@ class Trainer:
         cfg = self.config
         trainable = cfg.training.trainable_submodels or cfg.model.trainable_submodels()
         # training.stage_dir: read the weights from node-local copies (the saved config keeps the sources)
-        model_cfg = stage_model_weights(cfg.model, cfg.training.stage_dir) if cfg.training.stage_dir else cfg.model
+        model_cfg = (
+            stage_model_weights(cfg.model, cfg.training.stage_dir) if cfg.training.stage_dir else cfg.model
+        )
         model = ModelContainerHub.build(model_cfg, device=self.device, trainable=trainable)
         if cfg.features.condition_mbs > 1 and not model.encodes_conditions:
             raise ValueError(
