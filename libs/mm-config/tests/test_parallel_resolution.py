@@ -139,3 +139,13 @@ def test_auto_data_parallel_size_follows_an_explicit_shard_degree(write_config):
 
     data = {"parallel": {"fully_shard_parallel_size": 2}}
     assert load_config(write_config(data), world_size=8, ranks_per_node=8).parallel.data_parallel_size == 4
+
+
+def test_mm_config_check_resolves_for_the_ranks_per_node_given(write_config, capsys):
+    from mm_config.cli import main
+
+    path = str(write_config({"parallel": {}}))
+    assert main(["check", path, "--world-size", "8", "--nproc-per-node", "4", "--no-path-check"]) == 0
+    assert "data_parallel_size: 2" in capsys.readouterr().out
+    assert main(["check", path, "--world-size", "8", "--nproc-per-node", "3", "--no-path-check"]) != 0
+    assert "3 ranks per node do not divide the world size 8" in capsys.readouterr().err
