@@ -6,7 +6,8 @@ join; each node's workers get consecutive ranks). ``data_parallel_size: auto`` m
 with the shard group inside a node (2 ranks) and the replicate group across the nodes. Its losses
 are those of the single-node world-4 FSDP run (rel 1e-5): the same 4 samples a step, whatever the
 layout. Node 1 is then killed mid-run (its agent and workers, SIGKILL); node 0 fails on its own, and
-both restarted resume the last checkpoint and train the reference's remaining steps.
+both restarted resume the last checkpoint and train the reference's remaining steps. Each node
+stages the pretrained weights to its own directory (``training.stage_dir``), as on node-local disks.
 
 One interrupted and one restarted two-node run plus the reference: 3 runs of 4 workers, 6 steps.
 """
@@ -35,9 +36,9 @@ pytestmark = pytest.mark.slow
 STEPS = 6
 
 
-def run_args(tiny: Path, save: Path) -> list[str]:
+def run_args(tiny: Path, save: Path, *extra: str) -> list[str]:
     """``wan22-train`` arguments: global batch 4 (one sample per rank at world 4), a save every 2 steps."""
-    return ["--config", str(config_path("tiny_t2v.yaml")), *tiny_overrides(tiny),
+    return ["--config", str(config_path("tiny_t2v.yaml")), *tiny_overrides(tiny), *extra,
             "parallel.ulysses_parallel_size=1", "training.micro_batch_size=1", "training.global_batch_size=4",
             f"training.train_iters={STEPS}", "training.save_interval=2", "training.log_sample_ids=true",
             "training.collective_timeout_s=60", f"training.save={save}"]  # fmt: skip
@@ -113,7 +114,10 @@ def wait_for_steps(save: Path, steps: int, procs: list[subprocess.Popen], timeou
         if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
             for p in procs:
                 kill_node(p)
-            pytest.fail("the two-node run ended or stalled early:\n" + "\n".join(p.log.read_text()[-3000:] for p in procs))
+            pytest.fail(
+                "the two-node run ended or stalled early:\n"
+                + "\n".join(p.log.read_text()[-3000:] for p in procs)
+            )
         time.sleep(0.1)
 
 
@@ -130,14 +134,16 @@ def runs(tmp_path_factory, distributed) -> dict:
     assert distributed(single_node, 4, timeout=900) == [0] * 4
 
     save = root / "two_nodes"
-    first = start_nodes(run_args(tiny, save), root, "first")
+    # each node copies the weights to its own "local disk" ($GROUP_RANK: torchrun's node index)
+    args = run_args(tiny, save, f"training.stage_dir={root / 'node_local'}/$GROUP_RANK")
+    first = start_nodes(args, root, "first")
     wait_for_steps(save, 3, first)
     kill_node(first[1])
     node0_exit = wait_all(first[:1], timeout=300)[0]
     interrupted = records(save)
     last_checkpoint = latest_iteration(save)
 
-    second = start_nodes(run_args(tiny, save), root, "restart")
+    second = start_nodes(args, root, "restart")
     assert wait_all(second, timeout=900) == [0, 0], "\n".join(p.log.read_text()[-3000:] for p in second)
     return {
         "reference": records(root / "single_node"),
@@ -147,6 +153,10 @@ def runs(tmp_path_factory, distributed) -> dict:
         "resumed": records(save),
         "config": yaml.safe_load((save / "config.yaml").read_text()),
         "restart_log": second[0].log.read_text(),
+        "staged": {
+            node.name: sorted(p.name.rsplit("-", 1)[0] for p in node.iterdir())
+            for node in (root / "node_local").iterdir()
+        },
     }
 
 
@@ -175,3 +185,7 @@ def test_a_killed_node_fails_the_other_and_both_restarted_resume_the_last_checkp
     assert runs["node0_exit"] != 0 and last is not None and last < STEPS
     assert f"at iteration {last}" in runs["restart_log"]
     assert_same_steps(runs["resumed"], runs["reference"])
+
+
+def test_each_node_read_the_weights_from_its_own_local_copy(runs):
+    assert runs["staged"] == {node: ["text_encoder", "transformer", "vae"] for node in ("0", "1")}
