@@ -56,6 +56,25 @@ def _describe(state: ParallelState) -> dict:
     }
 
 
+def _real_groups(state: ParallelState) -> dict[str, list[int]]:
+    """This rank's group of each kind of :meth:`ParallelState.rank_groups`, from the live meshes."""
+    ranks = dist.get_process_group_ranks
+    fsdp = state.fsdp_mesh
+    groups = {
+        "ulysses": ranks(state.ulysses_group),
+        "ring": ranks(state.ring_group),
+        "cp": ranks(state.cp_group),
+        "shard": ranks(fsdp.get_group("dp_shard_cp")),
+        "replicate": ranks(state.world_mesh.get_group("dp_replicate")),
+        "dp": ranks(state.dp_group),
+    }
+    return {kind: sorted(members) for kind, members in groups.items()}
+
+
+def _own_groups(groups: dict[str, list[list[int]]], rank: int) -> dict[str, list[int]]:
+    return {kind: sorted(next(g for g in members if rank in g)) for kind, members in groups.items()}
+
+
 @pytest.mark.slow
 def test_meshes_and_groups_at_world_4(distributed) -> None:
     def run(rank: int, world: int) -> dict:
@@ -80,6 +99,9 @@ def test_meshes_and_groups_at_world_4(distributed) -> None:
             "hsdp_shard_group": dist.get_process_group_ranks(hsdp.fsdp_mesh.get_group("dp_shard_cp")),
             "sub2": (tuple(sub2.shape), dist.get_process_group_ranks(sub2.get_group("sub_shard"))),
             "sub4": tuple(sub4.shape),
+            "arithmetic": [
+                _own_groups(s.rank_groups(), rank) == _real_groups(s) for s in (usp, ulysses_dp, hsdp)
+            ],
         }
 
     out = distributed(run, 4)
@@ -100,6 +122,8 @@ def test_meshes_and_groups_at_world_4(distributed) -> None:
     assert [o["hsdp"]["dp"] for o in out] == [(0, 4), (1, 4), (2, 4), (3, 4)]
     assert out[2]["sub2"] == ((2, 2), [2, 3])
     assert out[0]["sub4"] == (4,)
+    # rank_groups() (no process group) names the very groups the meshes built
+    assert all(o["arithmetic"] == [True, True, True] for o in out)
 
 
 def _all_reduce_with_a_stalled_peer(rank: int, world: int) -> float | None:

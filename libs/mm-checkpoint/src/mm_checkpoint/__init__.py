@@ -52,6 +52,7 @@ from .restricted_dcp import (
 )
 from .source_identity import identity_change, source_identity
 from .sources import CheckpointSource, resolve_checkpoint_source
+from .staging import StagedCopy, stage_on_node, staged_location
 
 __all__ = [
     "AmbiguousCheckpointError",
@@ -75,6 +76,7 @@ __all__ = [
     "RestrictedFileSystemReader",
     "RestrictedLoadPlanner",
     "SplitRule",
+    "StagedCopy",
     "TRACKER_FILENAME",
     "check_dcp_storage",
     "checkpoint_info",
@@ -91,6 +93,8 @@ __all__ = [
     "latest_iteration",
     "load_checkpoint_with_conversion",
     "looks_like_dcp_checkpoint_dir",
+    "stage_on_node",
+    "staged_location",
     "materialize_meta",
     "normalize_format",
     "read_dcp_metadata",

@@ -36,7 +36,7 @@ from .registry import (  # noqa: E402
     registered_ids,
     unregister_schema,
 )
-from .root import TrainConfig  # noqa: E402
+from .root import TrainConfig, context_ranks_per_node, replicas_across_nodes  # noqa: E402
 from .tools import MemoryProfileConfig, ProfileConfig, ToolsConfig  # noqa: E402
 from .training import NonFiniteConfig, TrainingConfig  # noqa: E402
 
@@ -78,6 +78,7 @@ __all__ = [
     "config_to_data",
     "config_to_yaml",
     "config_warnings",
+    "context_ranks_per_node",
     "dataset_schema",
     "dump_config",
     "frame_rule_problem",
@@ -93,6 +94,7 @@ __all__ = [
     "register_model_schema",
     "register_pipeline_schema",
     "registered_ids",
+    "replicas_across_nodes",
     "unregister_schema",
     "validate_config",
     "validate_with_plugins",

@@ -35,12 +35,16 @@ def check_config(
     *,
     check_paths: bool = True,
     plugins: bool = True,
+    ranks_per_node: int | None = None,
 ) -> CheckReport:
-    """Load and validate ``path`` as a run would (paths included unless ``check_paths`` is False).
+    """Load and validate ``path`` as a run would (paths included unless ``check_paths`` is False), with
+    ``ranks_per_node`` ranks on each node (see :func:`~mm_config.validate_config`).
 
     Raises :class:`~mm_config.ConfigError` listing every problem at once.
     """
-    cfg = load_config(path, overrides, world_size, plugins=plugins, check_paths=check_paths)
+    cfg = load_config(
+        path, overrides, world_size, plugins=plugins, check_paths=check_paths, ranks_per_node=ranks_per_node
+    )
     return CheckReport(cfg, config_warnings(cfg))
 
 

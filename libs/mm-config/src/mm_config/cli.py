@@ -1,4 +1,4 @@
-"""``mm-config check CONFIG [overrides...] [--world-size N] [--no-path-check]``: print the resolved
+"""``mm-config check CONFIG [overrides...] [--world-size N] [--nproc-per-node M] [--no-path-check]``: print the resolved
 config (and any warnings) or the error report."""
 
 from __future__ import annotations
@@ -31,6 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="number of ranks to resolve for (default: $WORLD_SIZE or 1)",
     )
     check.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        help="ranks per node, for data_parallel_size: auto (default: $LOCAL_WORLD_SIZE, else one node)",
+    )
+    check.add_argument(
         "--no-plugins",
         action="store_true",
         help="import neither the modules in training.plugin nor the installed schema entry points",
@@ -58,8 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             world_size=args.world_size,
             plugins=not args.no_plugins,
             check_paths=not args.no_path_check,
+            ranks_per_node=args.nproc_per_node,
         )
-    except ConfigError as err:
+    except (ConfigError, ValueError) as err:
         print(err, file=sys.stderr)
         return EXIT_INVALID
     for warning in report.warnings:

@@ -16,7 +16,7 @@ from . import __version__
 from .errors import ConfigError, Loc, Problem, format_loc, problems_from_validation_error
 from .model import _SINGLE_KEYS
 from .registry import load_schema_entry_points
-from .root import TrainConfig, context_world_size
+from .root import TrainConfig, context_ranks_per_node, context_world_size
 
 
 class _Loader(yaml.SafeLoader):
@@ -146,8 +146,12 @@ def validate_config(
     source: str | None = None,
     *,
     check_paths: bool = False,
+    ranks_per_node: int | None = None,
 ) -> TrainConfig:
     """Validate raw config data for ``world_size`` (None: ``$WORLD_SIZE`` or 1); raise one :class:`ConfigError`.
+
+    ``ranks_per_node`` (None: ``$LOCAL_WORLD_SIZE`` under a launcher of this world size, else all on
+    one node) resolves ``parallel.data_parallel_size: auto`` (one HSDP replica per node).
 
     With ``check_paths`` every path the run reads (``from_pretrained``, ``checkpoint_path``,
     ``data.data_path``, ``data.data_root``, ``training.load`` and the paths plugin schemas declare as
@@ -156,7 +160,9 @@ def validate_config(
     validation repeats; a rule that read a dropped key is left out, since it would only echo the
     first error.
     """
-    context = {"world_size": context_world_size({"world_size": world_size}), "check_paths": check_paths}
+    world = context_world_size({"world_size": world_size})
+    per_node = context_ranks_per_node({"ranks_per_node": ranks_per_node}, world)
+    context = {"world_size": world, "ranks_per_node": per_node, "check_paths": check_paths}
     try:
         return TrainConfig.model_validate(data, context=context)
     except ValidationError as err:
@@ -202,6 +208,7 @@ def load_config(
     *,
     plugins: bool = True,
     check_paths: bool = False,
+    ranks_per_node: int | None = None,
 ) -> TrainConfig:
     """Load a YAML config, apply ``overrides`` (``["training.lr=1e-5", ...]``) and validate it.
 
@@ -215,7 +222,9 @@ def load_config(
         empty = Problem((), "the config file is empty (or only comments): nothing to run")
         raise ConfigError([empty], str(path))
     data = apply_overrides(raw, overrides or [])
-    return validate_with_plugins(data, world_size, str(path), plugins=plugins, check_paths=check_paths)
+    return validate_with_plugins(
+        data, world_size, str(path), plugins=plugins, check_paths=check_paths, ranks_per_node=ranks_per_node
+    )
 
 
 def validate_with_plugins(
@@ -225,11 +234,14 @@ def validate_with_plugins(
     *,
     plugins: bool = True,
     check_paths: bool = False,
+    ranks_per_node: int | None = None,
 ) -> TrainConfig:
     """:func:`load_plugins` (unless ``plugins`` is False), then :func:`validate_config`; one report."""
     plugin_problems = load_plugins(data) if plugins else []
     try:
-        cfg = validate_config(data, world_size, source=source, check_paths=check_paths)
+        cfg = validate_config(
+            data, world_size, source=source, check_paths=check_paths, ranks_per_node=ranks_per_node
+        )
     except ConfigError as err:
         raise ConfigError(plugin_problems + err.problems, source) from None
     if plugin_problems:

@@ -80,8 +80,13 @@ class ParallelConfig(ConfigModel):
 
     fully_shard_parallel_size: AutoInt = "auto"
     """FSDP shard degree (``dp_shard x cp``); ``auto`` = world_size / data_parallel_size."""
-    data_parallel_size: int = Field(default=1, ge=1)
-    """Replicate degree (HSDP replicas of the sharded model); 1 = plain FSDP."""
+    data_parallel_size: AutoInt = "auto"
+    """Replicate degree (HSDP replicas of the sharded model); 1 = plain FSDP over every rank. ``auto`` =
+    one replica per node: world / lcm(ranks per node, ulysses x ring), so plain FSDP on one node, and
+    across nodes HSDP whose shard groups and context-parallel groups stay inside a node while only the
+    gradient all-reduce crosses nodes. Ranks per node: ``$LOCAL_WORLD_SIZE`` (torchrun's
+    ``--nproc-per-node``), else all ranks on one node. With an explicit ``fully_shard_parallel_size``,
+    ``auto`` is world / that."""
     tensor_parallel_size: int = Field(default=1, ge=1)
     """Tensor parallel degree; only 1 is supported."""
     ulysses_parallel_size: int = Field(default=1, ge=1)
@@ -112,7 +117,8 @@ class ParallelConfig(ConfigModel):
     @property
     def world_size(self) -> int:
         """World size this section was resolved for (``data_parallel_size * fully_shard_parallel_size``)."""
-        return self.data_parallel_size * self._resolved_shard()
+        shard = self._resolved_shard()
+        return int(self.data_parallel_size) * shard
 
     @property
     def dp_size(self) -> int:
@@ -125,10 +131,9 @@ class ParallelConfig(ConfigModel):
         return self._resolved_shard() // self.cp_size
 
     def _resolved_shard(self) -> int:
-        if self.fully_shard_parallel_size == "auto":
-            raise ValueError(
-                "parallel.fully_shard_parallel_size is 'auto'; validate via TrainConfig to resolve it"
-            )
+        for key in ("fully_shard_parallel_size", "data_parallel_size"):
+            if getattr(self, key) == "auto":
+                raise ValueError(f"parallel.{key} is 'auto'; validate via TrainConfig to resolve it")
         return int(self.fully_shard_parallel_size)
 
 

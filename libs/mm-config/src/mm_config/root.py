@@ -1,15 +1,17 @@
 """``TrainConfig``: the six sections and the rules that tie them together.
 
 Cross-section rules live in one ``model_validator(mode="after")``; it also resolves the derived
-values (``fully_shard_parallel_size: auto``, ``global_batch_size`` or ``gradient_accumulation_steps``,
-``trainable_submodels``) for the world size given in the validation context (``{"world_size": n}``),
-else ``$WORLD_SIZE``, else 1.
+values (``data_parallel_size`` / ``fully_shard_parallel_size: auto``, ``global_batch_size`` or
+``gradient_accumulation_steps``, ``trainable_submodels``) for the world size given in the validation
+context (``{"world_size": n}``), else ``$WORLD_SIZE``, else 1, and the ranks per node given there
+(``{"ranks_per_node": m}``), else ``$LOCAL_WORLD_SIZE``, else the world size (one node).
 Each rule names the keys it read (``deps``) so that a report can leave out consequences of
 another error.
 """
 
 from __future__ import annotations
 
+import math
 import os
 
 from pydantic import Field, ValidationInfo, model_validator
@@ -50,6 +52,15 @@ class TrainConfig(ConfigModel):
     @model_validator(mode="after")
     def _cross_section_rules(self, info: ValidationInfo) -> TrainConfig:
         world = context_world_size(info.context)
+        p = self.parallel
+        if p.data_parallel_size == "auto" and p.fully_shard_parallel_size != "auto":
+            p.data_parallel_size = max(
+                1, world // int(p.fully_shard_parallel_size)
+            )  # the shard degree decides
+        elif p.data_parallel_size == "auto":
+            p.data_parallel_size = replicas_across_nodes(
+                world, context_ranks_per_node(info.context, world), p.cp_size
+            )
         problems = _layout_problems(self.parallel, world)
         problems += _submodel_problems(self)
         if not problems:
@@ -80,6 +91,30 @@ def context_world_size(context: object) -> int:
     if world < 1:
         raise ValueError(f"world size must be >= 1, got {world}")
     return world
+
+
+def context_ranks_per_node(context: object, world: int) -> int:
+    """Ranks per node from a validation context dict, else ``$LOCAL_WORLD_SIZE`` where ``world`` is the
+    launcher's ``$WORLD_SIZE`` (torchrun sets both), else ``world`` (one node)."""
+    value = context.get("ranks_per_node") if isinstance(context, dict) else None
+    if value is None:
+        launched = os.environ.get("WORLD_SIZE") == str(world)
+        value = os.environ.get("LOCAL_WORLD_SIZE", world) if launched else world
+    per_node = int(value)
+    if per_node < 1 or world % per_node:
+        raise ValueError(
+            f"{per_node} ranks per node do not divide the world size {world}: every node must run the "
+            "same number of ranks (torchrun --nproc-per-node)"
+        )
+    return per_node
+
+
+def replicas_across_nodes(world: int, ranks_per_node: int, cp: int) -> int:
+    """``data_parallel_size: auto``: one HSDP replica per group of nodes just large enough to hold whole
+    context-parallel groups, ``world / lcm(ranks_per_node, cp)`` (1 where ``cp`` does not divide the
+    world: that is reported as the error it is)."""
+    group = math.lcm(ranks_per_node, cp)
+    return world // group if world % group == 0 else 1
 
 
 def _layout_problems(p: ParallelConfig, world: int) -> list[Problem]:
@@ -320,4 +355,4 @@ def _batch_and_heads_problems(cfg: TrainConfig, world: int) -> list[Problem]:
     return out
 
 
-__all__ = ["TrainConfig", "context_world_size"]
+__all__ = ["TrainConfig", "context_ranks_per_node", "context_world_size", "replicas_across_nodes"]

@@ -67,6 +67,13 @@ class TrainingConfig(ConfigModel):
     save: str | None = None
     """Directory checkpoints and the resolved config are written to; None saves nothing. A run locks it
     (and ``log_dir``): a second run into it stops with an error naming the holder."""
+    stage_dir: str | None = None
+    """Node-local directory (a local disk on every node; ``$VARS`` are expanded, e.g.
+    ``/local/$SLURM_JOB_ID``) to copy each sub-model's weights into before they are read: the
+    ``from_pretrained`` / ``checkpoint_path`` folder, or a complete DCP conversion cache in its place.
+    One rank per node copies, the others wait; a copy matching its source is reused. For clusters
+    with a slow shared file system. None (default) reads the weights where they are; checkpoints
+    (``save``) always stay on the shared storage every node sees."""
     resume: Literal["auto", "must", "never"] = "auto"
     """``auto``: a ``save`` dir that holds a checkpoint is resumed (else start from ``load``, or the
     pretrained weights); ``must``: the same, but an error when there is nothing to resume;

@@ -11,6 +11,14 @@ from mm_parallel.fsdp_plan import FSDPPlan, SubPlan, parse_dtype
 from mm_parallel.grad_clip import clip_grad_norm_, total_grad_norm
 from mm_parallel.grad_sync import fsdp_roots, set_gradient_sync
 from mm_parallel.launcher import signal_when_launcher_dies
+from mm_parallel.node_layout import (
+    GROUP_ROLES,
+    NodeLayout,
+    describe_node_layout,
+    mesh_rank_groups,
+    node_crossings,
+    sub_plan_rank_groups,
+)
 from mm_parallel.parallel_state import ParallelState
 from mm_parallel.patterns import PatternMatchError, match_modules, pattern_matches
 from mm_parallel.process_exit import exit_process
@@ -79,6 +87,8 @@ __all__ += [
     "FSDPPlanExplanation",
     "FSDPPlanReport",
     "FSDPUnit",
+    "GROUP_ROLES",
+    "NodeLayout",
     "ParallelState",
     "PatternMatchError",
     "SKIP_ROOT_WRAP_ATTR",
@@ -86,6 +96,7 @@ __all__ += [
     "apply_fsdp_plan",
     "broadcast_tensor_dict",
     "clip_grad_norm_",
+    "describe_node_layout",
     "exit_process",
     "explain_fsdp_plan",
     "fsdp_roots",
@@ -94,11 +105,14 @@ __all__ += [
     "get_local_device",
     "init_distributed",
     "match_modules",
+    "mesh_rank_groups",
+    "node_crossings",
     "parse_dtype",
     "pattern_matches",
     "plan_units",
     "set_collective_timeout",
     "set_gradient_sync",
     "signal_when_launcher_dies",
+    "sub_plan_rank_groups",
     "total_grad_norm",
 ]

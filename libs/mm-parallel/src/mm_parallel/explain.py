@@ -13,6 +13,7 @@ from torch import nn
 
 from mm_parallel.fsdp_plan import FSDPPlan
 from mm_parallel.sub_plans import shard_size_for_owner
+from mm_parallel.text_table import text_table
 from mm_parallel.unit_layout import plan_units
 
 
@@ -79,10 +80,8 @@ class FSDPPlanExplanation:
             )
             for u in self.units
         ]
-        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
-        lines.insert(1, "  ".join("-" * w for w in widths))
-        lines += [
+        lines = [
+            text_table(header, rows),
             f"world size: {self.world_size}",
             *(
                 f"sharded params per rank, {owner or '<root>'}: {_size(b)}"

@@ -22,9 +22,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from mm_parallel.devices import get_device_type
+from mm_parallel.node_layout import MESH_DIMS, mesh_rank_groups
 from mm_parallel.timeouts import set_collective_timeout
-
-MESH_DIMS = ("dp_replicate", "dp_shard", "ring", "ulysses")
 
 
 def _check_positive(name: str, value: int) -> None:
@@ -225,6 +224,11 @@ class ParallelState:
         return self.dp_shard_cp_size > 1
 
     # ----- meshes and groups --------------------------------------------------------------
+    def rank_groups(self) -> dict[str, list[list[int]]]:
+        """The ranks of every ``ulysses`` / ``ring`` / ``cp`` / ``shard`` / ``replicate`` / ``dp`` group of
+        this layout (:func:`mm_parallel.node_layout.mesh_rank_groups`); needs no process group."""
+        return mesh_rank_groups(self.dp_replicate, self.dp_shard, self.ring, self.ulysses)
+
     @property
     def world_mesh(self) -> DeviceMesh:
         """4-D mesh with dims ``("dp_replicate", "dp_shard", "ring", "ulysses")``."""

@@ -3,6 +3,7 @@
 mm-train --config run.yaml training.lr=1e-5 parallel.ulysses_parallel_size=2
 torchrun --nproc-per-node 8 -m mm_trainer --config run.yaml
 mm-train --config run.yaml --dry-run --world-size 64   # FSDP plan, bytes per rank; no weights
+mm-train --config run.yaml --dry-run --nnodes 8 --nproc-per-node 8   # + which process groups cross nodes
 mm-train check-layouts --config run.yaml --layouts 1 2 2:ulysses=2 --steps 4   # same losses at each layout?
 """
 
@@ -16,7 +17,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from mm_config import ConfigError, load_config
+from mm_config import load_config
 
 
 def build_parser(prog: str = "mm-train") -> argparse.ArgumentParser:
@@ -38,7 +39,40 @@ def build_parser(prog: str = "mm-train") -> argparse.ArgumentParser:
     parser.add_argument(
         "--world-size", type=int, default=None, help="world size for --dry-run (default: $WORLD_SIZE or 1)"
     )
+    parser.add_argument(
+        "--nnodes",
+        type=int,
+        default=None,
+        help="nodes for --dry-run (with --nproc-per-node: world size = nnodes x nproc-per-node)",
+    )
+    parser.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        help="ranks per node for --dry-run: the layout table says which process groups cross nodes "
+        "(default: $LOCAL_WORLD_SIZE, else all ranks on one node)",
+    )
     return parser
+
+
+def _dry_run_layout(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[int, int | None]:
+    """``(world size, ranks per node or None)`` from --world-size / --nnodes / --nproc-per-node."""
+    world = args.world_size
+    if args.nnodes is not None or args.nproc_per_node is not None:
+        if not args.dry_run:
+            parser.error(
+                "--nnodes / --nproc-per-node describe the layout of a --dry-run; torchrun sets them for a run"
+            )
+        if args.nnodes is not None:
+            if args.nproc_per_node is None:
+                parser.error("--nnodes needs --nproc-per-node")
+            nodes_world = args.nnodes * args.nproc_per_node
+            if world is not None and world != nodes_world:
+                parser.error(
+                    f"--world-size {world} != --nnodes {args.nnodes} x --nproc-per-node {args.nproc_per_node}"
+                )
+            world = nodes_world
+    return world or int(os.environ.get("WORLD_SIZE", "1")), args.nproc_per_node
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "mm-train") -> int:
@@ -47,17 +81,24 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "mm-train") -> int:
         from mm_trainer.layout_check import main as check_layouts_main
 
         return check_layouts_main(argv[1:])
-    args = build_parser(prog).parse_args(argv)
-    world = args.world_size or int(os.environ.get("WORLD_SIZE", "1"))
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    world, per_node = _dry_run_layout(parser, args)
     try:  # the full check (the Trainer repeats it); a dry run needs no weights or data on disk
-        config = load_config(args.config, args.overrides, world_size=world, check_paths=not args.dry_run)
-    except ConfigError as err:
+        config = load_config(
+            args.config,
+            args.overrides,
+            world_size=world,
+            check_paths=not args.dry_run,
+            ranks_per_node=per_node,
+        )
+    except ValueError as err:  # a ConfigError report, or ranks per node that do not divide the world
         print(err, file=sys.stderr)
         return 2
     if args.dry_run:
         from mm_trainer.dry_run import dry_run
 
-        print(dry_run(config, world_size=world))
+        print(dry_run(config, world_size=world, ranks_per_node=per_node))
         return 0
     from mm_trainer.trainer import Trainer
 

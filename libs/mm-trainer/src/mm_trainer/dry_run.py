@@ -1,9 +1,18 @@
-"""``--dry-run``: the FSDP plan of a config's model, explained without allocating weights."""
+"""``--dry-run``: the FSDP plan of a config's model, explained without allocating weights, and the
+process groups of its layout with the nodes each spans."""
 
 from __future__ import annotations
 
-from mm_config import TrainConfig
-from mm_parallel import FSDPPlan, explain_fsdp_plan
+from mm_config import ParallelConfig, TrainConfig, context_ranks_per_node
+from mm_parallel import (
+    GROUP_ROLES,
+    FSDPPlan,
+    NodeLayout,
+    ParallelState,
+    describe_node_layout,
+    explain_fsdp_plan,
+    sub_plan_rank_groups,
+)
 
 from mm_trainer.container import ModelContainer, container_class, freeze
 from mm_trainer.lora import inject_lora
@@ -27,8 +36,32 @@ def build_meta_model(config: TrainConfig) -> ModelContainer:
     return model
 
 
-def dry_run(config: TrainConfig, *, world_size: int) -> str:
-    """The plan explanation table for ``world_size`` ranks."""
+def dry_run(config: TrainConfig, *, world_size: int, ranks_per_node: int | None = None) -> str:
+    """The plan explanation table for ``world_size`` ranks, then the process groups of the layout and
+    whether each stays inside a node of ``ranks_per_node`` ranks (None: as the config resolved it,
+    ``$LOCAL_WORLD_SIZE`` under a launcher, else one node)."""
     model = build_meta_model(config)
     plan = FSDPPlan.from_dict(config.parallel.fsdp_plan.model_dump())
-    return str(explain_fsdp_plan(model, plan, world_size))
+    p = config.parallel
+    explanation = explain_fsdp_plan(model, plan, world_size, dp_replicate=int(p.data_parallel_size))
+    nodes = NodeLayout(world_size, context_ranks_per_node({"ranks_per_node": ranks_per_node}, world_size))
+    return f"{explanation}\n\n{describe_layout(p, nodes)}"
+
+
+def describe_layout(parallel: ParallelConfig, nodes: NodeLayout) -> str:
+    """The groups of a resolved ``parallel`` section (mesh and sub-plans) and the nodes each spans."""
+    state = ParallelState(
+        world_size=nodes.world_size,
+        dp_replicate=int(parallel.data_parallel_size),
+        ulysses=parallel.ulysses_parallel_size,
+        ring=parallel.ring_attention_size,
+        device_type="cpu",
+    )
+    groups = state.rank_groups()
+    roles = dict(GROUP_ROLES)
+    for name, sub in parallel.fsdp_plan.sub_plans.items():
+        if sub.enabled and sub.shard_size is not None:
+            for kind, members in sub_plan_rank_groups(nodes.world_size, sub.shard_size).items():
+                groups[f"{name} {kind}"] = members
+                roles[f"{name} {kind}"] = f"sub-plan {kind} group of {name}"
+    return describe_node_layout(groups, nodes, roles)

@@ -23,8 +23,10 @@ from mm_checkpoint import DistributedCheckpointer, materialize_meta
 from mm_config import TrainConfig, dump_config
 from mm_parallel import (
     FSDPPlan,
+    NodeLayout,
     ParallelState,
     apply_fsdp_plan,
+    describe_node_layout,
     get_local_device,
     init_distributed,
     use_attention_backend,
@@ -46,6 +48,7 @@ from mm_trainer.profiling import MemoryProfiler, StepProfiler
 from mm_trainer.rng import seed_everything
 from mm_trainer.run_config import RUN_CONFIG_NAME
 from mm_trainer.run_dir import open_run_directory
+from mm_trainer.weight_staging import stage_model_weights
 
 logger = logging.getLogger("mm_trainer")
 
@@ -67,6 +70,9 @@ class Trainer:
             device_type=device_type,
             timeout_s=timeout_s,
         )
+        nodes = NodeLayout.from_env(self.world_size)  # refuses nodes that run different numbers of ranks
+        if nodes.num_nodes > 1:
+            _log_rank0(describe_node_layout(self.parallel_state.rank_groups(), nodes))
         self.device = get_local_device(device_type)
         if parallel.ring_attention_size > 1:  # the ring's block kernel (before any model is built)
             _log_rank0(
@@ -120,7 +126,11 @@ class Trainer:
     def _build_model(self) -> nn.Module:
         cfg = self.config
         trainable = cfg.training.trainable_submodels or cfg.model.trainable_submodels()
-        model = ModelContainerHub.build(cfg.model, device=self.device, trainable=trainable)
+        # training.stage_dir: read the weights from node-local copies (the saved config keeps the sources)
+        model_cfg = (
+            stage_model_weights(cfg.model, cfg.training.stage_dir) if cfg.training.stage_dir else cfg.model
+        )
+        model = ModelContainerHub.build(model_cfg, device=self.device, trainable=trainable)
         if cfg.features.condition_mbs > 1 and not model.encodes_conditions:
             raise ValueError(
                 f"features.condition_mbs={cfg.features.condition_mbs} needs a pipeline that encodes conditions "
@@ -141,7 +151,7 @@ class Trainer:
         for source, target in self.fsdp_report.cross_submodel_prefetch.items():
             _log_rank0(f"cross-sub-model prefetch: {source} gathers {target} (from step 2)")
         resuming = self.run_dir.resume_from is not None
-        sub_model_args = cfg.model.sub_models()
+        sub_model_args = model_cfg.sub_models()
         for name, module in model.sub_models().items():
             # A LoRA sub-model's checkpoint holds its adapters only: its base always loads from the source.
             restored_by_checkpoint = (

@@ -1,0 +1,46 @@
+"""``training.stage_dir``: point every sub-model's weights source at its node-local copy.
+
+Runs before the model is built (``from_pretrained`` may read the weights while building). What is
+copied is what the load reads: ``checkpoint_path`` or ``from_pretrained``; with ``load_format: dcp``
+the conversion cache once it is complete (the conversion itself writes to the shared cache, so the
+first run converts there and later runs stage the result).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from mm_checkpoint import looks_like_dcp_checkpoint_dir, resolve_checkpoint_source, stage_on_node
+from mm_config import ModelConfig, SubModelConfig
+
+logger = logging.getLogger("mm_trainer")
+
+
+def stage_model_weights(model: ModelConfig, stage_dir: str) -> ModelConfig:
+    """A copy of ``model`` whose weights sources are node-local copies under ``stage_dir``
+    (collective: every rank calls it)."""
+    root = os.path.expandvars(stage_dir)
+    if not model.models:
+        return model.model_copy(update=_staged_source(model, root))
+    models = {name: sub.model_copy(update=_staged_source(sub, root)) for name, sub in model.models.items()}
+    return model.model_copy(update={"models": models})
+
+
+def _staged_source(sub: SubModelConfig, root: str) -> dict[str, Any]:
+    """The keys of ``sub`` to replace by node-local copies (none when it names no weights)."""
+    source = resolve_checkpoint_source(sub)
+    if source.path is None:
+        return {}
+    cache = source.conversion_dir
+    if source.declared_format == "dcp" and cache and cache != source.path:
+        if not looks_like_dcp_checkpoint_dir(cache):
+            logger.warning("%s: DCP conversion cache not complete yet; converting on shared storage", cache)
+            return {}
+        return {"checkpoint_conversion_dir": str(stage_on_node(cache, root).path)}
+    key = "checkpoint_path" if sub.checkpoint_path == source.path else "from_pretrained"
+    return {key: str(stage_on_node(source.path, root).path)}
+
+
+__all__ = ["stage_model_weights"]
