@@ -49,6 +49,7 @@ class AttentionBackend:
     supports_mask: bool
     is_available: Callable[[], bool]
     backward: BackwardFn | None = None
+    requires: str = ""  # what makes it available, named when it is not (e.g. the extra to install)
 
 
 _REGISTRY: dict[str, AttentionBackend] = {}
@@ -66,8 +67,9 @@ def get_backend(name: str) -> AttentionBackend:
         raise KeyError(f"unknown attention backend {name!r}; registered: {sorted(_REGISTRY)}")
     backend = _REGISTRY[name]
     if not backend.is_available():
+        needs = f" (needs {backend.requires})" if backend.requires else ""
         raise RuntimeError(
-            f"attention backend {name!r} is not available here; available: {available_backends()}"
+            f"attention backend {name!r} is not available here{needs}; available: {available_backends()}"
         )
     return backend
 
@@ -319,8 +321,18 @@ register_backend(
     AttentionBackend("cpu_flash", _cpu_flash_forward, True, True, _has_cpu_flash, _cpu_flash_backward)
 )
 register_backend(AttentionBackend("math", _math_forward, True, True, lambda: True, _math_backward))
-register_backend(AttentionBackend("flash_attn", _flash_attn_forward, True, False, _importable("flash_attn")))
-register_backend(AttentionBackend("npu_fusion_attention", _npu_forward, True, True, _importable("torch_npu")))
+register_backend(
+    AttentionBackend(
+        "flash_attn", _flash_attn_forward, True, False, _importable("flash_attn"),
+        requires="flash_attn on CUDA: pip install 'mm-parallel[flash-attn]'",
+    )
+)  # fmt: skip
+register_backend(
+    AttentionBackend(
+        "npu_fusion_attention", _npu_forward, True, True, _importable("torch_npu"),
+        requires="torch_npu on Ascend: pip install 'mm-parallel[npu]'",
+    )
+)  # fmt: skip
 
 
 # ---------------------------------------------------------------- plain attention

@@ -74,7 +74,7 @@ def _build_transformers(args: Any, meta: bool) -> nn.Module:
     except ImportError as exc:  # transformers is optional for the trainer
         raise ImportError(
             f"model {args.model_id!r}: {args.from_pretrained} is a transformers directory but transformers "
-            "is not installed"
+            "is not installed (pip install 'mm-trainer[transformers]')"
         ) from exc
     if meta:
         config = AutoConfig.from_pretrained(args.from_pretrained)
