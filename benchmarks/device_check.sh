@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # The prepared GPU check for a session that is lent a device machine (the H200; see the device tool).
-# It is the unblocking check of benchmarks/wan_step.py's target (WanDiT <= 0.9x diffusers' step time),
-# which a CPU cannot show (benchmarks/README.md), and the first run of the CUDA training path.
+# 1. ring-attention block kernels vs the math reference, one table (cp_kernel_check.py): torch's flash
+#    and memory-efficient kernels (+ flash_attn if installed), output / LSE / gradients, fp32 and bf16,
+#    causal or not, with and without padded keys; then the ring merge over simulated blocks;
+# 2. the per-block memory model measured on the GPU (cp_memory.py --validate --device cuda);
+# 3. benchmarks/wan_step.py in bf16 and fp32 (its target, WanDiT <= 0.9x diffusers' step time, needs a GPU);
+# 4. the tiny Wan2.2 run on one GPU (the CUDA training path) and a sampled clip.
+# The exit status is 1 when a kernel row or the memory model is off (the later stages still run).
 #
 # Here, once (PyPI reachable; writes .whl/, ignored by git):
 #     bash benchmarks/device_check.sh --fetch-wheels
 # Then one device call from the repo root:
 #     run(command="bash benchmarks/device_check.sh", carry=[".whl"], timeout_s=540)
-# Results come back in $OUT: wan_step_bf16.txt, wan_step_fp32.txt, train.txt (+ metrics.jsonl).
-# PYTHON and DEVICE override the interpreter and device (DEVICE=cpu: a quick dry run of this script).
+# Results come back in $OUT: cp_kernels.txt, cp_memory.txt, wan_step_bf16.txt, wan_step_fp32.txt, train.txt
+# (+ metrics.jsonl, sample.mp4). PYTHON and DEVICE override the interpreter and device; DEVICE=cpu is the dry
+# run: the same stages on the smallest shapes (bf16 step only, 2 training steps, no sampling; ~50 s of CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -34,20 +40,35 @@ for src in libs/*/src apps/*/src; do PYTHONPATH="${PYTHONPATH:-}:$PWD/$src"; don
 export PYTHONPATH PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/device_check}
 mkdir -p "$out"
-"$PYTHON" -c "import torch; print(torch.__version__, torch.cuda.is_available() and torch.cuda.get_device_name())"
+if [[ "$DEVICE" == cuda ]]; then
+    size=(--grid 8 32 48 --repeats 10 --warmup 3); dtypes=(bfloat16 float32); kernels=(); memory=(--shape 8192 8192 4 128)
+    steps=20
+else
+    size=(--grid 1 4 4 --blocks 1 --dim 64 --heads 2 --ffn-dim 128 --text-dim 32 --text-len 8 --repeats 1 --warmup 0)
+    dtypes=(bfloat16); kernels=(--small); memory=(--shape 1024 1024 2 64); steps=2
+fi
+status=0
+# 1. Ring-attention block kernels and the ring merge vs math (one table; a FAIL row fails the script at the end)
+"$PYTHON" benchmarks/cp_kernel_check.py --device "$DEVICE" "${kernels[@]}" | tee "$out/cp_kernels.txt" || status=1
+# 2. The per-block memory model against this device's allocator
+"$PYTHON" benchmarks/cp_memory.py --validate --device "$DEVICE" "${memory[@]}" | tee "$out/cp_memory.txt" || status=1
 
-if [[ "$DEVICE" == cuda ]]; then size=(--grid 8 32 48 --repeats 10 --warmup 3); else size=(--grid 1 8 8 --repeats 1); fi
-# 1. One training step, ours vs diffusers vs the matmul skeleton, bf16 and fp32
-"$PYTHON" benchmarks/wan_step.py --device "$DEVICE" --dtype bfloat16 "${size[@]}" | tee "$out/wan_step_bf16.txt"
-"$PYTHON" benchmarks/wan_step.py --device "$DEVICE" --dtype float32 "${size[@]}" | tee "$out/wan_step_fp32.txt"
+# 3. One training step, ours vs diffusers vs the matmul skeleton (bf16; fp32 too on the GPU)
+for dtype in "${dtypes[@]}"; do
+    "$PYTHON" benchmarks/wan_step.py --device "$DEVICE" --dtype "$dtype" "${size[@]}" | tee "$out/wan_step_${dtype/bfloat16/bf16}.txt"
+done
 
-# 2. The tiny Wan2.2 run on one device (world 1, no CP): make-tiny, 20 steps, sample a clip
+# 4. The tiny Wan2.2 run on one device (world 1, no CP): make-tiny, train (+ sample a clip on the GPU)
 tiny=/tmp/device_check_tiny
-"$PYTHON" -m wan22_train make-tiny "$tiny" > /dev/null
-mapfile -t overrides < <("$PYTHON" -c "from wan22_train.tiny import tiny_overrides; print('\n'.join(tiny_overrides('$tiny')))")
-rm -rf "$tiny/ckpt"
+rm -rf "$tiny"
+mapfile -t overrides < <("$PYTHON" -c "from wan22_train.tiny import make_tiny, tiny_overrides
+make_tiny('$tiny'); print('\n'.join(tiny_overrides('$tiny')))")
 "$PYTHON" -m wan22_train --config apps/wan22-train/configs/tiny_t2v.yaml "${overrides[@]}" \
-    training.device="$DEVICE" parallel.ulysses_parallel_size=1 training.train_iters=20 training.save="$tiny/ckpt" \
+    training.device="$DEVICE" parallel.ulysses_parallel_size=1 training.train_iters="$steps" training.save="$tiny/ckpt" \
     2>&1 | tee "$out/train.txt"
 cp "$tiny/ckpt/metrics.jsonl" "$out/metrics.jsonl"
-"$PYTHON" -m wan22_train sample --checkpoint "$tiny/ckpt" --prompt "a red square" --out "$out/sample.mp4" | tee -a "$out/train.txt"
+if [[ "$DEVICE" == cuda ]]; then
+    "$PYTHON" -m wan22_train sample --checkpoint "$tiny/ckpt" --prompt "a red square" --out "$out/sample.mp4" \
+        | tee -a "$out/train.txt"
+fi
+exit $status

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -237,3 +242,159 @@ def trainer_build_error():
 def toy_trainer():
     """``toy_trainer(config, world_size, *overrides)`` -> a built ``Trainer`` (call inside a rank)."""
     return build_toy_trainer
+
+
+# ---------------------------------------------------------------- processes of a multi-rank run
+def plain_launch_env(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """What a launcher other than torchrun (srun, mpirun, a script) sets for one rank."""
+    env = train_env()
+    for key in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE"):
+        env.pop(key, None)
+    env.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+    )  # fmt: skip
+    return env
+
+
+def _parent_pid(pid: str) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _children(pid: int) -> list[int]:
+    return [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and _parent_pid(e.name) == pid]
+
+
+def _descendants(pid: int) -> list[int]:
+    found = []
+    for child in _children(pid):
+        found += [child, *_descendants(child)]
+    return found
+
+
+def worker_pids(launcher_pid: int, world_size: int, timeout: float = 120) -> dict[int, int]:
+    """``{rank: pid}`` of the workers a torchrun process started (Linux /proc), once all exist."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or _parent_pid(entry.name) != launcher_pid:
+                continue
+            try:
+                env = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            ranks = [int(item[5:]) for item in env if item.startswith(b"RANK=")]
+            if ranks:
+                found[ranks[0]] = int(entry.name)
+        if len(found) == world_size:
+            return found
+        assert time.monotonic() < deadline, f"torchrun {launcher_pid} started {found} of {world_size} workers"
+        time.sleep(0.1)
+
+
+def process_running(pid: int) -> bool:
+    """False once ``pid`` has exited (gone, or a zombie nobody reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_for_steps(log: Path, steps: int, *procs: subprocess.Popen, timeout: float = 120) -> None:
+    """Wait until rank 0 logged ``steps`` steps to ``log`` (metrics.jsonl) while ``procs`` run."""
+    deadline = time.monotonic() + timeout
+    while not (log.exists() and len(log.read_text().splitlines()) >= steps):
+        assert all(p.poll() is None for p in procs), "the run ended before it logged its first steps"
+        assert time.monotonic() < deadline, f"no {steps} steps in {log} after {timeout} s"
+        time.sleep(0.05)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_run(
+    config: Path, *overrides: str, nproc: int = 2, launcher: str = "torchrun"
+) -> list[subprocess.Popen]:
+    """Start an ``nproc``-rank mm-train: one torchrun process, or (``launcher="plain"``) one process
+    per rank with the rendezvous in its environment, as srun / mpirun / a script would. Each process
+    writes stdout and stderr to ``<config dir>/<launcher>-<i>.log`` (a file: workers that outlive
+    their launcher keep writing, and a pipe nobody reads would block them)."""
+    if launcher == "torchrun":
+        commands = [(mm_train_command(config, *overrides, nproc=nproc), train_env())]
+    else:
+        port = _free_port()
+        commands = [
+            (mm_train_command(config, *overrides), plain_launch_env(r, nproc, port)) for r in range(nproc)
+        ]
+    procs = []
+    for i, (command, env) in enumerate(commands):
+        with open(config.parent / f"{launcher}-{i}.log", "w") as log:
+            procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+        procs[-1].log = config.parent / f"{launcher}-{i}.log"
+    return procs
+
+
+def finish(procs: list[subprocess.Popen], timeout: float) -> tuple[list[int | None], str]:
+    """Wait up to ``timeout`` seconds in all for ``procs``; return their exit codes (None: still
+    running after it, then killed) and their output, one after the other."""
+    deadline = time.monotonic() + timeout
+    codes = []
+    for proc in procs:
+        try:
+            codes.append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            for pid in [*_descendants(proc.pid), proc.pid]:  # torchrun's workers have their own session
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.wait()
+            codes.append(None)
+    return codes, "\n".join(proc.log.read_text() for proc in procs)
+
+
+@pytest.fixture
+def processes() -> SimpleNamespace:
+    """Start, watch and signal the processes of a multi-rank mm-train (test files cannot import conftest)."""
+    return SimpleNamespace(
+        start=start_run, finish=finish, worker_pids=worker_pids, running=process_running,
+        wait_for_steps=wait_for_steps,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def mm_train_cli():
+    """``mm_train_cli(*args)`` runs ``python -m mm_trainer *args`` (e.g. a subcommand) with the toy plugin
+    importable, and returns the process, failed or not."""
+
+    def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "mm_trainer", *args]
+        return subprocess.run(command, env=train_env(), capture_output=True, text=True, timeout=timeout)
+
+    return run
+
+
+@pytest.fixture
+def mm_train_forked(distributed):
+    """``mm_train_forked(config, *overrides, nproc=1)``: mm-train's ``main`` on ``nproc`` forked gloo ranks
+    (the command line's code path without a fresh interpreter per run); a failure on any rank raises
+    with its traceback. Returns the metrics records."""
+
+    def run(config: Path, *overrides: str, nproc: int = 1) -> list[dict]:
+        def body(rank: int, world: int) -> int:
+            sys.path.insert(0, str(PLUGIN_DIR))
+            from mm_trainer.cli import main
+
+            return main(["--config", str(config), *overrides])
+
+        assert distributed(body, nproc) == [0] * nproc
+        return read_metrics(config.parent / "ckpt")
+
+    return run

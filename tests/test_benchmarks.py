@@ -43,3 +43,35 @@ def test_wan_step_prints_the_three_models_and_the_ratio():
     for row in ("diffusers WanTransformer3DModel", "wan22_train WanDiT", "matmul skeleton (floor)"):
         assert re.search(rf"^{re.escape(row)}\s+\d+\.\d+", out, re.MULTILINE), out
     assert re.search(r"^ratio ours / diffusers: \d+\.\d{3}", out, re.MULTILINE), out
+
+
+def test_cp_memory_a14b_fused_block_is_at_most_a_twentieth_of_math_and_the_model_holds_on_cpu():
+    out = subprocess.run(
+        [sys.executable, "benchmarks/cp_memory.py", "--validate", "--shape", "1024", "1024", "2", "64"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,  # exit 1 when a measured figure is off the model by more than 10%
+    ).stdout
+    high = re.search(r"^wan22-train/t2v_a14b_high .* flash .* 1/(\d+)$", out, re.MULTILINE)
+    assert high and int(high.group(1)) >= 20, out
+    checks = re.findall(
+        r"^(float32|bfloat16)\s+(math|cpu_flash)\s+fwd .* = (\d\.\d+)\s+bwd .* = (\d\.\d+)\s+ok$", out, re.M
+    )
+    assert len(checks) == 4, out
+    assert all(abs(float(r) - 1) <= 0.10 for *_, fwd, bwd in checks for r in (fwd, bwd))
+
+
+def test_cp_kernel_check_dry_run_prints_one_table_of_ok_rows():
+    out = subprocess.run(
+        [sys.executable, "benchmarks/cp_kernel_check.py", "--device", "cpu", "--small"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,  # exit 1 on a FAIL row
+    ).stdout
+    rows = re.findall(r"^(block|ring4)\s+cpu_flash\s+(float32|bfloat16)\s.*\s(ok|FAIL)$", out, re.MULTILINE)
+    assert len([r for r in rows if r[0] == "block"]) == 8 and len([r for r in rows if r[0] == "ring4"]) == 4, out
+    assert {r[2] for r in rows} == {"ok"}

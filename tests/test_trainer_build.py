@@ -34,17 +34,27 @@ def test_features_sit_inside_fsdp_units_and_loaded_weights_survive_init(
 
     def body(rank, world_size):
         from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.tensor import DTensor
 
         trainer = build_trainer(config, world_size)
-        block = trainer.model.predictor.blocks[0]
-        assert isinstance(block, FSDPModule)
-        assert block._mm_recompute and block._mm_activation_offload
-        assert "forward" in vars(block)  # the wrapper is the instance's forward, inside FSDP's __call__ hooks
+        blocks = trainer.model.predictor.blocks
+        assert all(isinstance(block, FSDPModule) for block in blocks)
+        calls = []  # (block, its fc1 weight is a DTensor shard?, shape) at every fc1 forward
+        for i, block in enumerate(blocks):
+            block.fc1.register_forward_hook(
+                lambda m, args, out, i=i: calls.append(
+                    (i, isinstance(m.weight, DTensor), tuple(m.weight.shape))
+                )
+            )
+        trainer.model(**trainer.batches.next_batch()).loss.backward()
         encoder = trainer.model.text_encoder
         assert isinstance(encoder, FSDPModule)
-        return {k: full(v).clone() for k, v in encoder.state_dict().items()}
+        return sorted(calls), {k: full(v).clone() for k, v in encoder.state_dict().items()}
 
-    for loaded in distributed(body, 2):
+    for calls, loaded in distributed(body, 2):
+        # recompute_plan blocks.{*} (block 0 offloaded too): every block runs again in backward, and
+        # both runs see the unsharded weights, so the wrappers sit inside the FSDP units' hooks
+        assert calls == [(i, False, (32, 32)) for i in range(3) for _ in range(2)]
         assert loaded.keys() == source.keys()
         for key, value in source.items():
             assert torch.equal(loaded[key], value), key
@@ -115,3 +125,39 @@ def test_condition_mbs_without_a_pipeline_that_separates_encoding_is_refused_at_
 
     (message,) = distributed(body, 1)
     assert "features.condition_mbs=2 needs a pipeline that encodes conditions separately" in message
+
+
+def test_a_ring_run_logs_its_attention_kernel_and_why_before_building(distributed, toy_yaml):
+    import logging
+
+    config = toy_yaml()
+
+    def body(rank, world_size):
+        seen: list[str] = []
+        handler = logging.Handler()
+        handler.emit = lambda record: seen.append(record.getMessage())
+        logging.getLogger("mm_trainer").addHandler(handler)
+        with pytest.raises(
+            ValueError, match="no sub-model defines setup_context_parallel"
+        ):  # the toy has no CP
+            build_trainer(config, world_size, "parallel.ring_attention_size=2")
+        return [m for m in seen if m.startswith("ring attention kernel")]
+
+    logged = distributed(body, 2)
+    assert logged[0] == [
+        "ring attention kernel: cpu_flash on cpu: auto: the fused kernel of cpu (torch's CPU flash kernel)"
+    ]
+    assert logged[1] == []  # rank 0 only
+
+
+def test_a_ring_kernel_that_does_not_run_on_the_device_stops_the_run_naming_both(distributed, toy_yaml):
+    config = toy_yaml()
+
+    def body(rank, world_size):
+        with pytest.raises(ValueError, match=r"'flash' runs on \['cuda'\], not on this run's device 'cpu'"):
+            build_trainer(
+                config, world_size, "parallel.ring_attention_size=2", "parallel.attention_backend=flash"
+            )
+        return True
+
+    assert all(distributed(body, 2))

@@ -1,4 +1,5 @@
-"""Tiny LTX-2 end to end on 2 gloo processes (FSDP2 + Ulysses 2, audio on): train, resume, export."""
+"""Tiny LTX-2 end to end on 2 gloo processes (FSDP2 + Ulysses 2, audio on): train, resume (also at world 1),
+export."""
 
 from __future__ import annotations
 
@@ -76,6 +77,17 @@ def test_train_resume_and_export(tiny_cache, run_config, ltx2_inputs):
     for step, loss in resumed.items():
         assert loss == pytest.approx(first[step], rel=1e-5), (step, loss, first[step])
 
+    # 2b. The same checkpoint resumed at another layout, world 1 without Ulysses: steps 9..16 again.
+    single_dir = tiny_cache / "resumed_world_1"
+    ltx2_train(
+        "--config", str(config), f"training.load={resume_from}", f"training.save={single_dir}",
+        "parallel.ulysses_parallel_size=1",
+    )  # fmt: skip
+    single = losses(single_dir)
+    assert sorted(single) == list(range(9, 17))
+    for step, loss in single.items():
+        assert loss == pytest.approx(first[step], rel=1e-4), (step, loss, first[step])
+
     # 3. Export: upstream from_pretrained loads it and computes what the trained weights compute.
     out = tiny_cache / "export" / "transformer"
     ltx2_train("export", "--checkpoint", str(ckpt), "--out", str(out))
@@ -115,3 +127,13 @@ def test_ring_attention_trains_the_losses_of_ulysses(tiny_cache, run_config, tmp
     assert sorted(runs["ring"]) == [1, 2, 3, 4]
     for step, loss in runs["ring"].items():
         assert loss == pytest.approx(runs["ulysses"][step], rel=1e-4), (step, loss, runs["ulysses"][step])
+
+
+def test_a_tiny_run_reports_mfu_from_the_predictor_flops(tiny_cache, run_config, tmp_path):
+    # CPUs have no peak-FLOPs entry; training.peak_flops gives one, so MFU = flops / time / peak
+    save = tmp_path / "mfu"
+    config = run_config(tiny_cache, train_iters=2, save_interval=2, save=str(save), peak_flops=1e12)
+    ltx2_train("--config", str(config), "parallel.ulysses_parallel_size=1")
+    rows = [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "loss" in r]
+    assert len(steps) == 2 and all(0 < r["mfu"] < 1 for r in steps), steps

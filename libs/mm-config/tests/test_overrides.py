@@ -42,7 +42,7 @@ def test_int_float_bool_and_null_overrides_reach_the_config(load):
 
 
 def test_list_override_replaces_a_list(load):
-    cfg = load({}, "training.plugin=[os, json]")
+    cfg = load({"training": {}}, "training.plugin=[os, json]")
     assert cfg.training.plugin == ["os", "json"]
 
 
@@ -64,7 +64,12 @@ def test_dict_key_override_addresses_a_named_sub_model(load, container):
 
 
 def test_override_creates_missing_sections(load):
-    cfg = load({}, "tools.profile.enable=true", "tools.profile.start_step=1", "tools.profile.end_step=3")
+    cfg = load(
+        {"training": {}},
+        "tools.profile.enable=true",
+        "tools.profile.start_step=1",
+        "tools.profile.end_step=3",
+    )
     assert cfg.tools.profile.enable and cfg.tools.profile.end_step == 3
 
 
@@ -74,12 +79,12 @@ def test_yaml_file_reads_exponent_floats_without_a_dot(load):
 
 
 def test_override_of_an_unknown_key_is_reported_with_a_suggestion(load_error, problem_at):
-    err = load_error({}, "training.learning_rate=1e-4")
+    err = load_error({"training": {}}, "training.learning_rate=1e-4")
     assert problem_at(err, "training.learning_rate").startswith("training.learning_rate: unknown key")
 
 
 def test_override_without_equals_sign_is_an_error(load_error):
-    err = load_error({}, "training.lr")
+    err = load_error({"training": {}}, "training.lr")
     assert "expected KEY.PATH=VALUE" in str(err)
 
 

@@ -55,9 +55,9 @@ def test_world_size_falls_back_to_env_then_1(load, monkeypatch, write_config):
     from mm_config import load_config
 
     monkeypatch.setenv("WORLD_SIZE", "4")
-    assert load_config(write_config({})).parallel.fully_shard_parallel_size == 4
+    assert load_config(write_config({"parallel": {}})).parallel.fully_shard_parallel_size == 4
     monkeypatch.delenv("WORLD_SIZE")
-    assert load_config(write_config({})).parallel.fully_shard_parallel_size == 1
+    assert load_config(write_config({"parallel": {}})).parallel.fully_shard_parallel_size == 1
 
 
 def test_unresolved_section_refuses_derived_sizes():
@@ -74,3 +74,19 @@ def test_global_batch_size_that_matches_is_accepted(load):
         world_size=8,
     )
     assert cfg.training.global_batch_size == 24
+
+
+@pytest.mark.parametrize(
+    ("world", "ulysses", "accumulation"), [(1, 1, 4), (2, 1, 2), (2, 2, 4), (4, 2, 2), (4, 1, 1)]
+)
+def test_global_batch_size_derives_gradient_accumulation_at_any_world_size(
+    load, world, ulysses, accumulation
+):
+    cfg = load(
+        {
+            "parallel": {"ulysses_parallel_size": ulysses},
+            "training": {"micro_batch_size": 2, "global_batch_size": 8},
+        },
+        world_size=world,
+    )
+    assert cfg.training.gradient_accumulation_steps == accumulation and cfg.training.global_batch_size == 8

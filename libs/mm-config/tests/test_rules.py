@@ -25,6 +25,18 @@ def test_ring_alone_not_dividing_world_size_is_reported_at_ring_attention_size(l
     assert "= 3 must divide the world size 8 (8 % 3 = 2)" in problem_at(err, "parallel.ring_attention_size")
 
 
+def test_an_attention_backend_without_ring_attention_is_refused(load_error, problem_at):
+    err = load_error({"parallel": {"ulysses_parallel_size": 2, "attention_backend": "flash"}}, world_size=2)
+    msg = problem_at(err, "parallel.attention_backend")
+    assert "parallel.attention_backend = 'flash'" in msg and "ring_attention_size is 1" in msg
+    assert "expected auto" in msg
+
+
+def test_an_unknown_attention_backend_lists_the_kernels(load_error, problem_at):
+    err = load_error({"parallel": {"ring_attention_size": 2, "attention_backend": "xformers"}}, world_size=2)
+    assert "'flash_attn'" in problem_at(err, "parallel.attention_backend")
+
+
 def test_data_parallel_size_must_divide_world_size(load_error, problem_at):
     err = load_error({"parallel": {"data_parallel_size": 3}}, world_size=8)
     assert "must divide the world size 8 (8 % 3 = 2)" in problem_at(err, "parallel.data_parallel_size")
@@ -180,6 +192,21 @@ def test_global_batch_must_equal_micro_times_accumulation_times_data_parallel(lo
         "training.global_batch_size = 48: expected micro_batch_size (2) x gradient_accumulation_steps (3) x "
         "data-parallel size (4 = world 8 / ulysses x ring 2) = 24"
     )
+
+
+def test_a_global_batch_that_data_parallel_micro_batches_do_not_divide_cannot_derive_accumulation(
+    load_error, problem_at
+):
+    err = load_error({"training": {"micro_batch_size": 2, "global_batch_size": 6}}, world_size=2)
+    assert problem_at(err, "training.global_batch_size") == (
+        "training.global_batch_size = 6: must be a multiple of micro_batch_size (2) x data-parallel size "
+        "(2 = world 2 / ulysses x ring 1) = 4 to derive gradient_accumulation_steps"
+    )
+
+
+def test_resetting_the_data_position_without_resuming_is_refused(load_error, problem_at):
+    err = load_error({"training": {"reset_data_position": True}})
+    assert "only acts when resuming" in problem_at(err, "training.reset_data_position")
 
 
 def test_a_frozen_sub_model_cannot_be_trainable(load_error, problem_at, container):

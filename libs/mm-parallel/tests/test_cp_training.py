@@ -2,7 +2,9 @@
 
 The model has a parameter before the sequence split (the token embedding) and after the gather
 (the head), so the test pins the gradient convention: with ``grad_mode="adjoint"`` averaging the
-gradients over the CP ranks (what FSDP does) is exact for every parameter.
+gradients over the CP ranks (what FSDP does) is exact for every parameter. Attention is causal,
+so each token must sit at its global position: a sequence split in one layout while the ring
+attention is told another gives other losses.
 """
 
 from __future__ import annotations
@@ -41,15 +43,19 @@ class Toy(nn.Module):
         self.blocks = nn.ModuleList(Block() for _ in range(2))
 
     def forward(
-        self, x: torch.Tensor, attn: Callable[..., torch.Tensor], group: dist.ProcessGroup | None
+        self, x: torch.Tensor, attn: Callable[..., torch.Tensor], group: dist.ProcessGroup | None, layout: str
     ) -> torch.Tensor:
-        h = split_sequence(self.embed(x), 1, group)  # 1. embed the full sequence, keep this rank's share
+        h = split_sequence(
+            self.embed(x), 1, group, layout
+        )  # 1. embed the full sequence, keep this rank's share
         for block in self.blocks:
             h = block(h, attn)
-        return gather_sequence(self.head(h), 1, group)  # 2. full prediction on every rank
+        return gather_sequence(self.head(h), 1, group, layout)  # 2. full prediction on every rank
 
 
-def _train(attn: Callable[..., torch.Tensor], group: dist.ProcessGroup | None) -> tuple[list[float], dict]:
+def _train(
+    attn: Callable[..., torch.Tensor], group: dist.ProcessGroup | None, layout: str = "contiguous"
+) -> tuple[list[float], dict]:
     torch.manual_seed(0)
     model = Toy()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -57,7 +63,7 @@ def _train(attn: Callable[..., torch.Tensor], group: dist.ProcessGroup | None) -
     losses = []
     for _ in range(STEPS):
         x, target = torch.randn(BATCH, SEQ, 4, generator=gen), torch.randn(BATCH, SEQ, 4, generator=gen)
-        loss = F.mse_loss(model(x, attn, group), target)
+        loss = F.mse_loss(model(x, attn, group, layout), target)
         loss.backward()
         if group is not None:  # average over the CP ranks, as FSDP's reduce-scatter does
             for p in model.parameters():
@@ -69,11 +75,16 @@ def _train(attn: Callable[..., torch.Tensor], group: dist.ProcessGroup | None) -
     return losses, {k: v.tolist() for k, v in model.state_dict().items()}  # plain lists cross processes
 
 
+def _ring(layout: str, group: dist.ProcessGroup) -> Callable[..., torch.Tensor]:
+    return partial(ring_attention, group=group, causal=True, layout=layout)
+
+
 def _cp_worker(rank: int, world: int) -> dict[str, tuple[list[float], dict]]:
     group = dist.group.WORLD
     return {
-        "ulysses": _train(partial(ulysses_attention, group=group), group),
-        "ring": _train(partial(ring_attention, group=group, layout="zigzag"), group),
+        "ulysses": _train(partial(ulysses_attention, group=group, causal=True), group),
+        "ring_zigzag": _train(_ring("zigzag", group), group, "zigzag"),
+        "ring_contiguous": _train(_ring("contiguous", group), group, "contiguous"),
     }
 
 
@@ -82,14 +93,14 @@ _RUNS: dict = {}
 
 @pytest.fixture
 def runs(distributed) -> dict:  # noqa: ANN001
-    """One single-process run and one 2-process launch training both CP kinds (cached)."""
+    """One single-process run and one 2-process launch training every CP kind (cached)."""
     if not _RUNS:
-        _RUNS.update(single=_train(attention, None), cp=distributed(_cp_worker, 2))
+        _RUNS.update(single=_train(partial(attention, causal=True), None), cp=distributed(_cp_worker, 2))
     return _RUNS
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["ulysses", "ring"])
+@pytest.mark.parametrize("kind", ["ulysses", "ring_zigzag", "ring_contiguous"])
 def test_three_steps_with_cp2_match_one_process_in_loss_and_params(runs, kind: str) -> None:  # noqa: ANN001
     single_losses, single_params = runs["single"]
     for rank_result in runs["cp"]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import textwrap
 import pytest
 import torch
 from mm_parallel import get_device_type, get_dist_backend
+from mm_parallel.devices import DEVICE_ENV_VAR
 
 INIT_SCRIPT = textwrap.dedent(
     """
@@ -42,6 +44,61 @@ def test_unknown_device_is_rejected() -> None:
 
 def test_backends() -> None:
     assert [get_dist_backend(d) for d in ("npu", "cuda", "cpu")] == ["hccl", "nccl", "gloo"]
+
+
+# An Ascend stack stand-in: a ``torch_npu`` package that does what the real one does on import
+# (name the privateuse1 backend "npu", register ``torch.npu``), with a device count set by the
+# test and ``set_device`` calls recorded. It runs in a subprocess: the renaming is process-wide.
+FAKE_TORCH_NPU = textwrap.dedent(
+    """
+    import os, types, torch
+    torch.utils.rename_privateuse1_backend("npu")
+    npu = types.ModuleType("torch.npu")
+    npu.is_available = lambda: int(os.environ["FAKE_NPU_COUNT"]) > 0
+    npu.set_device = lambda device: print("set_device", device)
+    torch._register_device_module("npu", npu)
+    """
+)
+NPU_SCRIPT = textwrap.dedent(
+    """
+    from mm_parallel import get_device_type, get_local_device, init_distributed
+    print("detected", get_device_type())
+    if get_device_type() == "npu":
+        print("local", get_local_device())
+        print("group", init_distributed(backend="gloo"))
+    """
+)
+
+
+def _run_with_fake_npu(tmp_path, npus: int) -> list[str]:
+    (tmp_path / "torch_npu").mkdir()
+    (tmp_path / "torch_npu" / "__init__.py").write_text(FAKE_TORCH_NPU)
+    clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", DEVICE_ENV_VAR)}
+    path = os.pathsep.join([str(tmp_path), clean.get("PYTHONPATH", "")])
+    env = {**clean, "PYTHONPATH": path, "FAKE_NPU_COUNT": str(npus), "LOCAL_RANK": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", NPU_SCRIPT], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None, reason="a real torch_npu is installed")
+def test_an_ascend_device_is_detected_and_each_rank_takes_its_local_npu(tmp_path) -> None:
+    assert _run_with_fake_npu(tmp_path, npus=2) == [
+        "detected npu",
+        "local npu:1",  # LOCAL_RANK
+        "set_device npu:1",  # selected before the process group starts
+        "group (0, 1)",
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None, reason="a real torch_npu is installed")
+def test_torch_npu_without_a_device_falls_back(tmp_path) -> None:
+    detected = _run_with_fake_npu(tmp_path, npus=0)
+    assert detected == ["detected cuda" if torch.cuda.is_available() else "detected cpu"]
 
 
 def _run(env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from mm_parallel import FSDPPlan, ParallelState, apply_fsdp_plan, set_gradient_sync
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 GLOBAL_BATCH = 4
@@ -177,11 +178,27 @@ def test_meta_model_is_sharded_before_materialization_with_cpu_offload(distribut
             "layout": layout,
             "loss": loss.item(),
             "grad_device": model.predictor.head.weight.grad.device.type,
+            "offloaded": _offloaded_parameters(model),
         }
 
     out = distributed(run, 2)[0]
     assert out["layout"] == ("meta", (4, 8), (8, 8))
-    assert out["grad_device"] == "cpu" and torch.isfinite(torch.tensor(out["loss"]))
+    assert out["grad_device"] == "cpu" and torch.isfinite(
+        torch.tensor(out["loss"])
+    )  # telling on accelerators
+    # what FSDP was told, per sub-model (on CPU the device alone cannot show it): the plan's
+    # cpu_offload for the predictor, the sub-plan's override for the text encoder
+    assert out["offloaded"] == {"predictor": {True}, "text_encoder": {False}}
+
+
+def _offloaded_parameters(model) -> dict[str, set[bool]]:
+    """``{sub-model: {whether FSDP keeps its parameter shards on the host}}`` over its FSDP units."""
+    out: dict[str, set[bool]] = {}
+    for path, module in model.named_modules():
+        group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
+        for param in group.fsdp_params if group else ():
+            out.setdefault(path.split(".")[0], set()).add(param.offload_to_cpu)
+    return out
 
 
 def _pending_all_gather(module) -> bool:

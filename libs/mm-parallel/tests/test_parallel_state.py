@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
+
 import pytest
+import torch
 import torch.distributed as dist
 from mm_parallel import ParallelState
 
@@ -59,7 +63,17 @@ def test_meshes_and_groups_at_world_4(distributed) -> None:
         ulysses_dp = ParallelState(ulysses=2)
         hsdp = ParallelState(dp_replicate=2)
         sub2, sub4 = hsdp.sub_mesh(2), hsdp.sub_mesh(4)
+        bounded = ParallelState(ulysses=2, timeout_s=7)
+        meshes = (
+            bounded.world_mesh,
+            bounded.dp_mesh,
+            bounded.cp_mesh,
+            bounded.fsdp_mesh,
+            bounded.sub_mesh(1),
+        )
+        groups = [group for mesh in meshes for group in mesh.get_all_groups()]
         return {
+            "timeouts": {g._get_backend(torch.device("cpu")).options._timeout for g in groups},
             "usp": _describe(usp),
             "ulysses_dp": _describe(ulysses_dp),
             "hsdp": _describe(hsdp),
@@ -69,6 +83,8 @@ def test_meshes_and_groups_at_world_4(distributed) -> None:
         }
 
     out = distributed(run, 4)
+    # timeout_s reaches every group of every mesh, not only the default group
+    assert all(o["timeouts"] == {timedelta(seconds=7)} for o in out)
     # ulysses x ring = world: one CP group, ulysses innermost (neighbouring ranks)
     assert [o["usp"]["cp"] for o in out] == [(0, 4), (1, 4), (2, 4), (3, 4)]
     assert [o["usp"]["ulysses"] for o in out] == [[0, 1], [0, 1], [2, 3], [2, 3]]
@@ -84,3 +100,20 @@ def test_meshes_and_groups_at_world_4(distributed) -> None:
     assert [o["hsdp"]["dp"] for o in out] == [(0, 4), (1, 4), (2, 4), (3, 4)]
     assert out[2]["sub2"] == ((2, 2), [2, 3])
     assert out[0]["sub4"] == (4,)
+
+
+def _all_reduce_with_a_stalled_peer(rank: int, world: int) -> float | None:
+    state = ParallelState(world_size=world, timeout_s=2)
+    if rank == 1:
+        time.sleep(6)  # never joins the all-reduce below
+        return None
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="Timed out waiting 2000ms"):
+        dist.all_reduce(torch.ones(1), group=state.dp_group)
+    return time.monotonic() - started
+
+
+@pytest.mark.slow
+def test_a_collective_the_other_rank_never_joins_fails_after_timeout_s(distributed) -> None:
+    waited, _ = distributed(_all_reduce_with_a_stalled_peer, 2)
+    assert 1.5 < waited < 5  # not the backend's 30 minutes

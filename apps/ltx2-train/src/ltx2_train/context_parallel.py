@@ -14,8 +14,9 @@ parallel over the context-parallel group (``ring x ulysses`` ranks):
    that mix tokens of a split stream (video self, audio self, audio-to-video, video-to-audio) and
    computes attention with :func:`mm_parallel.usp_attention`: all-to-all sequence <-> heads over
    the Ulysses group, then ring attention over the ring group (non-causal, so the two
-   cross-attentions may have queries and keys of different lengths). Padded keys are masked with a
-   key padding mask, padded queries are dropped at the gather.
+   cross-attentions may have queries and keys of different lengths). Attention is told each key
+   stream's real length (ring blocks are cut to their real keys), padded queries are dropped at the
+   gather.
 
 Everything between (norms, modulation, feed-forward, projections) is per token and runs on the
 local shard unchanged. Splits and gathers are mm-parallel's autograd-correct adjoints, so the
@@ -57,12 +58,12 @@ LAYOUT = "contiguous"
 @dataclass
 class SequenceParallelState:
     """The two context-parallel groups (None = that dimension is off), their total size, and, per
-    forward, each stream's local key padding mask (None = no padding)."""
+    forward, each stream's real token count when it was padded (None = no padding)."""
 
     ulysses_group: ProcessGroup | None
     ring_group: ProcessGroup | None
     size: int
-    key_padding: dict[str, Tensor | None] = field(default_factory=dict)
+    key_len: dict[str, int | None] = field(default_factory=dict)
 
     def split(self, x: Tensor, dim: int) -> Tensor:
         """This rank's zero-padded share of a full token stream along ``dim``."""
@@ -118,7 +119,7 @@ class SequenceParallelAttnProcessor:
         state = self.state
         out = usp_attention(
             query, key, value, state.ulysses_group, state.ring_group, causal=False, layout=LAYOUT,
-            key_padding_mask=state.key_padding.get(self.key_stream),
+            key_len=state.key_len.get(self.key_stream),
         ).to(query.dtype)  # fmt: skip
         # 4. Optional per-head gate, output projection
         if gate_logits is not None:
@@ -138,12 +139,9 @@ def install_attention_processors(blocks: nn.ModuleList, state: SequenceParallelS
     return count
 
 
-def _valid_mask(batch: int, length: int, state: SequenceParallelState, device: torch.device) -> Tensor | None:
-    """Local key padding mask of a stream of ``length`` tokens (None when no padding is needed)."""
-    if length % state.size == 0:
-        return None
-    valid = torch.ones(batch, length, dtype=torch.bool, device=device)
-    return state.split(valid, 1)
+def _real_length(length: int, state: SequenceParallelState) -> int | None:
+    """A stream's real token count when the split pads it (None when it splits evenly)."""
+    return None if length % state.size == 0 else length
 
 
 def sequence_parallel_forward(
@@ -173,10 +171,7 @@ def sequence_parallel_forward(
         )
     if a.get("audio_coords") is None:
         a["audio_coords"] = model.audio_rope.prepare_audio_coords(batch, a["audio_num_frames"], audio.device)
-    state.key_padding = {
-        "video": _valid_mask(batch, video_len, state, video.device),
-        "audio": _valid_mask(batch, audio_len, state, audio.device),
-    }
+    state.key_len = {"video": _real_length(video_len, state), "audio": _real_length(audio_len, state)}
 
     # 2. Token streams, their positions and their per-token inputs.
     split = state.split

@@ -2,7 +2,8 @@
 
 Listed in ``training.plugin`` as ``ltx2_train.plugin`` and installed as the ``mm_trainer.plugins``
 entry point ``ltx2``: the ``ltx2_predictor`` model (with its pipeline) and the
-``ltx2_precomputed`` dataset.
+``ltx2_precomputed`` dataset. Their config schemas alone (no torch) are the ``mm_config.schemas``
+entry point ``ltx2`` (:mod:`ltx2_train.config_schema`).
 """
 
-from ltx2_train import data, predictor  # noqa: F401
+from ltx2_train import config_schema, data, predictor  # noqa: F401

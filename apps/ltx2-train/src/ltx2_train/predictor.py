@@ -29,6 +29,17 @@ from ltx2_train.context_parallel import (
 )
 
 INIT_KEYS = frozenset(inspect.signature(LTX2VideoTransformer3DModel.__init__).parameters) - {"self"}
+#: The attentions of one ``LTX2VideoTransformerBlock``: (query stream, key/value stream).
+BLOCK_ATTENTIONS = {
+    "attn1": ("video", "video"),
+    "attn2": ("video", "text"),
+    "audio_attn1": ("audio", "audio"),
+    "audio_attn2": ("audio", "text"),
+    "audio_to_video_attn": ("video", "audio"),
+    "video_to_audio_attn": ("audio", "video"),
+}
+CROSS_MODAL_ATTENTIONS = ("audio_to_video_attn", "video_to_audio_attn")  # off with isolate_modalities
+BLOCK_FEEDFORWARDS = {"ff": "video", "audio_ff": "audio"}
 
 
 def transformer_config(args: Any) -> dict[str, Any]:
@@ -96,6 +107,32 @@ class LTX2Predictor(BaseModel, LTX2VideoTransformer3DModel):
                 if "scale_shift_table" in name:
                     param.normal_(0.0, 1.0 / math.sqrt(param.shape[-1]))
 
+    def training_flops(
+        self, video_tokens: int, audio_tokens: int, text_tokens: int, *, cross_modal: bool = True
+    ) -> float:
+        """Matmul FLOPs of one sample's forward + backward (3x forward), for the MFU metric: every
+        block's projections, feed-forwards and the scores of its six attentions (``QK^T`` and ``PV``,
+        ``4 Sq Sk inner_dim`` each); the two audio<->video attentions only with ``cross_modal``
+        (upstream skips them under ``isolate_modalities``). Patchify, caption projections, timestep
+        embeddings / modulation and the output heads are left out (about 1% at real sizes with
+        per-sample timesteps). Layer shapes are read from the first block."""
+        tokens = {"video": video_tokens, "audio": audio_tokens, "text": text_tokens}
+        block = self.transformer_blocks[0]
+        flops = 0
+        for name, (query, key) in BLOCK_ATTENTIONS.items():
+            if name in CROSS_MODAL_ATTENTIONS and not cross_modal:
+                continue
+            attn, sq, sk = getattr(block, name), tokens[query], tokens[key]
+            flops += _linear_flops(attn.to_q, sq) + _linear_flops(attn.to_out[0], sq)
+            flops += _linear_flops(attn.to_k, sk) + _linear_flops(attn.to_v, sk)
+            if attn.to_gate_logits is not None:
+                flops += _linear_flops(attn.to_gate_logits, sq)
+            flops += 4 * sq * sk * attn.to_q.out_features
+        for name, stream in BLOCK_FEEDFORWARDS.items():
+            linears = (m for m in getattr(block, name).modules() if isinstance(m, nn.Linear))
+            flops += sum(_linear_flops(m, tokens[stream]) for m in linears)
+        return 3.0 * len(self.transformer_blocks) * flops
+
     @property
     def sequence_multiple(self) -> int:
         """Token counts that need no padding under sequence parallelism are multiples of this."""
@@ -126,6 +163,10 @@ class LTX2Predictor(BaseModel, LTX2VideoTransformer3DModel):
         if self._sequence_parallel is None:
             return upstream(*args, **kwargs)
         return sequence_parallel_forward(self, upstream, self._sequence_parallel, *args, **kwargs)
+
+
+def _linear_flops(linear: nn.Linear, tokens: int) -> int:
+    return 2 * tokens * linear.in_features * linear.out_features
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -29,7 +29,7 @@ from mm_data import CacheReport, VideoTextDataset, cache_dataset
 from mm_parallel import parse_dtype
 
 from ltx2_train.audio import log_mel, read_audio, synthetic_tone
-from ltx2_train.data import PreprocessOptions
+from ltx2_train.config_schema import PreprocessOptions
 
 
 @dataclass

@@ -1,7 +1,8 @@
-"""Importing this module registers every Wan2.2 piece with mm-trainer and mm-checkpoint.
+"""Importing this module registers every Wan2.2 piece with mm-trainer, mm-checkpoint and mm-config.
 
 Listed in ``training.plugin`` as ``wan22_train.plugin`` and installed as the
-``mm_trainer.plugins`` entry point ``wan22``.
+``mm_trainer.plugins`` entry point ``wan22``; the config schemas alone (no torch) are the
+``mm_config.schemas`` entry point ``wan22`` (:mod:`wan22_train.config_schema`).
 """
 
-from wan22_train import container, predictor, text_encoder, vae  # noqa: F401
+from wan22_train import config_schema, container, predictor, text_encoder, vae  # noqa: F401

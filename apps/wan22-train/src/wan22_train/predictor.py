@@ -68,8 +68,9 @@ class WanPredictor(BaseModel, WanDiT):
     def setup_context_parallel(self, parallel_state: ParallelState) -> None:
         """Ulysses x Ring over the video tokens (split after patch embedding, gathered before the head).
 
-        A token count that does not split evenly is zero-padded at the end; padded keys are masked
-        in self-attention and padded outputs dropped by the gather.
+        A token count that does not split evenly is zero-padded at the end; self-attention is told
+        the real token count (ring blocks are cut to their real keys) and the gather drops the
+        padded outputs.
         """
         if self.config.num_heads % parallel_state.ulysses_size:
             raise ValueError(
@@ -85,23 +86,16 @@ class USPSequencePlan:
 
     def __init__(self, ulysses_group: Any, ring_group: Any) -> None:
         self.ulysses_group, self.ring_group = ulysses_group, ring_group
-        self.key_padding_mask: torch.Tensor | None = None
+        self.key_len: int | None = None
 
     def split(self, x: torch.Tensor, dim: int) -> torch.Tensor:
-        if dim == 1:  # the token sequence [B, S, ...]: remember which local tokens are padding
-            self.key_padding_mask = self._local_mask(x.shape[0], x.shape[1], x.device)
+        if dim == 1:  # the token sequence [B, S, ...]: remember its real length when it gets padded
+            padded = usp_padded_length(x.shape[1], self.ulysses_group, self.ring_group)
+            self.key_len = None if padded == x.shape[1] else x.shape[1]
         return split_for_usp(x, dim, self.ulysses_group, self.ring_group, pad=True)
 
     def gather(self, x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
         return gather_for_usp(x, dim, self.ulysses_group, self.ring_group, seq_len=size)
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        mask = self.key_padding_mask
-        return usp_attention(q, k, v, self.ulysses_group, self.ring_group, key_padding_mask=mask)
-
-    def _local_mask(self, batch: int, length: int, device: torch.device) -> torch.Tensor | None:
-        padded = usp_padded_length(length, self.ulysses_group, self.ring_group)
-        if padded == length:
-            return None
-        full = (torch.arange(padded, device=device) < length).expand(batch, padded)
-        return split_for_usp(full, 1, self.ulysses_group, self.ring_group)
+        return usp_attention(q, k, v, self.ulysses_group, self.ring_group, key_len=self.key_len)

@@ -2,26 +2,37 @@
 
 __version__ = "0.1.0"
 
-from .base import ConfigModel, DType, ModulePattern  # noqa: E402
+from .base import ConfigModel, DType, InputPath, ModulePattern, PartialConfigModel, keyword_schema  # noqa: E402
+from .check import CheckReport, check_config, config_warnings, recheck_config  # noqa: E402
+from .conversation import ConversationColumnsConfig, ConversationDatasetConfig  # noqa: E402
 from .data import DataConfig  # noqa: E402
+from .datasets import PrecomputedLatentsConfig, VideoTextDatasetConfig, frame_rule_problem  # noqa: E402
 from .errors import ConfigError, Problem, RuleViolations  # noqa: E402
 from .features import FeaturesConfig, ModulePlanConfig  # noqa: E402
+from .hf_model import HFModelConfig  # noqa: E402
 from .loader import (  # noqa: E402
     apply_overrides,
+    config_to_data,
     config_to_yaml,
     dump_config,
     load_config,
     parse_override,
     read_yaml,
     validate_config,
+    validate_with_plugins,
 )
-from .model import ModelConfig, SubModelConfig  # noqa: E402
+from .model import LoadFormat, ModelConfig, SubModelConfig  # noqa: E402
 from .parallel import FSDPPlanConfig, ParallelConfig, SubPlanConfig  # noqa: E402
 from .registry import (  # noqa: E402
+    ENTRY_POINT_GROUP,
     dataset_schema,
+    load_schema_entry_points,
     model_schema,
+    pipeline_schema,
     register_dataset_schema,
     register_model_schema,
+    register_pipeline_schema,
+    registered_ids,
     unregister_schema,
 )
 from .root import TrainConfig  # noqa: E402
@@ -29,18 +40,27 @@ from .tools import MemoryProfileConfig, ProfileConfig, ToolsConfig  # noqa: E402
 from .training import NonFiniteConfig, TrainingConfig  # noqa: E402
 
 __all__ = [
+    "CheckReport",
     "ConfigError",
     "ConfigModel",
+    "ConversationColumnsConfig",
+    "ConversationDatasetConfig",
     "DType",
     "DataConfig",
+    "ENTRY_POINT_GROUP",
     "FSDPPlanConfig",
     "FeaturesConfig",
+    "HFModelConfig",
+    "InputPath",
+    "LoadFormat",
     "MemoryProfileConfig",
     "ModelConfig",
     "ModulePattern",
     "ModulePlanConfig",
     "NonFiniteConfig",
     "ParallelConfig",
+    "PartialConfigModel",
+    "PrecomputedLatentsConfig",
     "Problem",
     "ProfileConfig",
     "RuleViolations",
@@ -49,17 +69,29 @@ __all__ = [
     "ToolsConfig",
     "TrainConfig",
     "TrainingConfig",
+    "VideoTextDatasetConfig",
     "__version__",
     "apply_overrides",
+    "check_config",
+    "config_to_data",
     "config_to_yaml",
+    "config_warnings",
     "dataset_schema",
     "dump_config",
+    "frame_rule_problem",
+    "keyword_schema",
     "load_config",
+    "load_schema_entry_points",
     "model_schema",
     "parse_override",
+    "pipeline_schema",
     "read_yaml",
+    "recheck_config",
     "register_dataset_schema",
     "register_model_schema",
+    "register_pipeline_schema",
+    "registered_ids",
     "unregister_schema",
     "validate_config",
+    "validate_with_plugins",
 ]

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    create_model,
+)
 
 _DTYPE_ALIASES = {
     "fp32": "fp32",
@@ -25,16 +35,43 @@ _DTYPE_ALIASES = {
 class ConfigModel(BaseModel):
     """Base of every config section: unknown keys are errors and attribute docstrings document fields.
 
-    Plugin schemas (see :func:`mm_config.register_model_schema`) should subclass it too, so that
-    their typos are caught like the framework's own.
+    Types are strict: YAML already types its values, so nothing is coerced (``true`` is not the
+    integer 1, ``"3"`` is not 3; an integer is still a valid float). Plugin schemas (see
+    :func:`mm_config.register_model_schema`) should subclass it too, so that their typos are
+    caught like the framework's own.
     """
 
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,
         use_attribute_docstrings=True,
         validate_default=True,
         populate_by_name=False,
     )
+
+
+class PartialConfigModel(ConfigModel):
+    """A plugin schema whose keys override another source (a checkpoint's ``config.json``, a recipe's
+    defaults): every key is validated, but only the keys the YAML sets are kept, so a schema default
+    never overrides what the source says (defaults document the source's own, and are not validated)."""
+
+    model_config = ConfigDict(validate_default=False)
+
+
+def keyword_schema(name: str, fields: Mapping[str, Any], owner: str) -> type[PartialConfigModel]:
+    """A :class:`PartialConfigModel` for the keyword arguments of an upstream constructor.
+
+    ``fields`` maps each accepted keyword to its type; ``owner`` names the constructor (e.g.
+    ``"diffusers.AutoencoderKLWan"``) in the docs. A plugin whose ``config`` section is passed to
+    such a constructor registers it so that a misspelt or mistyped keyword fails the config check
+    (upstream ``**kwargs`` would often swallow it). Test the keys against the signature where the
+    upstream package is importable.
+    """
+    definitions: dict[str, Any] = {
+        key: (tp, Field(default=None, description=f"``{owner}({key}=...)``")) for key, tp in fields.items()
+    }
+    doc = f"Keyword arguments of ``{owner}``; only the keys set are passed on."
+    return create_model(name, __base__=PartialConfigModel, __doc__=doc, **definitions)
 
 
 def _normalize_dtype(value: Any) -> Any:
@@ -73,6 +110,17 @@ def _check_pattern(pattern: str) -> str:
 
 ModulePattern = Annotated[str, AfterValidator(_check_pattern)]
 """A module path pattern: ``{*}`` one integer segment, ``{a-b}`` a range, ``*`` anything, ``?`` one char."""
+
+
+def _check_exists(value: str, info: ValidationInfo) -> str:
+    if not (isinstance(info.context, dict) and info.context.get("check_paths")) or Path(value).exists():
+        return value
+    where = "" if Path(value).is_absolute() else f" (relative to the working directory {Path.cwd()})"
+    raise ValueError(f"path not found{where}")
+
+
+InputPath = Annotated[str, AfterValidator(_check_exists)]
+"""A file or directory the run reads; it must exist when the validation context has ``check_paths``."""
 
 
 def pattern_head(pattern: str) -> str | None:

@@ -1,4 +1,5 @@
-"""``mm-config check CONFIG [overrides...] [--world-size N]``: print the resolved config or the error report."""
+"""``mm-config check CONFIG [overrides...] [--world-size N] [--no-path-check]``: print the resolved
+config (and any warnings) or the error report."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
+from .check import check_config
 from .errors import ConfigError
-from .loader import config_to_yaml, load_config
+from .loader import config_to_yaml
 
 EXIT_OK = 0
 EXIT_INVALID = 2
@@ -31,13 +33,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="number of ranks to resolve for (default: $WORLD_SIZE or 1)",
     )
     check.add_argument(
-        "--no-plugins", action="store_true", help="do not import the modules in training.plugin"
+        "--no-plugins",
+        action="store_true",
+        help="import neither the modules in training.plugin nor the installed schema entry points",
+    )
+    check.add_argument(
+        "--no-path-check",
+        action="store_true",
+        help="do not require the paths the run reads to exist (e.g. on a login node without the data)",
     )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (0 valid, 2 invalid)."""
+    """Run the CLI; returns the exit status (0 valid, possibly with warnings on stderr; 2 invalid)."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     bad = [a for a in extra if a.startswith("-") or "=" not in a]
@@ -45,13 +54,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(bad)}")
     args.overrides = [*args.overrides, *extra]  # overrides may follow options
     try:
-        cfg = load_config(
-            args.config, args.overrides, world_size=args.world_size, plugins=not args.no_plugins
+        report = check_config(
+            args.config,
+            args.overrides,
+            world_size=args.world_size,
+            plugins=not args.no_plugins,
+            check_paths=not args.no_path_check,
         )
     except ConfigError as err:
         print(err, file=sys.stderr)
         return EXIT_INVALID
-    sys.stdout.write(config_to_yaml(cfg))
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    sys.stdout.write(config_to_yaml(report.config))
     return EXIT_OK
 
 

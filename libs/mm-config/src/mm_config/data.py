@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from .base import ConfigModel
+from .base import ConfigModel, InputPath
 from .errors import Problem, RuleViolations
 from .registry import dataset_schema, validate_plugin_dict
 
@@ -16,10 +16,11 @@ class DataConfig(ConfigModel):
 
     dataset_id: str | None = None
     """Registered dataset id; selects the dataset builder and the schema of ``dataset``."""
-    data_path: str | None = None
+    data_path: InputPath | None = None
     """Annotation / index file (or directory) listing the samples."""
-    data_root: str | None = None
-    """Directory that relative media paths in ``data_path`` are resolved against."""
+    data_root: InputPath | None = None
+    """Directory that relative media paths in ``data_path`` are resolved against (refused by datasets
+    that read no media paths, such as precomputed latents)."""
     dataset: dict[str, Any] = {}
     """Dataset-specific keyword arguments, validated by the schema registered for ``dataset_id`` (if any)."""
     num_workers: int = Field(default=0, ge=0)
@@ -29,7 +30,8 @@ class DataConfig(ConfigModel):
     prefetch_factor: int | None = Field(default=None, ge=1)
     """Batches each worker loads ahead; only with num_workers > 0 (None = torch default)."""
     persistent_workers: bool = False
-    """Keep workers alive between epochs; only with num_workers > 0."""
+    """Keep the worker processes (and what they opened) alive from one epoch to the next instead of
+    starting new ones; only with num_workers > 0."""
     drop_last: bool = True
     """Drop the last incomplete global batch of an epoch."""
     shuffle: bool = True
@@ -38,7 +40,7 @@ class DataConfig(ConfigModel):
     @field_validator("dataset")
     @classmethod
     def _validate_plugin_dataset(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        return validate_plugin_dict(dataset_schema(info.data.get("dataset_id")), value)
+        return validate_plugin_dict(dataset_schema(info.data.get("dataset_id")), value, info.context)
 
     @model_validator(mode="after")
     def _workers_needed(self) -> DataConfig:
@@ -64,6 +66,25 @@ class DataConfig(ConfigModel):
         if problems:
             raise RuleViolations(problems)
         return self
+
+    @field_validator("data_path")
+    @classmethod
+    def _path_if_needed(cls, value: str | None, info: ValidationInfo) -> str | None:
+        schema = dataset_schema(info.data.get("dataset_id"))
+        if value is None and getattr(schema, "needs_data_path", False):
+            raise ValueError(f"dataset `{info.data['dataset_id']}` needs data.data_path")
+        return value
+
+    @field_validator("data_root")
+    @classmethod
+    def _root_if_read(cls, value: str | None, info: ValidationInfo) -> str | None:
+        schema = dataset_schema(info.data.get("dataset_id"))
+        if value is not None and not getattr(schema, "reads_data_root", True):
+            raise ValueError(
+                f"dataset `{info.data['dataset_id']}` reads no relative media paths, so data_root would "
+                "be ignored; remove it (data.data_path names the folder)"
+            )
+        return value
 
 
 __all__ = ["DataConfig"]

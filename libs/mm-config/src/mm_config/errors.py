@@ -66,10 +66,14 @@ class Problem:
 
 
 class RuleViolations(ValueError):
-    """Raised by validators to report several problems at once; paths are relative to the validated model."""
+    """Raised by validators to report several problems at once; paths are relative to the validated model.
 
-    def __init__(self, problems: Sequence[Problem], rule: bool = True) -> None:
-        self.problems = [replace(p, rule=rule) for p in problems]
+    ``rule`` marks every problem as a rule violation (True) or a field error (False); None keeps
+    each problem's own mark (a plugin schema's report holds both).
+    """
+
+    def __init__(self, problems: Sequence[Problem], rule: bool | None = True) -> None:
+        self.problems = [p if rule is None else replace(p, rule=rule) for p in problems]
         super().__init__("; ".join(str(p) for p in self.problems))
 
 

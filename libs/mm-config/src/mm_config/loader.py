@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from . import __version__
 from .errors import ConfigError, Loc, Problem, format_loc, problems_from_validation_error
 from .model import _SINGLE_KEYS
+from .registry import load_schema_entry_points
 from .root import TrainConfig, context_world_size
 
 
@@ -117,6 +118,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def load_plugins(data: dict[str, Any]) -> list[Problem]:
+    """Import the installed schema entry points and the ``training.plugin`` modules of ``data``."""
+    return load_schema_entry_points() + import_plugins(data)
+
+
 def import_plugins(data: dict[str, Any]) -> list[Problem]:
     """Import the modules in ``training.plugin`` of raw config data so their schemas register."""
     training = data.get("training") if isinstance(data, dict) else None
@@ -135,15 +141,22 @@ def import_plugins(data: dict[str, Any]) -> list[Problem]:
 
 
 def validate_config(
-    data: dict[str, Any], world_size: int | None = None, source: str | None = None
+    data: dict[str, Any],
+    world_size: int | None = None,
+    source: str | None = None,
+    *,
+    check_paths: bool = False,
 ) -> TrainConfig:
     """Validate raw config data for ``world_size`` (None: ``$WORLD_SIZE`` or 1); raise one :class:`ConfigError`.
 
-    Field errors are reported first. To report rule violations in the same pass, offending keys
-    are dropped (falling back to defaults) and validation repeats; a rule that read a dropped key
-    is left out, since it would only echo the first error.
+    With ``check_paths`` every path the run reads (``from_pretrained``, ``checkpoint_path``,
+    ``data.data_path``, ``data.data_root``, ``training.load`` and the paths plugin schemas declare as
+    :data:`~mm_config.base.InputPath`) must exist. Field errors are reported first. To report rule
+    violations in the same pass, offending keys are dropped (falling back to defaults) and
+    validation repeats; a rule that read a dropped key is left out, since it would only echo the
+    first error.
     """
-    context = {"world_size": context_world_size({"world_size": world_size})}
+    context = {"world_size": context_world_size({"world_size": world_size}), "check_paths": check_paths}
     try:
         return TrainConfig.model_validate(data, context=context)
     except ValidationError as err:
@@ -188,21 +201,48 @@ def load_config(
     world_size: int | None = None,
     *,
     plugins: bool = True,
+    check_paths: bool = False,
 ) -> TrainConfig:
     """Load a YAML config, apply ``overrides`` (``["training.lr=1e-5", ...]``) and validate it.
 
-    With ``plugins`` the modules in ``training.plugin`` are imported first so that schemas they
-    register validate their keys in the same pass. Raises :class:`ConfigError` listing every problem.
+    An empty file is refused. With ``plugins`` the installed ``mm_config.schemas`` entry points and
+    the modules in ``training.plugin`` are imported first so that the schemas they register validate
+    their keys in the same pass. ``check_paths``: see :func:`validate_config`. Raises
+    :class:`ConfigError` listing every problem.
     """
-    data = apply_overrides(read_yaml(path), overrides or [])
-    plugin_problems = import_plugins(data) if plugins else []
+    raw = read_yaml(path)
+    if not raw:
+        empty = Problem((), "the config file is empty (or only comments): nothing to run")
+        raise ConfigError([empty], str(path))
+    data = apply_overrides(raw, overrides or [])
+    return validate_with_plugins(data, world_size, str(path), plugins=plugins, check_paths=check_paths)
+
+
+def validate_with_plugins(
+    data: dict[str, Any],
+    world_size: int | None = None,
+    source: str | None = None,
+    *,
+    plugins: bool = True,
+    check_paths: bool = False,
+) -> TrainConfig:
+    """:func:`load_plugins` (unless ``plugins`` is False), then :func:`validate_config`; one report."""
+    plugin_problems = load_plugins(data) if plugins else []
     try:
-        cfg = validate_config(data, world_size, source=str(path))
+        cfg = validate_config(data, world_size, source=source, check_paths=check_paths)
     except ConfigError as err:
-        raise ConfigError(plugin_problems + err.problems, str(path)) from None
+        raise ConfigError(plugin_problems + err.problems, source) from None
     if plugin_problems:
-        raise ConfigError(plugin_problems, str(path))
+        raise ConfigError(plugin_problems, source)
     return cfg
+
+
+def config_to_data(cfg: TrainConfig) -> dict[str, Any]:
+    """The resolved config as plain data that validates back to ``cfg`` (at its world size)."""
+    data = cfg.model_dump(mode="json")
+    if cfg.model.is_container:  # the single-model keys are all default there; leave them out
+        data["model"] = {k: v for k, v in data["model"].items() if k not in _SINGLE_KEYS}
+    return data
 
 
 def config_to_yaml(cfg: TrainConfig) -> str:
@@ -211,10 +251,7 @@ def config_to_yaml(cfg: TrainConfig) -> str:
         f"# Resolved by mm-config {__version__} for world size {cfg.parallel.world_size}; "
         "load it with mm_config.load_config.\n"
     )
-    data = cfg.model_dump(mode="json")
-    if cfg.model.is_container:  # the single-model keys are all default there; leave them out
-        data["model"] = {k: v for k, v in data["model"].items() if k not in _SINGLE_KEYS}
-    return header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    return header + yaml.safe_dump(config_to_data(cfg), sort_keys=False, allow_unicode=True)
 
 
 def dump_config(cfg: TrainConfig, path: str | Path) -> Path:
@@ -227,12 +264,15 @@ def dump_config(cfg: TrainConfig, path: str | Path) -> Path:
 
 __all__ = [
     "apply_overrides",
+    "config_to_data",
     "config_to_yaml",
     "dump_config",
     "import_plugins",
     "load_config",
+    "load_plugins",
     "parse_override",
     "parse_yaml_value",
     "read_yaml",
     "validate_config",
+    "validate_with_plugins",
 ]

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationInfo, field_validator, model_validator
 
-from .base import ConfigModel, DType
+from .base import ConfigModel, DType, InputPath
 from .errors import Problem, RuleViolations
-from .registry import model_schema, validate_plugin_dict
+from .registry import model_schema, pipeline_schema, validate_plugin_dict
+
+LoadFormat = Literal["auto", "dcp", "diffusers", "hf", "safetensors"]
+"""Canonical weight formats of mm-checkpoint (``mm_checkpoint.normalize_format`` values)."""
 
 
 class SubModelConfig(ConfigModel):
@@ -16,11 +19,13 @@ class SubModelConfig(ConfigModel):
 
     model_id: str | None = None
     """Registered model id (``@model_register("wan2_2_predictor")``); selects the builder and plugin schema."""
-    from_pretrained: str | None = None
-    """Directory of pretrained weights (diffusers / HF / DCP); None builds from ``config`` only."""
-    load_format: str = "auto"
-    """Declared weight format (``auto``, ``hf``, ``diffusers``, ``dcp``); ``auto`` sniffs the directory."""
-    checkpoint_path: str | None = None
+    from_pretrained: InputPath | None = None
+    """Local directory of pretrained weights (diffusers / HF / DCP; never a hub id); None builds from
+    ``config`` only."""
+    load_format: LoadFormat = "auto"
+    """Declared weight format: ``auto`` sniffs DCP, then diffusers, then HF; ``safetensors`` sniffs
+    diffusers or HF; ``dcp`` with a safetensors source converts it once into the conversion dir."""
+    checkpoint_path: InputPath | None = None
     """Weights to load instead of ``from_pretrained`` (wins over it)."""
     checkpoint_conversion_dir: str | None = None
     """Cache directory for online conversion to DCP (highest priority of the cache dirs)."""
@@ -42,7 +47,7 @@ class SubModelConfig(ConfigModel):
     @field_validator("config")
     @classmethod
     def _validate_plugin_config(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        return validate_plugin_dict(model_schema(info.data.get("model_id")), value)
+        return validate_plugin_dict(model_schema(info.data.get("model_id")), value, info.context)
 
 
 _SINGLE_KEYS = tuple(SubModelConfig.model_fields)
@@ -58,12 +63,29 @@ class ModelConfig(SubModelConfig):
     container_id: str | None = None
     """Registered container id holding ``models`` (e.g. ``wan2_2_container``)."""
     pipeline: dict[str, Any] = {}
-    """Options of the container's training pipeline (scheduler, timestep range...)."""
+    """Options of the training pipeline, validated by the schema its owner registered: the container
+    (``container_id``), or in the single form the model (``model_id``)."""
+
+    @field_validator("pipeline")
+    @classmethod
+    def _validate_pipeline(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        # the container's id, or in the single form (no container_id) the model's
+        owner = info.data.get("container_id") or info.data.get("model_id")
+        return validate_plugin_dict(pipeline_schema(owner), value, info.context)
 
     @model_validator(mode="after")
     def _check_form(self) -> ModelConfig:
         problems: list[Problem] = []
         if self.models:
+            if self.container_id is None and self.pipeline:
+                problems.append(
+                    Problem(
+                        ("pipeline",),
+                        "the plain container (no container_id) runs no pipeline; set "
+                        "model.container_id to a container that builds one",
+                        deps=(("container_id",),),
+                    )
+                )
             for key in [
                 k for k in _SINGLE_KEYS if getattr(self, k) != SubModelConfig.model_fields[k].default
             ]:

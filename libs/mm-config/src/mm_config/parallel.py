@@ -25,6 +25,8 @@ def _auto_or_int(value: Any) -> Any:
 
 
 AutoInt = Annotated[Literal["auto"] | int, BeforeValidator(_auto_or_int)]
+#: Ring-attention block kernels (mm_parallel's registry; a test keeps the two lists equal).
+AttentionBackendName = Literal["auto", "flash", "efficient", "flash_attn", "npu", "cpu_flash", "math"]
 
 
 class SubPlanConfig(ConfigModel):
@@ -86,6 +88,12 @@ class ParallelConfig(ConfigModel):
     """Ulysses context-parallel degree (all-to-all between sequence and heads)."""
     ring_attention_size: int = Field(default=1, ge=1)
     """Ring-attention context-parallel degree (KV blocks passed around a ring)."""
+    attention_backend: AttentionBackendName = "auto"
+    """Kernel of the ring-attention blocks (needs ring_attention_size > 1): ``auto`` = the device's fused
+    kernel (``cpu_flash``, ``flash`` on CUDA, ``npu``); ``flash`` = torch's FlashAttention-2 kernel (its
+    memory-efficient one for masked blocks and fp32), ``efficient`` = torch's memory-efficient kernel,
+    ``flash_attn`` = the flash_attn package, ``npu`` = torch_npu's fusion attention, ``math`` = the fp32
+    reference (materializes [B, H, Sq, Sk] scores). Logged once per run; an unavailable one is an error."""
     fsdp_plan: FSDPPlanConfig = FSDPPlanConfig()
     """The FSDP2 plan."""
 

@@ -1,25 +1,39 @@
-"""Plugin sub-schemas: pydantic models that validate a model's ``config`` or a dataset's kwargs.
+"""Plugin sub-schemas: pydantic models that validate a model's ``config``, a dataset's kwargs and a
+pipeline's options.
 
-A plugin registers its schema at import time; :func:`mm_config.load_config` imports the modules
-in ``training.plugin`` first, so the plugin's own keys are validated in the same pass as the
-framework's, with full YAML paths (``model.models.predictor.config.num_layers``).
+A plugin registers its schemas at import time, from a module that imports only pydantic and
+mm-config (no torch), so that ``mm-config check`` can validate a run on a login node:
+
+- installed packages name that module in the ``mm_config.schemas`` entry-point group
+  (:func:`load_schema_entry_points`, called by :func:`mm_config.load_config`);
+- modules in ``training.plugin`` are imported before validation too.
+
+The plugin's keys are then validated in the same pass as the framework's, with full YAML paths
+(``model.models.predictor.config.num_layers``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from importlib.metadata import entry_points
+from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from .errors import RuleViolations, problems_from_validation_error
+from .base import PartialConfigModel
+from .errors import Problem, RuleViolations, problems_from_validation_error
 
-_MODEL_SCHEMAS: dict[str, type[BaseModel]] = {}
-_DATASET_SCHEMAS: dict[str, type[BaseModel]] = {}
+SchemaKind = Literal["model", "dataset", "pipeline"]
+ENTRY_POINT_GROUP = "mm_config.schemas"
+"""Entry-point group of installed schema modules (``wan22 = "wan22_train.config_schema"``)."""
+
+_SCHEMAS: dict[str, dict[str, type[BaseModel]]] = {"model": {}, "dataset": {}, "pipeline": {}}
+_entry_point_problems: list[Problem] | None = None
 
 
-def _register(table: dict[str, type[BaseModel]], kind: str, key: str, schema: type[BaseModel]) -> None:
+def _register(kind: SchemaKind, key: str, schema: type[BaseModel]) -> type[BaseModel]:
     if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
         raise TypeError(f"{kind} schema for {key!r} must be a pydantic BaseModel subclass, got {schema!r}")
+    table = _SCHEMAS[kind]
     old = table.get(key)
     same = old is not None and (old.__module__, old.__qualname__) == (schema.__module__, schema.__qualname__)
     if old is not None and not same:
@@ -28,44 +42,87 @@ def _register(table: dict[str, type[BaseModel]], kind: str, key: str, schema: ty
             f"refusing to replace it with {schema.__module__}.{schema.__qualname__}"
         )
     table[key] = schema
+    return schema
 
 
 def register_model_schema(model_id: str, schema: type[BaseModel]) -> type[BaseModel]:
     """Validate ``model.[models.<name>.]config`` of sub-models with this ``model_id`` by ``schema``."""
-    _register(_MODEL_SCHEMAS, "model", model_id, schema)
-    return schema
+    return _register("model", model_id, schema)
 
 
 def register_dataset_schema(dataset_id: str, schema: type[BaseModel]) -> type[BaseModel]:
-    """Validate ``data.dataset`` by ``schema`` when ``data.dataset_id`` is ``dataset_id``."""
-    _register(_DATASET_SCHEMAS, "dataset", dataset_id, schema)
-    return schema
+    """Validate ``data.dataset`` by ``schema`` when ``data.dataset_id`` is ``dataset_id``.
+
+    The schema may declare two class variables about the ``data`` section's own keys:
+    ``needs_data_path`` (True: ``data.data_path`` must be set) and ``reads_data_root`` (False:
+    ``data.data_root`` is refused, since nothing would read it).
+    """
+    return _register("dataset", dataset_id, schema)
 
 
-def unregister_schema(kind: str, key: str) -> None:
-    """Remove a registered schema (``kind`` is ``"model"`` or ``"dataset"``); mainly for tests."""
-    {"model": _MODEL_SCHEMAS, "dataset": _DATASET_SCHEMAS}[kind].pop(key, None)
+def register_pipeline_schema(owner_id: str, schema: type[BaseModel]) -> type[BaseModel]:
+    """Validate ``model.pipeline`` by ``schema`` when the pipeline's owner is ``owner_id``: the
+    container (``model.container_id``), or in the single-model form the model (``model.model_id``)."""
+    return _register("pipeline", owner_id, schema)
+
+
+def unregister_schema(kind: SchemaKind, key: str) -> None:
+    """Remove a registered schema (``kind``: ``"model"``, ``"dataset"`` or ``"pipeline"``); for tests."""
+    _SCHEMAS[kind].pop(key, None)
 
 
 def model_schema(model_id: str | None) -> type[BaseModel] | None:
     """The schema registered for ``model_id``, or None."""
-    return _MODEL_SCHEMAS.get(model_id) if model_id else None
+    return _SCHEMAS["model"].get(model_id) if model_id else None
 
 
 def dataset_schema(dataset_id: str | None) -> type[BaseModel] | None:
     """The schema registered for ``dataset_id``, or None."""
-    return _DATASET_SCHEMAS.get(dataset_id) if dataset_id else None
+    return _SCHEMAS["dataset"].get(dataset_id) if dataset_id else None
 
 
-def validate_plugin_dict(schema: type[BaseModel] | None, value: dict[str, Any]) -> dict[str, Any]:
-    """Validate ``value`` by ``schema`` (if any) and return it with defaults filled in.
+def pipeline_schema(owner_id: str | None) -> type[BaseModel] | None:
+    """The ``model.pipeline`` schema registered for a container or model id, or None."""
+    return _SCHEMAS["pipeline"].get(owner_id) if owner_id else None
 
-    Raises :class:`RuleViolations` whose paths are relative to ``value``, so the caller's
-    location (e.g. ``model.models.predictor.config``) prefixes them.
+
+def registered_ids(kind: SchemaKind) -> list[str]:
+    """Ids that have a ``kind`` schema, sorted."""
+    return sorted(_SCHEMAS[kind])
+
+
+def load_schema_entry_points() -> list[Problem]:
+    """Import every installed ``mm_config.schemas`` entry point (once per process).
+
+    Returns one problem per entry point that failed to import (the same list on later calls), so
+    that a broken plugin shows in the report instead of silently leaving its keys unchecked.
+    """
+    global _entry_point_problems
+    if _entry_point_problems is None:
+        _entry_point_problems = []
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                ep.load()
+            except Exception as exc:  # noqa: BLE001 - any failure is reported, not raised
+                message = f"installed schema entry point {ep.name!r} ({ep.value}) failed to import: {exc}"
+                _entry_point_problems.append(Problem((), message))
+    return list(_entry_point_problems)
+
+
+def validate_plugin_dict(
+    schema: type[BaseModel] | None, value: dict[str, Any], context: Any = None
+) -> dict[str, Any]:
+    """Validate ``value`` by ``schema`` (if any) and return it as plain data.
+
+    Defaults are filled in, except for a :class:`~mm_config.base.PartialConfigModel`, which keeps
+    only the keys ``value`` sets. ``context`` is the caller's validation context (``check_paths``).
+    Raises :class:`RuleViolations` whose paths are relative to ``value``, so the caller's location
+    (e.g. ``model.models.predictor.config``) prefixes them.
     """
     if schema is None:
         return value
     try:
-        return schema.model_validate(value).model_dump(mode="json")
+        model = schema.model_validate(value, context=context)
     except ValidationError as err:
-        raise RuleViolations(problems_from_validation_error(err, schema), rule=False) from None
+        raise RuleViolations(problems_from_validation_error(err, schema), rule=None) from None
+    return model.model_dump(mode="json", exclude_unset=issubclass(schema, PartialConfigModel))

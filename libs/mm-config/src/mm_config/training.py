@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from .base import ConfigModel
+from .base import ConfigModel, InputPath
 from .errors import Problem, RuleViolations
 
 
@@ -24,15 +24,17 @@ class TrainingConfig(ConfigModel):
 
     plugin: list[str] = []
     """Python modules imported before the config is validated and the model is built (registrations)."""
-    seed: int = 1234
-    """Base random seed (model init, data order, noise)."""
+    seed: int = Field(default=1234, ge=0, lt=2**63)
+    """Base random seed (model init, data order; every training draw is keyed by (seed, step, sample, purpose))."""
     micro_batch_size: int = Field(default=1, ge=1)
     """Samples per data-parallel rank per forward/backward."""
-    gradient_accumulation_steps: int = Field(default=1, ge=1)
-    """Micro-steps accumulated per optimizer step."""
+    gradient_accumulation_steps: int | None = Field(default=None, ge=1)
+    """Micro-steps accumulated per optimizer step; None = global_batch_size / (micro_batch_size x
+    data-parallel size) when global_batch_size is set (so one config runs at any world size), else 1."""
     global_batch_size: int | None = Field(default=None, ge=1)
     """Samples per optimizer step = micro_batch_size x gradient_accumulation_steps x data-parallel size
-    (world / (ulysses x ring)); None = computed."""
+    (world / (ulysses x ring)); None = computed. Set it (and leave gradient_accumulation_steps out) to
+    train the same run at any layout."""
     train_iters: int = Field(default=1000, ge=1)
     """Optimizer steps to train."""
     lr: float = Field(default=1.0e-5, ge=0)
@@ -55,9 +57,13 @@ class TrainingConfig(ConfigModel):
     """AdamW decoupled weight decay."""
     clip_grad: float | None = Field(default=1.0, ge=0)
     """Clip the global gradient norm to this value; 0 or None disables clipping."""
-    load: str | None = None
-    """Checkpoint directory a new run starts from (model, optimizer, scheduler, data, RNG); a run that
+    load: InputPath | None = None
+    """Checkpoint directory a new run starts from (model, optimizer, scheduler, data position), at any layout; a run that
     already has checkpoints in ``save`` resumes those instead (see ``resume``)."""
+    reset_data_position: bool = False
+    """When resuming (``load``), start the data over at epoch 0 instead of at the checkpoint's position
+    (e.g. after changing the dataset). Without it, a checkpoint whose data state is missing or does not
+    match the data is an error."""
     save: str | None = None
     """Directory checkpoints and the resolved config are written to; None saves nothing. A run locks it
     (and ``log_dir``): a second run into it stops with an error naming the holder."""
@@ -72,6 +78,10 @@ class TrainingConfig(ConfigModel):
     """Keep only this many newest checkpoints; None keeps all."""
     log_interval: int = Field(default=1, ge=1)
     """Log metrics every this many steps."""
+    log_sample_ids: bool = False
+    """Add ``sample_ids`` to each metrics record: the global sample indices the step trained, over all
+    data-parallel ranks in global batch order (an audit that a resumed or re-laid-out run trains every
+    sample once; one all-gather per step)."""
     log_dir: str | None = None
     """Directory for metrics JSONL and TensorBoard events; None = ``save`` (or no files)."""
     tensorboard: bool = False
@@ -86,8 +96,14 @@ class TrainingConfig(ConfigModel):
     """Handling of NaN/inf loss or gradient norm."""
     deterministic: bool = False
     """Use deterministic algorithms (slower; bitwise reproducible runs)."""
-    device: str | None = Field(default=None, pattern=r"^(cpu|cuda|npu)(:\d+)?$")
-    """``cpu``, ``cuda`` or ``npu`` (optionally ``:index``); None picks npu, then cuda, then cpu."""
+    device: str | None = Field(default=None, pattern=r"^(cpu|cuda|npu)$")
+    """``cpu``, ``cuda`` or ``npu`` for the process group, the device mesh and the model (rank r of a
+    node uses device ``LOCAL_RANK``, so no index is given); None picks npu, then cuda, then cpu."""
+    collective_timeout_s: float | None = Field(default=600.0, gt=0)
+    """Seconds a collective (on every process group of the run, gloo / NCCL / HCCL) may wait for the
+    other ranks before this rank fails: how long a job can hang when a rank dies or stops answering.
+    Raise it when one rank legitimately works alone longer (a save to slow storage); None = the
+    backend's default (30 min gloo, 10 min NCCL)."""
 
     @model_validator(mode="after")
     def _schedule_consistent(self) -> TrainingConfig:
@@ -103,6 +119,15 @@ class TrainingConfig(ConfigModel):
                     f"must not exceed training.train_iters ({self.train_iters})",
                     self.lr_warmup_iters,
                     deps=(("train_iters",),),
+                )
+            )
+        if self.reset_data_position and self.load is None:
+            problems.append(
+                Problem(
+                    ("reset_data_position",),
+                    "only acts when resuming: set training.load, or leave reset_data_position out",
+                    self.reset_data_position,
+                    deps=(("load",),),
                 )
             )
         if problems:

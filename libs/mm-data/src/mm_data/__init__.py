@@ -6,13 +6,19 @@ from .bad_samples import BadSample, BadSampleError, BadSampleTracker
 from .buckets import Bucket, assign_bucket, make_buckets, parse_buckets
 from .cache import CacheReport, cache_dataset, cache_file_name
 from .caption_tokenizer import write_caption_tokenizer
+from .chat_template import IGNORE_INDEX, TEMPLATES, ChatTemplate, EncodedConversation, register_template
 from .collate import collate_video_text
+from .conversation import Conversation, ConversationColumns, ConversationError, Message, to_conversation
+from .conversation_dataset import ConversationDataset
 from .dataset import VideoTextDataset, to_video_tensor
 from .decode import DecodeError, VideoInfo, decode_frames, load_image, probe_video
 from .frames import check_frame_rule, frame_step, sample_frame_indices
 from .loader import ResumableDataLoader, build_dataloader
 from .metadata import MetadataError, read_metadata
+from .mm_plugin import MM_PLUGINS, MediaBudget, MediaFeatures, MultimodalPlugin, SampleError, VideoClip
+from .multimodal_collate import MultimodalCollator
 from .precomputed import PrecomputedLatentDataset, load_precomputed, save_precomputed
+from .registry import Registry
 from .sampler import GlobalOrderSampler
 from .synthetic import (
     caption_vocabulary,
@@ -23,16 +29,33 @@ from .synthetic import (
 )
 
 __all__ = [
+    "IGNORE_INDEX",
+    "MM_PLUGINS",
+    "TEMPLATES",
     "BadSample",
     "BadSampleError",
     "BadSampleTracker",
     "Bucket",
     "CacheReport",
+    "ChatTemplate",
+    "Conversation",
+    "ConversationColumns",
+    "ConversationDataset",
+    "ConversationError",
     "DecodeError",
+    "EncodedConversation",
     "GlobalOrderSampler",
+    "MediaBudget",
+    "MediaFeatures",
+    "Message",
     "MetadataError",
+    "MultimodalCollator",
+    "MultimodalPlugin",
     "PrecomputedLatentDataset",
+    "Registry",
     "ResumableDataLoader",
+    "SampleError",
+    "VideoClip",
     "VideoInfo",
     "VideoTextDataset",
     "assign_bucket",
@@ -53,8 +76,10 @@ __all__ = [
     "parse_buckets",
     "probe_video",
     "read_metadata",
+    "register_template",
     "sample_frame_indices",
     "save_precomputed",
+    "to_conversation",
     "to_video_tensor",
     "write_caption_tokenizer",
     "write_clip",

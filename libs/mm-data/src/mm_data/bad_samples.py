@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["BadSample", "BadSampleError", "BadSampleTracker"]
 
@@ -59,6 +61,31 @@ class BadSampleTracker:
             logger.warning("mm_data: skipping bad sample %d (%s): %s", bad.index, bad.path, bad.reason)
         if len(self._bad) > self.max_bad_fraction * self.total:
             raise BadSampleError(self.report(), self.bad_samples)
+
+    def first_good(
+        self,
+        candidates: Iterable[int],
+        load: Callable[[int], dict[str, Any]],
+        describe: Callable[[int, Exception], BadSample],
+        errors: tuple[type[Exception], ...],
+    ) -> dict[str, Any]:
+        """``load`` the first candidate index that raises none of ``errors``; each that does is recorded
+        (``describe`` names it) and listed in the returned item's ``skipped``.
+
+        Raises:
+            BadSampleError: past ``max_bad_fraction``, or when no candidate loads.
+        """
+        skipped: list[int] = []
+        for source in candidates:
+            try:
+                item = load(source)
+            except errors as e:
+                self.record(describe(source, e))
+                skipped.append(source)
+                continue
+            item["skipped"] = skipped
+            return item
+        raise BadSampleError(self.report(), self.bad_samples)
 
     def report(self) -> str:
         """A readable report of every bad sample and the limit."""

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .bad_samples import BadSample, BadSampleError, BadSampleTracker
+from .bad_samples import BadSample, BadSampleTracker
 from .buckets import Bucket, assign_bucket, parse_buckets
 from .decode import DecodeError, VideoInfo, decode_frames, is_image, load_image, probe_video
 from .frames import check_frame_rule, frame_step, sample_frame_indices
@@ -103,20 +103,14 @@ class VideoTextDataset(Dataset):
         self.epoch = int(epoch)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        index = int(index)
-        bucket_id = self.bucket_ids[index]
-        skipped: list[int] = []
-        for source in self._same_bucket_from(index):
-            try:
-                item = self._item(source, bucket_id)
-            except DecodeError as e:
-                path = self.rows[source]["path"]
-                self.tracker.record(BadSample(source, path, str(e).removeprefix(f"{path}: ")))
-                skipped.append(source)
-                continue
-            item["skipped"] = skipped
-            return item
-        raise BadSampleError(self.tracker.report(), self.bad_samples)
+        bucket_id = self.bucket_ids[int(index)]
+        return self.tracker.first_good(
+            self._same_bucket_from(int(index)), lambda i: self._item(i, bucket_id), self._bad, (DecodeError,)
+        )
+
+    def _bad(self, index: int, error: Exception) -> BadSample:
+        path = self.rows[index]["path"]
+        return BadSample(index, path, str(error).removeprefix(f"{path}: "))
 
     def _same_bucket_from(self, index: int) -> Iterator[int]:
         """``index``, then the following indices of the same bucket (wrapping around)."""
@@ -133,8 +127,7 @@ class VideoTextDataset(Dataset):
             try:
                 self._item(i, self.bucket_ids[i])
             except DecodeError as e:
-                path = self.rows[i]["path"]
-                bad.append(BadSample(i, path, str(e).removeprefix(f"{path}: ")))
+                bad.append(self._bad(i, e))
         return bad
 
     # -- one sample -------------------------------------------------------------------------

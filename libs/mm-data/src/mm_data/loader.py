@@ -18,19 +18,59 @@ def _worker_init(_: int) -> None:
     torch.set_num_threads(1)
 
 
+class _EpochBatches:
+    """The sampler's micro-batches with the epoch attached to each index: ``[(epoch, i), ...]``."""
+
+    def __init__(self, sampler: GlobalOrderSampler) -> None:
+        self.sampler = sampler
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        epoch = self.sampler.epoch
+        for batch in self.sampler:
+            yield [(epoch, index) for index in batch]
+
+
+class _EpochIndexed(Dataset):
+    """Reads ``(epoch, index)`` keys: calls the dataset's ``set_epoch`` when the epoch changes, in
+    whichever process reads, so a worker kept alive across epochs (``persistent_workers``) draws
+    the new epoch's random choices instead of keeping the epoch it started with."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+        self._epoch: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, index = key
+        if epoch != self._epoch and hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+        self._epoch = epoch
+        return self.dataset[index]
+
+
 class ResumableDataLoader:
     """Iterates micro-batches of a :class:`GlobalOrderSampler`; ``state_dict`` counts consumed batches.
 
     Workers prefetch indices ahead of the training loop, so the sampler's own counters run ahead;
     this wrapper records the sampler state after each batch it hands to the caller, and rewinds the
     sampler to that state when a new iteration starts. The state is the sampler's (epoch, consumed
-    global samples), so it can be saved per rank and loaded at another dp size.
+    global samples), so it can be saved per rank and loaded at another dp size. Every index travels
+    with its epoch, so the dataset's ``set_epoch`` happens where the item is read (in the worker).
     """
 
     def __init__(self, dataset: Dataset, sampler: GlobalOrderSampler, **loader_kwargs: Any) -> None:
         self.dataset, self.sampler = dataset, sampler
-        self.loader = DataLoader(dataset, batch_sampler=sampler, **loader_kwargs)
+        self.loader = DataLoader(
+            _EpochIndexed(dataset), batch_sampler=_EpochBatches(sampler), **loader_kwargs
+        )
         self._state = sampler.state_dict()
+        #: global sample indices of the last batch handed out (``GlobalOrderSampler.sample_ids_at``)
+        self.last_sample_ids: list[int] = []
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -38,9 +78,8 @@ class ResumableDataLoader:
     def __iter__(self) -> Iterator[Any]:
         self.sampler.load_state_dict(self._state)  # drop any read-ahead of an earlier iteration
         epoch, position = self.sampler.epoch, self.sampler.position()
-        if hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(epoch)
         for batch in self.loader:
+            self.last_sample_ids = self.sampler.sample_ids_at(epoch, position)
             position += 1
             self._state = self.sampler.state_at(epoch, position)
             yield batch
@@ -76,14 +115,19 @@ def build_dataloader(
     buckets: Sequence[int] | None = None,
     pin_memory: bool = False,
     prefetch_factor: int | None = None,
+    persistent_workers: bool = False,
     multiprocessing_context: Any = None,
 ) -> ResumableDataLoader:
     """A resumable loader yielding this dp rank's micro-batches in the global order.
 
     Each optimizer step consumes ``global_batch_size // (dp_size * micro_batch_size)`` batches.
     Save ``loader.state_dict()`` in the checkpoint; ``loader.load_state_dict(state)`` continues at
-    the next unseen global sample, also at another dp size.
+    the next unseen global sample, also at another dp size. ``persistent_workers`` (with
+    ``num_workers > 0``) keeps the worker processes from one epoch to the next; they still see
+    each epoch's ``set_epoch``.
     """
+    if persistent_workers and num_workers == 0:
+        raise ValueError("persistent_workers needs num_workers > 0 (there are no workers to keep)")
     sampler = GlobalOrderSampler(
         dataset,
         global_batch_size=global_batch_size,
@@ -105,7 +149,11 @@ def build_dataloader(
         "generator": generator,
     }
     if num_workers > 0:
-        kwargs.update(worker_init_fn=_worker_init, multiprocessing_context=multiprocessing_context)
+        kwargs.update(
+            worker_init_fn=_worker_init,
+            multiprocessing_context=multiprocessing_context,
+            persistent_workers=persistent_workers,
+        )
         if prefetch_factor is not None:
             kwargs["prefetch_factor"] = prefetch_factor
     return ResumableDataLoader(dataset, sampler, **kwargs)

@@ -10,9 +10,11 @@ from mm_parallel.fsdp_apply import FSDPPlanReport, FSDPUnit, apply_fsdp_plan
 from mm_parallel.fsdp_plan import FSDPPlan, SubPlan, parse_dtype
 from mm_parallel.grad_clip import clip_grad_norm_, total_grad_norm
 from mm_parallel.grad_sync import fsdp_roots, set_gradient_sync
+from mm_parallel.launcher import signal_when_launcher_dies
 from mm_parallel.parallel_state import ParallelState
 from mm_parallel.patterns import PatternMatchError, match_modules, pattern_matches
 from mm_parallel.process_exit import exit_process
+from mm_parallel.timeouts import set_collective_timeout
 from mm_parallel.unit_layout import SKIP_ROOT_WRAP_ATTR, plan_units
 
 # isort: split
@@ -24,13 +26,17 @@ from mm_parallel.attention_backends import (
     get_backend,
     lse_backends,
     register_backend,
+    ring_backend_names,
 )
+from mm_parallel.attention_choice import AttentionChoice, resolve_attention_backend, use_attention_backend
+from mm_parallel.attention_memory import BlockShape, block_step_bytes
 from mm_parallel.ring import ring_attention
 from mm_parallel.sequence import (
     gather_for_usp,
     gather_sequence,
     local_token_indices,
     padded_length,
+    real_token_counts,
     split_for_usp,
     split_sequence,
     usp_padded_length,
@@ -41,19 +47,26 @@ from mm_parallel.usp import usp_attention
 __all__ = [
     "__version__",
     "AttentionBackend",
+    "AttentionChoice",
+    "BlockShape",
     "attention",
     "available_backends",
+    "block_step_bytes",
     "gather_for_usp",
     "gather_sequence",
     "get_backend",
     "local_token_indices",
     "lse_backends",
     "padded_length",
+    "real_token_counts",
     "register_backend",
+    "resolve_attention_backend",
     "ring_attention",
+    "ring_backend_names",
     "split_for_usp",
     "split_sequence",
     "ulysses_attention",
+    "use_attention_backend",
     "usp_attention",
     "usp_padded_length",
 ]
@@ -84,6 +97,8 @@ __all__ += [
     "parse_dtype",
     "pattern_matches",
     "plan_units",
+    "set_collective_timeout",
     "set_gradient_sync",
+    "signal_when_launcher_dies",
     "total_grad_norm",
 ]

@@ -4,24 +4,27 @@ Every kernel takes the flash-attn layout ``[batch, seq, heads, head_dim]``. A ba
 ``forward(q, k, v, *, causal, attn_mask, scale)`` returns ``(out, lse)`` where ``lse`` is the
 per-row log-sum-exp ``[batch, seq, heads]`` (or ``None`` when the kernel cannot give it). Ring
 attention merges blocks with the LSE, so it only runs its blocks on backends with
-``returns_lse=True``; ``backward(dout, q, k, v, out, lse, ...)`` computes one block's gradients
-from the *global* ``out``/``lse`` (flash-attention style); a backend without it falls back to the
-``math`` backward.
+``returns_lse=True`` and a ``backward(dout, q, k, v, out, lse, ...)``, which computes one block's
+gradients from the *global* ``out``/``lse`` (flash-attention style).
 
-Masks: ``attn_mask`` is a bool tensor broadcastable to ``[batch, heads, q_len, k_len]`` (True =
-attend, SDPA's convention) or an additive float mask. ``causal`` is top-left aligned.
+Masks (:mod:`mm_parallel.attention_masks`): ``attn_mask`` is a bool tensor broadcastable to
+``[batch, heads, q_len, k_len]`` (True = attend, SDPA's convention) or an additive float mask.
+``causal`` is top-left aligned.
 
-Registered backends (``available_backends()`` lists those usable here):
+Registered backends (``available_backends()`` lists those usable here; ``device_types`` says where
+each runs, empty = anywhere):
 
 - ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``; no LSE. Default for plain attention.
-- ``cpu_flash``: torch's CPU flash kernel (``aten._scaled_dot_product_flash_attention_for_cpu``),
-  memory-efficient, returns LSE, has a block backward. Default ring kernel on CPU.
+- ``cpu_flash`` (cpu): torch's CPU flash kernel (``aten._scaled_dot_product_flash_attention_for_cpu``),
+  memory-efficient, LSE, block backward. Default ring kernel on CPU.
+- ``flash`` (cuda): torch's flash kernel for blocks without a mask (fp16/bf16), its memory-efficient
+  kernel for blocks with padded keys and for fp32 (:mod:`mm_parallel.cuda_attention`). Default on CUDA.
+- ``efficient`` (cuda): torch's memory-efficient kernel for every block.
+- ``flash_attn`` (cuda): the ``flash_attn`` package (>= 2.7) when installed; masked blocks on ``efficient``.
+- ``npu`` (npu): ``torch_npu.npu_fusion_attention`` and its grad when importable
+  (:mod:`mm_parallel.npu_attention`). Default on NPU.
 - ``math``: reference einsum path on any device, computes in float32 (or float64 for float64
-  inputs), returns LSE, has a block backward. Materializes ``[B, H, Sq, Sk]`` scores.
-- ``flash_attn``: ``flash_attn.flash_attn_func`` (CUDA, when importable), returns LSE, no masks.
-- ``npu_fusion_attention``: ``torch_npu.npu_fusion_attention`` (NPU, when importable), returns LSE.
-
-The ``flash_attn`` and ``npu_fusion_attention`` adapters are not exercised by the CPU test-suite.
+  inputs), LSE, block backward. Materializes ``[B, H, Sq, Sk]`` scores: never an accelerator default.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from mm_parallel import cuda_attention, npu_attention
+from mm_parallel.attention_masks import additive_mask, combine_masks, full_mask, key_padding_to_attn_mask
 
 ForwardFn = Callable[..., tuple[Tensor, Tensor | None]]
 BackwardFn = Callable[..., tuple[Tensor, Tensor, Tensor]]
@@ -49,7 +55,16 @@ class AttentionBackend:
     supports_mask: bool
     is_available: Callable[[], bool]
     backward: BackwardFn | None = None
-    requires: str = ""  # what makes it available, named when it is not (e.g. the extra to install)
+    device_types: tuple[str, ...] = ()
+    """Device types the kernel runs on; empty = any."""
+    summary: str = ""
+    """One line on what runs, for the log line of the run's choice."""
+    requires: str = ""
+    """What makes it available, named when it is not (e.g. the extra to install)."""
+
+    def runs_on(self, device_type: str) -> bool:
+        """Whether the kernel runs on tensors of ``device_type``."""
+        return not self.device_types or device_type in self.device_types
 
 
 _REGISTRY: dict[str, AttentionBackend] = {}
@@ -75,67 +90,19 @@ def get_backend(name: str) -> AttentionBackend:
 
 
 def available_backends() -> list[str]:
-    """Names of the registered backends usable in this process."""
+    """Names of the registered backends whose code is present in this process (torch ops, packages);
+    ``get_backend(name).device_types`` says which devices each runs on."""
     return [name for name, b in _REGISTRY.items() if b.is_available()]
+
+
+def ring_backend_names() -> list[str]:
+    """Names of every registered backend that can run ring blocks (LSE + block backward), installed or not."""
+    return [name for name, b in _REGISTRY.items() if b.returns_lse and b.backward is not None]
 
 
 def lse_backends() -> list[str]:
     """Names of available backends that return the log-sum-exp (usable as ring-attention kernels)."""
     return [name for name in available_backends() if _REGISTRY[name].returns_lse]
-
-
-def default_lse_backend(device: torch.device) -> str:
-    """The LSE kernel ring attention uses by default on ``device``."""
-    if device.type == "cuda" and _REGISTRY["flash_attn"].is_available():
-        return "flash_attn"
-    if device.type == "npu" and _REGISTRY["npu_fusion_attention"].is_available():
-        return "npu_fusion_attention"
-    if device.type == "cpu":
-        return "cpu_flash"
-    return "math"
-
-
-# ---------------------------------------------------------------- masks
-
-
-def causal_mask(q_len: int, k_len: int, device: torch.device) -> Tensor:
-    """Top-left aligned causal mask ``[q_len, k_len]`` (True = attend)."""
-    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()
-
-
-def key_padding_to_attn_mask(key_padding_mask: Tensor) -> Tensor:
-    """``[batch, k_len]`` bool (True = real token) -> attention mask ``[batch, 1, 1, k_len]``."""
-    if key_padding_mask.dtype != torch.bool or key_padding_mask.dim() != 2:
-        raise ValueError(
-            f"key_padding_mask must be a bool tensor [batch, seq] (True = real token), "
-            f"got dtype {key_padding_mask.dtype} shape {tuple(key_padding_mask.shape)}"
-        )
-    return key_padding_mask[:, None, None, :]
-
-
-def combine_masks(*masks: Tensor | None) -> Tensor | None:
-    """AND bool masks / add float masks (a bool mask turns masked entries of a float one to -inf)."""
-    out: Tensor | None = None
-    for m in masks:
-        if m is None:
-            continue
-        if out is None:
-            out = m
-        elif out.dtype == torch.bool and m.dtype == torch.bool:
-            out = out & m
-        elif m.dtype == torch.bool:
-            out = out.masked_fill(~m, float("-inf"))
-        elif out.dtype == torch.bool:
-            out = m.masked_fill(~out, float("-inf"))
-        else:
-            out = out + m
-    return out
-
-
-def _full_mask(
-    attn_mask: Tensor | None, causal: bool, q_len: int, k_len: int, device: torch.device
-) -> Tensor | None:
-    return combine_masks(attn_mask, causal_mask(q_len, k_len, device) if causal else None)
 
 
 # ---------------------------------------------------------------- math (reference)
@@ -147,10 +114,12 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def _scores(q: Tensor, k: Tensor, scale: float, causal: bool, attn_mask: Tensor | None) -> Tensor:
     s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    mask = _full_mask(attn_mask, causal, q.size(1), k.size(1), q.device)
+    mask = full_mask(attn_mask, causal, q.size(1), k.size(1), q.device)
     if mask is None:
         return s
-    return s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask.to(s.dtype)
+    return (
+        s.masked_fill(mask.logical_not(), float("-inf")) if mask.dtype == torch.bool else s + mask.to(s.dtype)
+    )
 
 
 def _math_forward(
@@ -167,7 +136,7 @@ def _math_forward(
     scale = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
     s = _scores(q, k, scale, causal, attn_mask)
     lse = torch.logsumexp(s, dim=-1)  # [B, H, Sq]; -inf for fully masked rows
-    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse).unsqueeze(-1))
     out = torch.einsum("bhqk,bkhd->bqhd", p, v)
     return out, lse.transpose(1, 2)
 
@@ -189,10 +158,10 @@ def _math_backward(
     scale = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
     s = _scores(q, k, scale, causal, attn_mask)
     lse_bhq = lse.to(cdt).transpose(1, 2)
-    p = torch.exp(s - torch.where(torch.isinf(lse_bhq), float("inf"), lse_bhq)[..., None])
+    p = torch.exp(s - torch.where(torch.isinf(lse_bhq), float("inf"), lse_bhq).unsqueeze(-1))
     delta = (dout * out).sum(-1).transpose(1, 2)  # [B, H, Sq]
     dv = torch.einsum("bhqk,bqhd->bkhd", p, dout)
-    ds = p * (torch.einsum("bqhd,bkhd->bhqk", dout, v) - delta[..., None])
+    ds = p * (torch.einsum("bqhd,bkhd->bhqk", dout, v) - delta.unsqueeze(-1))
     dq = torch.einsum("bhqk,bkhd->bqhd", ds, k) * scale
     dk = torch.einsum("bhqk,bqhd->bkhd", ds, q) * scale
     return dq, dk, dv
@@ -212,7 +181,7 @@ def _sdpa_forward(
 ) -> tuple[Tensor, None]:
     q_, k_, v_ = (t.transpose(1, 2) for t in (q, k, v))
     if attn_mask is not None and causal:
-        attn_mask, causal = _full_mask(attn_mask, True, q.size(1), k.size(1), q.device), False
+        attn_mask, causal = full_mask(attn_mask, True, q.size(1), k.size(1), q.device), False
     out = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=attn_mask, is_causal=causal, scale=scale)
     return out.transpose(1, 2), None
 
@@ -220,10 +189,7 @@ def _sdpa_forward(
 def _additive(attn_mask: Tensor | None, causal: bool, q: Tensor, k: Tensor) -> tuple[Tensor | None, bool]:
     if attn_mask is None:
         return None, causal
-    mask = _full_mask(attn_mask, causal, q.size(1), k.size(1), q.device)
-    if mask.dtype == torch.bool:
-        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
-    return mask.to(q.dtype), False
+    return additive_mask(full_mask(attn_mask, causal, q.size(1), k.size(1), q.device), q.dtype), False
 
 
 def _cpu_flash_forward(
@@ -258,7 +224,9 @@ def _cpu_flash_backward(
     lse = torch.where(torch.isneginf(lse), float("inf"), lse)  # rows with no key get zero gradient
     grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
         *(t.to(q.dtype).transpose(1, 2) for t in (dout, q, k, v, out)),
-        lse.to(q.dtype).transpose(1, 2).contiguous(),
+        lse.to(_compute_dtype(q.dtype))
+        .transpose(1, 2)
+        .contiguous(),  # the kernel's LSE is float32 for half inputs
         0.0,
         causal,
         attn_mask=mask,
@@ -271,66 +239,58 @@ def _has_cpu_flash() -> bool:
     return hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
 
 
-# ---------------------------------------------------------------- optional accelerator kernels
-
-
-def _flash_attn_forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    attn_mask: Tensor | None = None,
-    scale: float | None = None,
-) -> tuple[Tensor, Tensor]:
-    if attn_mask is not None:
-        raise ValueError("flash_attn backend does not take attn_mask")
-    from flash_attn import flash_attn_func
-
-    out, lse, _ = flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, return_attn_probs=True)
-    return out, lse.transpose(1, 2)  # flash-attn gives lse [B, H, S]
-
-
-def _npu_forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    causal: bool = False,
-    attn_mask: Tensor | None = None,
-    scale: float | None = None,
-) -> tuple[Tensor, Tensor]:
-    import torch_npu
-
-    mask = _full_mask(attn_mask, causal, q.size(1), k.size(1), q.device)
-    scale = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
-    res = torch_npu.npu_fusion_attention(
-        q, k, v, q.size(2), input_layout="BSND", atten_mask=None if mask is None else ~mask, scale=scale
-    )
-    out, softmax_max, softmax_sum = res[0], res[1], res[2]  # max/sum: [B, H, S, 8] (repeated)
-    lse = softmax_max[..., 0] + torch.log(softmax_sum[..., 0])
-    return out, lse.transpose(1, 2)
+# ---------------------------------------------------------------- registry
 
 
 def _importable(module: str) -> Callable[[], bool]:
     return lambda: importlib.util.find_spec(module) is not None
 
 
-register_backend(AttentionBackend("sdpa", _sdpa_forward, False, True, lambda: True))
-register_backend(
-    AttentionBackend("cpu_flash", _cpu_flash_forward, True, True, _has_cpu_flash, _cpu_flash_backward)
-)
-register_backend(AttentionBackend("math", _math_forward, True, True, lambda: True, _math_backward))
+def _has_aten(op: str) -> Callable[[], bool]:
+    return lambda: hasattr(torch.ops.aten, op)
+
+
+_CUDA = ("cuda",)
+register_backend(AttentionBackend("sdpa", _sdpa_forward, False, True, lambda: True, summary="torch SDPA"))
 register_backend(
     AttentionBackend(
-        "flash_attn", _flash_attn_forward, True, False, _importable("flash_attn"),
-        requires="flash_attn on CUDA: pip install 'mm-parallel[flash-attn]'",
+        "cpu_flash", _cpu_flash_forward, True, True, _has_cpu_flash, _cpu_flash_backward, ("cpu",),
+        "torch's CPU flash kernel",
     )
 )  # fmt: skip
 register_backend(
     AttentionBackend(
-        "npu_fusion_attention", _npu_forward, True, True, _importable("torch_npu"),
+        "flash", cuda_attention.torch_flash_forward, True, True, _has_aten("_scaled_dot_product_flash_attention"),
+        cuda_attention.torch_flash_backward, _CUDA,
+        "torch's flash kernel; its memory-efficient kernel for blocks with padded keys and for float32",
+    )
+)  # fmt: skip
+register_backend(
+    AttentionBackend(
+        "efficient", cuda_attention.efficient_forward, True, True,
+        _has_aten("_scaled_dot_product_efficient_attention"), cuda_attention.efficient_backward, _CUDA,
+        "torch's memory-efficient kernel (padded keys as a broadcast bias)",
+    )
+)  # fmt: skip
+register_backend(
+    AttentionBackend(
+        "flash_attn", cuda_attention.flash_attn_forward, True, True, cuda_attention.flash_attn_version_ok,
+        cuda_attention.flash_attn_backward, _CUDA,
+        "flash_attn's kernel; torch's memory-efficient kernel for blocks with padded keys",
+        requires="flash_attn >= 2.7 on CUDA: pip install 'mm-parallel[flash-attn]'",
+    )
+)  # fmt: skip
+register_backend(
+    AttentionBackend(
+        "npu", npu_attention.npu_forward, True, True, _importable("torch_npu"), npu_attention.npu_backward,
+        ("npu",), "torch_npu.npu_fusion_attention and npu_fusion_attention_grad",
         requires="torch_npu on Ascend: pip install 'mm-parallel[npu]'",
+    )
+)  # fmt: skip
+register_backend(
+    AttentionBackend(
+        "math", _math_forward, True, True, lambda: True, _math_backward,
+        summary="reference einsum; materializes [B, H, Sq, Sk] float32 scores",
     )
 )  # fmt: skip
 

@@ -12,6 +12,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from mm_parallel.timeouts import as_timedelta
+
 DEVICE_ENV_VAR = "MM_PARALLEL_DEVICE"
 """Environment variable that overrides device detection (``npu``, ``cuda`` or ``cpu``)."""
 
@@ -59,7 +61,9 @@ def get_local_device(device_type: str | None = None) -> torch.device:
     return torch.device(device_type, int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def init_distributed(backend: str | None = None, device_type: str | None = None) -> tuple[int, int]:
+def init_distributed(
+    backend: str | None = None, device_type: str | None = None, timeout_s: float | None = None
+) -> tuple[int, int]:
     """Initialize the default process group and return ``(rank, world_size)``.
 
     Under ``torchrun`` (``RANK`` and ``WORLD_SIZE`` set) the group is initialized from
@@ -67,6 +71,9 @@ def init_distributed(backend: str | None = None, device_type: str | None = None)
     backed by an in-memory store (no port is opened), so FSDP2 and DeviceMesh work the
     same way at world size 1. An already initialized group is reused. Accelerator
     processes also select their local device.
+
+    ``timeout_s`` bounds the rendezvous and every collective of the default group (None: the
+    backend's default); :class:`ParallelState` sets it on the groups it creates.
     """
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -74,8 +81,11 @@ def init_distributed(backend: str | None = None, device_type: str | None = None)
     backend = backend or get_dist_backend(device_type)
     if device_type != "cpu":
         getattr(torch, device_type).set_device(get_local_device(device_type))
+    timeout = as_timedelta(timeout_s)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend=backend, timeout=timeout)
     else:
-        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(
+            backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+        )
     return dist.get_rank(), dist.get_world_size()

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from mm_parallel.devices import get_device_type
+from mm_parallel.timeouts import set_collective_timeout
 
 MESH_DIMS = ("dp_replicate", "dp_shard", "ring", "ulysses")
 
@@ -74,6 +75,9 @@ class ParallelState:
         ulysses: Ulysses context-parallel degree.
         ring: Ring-attention context-parallel degree.
         device_type: ``npu`` / ``cuda`` / ``cpu``; detected when omitted.
+        timeout_s: seconds a collective on any of its groups may wait for the other ranks before
+            it fails (the groups a mesh creates do not inherit the default group's timeout);
+            None keeps the backend's default.
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class ParallelState:
         ulysses: int = 1,
         ring: int = 1,
         device_type: str | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         if world_size is None:
             world_size = dist.get_world_size() if dist.is_initialized() else 1
@@ -93,6 +98,7 @@ class ParallelState:
         self.ulysses = ulysses
         self.ring = ring
         self.device_type = get_device_type(device_type)
+        self.timeout_s = timeout_s
         self._meshes: dict[str, DeviceMesh] = {}
         self._sub_meshes: dict[int, DeviceMesh] = {}
         if dist.is_initialized():
@@ -124,6 +130,12 @@ class ParallelState:
                 world.mesh.reshape(self.dp_replicate, -1),
                 mesh_dim_names=("dp_replicate", "dp_shard_cp"),
             )
+        for mesh in self._meshes.values():
+            self._bound(mesh)
+
+    def _bound(self, mesh: DeviceMesh) -> None:
+        if self.timeout_s is not None:
+            set_collective_timeout(mesh.get_all_groups(), self.timeout_s)
 
     def _mesh(self, name: str) -> DeviceMesh:
         if name not in self._meshes:
@@ -275,5 +287,6 @@ class ParallelState:
                     ranks.reshape(self.world_size // shard_size, shard_size),
                     mesh_dim_names=("sub_replicate", "sub_shard"),
                 )
+            self._bound(mesh)
             self._sub_meshes[shard_size] = mesh
         return self._sub_meshes[shard_size]

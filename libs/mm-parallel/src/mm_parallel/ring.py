@@ -10,6 +10,18 @@ The backward pass is a flash-attention style autograd Function: the KV blocks ci
 each block's (dq, dk, dv) is computed from the global output and LSE; dq stays local while the
 (dk, dv) accumulators travel with their KV block and arrive back at the owner after ``P`` hops.
 
+Kernels (:mod:`mm_parallel.attention_choice`): ``backend=None`` runs the blocks on the run's
+choice (``parallel.attention_backend``) or the device's fused kernel (``cpu_flash``, ``flash`` on
+CUDA, ``npu``); a kernel without the LSE or a block backward is refused, never replaced by ``math``.
+
+Padding: ``key_len`` (the real key count of the full sequence; the rest is the end padding of
+``split_sequence(..., pad=True)``) is host arithmetic: each block's real keys are a prefix of it
+(:func:`mm_parallel.sequence.real_token_counts`), so the block is cut to them and every kernel call
+runs without a mask (a causal diagonal block with padding becomes a causal square plus a full
+rectangle; a block of padding only is skipped). ``key_padding_mask`` (any pattern, gathered from
+the ranks) instead hands every block a ``[B, 1, 1, Sk]`` key mask, which the kernels take as a
+broadcast bias (CUDA) or a dense mask (NPU).
+
 Causal masking uses global token positions: with the ``contiguous`` layout rank ``r`` skips
 blocks from later ranks (rank ``P-1`` does ``P`` times the work of rank 0); with ``zigzag``
 (chunks ``r`` and ``2P-1-r``) every off-diagonal step is exactly one half-size block on every
@@ -20,26 +32,49 @@ queries and keys may come from two different split sequences (e.g. video queries
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
 from mm_parallel._comm import all_gather_list, group_rank, group_size, ring_exchange
-from mm_parallel.attention_backends import (
-    AttentionBackend,
-    attention,
-    default_lse_backend,
-    get_backend,
-)
-from mm_parallel.sequence import Layout, _check_layout
+from mm_parallel.attention_backends import AttentionBackend, attention
+from mm_parallel.attention_choice import ring_kernel, warn_if_math_on_accelerator
+from mm_parallel.attention_masks import key_length_mask
+from mm_parallel.sequence import Layout, _check_layout, real_token_counts
 
 Block = tuple[slice, slice, bool]  # (query slice, key slice, causal inside the block)
 _ALL = slice(None)
 
 
-def block_plan(rank: int, src: int, world: int, causal: bool, layout: Layout, local_len: int) -> list[Block]:
-    """Which (query, key) sub-blocks rank ``rank`` computes against the KV block of rank ``src``."""
+def block_plan(
+    rank: int,
+    src: int,
+    world: int,
+    causal: bool,
+    layout: Layout,
+    local_len: int,
+    real_keys: int | None = None,
+    key_local_len: int | None = None,
+) -> list[Block]:
+    """Which (query, key) sub-blocks rank ``rank`` computes against the KV block of rank ``src``.
+
+    ``real_keys``: how many leading keys of the block are real (None = all); the sub-blocks are cut
+    to them, so no kernel call needs a mask. ``key_local_len``: the block's key count (default
+    ``local_len``; differs only for non-causal cross-attention).
+    """
+    blocks = _layout_blocks(rank, src, world, causal, layout, local_len)
+    keys = local_len if key_local_len is None else key_local_len
+    if real_keys is None or real_keys >= keys:
+        return blocks
+    return [cut for block in blocks for cut in _cut_to_real_keys(block, real_keys, keys)]
+
+
+def _layout_blocks(
+    rank: int, src: int, world: int, causal: bool, layout: Layout, local_len: int
+) -> list[Block]:
     if not causal:
         return [(_ALL, _ALL, False)]
     if src == rank:  # local positions increase with global ones in both layouts
@@ -52,15 +87,29 @@ def block_plan(rank: int, src: int, world: int, causal: bool, layout: Layout, lo
     return [(slice(half, None), _ALL, False)]  # only query chunk 2P-1-r sees (all of) block src
 
 
-def _kernel(
-    backend: AttentionBackend, key_valid: Tensor | None, need_backward: bool = False
-) -> AttentionBackend:
-    """The backend to run a block on: fall back to ``math`` for masks / missing block backward."""
-    if key_valid is not None and not backend.supports_mask:
-        return get_backend("math")
-    if need_backward and backend.backward is None:
-        return get_backend("math")
-    return backend
+def _cut_to_real_keys(block: Block, real: int, keys: int) -> list[Block]:
+    rows, cols, causal = block
+    start, stop, _ = cols.indices(keys)
+    stop = min(stop, real)
+    if stop <= start:
+        return []
+    if not causal:
+        return [(rows, slice(start, stop), False)]
+    # the diagonal block (rows = cols = all): queries before the padding see a causal square, the
+    # rest (themselves padding positions) see every real key
+    return [(slice(0, stop), slice(0, stop), True), (slice(stop, None), slice(0, stop), False)]
+
+
+def _seq(t: Tensor, part: slice) -> Tensor:
+    """``t[:, part]`` as a ``narrow`` view (python indexing sets a device guard, which CUDA fake tensors
+    in a CPU-only torch build cannot take)."""
+    start, stop, _ = part.indices(t.size(1))
+    return t.narrow(1, start, stop - start)
+
+
+def _key_mask(key_valid: Tensor) -> Tensor:
+    """``[B, Sk]`` real-key mask -> attention mask ``[B, 1, 1, Sk]``."""
+    return key_valid.unsqueeze(1).unsqueeze(1)
 
 
 def _block_forward(
@@ -72,108 +121,151 @@ def _block_forward(
     scale: float,
     backend: AttentionBackend,
 ) -> tuple[Tensor, Tensor]:
-    kernel = _kernel(backend, key_valid)
-    mask = None if key_valid is None else key_valid[:, None, None, :]
-    out, lse = kernel.forward(q, k, v, causal=causal, attn_mask=mask, scale=scale)
-    if key_valid is not None:  # kernels disagree on rows without any key: make their LSE -inf
-        has_key = (key_valid.cumsum(-1) > 0)[:, : q.size(1)] if causal else key_valid.any(-1, keepdim=True)
-        lse = lse.masked_fill(~has_key[..., None], float("-inf"))
+    mask = None if key_valid is None else _key_mask(key_valid)
+    out, lse = backend.forward(q, k, v, causal=causal, attn_mask=mask, scale=scale)
+    if key_valid is not None:  # kernels disagree on rows without any key: LSE -inf, output 0
+        has_key = (
+            (key_valid.cumsum(-1) > 0).narrow(1, 0, q.size(1)) if causal else key_valid.any(-1, keepdim=True)
+        )
+        lse = lse.masked_fill(has_key.logical_not().unsqueeze(-1), float("-inf"))
+        out = out.masked_fill(has_key.logical_not().unsqueeze(-1).unsqueeze(-1), 0.0)
     return out, lse
 
 
 def _merge(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor, rows: slice) -> None:
     """Online-softmax merge of a block result into ``out``/``lse`` rows ``rows`` (in place)."""
-    old_lse = lse[:, rows]
+    old_lse = _seq(lse, rows)
     block_lse = block_lse.to(lse.dtype)
     new_lse = torch.logaddexp(old_lse, block_lse)
     safe = torch.where(torch.isneginf(new_lse), 0.0, new_lse)
-    view = out[:, rows]
-    view.mul_(torch.exp(old_lse - safe)[..., None])
-    view.addcmul_(block_out.to(out.dtype), torch.exp(block_lse - safe)[..., None])
-    lse[:, rows] = new_lse
+    view = _seq(out, rows)
+    view.mul_(torch.exp(old_lse - safe).unsqueeze(-1))
+    view.addcmul_(block_out.to(out.dtype), torch.exp(block_lse - safe).unsqueeze(-1))
+    old_lse.zero_().add_(new_lse)  # a copy_ (its python binding takes a device guard, see _seq)
+
+
+def forward_step(
+    q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, block: Block, key_valid: Tensor | None,
+    scale: float, backend: AttentionBackend,
+) -> None:  # fmt: skip
+    """One block of the ring forward: attend ``q`` rows to ``k``/``v`` columns, merge into ``out``/``lse``."""
+    rows, cols, causal = block
+    mask = None if key_valid is None else _seq(key_valid, cols)
+    blk_out, blk_lse = _block_forward(
+        _seq(q, rows), _seq(k, cols), _seq(v, cols), causal, mask, scale, backend
+    )
+    _merge(out, lse, blk_out, blk_lse, rows)
+
+
+def backward_step(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dq: Tensor, dk: Tensor,
+    dv: Tensor, block: Block, key_valid: Tensor | None, scale: float, backend: AttentionBackend,
+) -> None:  # fmt: skip
+    """One block of the ring backward: the block's (dq, dk, dv) from the global ``out``/``lse``,
+    added into the accumulators."""
+    rows, cols, causal = block
+    mask = None if key_valid is None else _key_mask(_seq(key_valid, cols))
+    g_q, g_k, g_v = backend.backward(
+        _seq(dout, rows), _seq(q, rows), _seq(k, cols), _seq(v, cols), _seq(out, rows), _seq(lse, rows),
+        causal=causal, attn_mask=mask, scale=scale,
+    )  # fmt: skip
+    _seq(dq, rows).add_(g_q)
+    _seq(dk, cols).add_(g_k)
+    _seq(dv, cols).add_(g_v)
+
+
+@dataclass(frozen=True)
+class RingPass:
+    """What both passes of one ring call share: the group, every source block's key mask (gathered)
+    and sub-block plan, the softmax scale and the kernel."""
+
+    group: ProcessGroup
+    masks: list[Tensor | None]
+    plans: list[list[Block]]
+    scale: float
+    kernel: AttentionBackend
+
+    @classmethod
+    def build(
+        cls, q: Tensor, k: Tensor, key_padding_mask: Tensor | None, real_keys: list[int] | None,
+        group: ProcessGroup, causal: bool, layout: Layout, scale: float, kernel: AttentionBackend,
+    ) -> RingPass:  # fmt: skip
+        world, rank = group_size(group), group_rank(group)
+        masks = all_gather_list(key_padding_mask, group) if key_padding_mask is not None else [None] * world
+        plans = [
+            block_plan(
+                rank,
+                src,
+                world,
+                causal,
+                layout,
+                q.size(1),
+                None if real_keys is None else real_keys[src],
+                k.size(1),
+            )  # fmt: skip
+            for src in range(world)
+        ]
+        return cls(group, masks, plans, scale, kernel)
+
+
+def _circulate(kv: tuple[Tensor, ...], group: ProcessGroup) -> Iterator[tuple[int, tuple[Tensor, ...]]]:
+    """Yield ``(source rank, its KV block)`` for every ring step; the next block is already in flight
+    while the caller computes on the current one."""
+    world, rank = group_size(group), group_rank(group)
+    for step in range(world):
+        if step + 1 < world:
+            incoming, reqs = ring_exchange(kv, group)
+        yield (rank - step) % world, kv
+        if step + 1 < world:
+            for req in reqs:
+                req.wait()
+            kv = incoming
+
+
+def ring_forward(q: Tensor, k: Tensor, v: Tensor, ring: RingPass) -> tuple[Tensor, Tensor]:
+    """The forward pass: ``(out, lse)`` in the accumulation dtype (float32, float64 for float64)."""
+    cdt = torch.promote_types(q.dtype, torch.float32)
+    out = torch.zeros(q.shape, dtype=cdt, device=q.device)
+    lse = torch.full(q.shape[:3], float("-inf"), dtype=cdt, device=q.device)  # [B, S, H]
+    for src, (k_blk, v_blk) in _circulate((k.contiguous(), v.contiguous()), ring.group):
+        for block in ring.plans[src]:
+            forward_step(q, k_blk, v_blk, out, lse, block, ring.masks[src], ring.scale, ring.kernel)
+    return out, lse
+
+
+def ring_backward(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, ring: RingPass
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward pass from the forward's ``out`` / ``lse``: ``(dq, dk, dv)`` of this rank's shards."""
+    cdt = out.dtype
+    out = out.to(q.dtype)  # the kernels read the output in the input dtype: convert once
+    dq = torch.zeros(q.shape, dtype=cdt, device=q.device)
+    # (dk, dv) accumulators of the visiting KV block
+    dkv = tuple(torch.zeros(t.shape, dtype=cdt, device=t.device) for t in (k, v))
+    for src, (k_blk, v_blk) in _circulate((k.contiguous(), v.contiguous()), ring.group):
+        for block in ring.plans[src]:
+            backward_step(
+                dout, q, k_blk, v_blk, out, lse, dq, *dkv, block, ring.masks[src], ring.scale, ring.kernel
+            )
+        sent = dkv
+        dkv, reqs = ring_exchange(sent, ring.group)  # the accumulator follows its KV block
+        for req in reqs:
+            req.wait()
+        del sent
+    return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(  # noqa: ANN205
-        ctx,  # noqa: ANN001
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        key_padding_mask: Tensor | None,
-        group: ProcessGroup,
-        causal: bool,
-        layout: Layout,
-        scale: float,
-        backend: AttentionBackend,
-    ):
-        world, rank = group_size(group), group_rank(group)
-        cdt = torch.promote_types(q.dtype, torch.float32)
-        masks = all_gather_list(key_padding_mask, group) if key_padding_mask is not None else [None] * world
-        out = torch.zeros(q.shape, dtype=cdt, device=q.device)
-        lse = torch.full(q.shape[:3], float("-inf"), dtype=cdt, device=q.device)  # [B, S, H]
-        kv = (k.contiguous(), v.contiguous())
-        for step in range(world):
-            src = (rank - step) % world
-            if step + 1 < world:
-                incoming, reqs = ring_exchange(kv, group)
-            for rows, cols, blk_causal in block_plan(rank, src, world, causal, layout, q.size(1)):
-                mask = None if masks[src] is None else masks[src][:, cols]
-                blk_out, blk_lse = _block_forward(
-                    q[:, rows], kv[0][:, cols], kv[1][:, cols], blk_causal, mask, scale, backend
-                )
-                _merge(out, lse, blk_out, blk_lse, rows)
-                del blk_out, blk_lse
-            if step + 1 < world:
-                for req in reqs:
-                    req.wait()
-                kv = incoming
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, ring: RingPass) -> Tensor:  # noqa: ANN001
+        out, lse = ring_forward(q, k, v, ring)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (masks, group, causal, layout, scale, backend)
+        ctx.ring = ring
         return out.to(q.dtype)
 
     @staticmethod
-    def backward(ctx, dout: Tensor):  # noqa: ANN001, ANN205
-        q, k, v, out, lse = ctx.saved_tensors
-        masks, group, causal, layout, scale, backend = ctx.args
-        world, rank = group_size(group), group_rank(group)
-        cdt = out.dtype
-        dq = torch.zeros(q.shape, dtype=cdt, device=q.device)
-        # (dk, dv) accumulators of the visiting KV block
-        dkv = tuple(torch.zeros(t.shape, dtype=cdt, device=t.device) for t in (k, v))
-        kv = (k.contiguous(), v.contiguous())
-        for step in range(world):
-            src = (rank - step) % world
-            if step + 1 < world:
-                incoming, reqs = ring_exchange(kv, group)
-            for rows, cols, blk_causal in block_plan(rank, src, world, causal, layout, q.size(1)):
-                mask = None if masks[src] is None else masks[src][:, cols]
-                kernel = _kernel(backend, mask, need_backward=True)
-                g_q, g_k, g_v = kernel.backward(
-                    dout[:, rows],
-                    q[:, rows],
-                    kv[0][:, cols],
-                    kv[1][:, cols],
-                    out[:, rows],
-                    lse[:, rows],
-                    causal=blk_causal,
-                    attn_mask=None if mask is None else mask[:, None, None, :],
-                    scale=scale,
-                )
-                dq[:, rows] += g_q
-                dkv[0][:, cols] += g_k
-                dkv[1][:, cols] += g_v
-                del g_q, g_k, g_v
-            if step + 1 < world:
-                for req in reqs:
-                    req.wait()
-                kv = incoming
-            sent = dkv
-            dkv, reqs = ring_exchange(sent, group)  # the accumulator follows its KV block
-            for req in reqs:
-                req.wait()
-            del sent
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None, None
+    def backward(ctx, dout: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
+        return (*ring_backward(dout, *ctx.saved_tensors, ctx.ring), None)
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, layout: str, world: int) -> None:
@@ -203,6 +295,7 @@ def ring_attention(
     layout: Layout = "zigzag",
     *,
     key_padding_mask: Tensor | None = None,
+    key_len: int | None = None,
     scale: float | None = None,
     backend: str | None = None,
 ) -> Tensor:
@@ -217,21 +310,38 @@ def ring_attention(
         layout: ``"zigzag"`` (load-balanced for causal) or ``"contiguous"``.
         key_padding_mask: local ``[B, S/P]`` bool, True = real token, split like k/v. Arbitrary
             ``[S, S]`` masks are not supported by ring attention.
+        key_len: instead of a mask, the number of real keys in the full key sequence, whose end was
+            padded by ``split_sequence(..., pad=True)``: blocks are cut to their real keys (no mask,
+            no mask all-gather). Not together with ``key_padding_mask``.
         scale: softmax scale, default ``1/sqrt(head_dim)``.
-        backend: LSE-returning kernel for the blocks (see ``lse_backends()``); default
-            ``cpu_flash`` on CPU, ``flash_attn`` on CUDA when installed, else ``math``.
+        backend: block kernel (a ring-capable name of ``available_backends()``); default the run's
+            choice (:func:`mm_parallel.use_attention_backend`) or the device's fused kernel.
 
     Returns:
         ``[batch, local_seq, heads, head_dim]`` in ``q.dtype``.
     """
     world = group_size(group)
     _check_inputs(q, k, v, causal, layout, world)
+    if key_padding_mask is not None and key_len is not None:
+        raise ValueError("ring_attention: pass key_padding_mask or key_len, not both")
     scale = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
     if world == 1:
+        if key_len is not None:
+            key_padding_mask = key_length_mask(k.size(0), k.size(1), key_len, k.device)
         return attention(q, k, v, causal=causal, key_padding_mask=key_padding_mask, scale=scale)
-    kernel = get_backend(backend or default_lse_backend(q.device))
-    if not kernel.returns_lse:
-        raise ValueError(
-            f"ring_attention: backend {kernel.name!r} does not return the LSE the ring merge needs"
-        )
-    return _RingAttention.apply(q, k, v, key_padding_mask, group, causal, layout, scale, kernel)
+    ring = plan_ring_pass(q, k, group, causal, layout, key_padding_mask, key_len, scale, backend)
+    return _RingAttention.apply(q, k, v, ring)
+
+
+def plan_ring_pass(
+    q: Tensor, k: Tensor, group: ProcessGroup, causal: bool, layout: Layout, key_padding_mask: Tensor | None,
+    key_len: int | None, scale: float, backend: str | None,
+) -> RingPass:  # fmt: skip
+    """Resolve the kernel and every block's plan of a ring call (what :func:`ring_attention` runs)."""
+    kernel = ring_kernel(q.device, backend)
+    if key_padding_mask is not None and not kernel.supports_mask:
+        raise ValueError(f"ring_attention: backend {kernel.name!r} takes no key padding mask; pass key_len")
+    warn_if_math_on_accelerator(kernel, q, k)
+    world = group_size(group)
+    real_keys = None if key_len is None else real_token_counts(key_len, k.size(1), world, layout)
+    return RingPass.build(q, k, key_padding_mask, real_keys, group, causal, layout, scale, kernel)

@@ -98,6 +98,26 @@ def local_token_indices(
     )
 
 
+def real_token_counts(
+    seq_len: int, local_len: int, world_size: int, layout: Layout = "contiguous"
+) -> list[int]:
+    """Per rank: how many of its ``local_len`` tokens are real when ``seq_len`` real tokens were split
+    with ``pad=True`` (padding at the end). A rank's positions increase with its local index in both
+    layouts, so its real tokens are always its first ``count`` ones. Host arithmetic, no tensors."""
+    padded = local_len * world_size
+    if not 0 <= seq_len <= padded:
+        raise ValueError(
+            f"{seq_len} real tokens do not fit a padded sequence of {world_size} x {local_len} = {padded}"
+        )
+    if world_size == 1:
+        return [seq_len]
+    size = padded // num_chunks(world_size, layout)
+    return [
+        sum(min(size, max(0, seq_len - c * size)) for c in rank_chunk_ids(rank, world_size, layout))
+        for rank in range(world_size)
+    ]
+
+
 def _take_local(x: Tensor, dim: int, rank: int, world: int, layout: Layout) -> Tensor:
     chunks = x.chunk(num_chunks(world, layout), dim=dim)
     return torch.cat([chunks[c] for c in rank_chunk_ids(rank, world, layout)], dim=dim).contiguous()

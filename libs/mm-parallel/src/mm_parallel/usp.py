@@ -32,6 +32,7 @@ def usp_attention(
     layout: Layout = "zigzag",
     *,
     key_padding_mask: Tensor | None = None,
+    key_len: int | None = None,
     scale: float | None = None,
     backend: str | None = None,
 ) -> Tensor:
@@ -44,6 +45,9 @@ def usp_attention(
         causal: causal over global positions.
         layout: the ring layout used by ``split_for_usp``.
         key_padding_mask: local ``[B, S/(RU)]`` bool, True = real token, split like k/v.
+        key_len: instead of a mask, the real key count of the full sequence split with
+            ``split_for_usp(..., pad=True)`` (its end is padding): ring blocks are cut to their real
+            keys, nothing is gathered (see :func:`mm_parallel.ring_attention`).
         scale: softmax scale, default ``1/sqrt(head_dim)``.
         backend: ring block kernel (see :func:`mm_parallel.ring_attention`).
 
@@ -56,7 +60,16 @@ def usp_attention(
     q, k, v = (seq_to_heads(t, ulysses_group) for t in (q, k, v))
     # 2. ring over the ring-local sequence
     out = ring_attention(
-        q, k, v, ring_group, causal, layout, key_padding_mask=kpm, scale=scale, backend=backend
+        q,
+        k,
+        v,
+        ring_group,
+        causal,
+        layout,
+        key_padding_mask=kpm,
+        key_len=key_len,
+        scale=scale,
+        backend=backend,
     )
     # 3. ulysses back: [B, S/R, H/U, D] -> [B, S/(RU), H, D]
     return heads_to_seq(out, ulysses_group)

@@ -6,11 +6,15 @@ from mm_trainer.base_model import BaseModel, init_module_weights, load_module_we
 from mm_trainer.batches import BatchStream, build_batch_stream  # noqa: E402
 from mm_trainer.conditions import ConditionStream  # noqa: E402
 from mm_trainer.container import ModelContainer, ModelContainerHub, freeze  # noqa: E402
+from mm_trainer.conversation_data import conversation_dataset  # noqa: E402
 from mm_trainer.engine import NonFiniteLossError, TrainEngine  # noqa: E402
 from mm_trainer.features import FeaturesReport, apply_features  # noqa: E402
+from mm_trainer.hf_export import export_hf_model  # noqa: E402
+from mm_trainer.hf_model import HFModel, TransformersKeyRenaming, hf_model_class  # noqa: E402
 from mm_trainer.metrics import PEAK_FLOPS, MetricsLogger  # noqa: E402
 from mm_trainer.model_hub import ModelHub  # noqa: E402
 from mm_trainer.plugins import import_plugins  # noqa: E402
+from mm_trainer.preflight import preflight  # noqa: E402
 from mm_trainer.registry import (  # noqa: E402
     DATA_REGISTRY,
     MODEL_REGISTRY,
@@ -22,6 +26,7 @@ from mm_trainer.registry import (  # noqa: E402
 from mm_trainer.run_config import load_run_config  # noqa: E402
 from mm_trainer.run_dir import RunDirectory, RunDirectoryError, RunStart, open_run_directory  # noqa: E402
 from mm_trainer.run_lock import RunLock, RunLockedError  # noqa: E402
+from mm_trainer.stop_signals import StopSignals  # noqa: E402
 from mm_trainer.trainer import Trainer  # noqa: E402
 
 __all__ = [
@@ -32,6 +37,7 @@ __all__ = [
     "BatchStream",
     "ConditionStream",
     "FeaturesReport",
+    "HFModel",
     "MetricsLogger",
     "ModelContainer",
     "ModelContainerHub",
@@ -44,16 +50,22 @@ __all__ = [
     "RunLock",
     "RunLockedError",
     "RunStart",
+    "StopSignals",
     "TrainEngine",
+    "TransformersKeyRenaming",
     "Trainer",
     "apply_features",
     "build_batch_stream",
+    "conversation_dataset",
+    "export_hf_model",
     "data_register",
     "freeze",
+    "hf_model_class",
     "import_plugins",
     "init_module_weights",
     "load_module_weights",
     "load_run_config",
     "model_register",
     "open_run_directory",
+    "preflight",
 ]

@@ -1,12 +1,17 @@
 """TrainEngine: the training loop. It assumes three things of a model (DESIGN.md):
 ``model(**batch)`` returns an object with ``.loss``; gradient sync is FSDP's;
 checkpoints go through ``state_dict()`` / ``load_state_dict()``.
+
+Randomness: the ``sample_ids`` of a batch (global sample indices, from the batch stream) are taken
+out of it and passed as ``model(**batch, rng=SampleRNG(seed, step, sample_ids))``, so that every
+draw the pipeline makes is keyed by (seed, step, sample, purpose); the global python / numpy /
+torch RNGs are reseeded from (seed, step, first sample) before each micro-batch, so that code that
+still draws from them (dropout) repeats on resume and at any layout with the same micro batch size.
 """
 
 from __future__ import annotations
 
 import math
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,9 +21,12 @@ import torch
 import torch.distributed as dist
 from mm_data import BadSampleError
 from mm_parallel import clip_grad_norm_, set_gradient_sync
+from mm_pipelines import SampleRNG
 from torch import nn
 
 from mm_trainer.metrics import MetricsLogger, device_peak_flops, peak_memory_bytes
+from mm_trainer.rng import seed_everything
+from mm_trainer.stop_signals import StopSignals
 
 
 class NonFiniteLossError(RuntimeError):
@@ -36,10 +44,20 @@ class StepResult:
     tokens: int
     flops: float
     bad_samples: int = 0
+    stop_requests: int = 0
+    """Ranks (of all ranks) that received SIGTERM / SIGINT by this step: every rank stops if any did."""
+    sample_ids: list[int] | None = None  # the step's global sample indices (training.log_sample_ids)
 
 
 class TrainEngine:
-    """Runs optimizer steps with gradient accumulation, clipping, logging, checkpoints and SIGTERM saves."""
+    """Runs optimizer steps with gradient accumulation, clipping, logging, checkpoints and stop saves.
+
+    ``dp_group`` is the data-parallel group (loss averaged, counters summed over it). With context
+    parallelism each CP rank has its own data-parallel group; ``cp_rank`` / ``cp_size`` place this
+    rank's values so that the step's single all-reduce, over all ranks, still sums each data-parallel
+    group apart while a stop request (SIGTERM / SIGINT, :mod:`mm_trainer.stop_signals`) reaches every
+    rank, including the other CP ranks of the same data-parallel rank.
+    """
 
     def __init__(
         self,
@@ -51,6 +69,8 @@ class TrainEngine:
         training: Any,
         device: torch.device,
         dp_group: Any = None,
+        cp_rank: int = 0,
+        cp_size: int = 1,
         save_fn: Callable[[int], None] | None = None,
         metrics: MetricsLogger | None = None,
         profilers: tuple[Any, ...] = (),
@@ -59,27 +79,29 @@ class TrainEngine:
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
         self.batches, self.training, self.device = batches, training, device
         self.dp_group, self.save_fn = dp_group, save_fn
+        self.cp_rank, self.cp_size = cp_rank, cp_size
+        _check_layout(dp_group, cp_rank, cp_size)
         self.metrics = metrics or MetricsLogger(total_steps=training.train_iters, enabled=False)
         self.profilers = profilers
         self.peak_flops = device_peak_flops(device.type, override=peak_flops)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.nonfinite_in_a_row = 0
         self.skipped_steps = 0
-        self._stop_requested = False
+        self.stop_signals = StopSignals()
 
     # ---------------------------------------------------------------- loop
     def train(self, start_iteration: int = 0) -> int:
         """Train from ``start_iteration`` to ``training.train_iters``; return the last completed iteration."""
         training = self.training
         self.model.train()
-        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.stop_signals.install()
         iteration = start_iteration
         try:
             while iteration < training.train_iters:
                 for prof in self.profilers:
                     prof.step_begin(iteration)
                 started = time.perf_counter()
-                result = self.train_step()
+                result = self.train_step(iteration)
                 elapsed = time.perf_counter() - started
                 for prof in self.profilers:
                     prof.step_end(iteration)
@@ -90,26 +112,29 @@ class TrainEngine:
                 due = iteration == training.train_iters or (
                     training.save_interval and iteration % training.save_interval == 0
                 )
-                if self.save_fn and (due or self._stop_requested):
+                if self.save_fn and (due or result.stop_requests):
                     self.save_fn(iteration)
-                if self._stop_requested:
-                    self.metrics.write(f"SIGTERM received: saved iteration {iteration}, exiting")
+                if result.stop_requests:
+                    self.metrics.write(self._stop_message(result.stop_requests, iteration))
                     break
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            self.stop_signals.release()
             self.metrics.close()
         return iteration
 
-    def train_step(self) -> StepResult:
-        """One optimizer step over ``gradient_accumulation_steps`` micro-batches."""
+    def train_step(self, step: int) -> StepResult:
+        """Optimizer step ``step`` (0-based over the run) over ``gradient_accumulation_steps`` micro-batches."""
         accum = self.training.gradient_accumulation_steps
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         samples = tokens = 0
         flops = 0.0
+        step_ids: list[int] = []
         for micro in range(accum):
             batch = to_device(self.batches.next_batch(), self.device)
+            extra = self._keyed_rng(batch, step)
+            step_ids += extra["rng"].sample_ids if extra else []
             set_gradient_sync(self.model, micro == accum - 1)
-            output = self.model(**batch)
+            output = self.model(**batch, **extra)
             (output.loss / accum).backward()
             loss_sum += output.loss.detach().double()
             info = getattr(output, "metrics", None) or {}
@@ -118,7 +143,7 @@ class TrainEngine:
             flops += float(info.get("flops", 0.0))
         grad_norm = clip_grad_norm_(self.params, self.training.clip_grad or 0.0)
         bad = int(getattr(self.batches, "bad_this_epoch", 0))
-        loss, counts = self._dp_reduce(loss_sum / accum, [samples, tokens, flops, bad])
+        loss, counts, stop_requests = self._dp_reduce(loss_sum / accum, [samples, tokens, flops, bad])
         self._check_bad_samples(int(counts[3]))
         finite = math.isfinite(loss) and bool(torch.isfinite(torch.as_tensor(grad_norm)).all())
         skipped = not finite
@@ -129,9 +154,32 @@ class TrainEngine:
             self._handle_nonfinite(loss, float(grad_norm))
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
-        return StepResult(
-            loss, float(grad_norm), skipped, int(counts[0]), int(counts[1]), counts[2], int(counts[3])
-        )
+        result = StepResult(
+            loss, float(grad_norm), skipped, int(counts[0]), int(counts[1]), counts[2], int(counts[3]),
+            stop_requests,
+        )  # fmt: skip
+        if self.training.log_sample_ids:
+            result.sample_ids = self._gather_sample_ids(step_ids)
+        return result
+
+    def _keyed_rng(self, batch: dict, step: int) -> dict[str, SampleRNG]:
+        """``{"rng": SampleRNG}`` from the batch's ``sample_ids`` (popped), after reseeding the global
+        RNGs from the same key; ``{}`` for a batch without them."""
+        ids = batch.pop("sample_ids", None)
+        if ids is None:
+            return {}
+        rng = SampleRNG(seed=self.training.seed, step=step, sample_ids=ids, device=self.device)
+        seed_everything(rng.micro_batch_seed())
+        return {"rng": rng}
+
+    def _gather_sample_ids(self, ids: list[int]) -> list[int]:
+        """The step's global sample indices over all data-parallel ranks, in global batch order."""
+        local = torch.tensor(ids, dtype=torch.long, device=self.device)
+        if not dist.is_initialized():
+            return local.tolist()
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size(self.dp_group))]
+        dist.all_gather(parts, local, group=self.dp_group)
+        return torch.cat(parts).tolist()
 
     # ------------------------------------------------------------- helpers
     def _handle_nonfinite(self, loss: float, grad_norm: float) -> None:
@@ -157,18 +205,34 @@ class TrainEngine:
                 "'skipping bad sample'; `mm-data check` on the metadata file lists them all"
             )
 
-    def _dp_reduce(self, loss: torch.Tensor, counts: list[float]) -> tuple[float, list[float]]:
-        """Loss averaged and counters summed over the data-parallel group, in one all-reduce.
+    def _dp_reduce(self, loss: torch.Tensor, counts: list[float]) -> tuple[float, list[float], int]:
+        """Loss averaged and counters summed over the data-parallel group, and the ranks asking to
+        stop counted over all ranks, in one all-reduce.
+
+        The all-reduce spans every rank, so that a stop reaches the CP ranks of this data-parallel
+        rank too (they sit in other data-parallel groups). Its tensor is ``cp_size`` rows of
+        ``[loss, *counts]`` and one stop slot: a rank fills the row of its CP rank and leaves the
+        others zero. The ranks of one data-parallel group are the ranks of one CP rank, so after the
+        sum that row holds its group's sums, as an all-reduce over the group alone would.
 
         fp32 on the training device: NCCL / HCCL reduce device tensors only.
         """
-        t = torch.tensor([0.0, *counts], dtype=torch.float32, device=self.device)
-        t[0] = loss.detach().float()
+        width = 1 + len(counts)
+        t = torch.zeros(self.cp_size * width + 1, dtype=torch.float32, device=self.device)
+        start = self.cp_rank * width
+        t[start] = loss.detach().float()
+        t[start + 1 : start + width] = torch.tensor(counts, dtype=torch.float32)
+        t[-1] = float(self.stop_signals.received is not None)
         if dist.is_initialized():
-            dist.all_reduce(t, group=self.dp_group)
-            t[0] /= dist.get_world_size(self.dp_group)
+            dist.all_reduce(t)
+            t[start] /= dist.get_world_size(self.dp_group)
         values = t.tolist()
-        return values[0], values[1:]
+        return values[start], values[start + 1 : start + width], int(values[-1])
+
+    def _stop_message(self, requests: int, iteration: int) -> str:
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        saved = f"saved iteration {iteration}" if self.save_fn else "nothing saved (no training.save)"
+        return f"stop requested (SIGTERM / SIGINT) on {requests} of {world} rank(s): {saved}, exiting"
 
     def _metrics(self, r: StepResult, elapsed: float) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -184,13 +248,25 @@ class TrainEngine:
         }
         if getattr(self.batches, "bad_limit", None) is not None:
             out["bad_samples_epoch"] = r.bad_samples
+        if r.sample_ids is not None:
+            out["sample_ids"] = r.sample_ids
         if r.flops and self.peak_flops:
             world = dist.get_world_size() if dist.is_initialized() else 1
             out["mfu"] = r.flops / elapsed / (self.peak_flops * world)
         return out
 
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self._stop_requested = True
+
+def _check_layout(dp_group: Any, cp_rank: int, cp_size: int) -> None:
+    """The step's all-reduce places values by CP rank: the data-parallel groups must tile the world."""
+    if not 0 <= cp_rank < cp_size:
+        raise ValueError(f"cp_rank {cp_rank} is not in [0, cp_size={cp_size})")
+    if dist.is_initialized():
+        dp_size, world = dist.get_world_size(dp_group), dist.get_world_size()
+        if dp_size * cp_size != world:
+            raise ValueError(
+                f"data-parallel group size {dp_size} x cp_size {cp_size} != world size {world}: every rank "
+                "must belong to one data-parallel group per CP rank"
+            )
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

@@ -7,6 +7,13 @@ pre-backward hook gathers the unit's parameters before autograd unpacks the
 saved tensors that trigger recomputation. The trainer applies features before
 ``fully_shard`` (DESIGN.md build order) so that this placement never depends on
 how a torch version installs its hooks.
+
+A module in both plans gets both, composed: offload wraps recompute. The checkpoint keeps only
+the module's inputs (its activations are recomputed in backward), and those inputs are what the
+offload hooks move to host memory. (The other order would not compose: autograd uses only the
+innermost saved-tensor hooks, so offload hooks inside the checkpoint would store every activation
+and nothing would be recomputed.) For the same reason an offloaded module *inside* a recomputed one
+is refused: its activations would be stored instead of recomputed.
 """
 
 from __future__ import annotations
@@ -39,15 +46,32 @@ def apply_features(
     recompute_modules: Iterable[str] = (),
     activation_offload_modules: Iterable[str] = (),
 ) -> FeaturesReport:
-    """Wrap modules matched by the plan patterns (DESIGN.md syntax). Call before ``apply_fsdp_plan``."""
-    report = FeaturesReport()
-    for path in _matched_paths(model, activation_offload_modules):
-        _wrap_forward(model.get_submodule(path), OFFLOAD_MARK, _offload_forward)
-        report.activation_offload.append(path)
-    for path in _matched_paths(model, recompute_modules):
+    """Wrap modules matched by the plan patterns (DESIGN.md syntax). Call before ``apply_fsdp_plan``.
+
+    Recompute is applied first, so that on a module matched by both plans the offload wraps it
+    (see the module docstring).
+    """
+    report = FeaturesReport(
+        recompute=_matched_paths(model, recompute_modules),
+        activation_offload=_matched_paths(model, activation_offload_modules),
+    )
+    _refuse_offload_inside_recompute(report)
+    for path in report.recompute:
         _wrap_forward(model.get_submodule(path), RECOMPUTE_MARK, _recompute_forward)
-        report.recompute.append(path)
+    for path in report.activation_offload:
+        _wrap_forward(model.get_submodule(path), OFFLOAD_MARK, _offload_forward)
     return report
+
+
+def _refuse_offload_inside_recompute(report: FeaturesReport) -> None:
+    for inner in report.activation_offload:
+        outer = next((r for r in report.recompute if inner.startswith(r + ".")), None)
+        if outer is not None:
+            raise ValueError(
+                f"features: activation_offload_plan matches {inner!r} inside {outer!r} of recompute_plan; "
+                "its activations would be stored on the host instead of recomputed. Offload the "
+                f"recomputed module itself ({outer!r}: both compose) or neither"
+            )
 
 
 def _matched_paths(model: nn.Module, patterns: Iterable[str]) -> list[str]:

@@ -18,9 +18,10 @@ class ModelHub:
 
     Resolution order: a class registered with ``@model_register(model_id)``;
     otherwise, when ``from_pretrained`` is a transformers directory (its
-    ``config.json`` has a ``model_type``), ``transformers.AutoModel``. Registered
-    ids win so that a plugin's bridge (e.g. a UMT5 wrapper with its own
-    ``post_load``) is never bypassed by the generic path.
+    ``config.json`` has a ``model_type``), the generic ``hf_causal_lm`` path
+    (:mod:`mm_trainer.hf_model`: the ``architectures[0]`` class, with a loss).
+    Registered ids win so that a plugin's bridge (e.g. a UMT5 wrapper with its
+    own ``post_load``) is never bypassed by the generic path.
     """
 
     @staticmethod
@@ -70,16 +71,10 @@ def _is_transformers_dir(path: str) -> bool:
 
 def _build_transformers(args: Any, meta: bool) -> nn.Module:
     try:
-        from transformers import AutoConfig, AutoModel
+        import transformers  # noqa: F401
     except ImportError as exc:  # transformers is optional for the trainer
         raise ImportError(
             f"model {args.model_id!r}: {args.from_pretrained} is a transformers directory but transformers "
             "is not installed (pip install 'mm-trainer[transformers]')"
         ) from exc
-    if meta:
-        config = AutoConfig.from_pretrained(args.from_pretrained)
-        with torch.device("meta"):
-            return AutoModel.from_config(config)
-    model = AutoModel.from_pretrained(args.from_pretrained)
-    model._weights_loaded = True
-    return model
+    return _build_registered(MODEL_REGISTRY.get("hf_causal_lm"), args, meta)

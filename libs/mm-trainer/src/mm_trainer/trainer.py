@@ -1,6 +1,6 @@
 """Trainer: assembles a run in the build order of DESIGN.md.
 
-config -> init distributed + ParallelState -> import plugins
+config (the config check, paths included) -> init distributed + ParallelState -> import plugins
  -> build model (ModelHub / ModelContainerHub; meta where asked)
  -> context parallel hooks, features (recompute, activation offload)   # BEFORE fully_shard
  -> FSDP2 plan                                                       # DTensor layout on meta
@@ -18,9 +18,16 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from mm_checkpoint import DistributedCheckpointer, RNGState, materialize_meta
+from mm_checkpoint import DistributedCheckpointer, materialize_meta
 from mm_config import TrainConfig, dump_config
-from mm_parallel import FSDPPlan, ParallelState, apply_fsdp_plan, get_local_device, init_distributed
+from mm_parallel import (
+    FSDPPlan,
+    ParallelState,
+    apply_fsdp_plan,
+    get_local_device,
+    init_distributed,
+    use_attention_backend,
+)
 from torch import nn
 
 from mm_trainer.base_model import init_module_weights, load_module_weights
@@ -32,6 +39,7 @@ from mm_trainer.features import apply_features
 from mm_trainer.metrics import MetricsLogger
 from mm_trainer.optim import build_lr_scheduler, build_optimizer
 from mm_trainer.plugins import import_plugins
+from mm_trainer.preflight import preflight
 from mm_trainer.profiling import MemoryProfiler, StepProfiler
 from mm_trainer.rng import seed_everything
 from mm_trainer.run_config import RUN_CONFIG_NAME
@@ -44,17 +52,24 @@ class Trainer:
     """Builds everything a run needs from a validated :class:`mm_config.TrainConfig`, then trains."""
 
     def __init__(self, config: TrainConfig) -> None:
-        self.config = config
-        device_type = config.training.device.split(":")[0] if config.training.device else None
-        self.rank, self.world_size = init_distributed(device_type=device_type)
+        self.config = config = preflight(config)
+        device_type = config.training.device
+        timeout_s = config.training.collective_timeout_s
+        self.rank, self.world_size = init_distributed(device_type=device_type, timeout_s=timeout_s)
         parallel = config.parallel
         self.parallel_state = ParallelState(
             world_size=self.world_size,
             dp_replicate=parallel.data_parallel_size,
             ulysses=parallel.ulysses_parallel_size,
             ring=parallel.ring_attention_size,
+            device_type=device_type,
+            timeout_s=timeout_s,
         )
         self.device = get_local_device(device_type)
+        if parallel.ring_attention_size > 1:  # the ring's block kernel (before any model is built)
+            _log_rank0(
+                f"ring attention kernel: {use_attention_backend(parallel.attention_backend, self.device)}"
+            )
         # Lock the save / log dirs for this run and decide where it starts (training.resume).
         self.run_dir = open_run_directory(config.training)
         import_plugins(config.training.plugin)
@@ -62,9 +77,7 @@ class Trainer:
         if config.training.deterministic:
             torch.use_deterministic_algorithms(True)
         self.model = self._build_model()
-        # Model init above used one seed everywhere; from here on each data-parallel rank draws its
-        # own noise, and the ranks of one context-parallel group draw the same.
-        seed_everything(config.training.seed + self.parallel_state.dp_rank)
+        # No reseeding by rank: training draws are keyed by (seed, step, sample), see TrainEngine.
         self.optimizer = build_optimizer(
             self.model,
             lr=config.training.lr,
@@ -149,13 +162,13 @@ class Trainer:
 
     # ------------------------------------------------------------- running
     def state(self) -> dict[str, Any]:
-        """What a checkpoint holds: model, optimizer, scheduler, and this rank's data position and RNG."""
+        """What a checkpoint holds: model, optimizer, scheduler and the data position. All of it loads
+        at any layout; no RNG state is needed, since every draw is keyed by (seed, step, sample)."""
         return {
             "model": self.model,
             "optimizer": self.optimizer,
             "lr_scheduler": self.lr_scheduler,
             "dataloader": self.batches,
-            "rng": RNGState(),
         }
 
     def save(self, iteration: int) -> None:
@@ -172,10 +185,17 @@ class Trainer:
         )
 
     def _resume(self) -> int:
-        """Restore model, optimizer, scheduler, data position and RNG in place; return the iteration."""
+        """Restore model, optimizer, scheduler and data position in place; return the iteration.
+
+        ``training.reset_data_position`` leaves the data out: it starts over at epoch 0."""
         root = str(self.run_dir.resume_from)
-        iteration = self._checkpointer(root).load(self.state())
-        _log_rank0(f"resumed from {root} at iteration {iteration}")
+        state = self.state()
+        reset = self.config.training.reset_data_position
+        if reset:
+            del state["dataloader"]
+        iteration = self._checkpointer(root).load(state)
+        note = " (data position reset to epoch 0: training.reset_data_position)" if reset else ""
+        _log_rank0(f"resumed from {root} at iteration {iteration}{note}")
         return iteration
 
     def train(self) -> int:
@@ -190,6 +210,8 @@ class Trainer:
             training=cfg.training,
             device=self.device,
             dp_group=self.parallel_state.dp_group,
+            cp_rank=self.parallel_state.cp_rank,
+            cp_size=self.parallel_state.cp_size,
             save_fn=self.save if self.checkpointer else None,
             metrics=MetricsLogger(
                 total_steps=cfg.training.train_iters,
@@ -226,9 +248,11 @@ class Trainer:
         )
 
     def close(self) -> None:
+        """Release the process groups after a run that ended normally. No collective: ranks that are
+        done need not wait for each other (the last step or save already synchronized them), and a
+        rank that failed must not call it, but leave at once (:func:`mm_trainer.cli.run`)."""
         self.run_dir.release()  # every save has completed on all ranks by now
         if dist.is_initialized():
-            dist.barrier()
             dist.destroy_process_group()
 
 

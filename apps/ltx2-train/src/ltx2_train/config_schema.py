@@ -1,0 +1,178 @@
+"""The LTX-2 YAML keys, checked by ``mm-config check`` before anything is built.
+
+Imports only pydantic and mm-config (no torch), so it is installed as the ``mm_config.schemas``
+entry point ``ltx2`` and runs on a login node. It registers the schemas of ``model.pipeline`` and
+``model.config`` of the single-model id ``ltx2_predictor`` and of ``data.dataset`` of
+``ltx2_precomputed``. The pipeline option names below are the pipeline's own (``LTX2Pipeline``
+imports them), so the schema and the code that reads the keys cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal, get_args
+
+from mm_config import (
+    ConfigModel,
+    DType,
+    PartialConfigModel,
+    Problem,
+    RuleViolations,
+    frame_rule_problem,
+    keyword_schema,
+    register_dataset_schema,
+    register_model_schema,
+    register_pipeline_schema,
+)
+from pydantic import Field, model_validator
+
+TimestepSampling = Literal["shifted_logit_normal", "uniform"]
+SAMPLING_MODES: tuple[str, ...] = get_args(TimestepSampling)
+SAMPLER_KEYS = {
+    "timestep_sampling": "mode",
+    "sigma_std": "std",
+    "shift_min_tokens": "min_tokens",
+    "shift_min": "min_shift",
+    "shift_max_tokens": "max_tokens",
+    "shift_max": "max_shift",
+}
+"""``model.pipeline`` keys of the sigma sampler -> ``SigmaSampler`` fields."""
+PIPELINE_KEYS = (
+    "audio",
+    "first_frame_conditioning_p",
+    "audio_loss_weight",
+    "frame_rate",
+    "audio_placeholder_tokens",
+)
+"""``model.pipeline`` keys passed to ``LTX2Pipeline(...)``."""
+
+
+class LTX2PipelineOptions(PartialConfigModel):
+    """``model.pipeline`` of ``ltx2_predictor`` (``LTX2Pipeline.from_options``)."""
+
+    timestep_sampling: TimestepSampling = "shifted_logit_normal"
+    """Sigma distribution: logit-normal shifted by the token count, or uniform."""
+    sigma_std: float = Field(default=1.0, gt=0)
+    """Standard deviation of the logit-normal."""
+    shift_min_tokens: int = Field(default=1024, ge=1)
+    """Token count of the first shift anchor."""
+    shift_min: float = 0.95
+    """Logit-normal mean at ``shift_min_tokens``."""
+    shift_max_tokens: int = Field(default=4096, ge=1)
+    """Token count of the second shift anchor."""
+    shift_max: float = 2.05
+    """Logit-normal mean at ``shift_max_tokens``."""
+    audio: bool = True
+    """Train the audio stream too (false: the T2V recipe, audio contributes no loss)."""
+    first_frame_conditioning_p: float = Field(default=0.0, ge=0, le=1)
+    """Probability that a sample's first latent frame is given clean."""
+    audio_loss_weight: float = Field(default=1.0, ge=0)
+    """Weight of the audio MSE in the loss."""
+    frame_rate: float = Field(default=24.0, gt=0)
+    """Frame rate for RoPE when the batch carries none."""
+    audio_placeholder_tokens: int = Field(default=8, ge=1)
+    """Zero audio tokens fed when ``audio`` is false."""
+
+    @model_validator(mode="after")
+    def _anchors_differ(self) -> LTX2PipelineOptions:
+        if self.shift_max_tokens == self.shift_min_tokens:
+            message = "must differ from shift_min_tokens (the shift is a line through two anchors)"
+            deps = (("shift_min_tokens",),)
+            raise RuleViolations([Problem(("shift_max_tokens",), message, self.shift_max_tokens, deps=deps)])
+        return self
+
+
+LTX2PredictorConfig = keyword_schema(
+    "LTX2PredictorConfig",
+    {
+        **dict.fromkeys(
+            (
+                "in_channels", "patch_size", "patch_size_t", "num_attention_heads", "attention_head_dim",
+                "cross_attention_dim", "pos_embed_max_pos", "base_height", "base_width", "audio_in_channels",
+                "audio_patch_size", "audio_patch_size_t", "audio_num_attention_heads", "audio_attention_head_dim",
+                "audio_cross_attention_dim", "audio_scale_factor", "audio_pos_embed_max_pos",
+                "audio_sampling_rate", "audio_hop_length", "num_layers", "caption_channels", "causal_offset",
+                "timestep_scale_multiplier", "cross_attn_timestep_scale_multiplier",
+            ),
+            int,
+        ),
+        **dict.fromkeys(("out_channels", "audio_out_channels"), int | None),
+        **dict.fromkeys(
+            (
+                "gated_attn", "cross_attn_mod", "audio_gated_attn", "audio_cross_attn_mod",
+                "norm_elementwise_affine", "attention_bias", "attention_out_bias", "rope_double_precision",
+                "use_prompt_embeddings", "perturbed_attn", "ff_bias", "audio_ff_bias",
+                "use_prompt_adaln_single", "use_keyframes_abs_pos_embedding",
+            ),
+            bool,
+        ),
+        **dict.fromkeys(("activation_fn", "qk_norm", "rope_type"), str),
+        **dict.fromkeys(("norm_eps", "rope_theta"), float),
+        "vae_scale_factors": list[int],
+    },
+    "diffusers.LTX2VideoTransformer3DModel",
+)  # fmt: skip
+
+
+class PreprocessOptions(ConfigModel):
+    """``data.dataset.preprocess``: what ``ltx2-train preprocess`` encodes into ``data.data_path``.
+
+    Its paths are not required to exist by the training check: training reads only the cache.
+    """
+
+    source: str
+    """Clip metadata file (``mm_data.VideoTextDataset`` layout: path, cap, fps, ...)."""
+    source_root: str | None = None
+    """Directory that relative clip paths are resolved against."""
+    model_root: str
+    """LTX-2 diffusers folder with ``vae/``, ``audio_vae/``, ``text_encoder/``, ``tokenizer/``, ``connectors/``."""
+    num_frames: int = Field(default=121, ge=1)
+    """Frames per clip (8k+1 for LTX-2's x8 temporal VAE)."""
+    height: int = Field(default=512, ge=1)
+    """Frame height in pixels (multiple of the VAE's spatial factor)."""
+    width: int = Field(default=768, ge=1)
+    """Frame width in pixels."""
+    fps: float | None = Field(default=None, gt=0)
+    """Resample clips to this frame rate; None keeps each clip's own rate."""
+    frame_rule: str | None = None
+    """Frame-count rule checked by the clip reader (e.g. ``8k+1``); None = any."""
+    max_sequence_length: int = Field(default=1024, ge=1)
+    """Text tokens (padded, left) fed to Gemma-3."""
+    audio: bool = True
+    """Encode audio latents too (a synthetic tone for clips without an audio track)."""
+    dtype: DType = "fp32"
+    """Encoder compute dtype (fp32 | bf16 | fp16); cached tensors keep it."""
+    device: str | None = Field(default=None, pattern=r"^(cpu|cuda|npu)(:\d+)?$")
+    """Encoder device; None = cuda/npu of this rank when present, else cpu."""
+
+    @model_validator(mode="after")
+    def _frames_follow_the_rule(self) -> PreprocessOptions:
+        why = frame_rule_problem(self.num_frames, self.frame_rule)
+        if why is not None:
+            raise RuleViolations([Problem(("num_frames",), why, self.num_frames, deps=(("frame_rule",),))])
+        return self
+
+
+class LTX2PrecomputedSchema(ConfigModel):
+    """``data.dataset`` of ``ltx2_precomputed`` (the cache folder is ``data.data_path``)."""
+
+    needs_data_path: ClassVar[bool] = True
+    reads_data_root: ClassVar[bool] = False
+
+    preprocess: PreprocessOptions | None = None
+    """Inputs of ``ltx2-train preprocess``; ignored by training."""
+
+
+register_pipeline_schema("ltx2_predictor", LTX2PipelineOptions)
+register_model_schema("ltx2_predictor", LTX2PredictorConfig)
+register_dataset_schema("ltx2_precomputed", LTX2PrecomputedSchema)
+
+__all__ = [
+    "PIPELINE_KEYS",
+    "SAMPLER_KEYS",
+    "SAMPLING_MODES",
+    "LTX2PipelineOptions",
+    "LTX2PrecomputedSchema",
+    "LTX2PredictorConfig",
+    "PreprocessOptions",
+    "TimestepSampling",
+]

@@ -1,0 +1,3 @@
+from qwen_vl_train.cli import run
+
+run()

@@ -1,0 +1,66 @@
+"""``qwen-vl-train``: mm-train with the Qwen-VL plugin loaded, plus make-tiny and export.
+
+qwen-vl-train make-tiny runs/qwen_vl_tiny                                      # tiny model + data
+torchrun --nproc-per-node 2 -m qwen_vl_train --config configs/tiny_sft.yaml    # train
+qwen-vl-train --config configs/qwen2_5_vl_7b_sft.yaml --dry-run --world-size 8 # FSDP plan on meta
+qwen-vl-train export --checkpoint runs/qwen_vl_tiny/ckpt --out runs/qwen_vl_tiny/export
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+COMMANDS = ("make-tiny", "export")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="qwen-vl-train", description="Qwen-VL tools; see the module docstring.")
+    sub = p.add_subparsers(dest="command", required=True)
+    tiny = sub.add_parser("make-tiny", help="write a random tiny Qwen2.5-VL folder and a ShareGPT dataset")
+    tiny.add_argument("out")
+    tiny.add_argument("--seed", type=int, default=0)
+    export = sub.add_parser("export", help="export the trained model as a transformers folder")
+    export.add_argument("--checkpoint", required=True, help="training checkpoint root (iter_* + tracker)")
+    export.add_argument("--config", help="training config (default: <checkpoint>/config.yaml)")
+    export.add_argument("--out", required=True)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        from mm_trainer.cli import main as train_main
+
+        import qwen_vl_train.plugin  # noqa: F401  (registers the Qwen-VL pieces before the config is read)
+
+        return train_main(argv, prog="qwen-vl-train")
+    args = _parser().parse_args(argv)
+    if args.command == "make-tiny":
+        from qwen_vl_train.tiny import make_tiny
+
+        print(make_tiny(args.out, seed=args.seed))
+        return 0
+    from mm_config import load_config
+    from mm_trainer import export_hf_model, load_run_config
+
+    import qwen_vl_train.plugin  # noqa: F401
+
+    config = (
+        load_run_config(args.checkpoint) if args.config is None else load_config(args.config, world_size=1)
+    )
+    print(export_hf_model(config, args.checkpoint, args.out))
+    return 0
+
+
+def run() -> NoReturn:
+    """Console-script and ``python -m`` entry: :func:`main`, leaving through ``mm_trainer.cli.run``."""
+    from mm_trainer.cli import run as run_process
+
+    run_process(main)
+
+
+if __name__ == "__main__":
+    run()

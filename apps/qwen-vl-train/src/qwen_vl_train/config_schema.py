@@ -1,0 +1,12 @@
+"""The Qwen-VL YAML keys, checked by ``mm-config check`` before anything is built.
+
+Imports only mm-config (no torch), so it is installed as the ``mm_config.schemas`` entry point
+``qwen_vl`` and runs on a login node: the ``config`` of the model id ``qwen2_5_vl`` is the generic
+transformers-model schema (``mm_config.HFModelConfig``).
+"""
+
+from __future__ import annotations
+
+from mm_config import HFModelConfig, register_model_schema
+
+register_model_schema("qwen2_5_vl", HFModelConfig)

@@ -1,0 +1,78 @@
+"""The qwen2_5_vl trainer model: loading, packing parity, freeze groups, refused context parallelism."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mm_checkpoint import materialize_meta
+from mm_data import IGNORE_INDEX, MultimodalCollator
+from safetensors.torch import load_file, save_file
+
+
+def batch_of(ds, indices, packing):
+    batch = MultimodalCollator(ds.template.tokenizer.pad_token_id, packing=packing)(
+        [ds.encode(i) for i in indices]
+    )
+    batch.pop("skipped")
+    return batch
+
+
+def test_packing_and_padding_give_the_same_summed_loss(tiny_dataset, tiny_model):
+    ds, model = tiny_dataset(), tiny_model().double()  # float64: the two masks round alike
+    indices = list(range(len(ds)))  # images, videos, one and two assistant turns
+    sums = {}
+    for packing in (False, True):
+        batch = batch_of(ds, indices, packing)
+        labelled = int((batch["labels"] != IGNORE_INDEX).sum())
+        with torch.no_grad():
+            sums[packing] = float(model(**batch).loss) * labelled
+    assert sums[True] == pytest.approx(sums[False], abs=1e-5)
+
+
+def test_meta_build_loads_hub_layout_keys_to_the_from_pretrained_model(
+    tiny_root, tiny_dataset, tiny_model, section, tmp_path
+):
+    # the published Qwen2.5-VL checkpoints name keys visual.* and model.layers.* (pre-5.0 layout)
+    from qwen_vl_train.model import Qwen2_5_VLForTraining
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    state = load_file(tiny_root / "model" / "model.safetensors")
+    legacy = {
+        k.replace("model.visual.", "visual.").replace("model.language_model.", "model."): v
+        for k, v in state.items()
+    }
+    assert any(k.startswith("visual.") for k in legacy) and any(k.startswith("model.layers.") for k in legacy)
+    save_file(legacy, hub / "model.safetensors")
+    (hub / "config.json").write_text((tiny_root / "model" / "config.json").read_text())
+
+    model = tiny_model(from_pretrained=str(hub), meta_init=True)
+    assert isinstance(model, Qwen2_5_VLForTraining) and next(model.parameters()).is_meta
+    materialize_meta(model, "cpu")
+    model.init_non_persistent_buffers()
+    model.setup_weights(section(tiny_root, from_pretrained=str(hub)))
+    reference = Qwen2_5_VLForConditionalGeneration.from_pretrained(tiny_root / "model").eval()
+    batch = batch_of(tiny_dataset(), range(3), packing=False)
+    batch.pop("num_samples")
+    with torch.no_grad():
+        want = reference(**batch).logits
+        got = Qwen2_5_VLForConditionalGeneration.forward(model.eval(), **batch).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_freeze_groups_freeze_exactly_their_modules(tiny_model):
+    model = tiny_model(config={"freeze_groups": ["vision_tower"]})
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen and all(n.startswith(("model.visual.patch_embed.", "model.visual.blocks.")) for n in frozen)
+    assert {n for n, _ in model.named_parameters() if n.startswith("model.visual.blocks.")} <= frozen
+    assert all(p.requires_grad for n, p in model.named_parameters() if n.startswith("model.visual.merger."))
+    with pytest.raises(ValueError, match="no module group 'vision'; its groups: \\['language_model'"):
+        tiny_model(config={"freeze_groups": ["vision"]})
+
+
+def test_context_parallelism_is_refused_with_the_reason(tiny_model):
+    from types import SimpleNamespace
+
+    with pytest.raises(ValueError, match="transformers attention interface cannot split the sequence"):
+        tiny_model().setup_context_parallel(SimpleNamespace(cp_size=2))

@@ -1,0 +1,225 @@
+"""The Wan2.2 YAML keys, checked by ``mm-config check`` before anything is built.
+
+Imports only pydantic and mm-config (no torch), so it is installed as the ``mm_config.schemas``
+entry point ``wan22`` and runs on a login node. It registers the schemas of ``model.pipeline``
+(container ``wan2_2_container``) and of the ``config`` of the sub-model ids ``wan2_2_predictor``,
+``umt5`` and ``wan_video_vae``. The option names below are the pipeline's own (``Wan22Pipeline``
+imports them), so the schema and the code that reads the keys cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from mm_config import (
+    DType,
+    InputPath,
+    PartialConfigModel,
+    Problem,
+    RuleViolations,
+    keyword_schema,
+    register_model_schema,
+    register_pipeline_schema,
+)
+from pydantic import Field, model_validator
+
+Task = Literal["t2v", "i2v", "ti2v"]
+Expert = Literal["high_noise", "low_noise", "all", "both"]
+TASKS: tuple[str, ...] = get_args(Task)
+EXPERTS: tuple[str, ...] = get_args(Expert)
+SCHEDULER_KEYS = ("num_train_timesteps", "shift", "sigma_min", "sigma_max", "extra_one_step", "weighting")
+
+
+class WanPipelineOptions(PartialConfigModel):
+    """``model.pipeline`` of ``wan2_2_container`` (``Wan22Pipeline.from_options``).
+
+    Unset scheduler keys take the expert's grid: the published recipe (shift 5, sigma_min 0,
+    extra_one_step) for an A14B expert, the scheduler's defaults for ``expert: all``.
+    """
+
+    task: Task = "t2v"
+    """Text-to-video, image-to-video (A14B) or text+image-to-video (TI2V-5B)."""
+    expert: Expert = "all"
+    """Which timestep range trains: one A14B expert, the whole range, or both experts in one run."""
+    boundary: float | None = Field(default=None, gt=0, lt=1)
+    """Override of the A14B expert split as a fraction of the grid (0.417 t2v, 0.358 i2v)."""
+    predict_dtype: DType = None
+    """Autocast dtype of the predictor call; None = the parameters' dtype."""
+    num_train_timesteps: int = Field(default=1000, ge=1)
+    """Grid size N (timesteps are N x sigma)."""
+    shift: float = Field(default=3.0, gt=0)
+    """Time shift of the sigma grid."""
+    sigma_min: float = Field(default=0.003 / 1.002, ge=0, lt=1)
+    """Smallest unshifted sigma."""
+    sigma_max: float = Field(default=1.0, gt=0, le=1)
+    """Largest unshifted sigma."""
+    extra_one_step: bool = False
+    """Take N+1 grid points and drop the last."""
+    weighting: bool = True
+    """Gaussian-in-t loss weight (False: weight 1)."""
+
+    @model_validator(mode="after")
+    def _expert_keys_fit(self) -> WanPipelineOptions:
+        problems = []
+        if self.boundary is not None and self.expert == "all":
+            problems.append(
+                Problem(("boundary",), "only with expert high_noise, low_noise or both", deps=(("expert",),))
+            )
+        if self.task == "ti2v" and self.expert != "all":
+            problems.append(
+                Problem(
+                    ("expert",),
+                    "ti2v (TI2V-5B) is one model over the whole timestep range: expected `all`",
+                    self.expert,
+                    deps=(("task",),),
+                )
+            )
+        if self.sigma_min >= self.sigma_max:
+            problems.append(
+                Problem(
+                    ("sigma_min",),
+                    f"must be below sigma_max ({self.sigma_max})",
+                    self.sigma_min,
+                    deps=(("sigma_max",),),
+                )
+            )
+        if problems:
+            raise RuleViolations(problems)
+        return self
+
+
+class WanPredictorConfig(PartialConfigModel):
+    """``config`` of ``wan2_2_predictor``: ``WanDiTConfig`` fields, applied over the source's
+    ``config.json`` (or the whole shape when there is no source)."""
+
+    model_type: Task = "t2v"
+    """Input layout: t2v, i2v (mask + image latents concatenated) or ti2v."""
+    patch_size: list[int] = Field(default=[1, 2, 2], min_length=3, max_length=3)
+    """(frames, height, width) of the patch embedding."""
+    text_len: int = Field(default=512, ge=1)
+    """Text tokens prompts are padded to."""
+    in_dim: int = Field(default=16, ge=1)
+    """Latent channels in."""
+    dim: int = Field(default=2048, ge=1)
+    """Hidden size."""
+    ffn_dim: int = Field(default=8192, ge=1)
+    """Feed-forward hidden size."""
+    freq_dim: int = Field(default=256, ge=1)
+    """Sinusoidal timestep embedding size."""
+    text_dim: int = Field(default=4096, ge=1)
+    """Text-encoder embedding size."""
+    out_dim: int = Field(default=16, ge=1)
+    """Latent channels out."""
+    num_heads: int = Field(default=16, ge=1)
+    """Attention heads."""
+    num_layers: int = Field(default=32, ge=1)
+    """Transformer blocks."""
+    qk_norm: bool = True
+    """RMSNorm over the query/key projections."""
+    cross_attn_norm: bool = True
+    """LayerNorm before cross-attention."""
+    eps: float = Field(default=1e-6, gt=0)
+    """Epsilon of every norm."""
+    rope_max_seq_len: int = Field(default=1024, ge=1)
+    """Largest post-patch frame/height/width index RoPE supports."""
+    rope_theta: float = Field(default=10000.0, gt=0)
+    """RoPE base."""
+
+    @model_validator(mode="after")
+    def _heads_divide_dim(self) -> WanPredictorConfig:
+        problems = []
+        if min(self.patch_size) < 1:
+            problems.append(Problem(("patch_size",), "expected 3 positive integers", self.patch_size))
+        if {"dim", "num_heads"} <= self.model_fields_set:
+            deps = (("dim",),)
+            if self.dim % self.num_heads:
+                problems.append(
+                    Problem(("num_heads",), f"must divide dim ({self.dim})", self.num_heads, deps=deps)
+                )
+            elif (self.dim // self.num_heads) % 2:
+                problems.append(
+                    Problem(
+                        ("num_heads",), "dim / num_heads must be even for RoPE", self.num_heads, deps=deps
+                    )
+                )
+        if problems:
+            raise RuleViolations(problems)
+        return self
+
+
+_UMT5Keywords = keyword_schema(
+    "_UMT5Keywords",
+    {
+        "vocab_size": int,
+        "d_model": int,
+        "d_kv": int,
+        "d_ff": int,
+        "num_layers": int,
+        "num_decoder_layers": int | None,
+        "num_heads": int,
+        "relative_attention_num_buckets": int,
+        "relative_attention_max_distance": int,
+        "dropout_rate": float,
+        "layer_norm_epsilon": float,
+        "initializer_factor": float,
+        "feed_forward_proj": str,
+        "is_encoder_decoder": bool,
+        "use_cache": bool,
+        "pad_token_id": int | None,
+        "eos_token_id": int | list[int] | None,
+        "decoder_start_token_id": int | None,
+        "classifier_dropout": float,
+    },
+    "transformers.UMT5Config",
+)
+
+
+class UMT5EncoderConfig(_UMT5Keywords):
+    """``config`` of ``umt5``: the tokenizer, the padded prompt length, and ``UMT5Config`` keywords
+    (over the source's ``config.json``, or the whole shape without one)."""
+
+    tokenizer: InputPath | None = None
+    """Tokenizer folder; None = ``from_pretrained``."""
+    text_len: int = Field(default=512, ge=1)
+    """Tokens every prompt is padded (or cut) to."""
+
+
+WanVAEConfig = keyword_schema(
+    "WanVAEConfig",
+    {
+        "base_dim": int,
+        "decoder_base_dim": int | None,
+        "z_dim": int,
+        "dim_mult": list[int],
+        "num_res_blocks": int,
+        "attn_scales": list[float],
+        "temperal_downsample": list[bool],
+        "dropout": float,
+        "latents_mean": list[float] | None,
+        "latents_std": list[float] | None,
+        "is_residual": bool,
+        "in_channels": int,
+        "out_channels": int,
+        "patch_size": int | None,
+        "scale_factor_temporal": int | None,
+        "scale_factor_spatial": int | None,
+    },
+    "diffusers.AutoencoderKLWan",
+)
+
+register_pipeline_schema("wan2_2_container", WanPipelineOptions)
+register_model_schema("wan2_2_predictor", WanPredictorConfig)
+register_model_schema("umt5", UMT5EncoderConfig)
+register_model_schema("wan_video_vae", WanVAEConfig)
+
+__all__ = [
+    "EXPERTS",
+    "Expert",
+    "SCHEDULER_KEYS",
+    "TASKS",
+    "Task",
+    "UMT5EncoderConfig",
+    "WanPipelineOptions",
+    "WanPredictorConfig",
+    "WanVAEConfig",
+]

@@ -1,0 +1,101 @@
+"""The built-in dataset ids: their mm-config schemas agree with the datasets they build, and the
+builders honour (or refuse) every ``data`` key."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import get_args
+
+import pytest
+from mm_checkpoint.formats import FORMAT_ALIASES
+from mm_config import (
+    DataConfig,
+    LoadFormat,
+    PrecomputedLatentsConfig,
+    VideoTextDatasetConfig,
+    frame_rule_problem,
+)
+from mm_data import PrecomputedLatentDataset, VideoTextDataset, check_frame_rule
+from mm_data.precomputed import REQUIRED_KEYS
+from mm_trainer import build_batch_stream, data_register
+from mm_trainer.batches import precomputed_latents_dataset
+from torch.utils.data import Dataset
+
+NOT_FROM_YAML = {"tokenizer"}  # a callable: the pipeline tokenizes, YAML cannot name one
+
+
+def keyword_defaults(fn) -> dict:
+    params = inspect.signature(fn).parameters.values()
+    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+
+
+def test_video_text_schema_has_the_datasets_keywords_and_defaults():
+    expected = keyword_defaults(VideoTextDataset.__init__)
+    expected = {k: v for k, v in expected.items() if k not in NOT_FROM_YAML | {"data_root"}}
+    fields = VideoTextDatasetConfig.model_fields
+    assert fields.keys() == expected.keys()
+    for name, default in expected.items():
+        if default is inspect.Parameter.empty:
+            assert fields[name].is_required(), name
+        else:
+            assert fields[name].default == default, name
+
+
+def test_precomputed_schema_has_the_datasets_keywords_and_defaults():
+    assert keyword_defaults(PrecomputedLatentDataset.__init__) == {"required": REQUIRED_KEYS}
+    assert PrecomputedLatentsConfig.model_fields.keys() == {"required"}
+    assert tuple(PrecomputedLatentsConfig.model_fields["required"].default) == REQUIRED_KEYS
+
+
+@pytest.mark.parametrize("rule", ["4k+1", "8k+1", None])
+def test_the_config_frame_rule_agrees_with_the_readers(rule):
+    for n in range(1, 40):
+        try:
+            check_frame_rule(n, rule)
+            reader_ok = True
+        except ValueError:
+            reader_ok = False
+        assert (frame_rule_problem(n, rule) is None) == reader_ok, (n, rule)
+
+
+def test_config_load_formats_are_mm_checkpoints_canonical_names():
+    assert set(get_args(LoadFormat)) == set(FORMAT_ALIASES.values())
+
+
+def test_precomputed_latents_builder_refuses_data_root(tmp_path):
+    with pytest.raises(ValueError, match="data.data_root='clips': precomputed_latents reads no media paths"):
+        precomputed_latents_dataset(data_path=str(tmp_path), data_root="clips")
+
+
+@data_register("pid_probe")
+class PidProbe(Dataset):
+    """Two samples that say which process read them."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> dict:
+        return {"pid": os.getpid(), "index": index}
+
+    @staticmethod
+    def collate_fn(items: list[dict]) -> dict:
+        return {"pid": [it["pid"] for it in items]}
+
+
+def readers_per_epoch(**data) -> list[set[int]]:
+    stream = build_batch_stream(
+        DataConfig(dataset_id="pid_probe", num_workers=1, **data),
+        global_batch_size=2, micro_batch_size=2, dp_rank=0, dp_size=1, seed=0,
+    )  # fmt: skip
+    return [set(stream.next_batch()["pid"]) for _ in range(3)]  # one batch per epoch
+
+
+def test_data_persistent_workers_keeps_the_same_worker_for_every_epoch():
+    first, second, third = readers_per_epoch(persistent_workers=True)
+    assert first == second == third != {os.getpid()}
+
+
+def test_without_persistent_workers_every_epoch_has_a_new_worker():
+    first, second, third = readers_per_epoch()
+    assert len(first | second | third) == 3
