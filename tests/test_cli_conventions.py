@@ -20,7 +20,11 @@ SCRIPTS = sorted(
     for p in MEMBERS
     for name in tomllib.loads(p.read_text())["project"].get("scripts", {})
 )
-APPS = {"wan22-train": "wan22_train.cli", "ltx2-train": "ltx2_train.cli"}
+APPS = {  # each app's console script -> the module holding its COMMANDS
+    name: target.split(":")[0]
+    for p in REPO.glob("apps/*/pyproject.toml")
+    for name, target in tomllib.loads(p.read_text())["project"]["scripts"].items()
+}
 
 
 def _entry_point(script: str):
