@@ -12,5 +12,7 @@ from mm_trainer.conversation_data import load_processor_parts
 
 def test_the_conversation_processor_without_transformers_names_the_extra(tmp_path: Path, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed: import raises
-    with pytest.raises(ImportError, match=r"data\.dataset\.processor .*pip install 'mm-trainer\[transformers\]'"):
+    with pytest.raises(
+        ImportError, match=r"data\.dataset\.processor .*pip install 'mm-trainer\[transformers\]'"
+    ):
         load_processor_parts(str(tmp_path))

@@ -20,7 +20,9 @@ from mm_config import ConfigError, load_config
 
 from mm_trainer import __version__
 
-TRAINER_COMMANDS = {"check-layouts": "train a config a few steps at several parallel layouts, compare the losses"}
+TRAINER_COMMANDS = {
+    "check-layouts": "train a config a few steps at several parallel layouts, compare the losses"
+}
 
 
 def build_parser(
