@@ -30,6 +30,9 @@ def test_nonfinite_action_stop_ends_the_run_with_a_clear_message(toy_yaml, mm_tr
     proc = mm_train_result(config)
     assert proc.returncode != 0
     assert "NonFiniteLossError" in proc.stderr and "training.nonfinite.action=stop" in proc.stderr
+    save = config.parent / "ckpt"  # and where the failed run's files are
+    assert f"mm-train: run directory: {save} (failed)" in proc.stdout.splitlines()
+    assert "mm-train: last checkpoint: none written" in proc.stdout.splitlines()
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(toy_yaml, mm_train_popen, metrics_of):

@@ -84,5 +84,5 @@ def test_unknown_backend_names_the_registered_ones() -> None:
 @pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="flash_attn is installed")
 def test_flash_attn_backend_is_unavailable_without_the_package() -> None:
     assert "flash_attn" not in available_backends()
-    with pytest.raises(RuntimeError, match="not available"):
+    with pytest.raises(RuntimeError, match=r"not available here \(needs .*'mm-parallel\[flash-attn\]'"):
         get_backend("flash_attn")

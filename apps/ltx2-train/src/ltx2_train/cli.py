@@ -16,7 +16,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-COMMANDS = ("make-tiny", "preprocess", "export")
+from ltx2_train import __version__
+
+COMMANDS: dict[str, str] = {
+    "make-tiny": "write a tiny LTX-2 model set (diffusers layout) + clips",
+    "preprocess": "encode clips into the cache data.data_path (torchrun shards it)",
+    "export": "export the trained transformer as a diffusers folder",
+}
+"""The commands besides training (``ltx2-train --config ...``), with the line ``--help`` shows."""
 #: The parallel layout does not matter to the offline tools; they validate the config as one process.
 SINGLE_PROCESS = [
     "parallel.ulysses_parallel_size=1",
@@ -44,14 +51,15 @@ def _run_config(config: str | None, checkpoint: str):
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ltx2-train", description="LTX-2 tools; see the module docstring.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    tiny = sub.add_parser("make-tiny", help="write a tiny LTX-2 model set (diffusers layout) + clips")
+    tiny = sub.add_parser("make-tiny", help=COMMANDS["make-tiny"])
     tiny.add_argument("out")
     tiny.add_argument("--seed", type=int, default=0)
-    pre = sub.add_parser("preprocess", help="encode clips into the cache data.data_path (torchrun shards it)")
+    pre = sub.add_parser("preprocess", help=COMMANDS["preprocess"])
     pre.add_argument("--config", required=True)
     pre.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.data_path=/tmp/cache")
-    export = sub.add_parser("export", help="export the trained transformer as a diffusers folder")
+    export = sub.add_parser("export", help=COMMANDS["export"])
     export.add_argument("--checkpoint", required=True, help="training checkpoint root (iter_* + tracker)")
     export.add_argument("--config", help="training config (default: <checkpoint>/config.yaml)")
     export.add_argument("--out", required=True)
@@ -71,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         import ltx2_train.plugin  # noqa: F401  (registers the LTX-2 pieces before the config is read)
 
-        return train_main(argv, prog="ltx2-train")
+        return train_main(argv, prog="ltx2-train", version=__version__, commands=COMMANDS)
     args = _parser().parse_args(argv)
     if args.command == "make-tiny":
         from ltx2_train.tiny import make_tiny

@@ -13,16 +13,23 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-COMMANDS = ("make-tiny", "export")
+from qwen_vl_train import __version__
+
+COMMANDS: dict[str, str] = {
+    "make-tiny": "write a random tiny Qwen2.5-VL folder and a ShareGPT dataset",
+    "export": "export the trained model as a transformers folder",
+}
+"""The commands besides training (``qwen-vl-train --config ...``), with the line ``--help`` shows."""
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="qwen-vl-train", description="Qwen-VL tools; see the module docstring.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    tiny = sub.add_parser("make-tiny", help="write a random tiny Qwen2.5-VL folder and a ShareGPT dataset")
+    tiny = sub.add_parser("make-tiny", help=COMMANDS["make-tiny"])
     tiny.add_argument("out")
     tiny.add_argument("--seed", type=int, default=0)
-    export = sub.add_parser("export", help="export the trained model as a transformers folder")
+    export = sub.add_parser("export", help=COMMANDS["export"])
     export.add_argument("--checkpoint", required=True, help="training checkpoint root (iter_* + tracker)")
     export.add_argument("--config", help="training config (default: <checkpoint>/config.yaml)")
     export.add_argument("--out", required=True)
@@ -36,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         import qwen_vl_train.plugin  # noqa: F401  (registers the Qwen-VL pieces before the config is read)
 
-        return train_main(argv, prog="qwen-vl-train")
+        return train_main(argv, prog="qwen-vl-train", version=__version__, commands=COMMANDS)
     args = _parser().parse_args(argv)
     if args.command == "make-tiny":
         from qwen_vl_train.tiny import make_tiny

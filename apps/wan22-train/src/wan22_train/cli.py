@@ -18,7 +18,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-COMMANDS = ("make-tiny", "sample", "export", "demo")
+from wan22_train import __version__
+
+COMMANDS: dict[str, str] = {
+    "make-tiny": "write a tiny Wan2.2 model set (diffusers layout) + mp4 clips",
+    "sample": "generate a clip with a trained predictor",
+    "export": "export the trained predictor as a diffusers transformer folder",
+    "demo": "make-tiny (if missing) + train on 2 CPU processes + export + sample",
+}
+"""The commands besides training (``wan22-train --config ...``), with the line ``--help`` shows."""
 
 
 def _load(config: str | None, checkpoint: str):
@@ -36,11 +44,12 @@ def _parser() -> argparse.ArgumentParser:
     from wan22_train.export import LORA_FORMATS
 
     p = argparse.ArgumentParser(prog="wan22-train", description="Wan2.2 tools; see the module docstring.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    tiny = sub.add_parser("make-tiny", help="write a tiny Wan2.2 model set (diffusers layout) + mp4 clips")
+    tiny = sub.add_parser("make-tiny", help=COMMANDS["make-tiny"])
     tiny.add_argument("out")
     tiny.add_argument("--seed", type=int, default=0)
-    sample = sub.add_parser("sample", help="generate a clip with a trained predictor")
+    sample = sub.add_parser("sample", help=COMMANDS["sample"])
     sample.add_argument("--checkpoint", required=True, help="training checkpoint root (iter_* + tracker)")
     sample.add_argument("--config", help="training config (default: <checkpoint>/config.yaml)")
     sample.add_argument("--prompt", required=True)
@@ -53,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--guidance", type=float, default=1.0)
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--fps", type=int, default=8)
-    export = sub.add_parser("export", help="export the trained predictor as a diffusers transformer folder")
+    export = sub.add_parser("export", help=COMMANDS["export"])
     export.add_argument("--checkpoint", required=True)
     export.add_argument("--config", help="training config (default: <checkpoint>/config.yaml)")
     export.add_argument("--out", required=True)
@@ -75,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
         help="which trained sub-model: predictor (default), or predictor_low for the low-noise expert of an "
         "`expert: both` run (diffusers A14B layout: transformer/ and transformer_2/)",
     )
-    demo = sub.add_parser("demo", help="make-tiny (if missing) + train on 2 CPU processes + export + sample")
+    demo = sub.add_parser("demo", help=COMMANDS["demo"])
     demo.add_argument("--out", default="runs/tiny")
     demo.add_argument("--nproc", type=int, default=2)
     demo.add_argument("--steps", type=int, default=50)
@@ -89,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         import wan22_train.plugin  # noqa: F401  (registers the Wan pieces before the config is read)
 
-        return train_main(argv, prog="wan22-train")
+        return train_main(argv, prog="wan22-train", version=__version__, commands=COMMANDS)
     args = _parser().parse_args(argv)
     if args.command == "make-tiny":
         from wan22_train.tiny import make_tiny

@@ -10,7 +10,6 @@ import torch
 from mm_parallel import ParallelState, gather_for_usp, split_for_usp, usp_attention, usp_padded_length
 from mm_trainer import BaseModel, model_register
 
-from wan22_train import key_maps  # noqa: F401  (registers the wan2_2 key map)
 from wan22_train.model import WanDiT, WanDiTConfig
 
 

@@ -1,113 +1,91 @@
 """Weight loading (HF / diffusers safetensors, torch DCP), table-driven key maps, online DCP conversion,
-distributed checkpointing and export."""
+distributed checkpointing and export.
+
+The public names below are imported on first use (PEP 562), so ``import mm_checkpoint`` and
+``mm-ckpt --help`` / ``--version`` do not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-from .checkpointer import DistributedCheckpointer, RNGState, checkpoint_info
-from .conversion import convert_to_dcp, ensure_dcp_cache
-from .errors import (
-    AmbiguousCheckpointError,
-    CheckpointError,
-    CheckpointFormatError,
-    CheckpointLoadError,
-    CheckpointNotFoundError,
-    KeyMapError,
-)
-from .export import export_checkpoint
-from .formats import normalize_format, resolve_load_format, sniff_format
-from .inspection import summarize, verify_checkpoints
-from .key_maps import (
-    WEIGHT_TRANSFORM_PIPELINES,
-    ConcatRule,
-    KeyMapTransform,
-    KeyPlan,
-    RenameRule,
-    Reshape,
-    SplitRule,
-    Transpose,
-    WeightTransform,
-    get_weight_transform,
-    register_weight_transform,
-)
-from .layout import TRACKER_FILENAME, latest_iteration, looks_like_dcp_checkpoint_dir
-from .loader import LoadReport, load_checkpoint_with_conversion
-from .lora_files import (
-    LORA_EXPORT_FORMATS,
-    PEFT_WEIGHT_NAME,
-    LoraWeights,
-    export_lora,
-    export_merged,
-    read_lora_adapters,
-    save_comfy_lora,
-    save_peft_lora,
-)
-from .module_state import materialize_meta
-from .pipeline_folder import write_pipeline_folder
-from .restricted_dcp import (
-    RestrictedFileSystemReader,
-    RestrictedLoadPlanner,
-    check_dcp_storage,
-    read_dcp_metadata,
-    restricted_dcp_load,
-)
-from .source_identity import identity_change, source_identity
-from .sources import CheckpointSource, resolve_checkpoint_source
-from .staging import StagedCopy, stage_on_node, staged_location
+_EXPORTS: dict[str, str] = {
+    # name: submodule that defines it
+    "DistributedCheckpointer": "checkpointer",
+    "RNGState": "checkpointer",
+    "checkpoint_info": "checkpointer",
+    "convert_to_dcp": "conversion",
+    "ensure_dcp_cache": "conversion",
+    "AmbiguousCheckpointError": "errors",
+    "CheckpointError": "errors",
+    "CheckpointFormatError": "errors",
+    "CheckpointLoadError": "errors",
+    "CheckpointNotFoundError": "errors",
+    "KeyMapError": "errors",
+    "ContainerCheckpointError": "errors",
+    "export_checkpoint": "export",
+    "normalize_format": "formats",
+    "resolve_load_format": "formats",
+    "sniff_format": "formats",
+    "summarize": "inspection",
+    "verify_checkpoints": "inspection",
+    "WEIGHT_TRANSFORM_PIPELINES": "key_maps",
+    "ConcatRule": "key_maps",
+    "KeyMapTransform": "key_maps",
+    "KeyPlan": "key_maps",
+    "RenameRule": "key_maps",
+    "Reshape": "key_maps",
+    "SplitRule": "key_maps",
+    "Transpose": "key_maps",
+    "WeightTransform": "key_maps",
+    "get_weight_transform": "key_maps",
+    "known_model_types": "key_maps",
+    "register_weight_transform": "key_maps",
+    "TRACKER_FILENAME": "layout",
+    "latest_iteration": "layout",
+    "looks_like_dcp_checkpoint_dir": "layout",
+    "LoadReport": "loader",
+    "load_checkpoint_with_conversion": "loader",
+    "builtin_model_types": "model_key_maps",
+    "template_rule": "model_key_maps",
+    "LORA_EXPORT_FORMATS": "lora_files",
+    "PEFT_WEIGHT_NAME": "lora_files",
+    "LoraWeights": "lora_files",
+    "export_lora": "lora_files",
+    "export_merged": "lora_files",
+    "read_lora_adapters": "lora_files",
+    "save_comfy_lora": "lora_files",
+    "save_peft_lora": "lora_files",
+    "materialize_meta": "module_state",
+    "write_pipeline_folder": "pipeline_folder",
+    "RestrictedFileSystemReader": "restricted_dcp",
+    "RestrictedLoadPlanner": "restricted_dcp",
+    "check_dcp_storage": "restricted_dcp",
+    "read_dcp_metadata": "restricted_dcp",
+    "restricted_dcp_load": "restricted_dcp",
+    "save_safetensors": "safetensors_io",
+    "identity_change": "source_identity",
+    "source_identity": "source_identity",
+    "CheckpointSource": "sources",
+    "resolve_checkpoint_source": "sources",
+    "StagedCopy": "staging",
+    "stage_on_node": "staging",
+    "staged_location": "staging",
+}
 
-__all__ = [
-    "AmbiguousCheckpointError",
-    "CheckpointError",
-    "CheckpointFormatError",
-    "CheckpointLoadError",
-    "CheckpointNotFoundError",
-    "CheckpointSource",
-    "ConcatRule",
-    "DistributedCheckpointer",
-    "KeyMapError",
-    "LORA_EXPORT_FORMATS",
-    "KeyMapTransform",
-    "KeyPlan",
-    "LoadReport",
-    "LoraWeights",
-    "PEFT_WEIGHT_NAME",
-    "RNGState",
-    "RenameRule",
-    "Reshape",
-    "RestrictedFileSystemReader",
-    "RestrictedLoadPlanner",
-    "SplitRule",
-    "StagedCopy",
-    "TRACKER_FILENAME",
-    "check_dcp_storage",
-    "checkpoint_info",
-    "Transpose",
-    "WEIGHT_TRANSFORM_PIPELINES",
-    "WeightTransform",
-    "convert_to_dcp",
-    "ensure_dcp_cache",
-    "export_checkpoint",
-    "export_lora",
-    "export_merged",
-    "get_weight_transform",
-    "identity_change",
-    "latest_iteration",
-    "load_checkpoint_with_conversion",
-    "looks_like_dcp_checkpoint_dir",
-    "stage_on_node",
-    "staged_location",
-    "materialize_meta",
-    "normalize_format",
-    "read_dcp_metadata",
-    "read_lora_adapters",
-    "register_weight_transform",
-    "resolve_checkpoint_source",
-    "resolve_load_format",
-    "restricted_dcp_load",
-    "save_comfy_lora",
-    "save_peft_lora",
-    "sniff_format",
-    "source_identity",
-    "summarize",
-    "verify_checkpoints",
-    "write_pipeline_folder",
-]
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -20,7 +20,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,8 @@ from .runtime import barrier, get_rank, get_world_size, is_distributed, single_p
 DCP_KEYS = ("model", "optimizer", "lr_scheduler")
 """State entries stored through DCP (resharded on load); every other entry is per data-parallel rank."""
 INFO_FILENAME = "mm_checkpoint.json"
+SUBMODELS_INFO_KEY = "submodels"
+"""Key of ``mm_checkpoint.json`` listing a container checkpoint's sub-models (``save(submodels=...)``)."""
 RANK_STATE_DIR = "rank_state"
 
 
@@ -179,13 +181,22 @@ class DistributedCheckpointer:
         return latest_iteration(self.root)
 
     def save(
-        self, state: Mapping[str, Any], iteration: int, *, info: Mapping[str, Any] | None = None
+        self,
+        state: Mapping[str, Any],
+        iteration: int,
+        *,
+        info: Mapping[str, Any] | None = None,
+        submodels: Sequence[str] | None = None,
     ) -> Path:
         """Collectively save ``state`` as ``iteration``; returns the final directory. Call on every rank.
 
         ``info`` (rank 0's, JSON-serializable) is added to the iteration's ``mm_checkpoint.json``, so it
-        becomes visible atomically with the tensors (see :func:`checkpoint_info`).
+        becomes visible atomically with the tensors (see :func:`checkpoint_info`). ``submodels`` names
+        the top-level modules of a container model (``predictor``...): recorded as ``submodels``, they
+        make export and ``mm-ckpt convert`` ask which one to write.
         """
+        if submodels is not None:
+            info = {**(info or {}), SUBMODELS_INFO_KEY: list(submodels)}
         self._check_forward(iteration)
         final = self.root / iteration_dir_name(iteration)
         partial = final.with_name(final.name + ".partial")

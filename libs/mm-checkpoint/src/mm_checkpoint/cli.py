@@ -10,20 +10,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict
 
-import torch
-
-from .conversion import convert_to_dcp
+from . import __version__
 from .errors import CheckpointError
-from .export import export_checkpoint
-from .formats import normalize_format, resolve_load_format
-from .inspection import summarize, verify_checkpoints
 
-_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-           "fp16": torch.float16, "float16": torch.float16}  # fmt: skip
+# Everything that imports torch is imported inside the commands, so --help and --version stay fast.
+_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
+           "fp16": "float16", "float16": "float16"}  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mm-ckpt", description=__doc__)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument(
         "--plugin", action="append", default=[], help="module to import first (registers key maps)"
     )
@@ -33,7 +30,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("dst")
     c.add_argument("--to", required=True, help="dcp | diffusers | hf | safetensors")
     c.add_argument("--from", dest="src_format", default="auto", help="source format (default: sniffed)")
-    c.add_argument("--model-type", default=None, help="registered key map to apply (export: inverted)")
+    c.add_argument("--model-type", default=None, help="key map to apply (export: inverted), e.g. wan2_2")
+    c.add_argument(
+        "--submodel",
+        default=None,
+        help="export: the sub-model of a training checkpoint to write (e.g. predictor)",
+    )
     c.add_argument("--max-shard-size", default="5GB", help="export shard size, e.g. 5GB")
     c.add_argument("--config-from", default=None, help="export: dir whose config.json etc. to copy")
     c.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="cast tensors")
@@ -50,8 +52,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    import torch
+
+    from .conversion import convert_to_dcp
+    from .export import export_checkpoint
+    from .formats import normalize_format, resolve_load_format
+
     to = normalize_format(args.to)
-    dtype = _DTYPES[args.dtype] if args.dtype else None
+    dtype = getattr(torch, _DTYPES[args.dtype]) if args.dtype else None
     start = time.perf_counter()
     if to == "dcp":
         out = convert_to_dcp(
@@ -62,7 +70,7 @@ def _convert(args: argparse.Namespace) -> int:
             raise CheckpointError(
                 f"{args.src} is not DCP: convert between safetensors flavours via --to dcp first"
             )
-        out = export_checkpoint(args.src, args.dst, to=to, model_type=args.model_type,
+        out = export_checkpoint(args.src, args.dst, to=to, model_type=args.model_type, submodule=args.submodel,
                                 config_from=args.config_from, max_shard_size=args.max_shard_size, dtype=dtype)  # fmt: skip
     else:
         raise CheckpointError(f"--to {args.to!r}: expected dcp, diffusers, hf or safetensors")
@@ -71,6 +79,8 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from .inspection import summarize
+
     s = summarize(args.path, args.format)
     if args.json:
         print(json.dumps(asdict(s), indent=2))
@@ -82,6 +92,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from .inspection import verify_checkpoints
+
     r = verify_checkpoints(args.a, args.b, model_type=args.model_type)
     print(f"compared {r.compared} tensors; max abs diff {r.max_abs_diff:g} ({r.worst_key})")
     for label, keys in (

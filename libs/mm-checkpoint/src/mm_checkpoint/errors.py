@@ -25,3 +25,8 @@ class CheckpointLoadError(CheckpointError, RuntimeError):
 
 class KeyMapError(CheckpointError, ValueError):
     """A key-map table is malformed, cannot be inverted, or is not registered."""
+
+
+class ContainerCheckpointError(CheckpointFormatError):
+    """A checkpoint holds several sub-models (a training run's container, a diffusers pipeline root) and
+    the call did not choose one; the message lists them and the known key-map model types."""

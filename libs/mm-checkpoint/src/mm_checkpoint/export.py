@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -9,11 +10,12 @@ from typing import Any
 
 import torch
 
+from .checkpointer import INFO_FILENAME, SUBMODELS_INFO_KEY
 from .conversion import copy_side_files
 from .dcp_io import DcpReader
-from .errors import CheckpointFormatError
+from .errors import CheckpointFormatError, ContainerCheckpointError
 from .formats import DIFFUSERS_WEIGHTS_PREFIX, HF_WEIGHTS_PREFIX, normalize_format
-from .key_maps import KeyPlan, apply_plan, get_weight_transform, planned_shape_dtype
+from .key_maps import KeyPlan, apply_plan, get_weight_transform, known_model_types, planned_shape_dtype
 from .layout import resolve_dcp_dir
 from .runtime import barrier, get_rank, progress
 from .safetensors_io import (
@@ -57,7 +59,9 @@ def export_checkpoint(
     """Consolidate the model tensors of a DCP checkpoint into sharded safetensors under ``out_dir``.
 
     ``submodule`` exports one sub-model of a container checkpoint (e.g. ``predictor``: the keys
-    under ``predictor.``, written without that prefix).
+    under ``predictor.``, written without that prefix). A checkpoint that records sub-models (a
+    training run's, see ``DistributedCheckpointer.save(submodels=...)``) needs one: without it
+    :class:`ContainerCheckpointError` lists them and the known model types.
 
     ``to`` picks file names: ``diffusers`` -> ``diffusion_pytorch_model*.safetensors``, ``hf`` /
     ``safetensors`` -> ``model*.safetensors`` (+ ``*.safetensors.index.json`` when sharded). Keys are
@@ -69,6 +73,8 @@ def export_checkpoint(
     if target not in {"diffusers", "hf", "safetensors"}:
         raise CheckpointFormatError(f"cannot export to {to!r}; expected diffusers, hf or safetensors")
     path, _ = resolve_dcp_dir(dcp_dir, iteration)
+    if submodule is None:
+        refuse_container(path)
     out = Path(out_dir)
     if get_rank() == 0:
         reader = DcpReader(path) if submodule is None else SubmoduleReader(DcpReader(path), submodule)
@@ -76,6 +82,19 @@ def export_checkpoint(
         _copy_config(Path(dcp_dir), path, config_from, out)
     barrier()
     return out
+
+
+def refuse_container(dcp_path: Path) -> None:
+    """Raise :class:`ContainerCheckpointError` when the DCP iteration dir ``dcp_path`` records sub-models."""
+    info = dcp_path / INFO_FILENAME
+    recorded = json.loads(info.read_text()).get(SUBMODELS_INFO_KEY) if info.is_file() else None
+    if recorded:
+        raise ContainerCheckpointError(
+            f"{dcp_path} is a training checkpoint of a model container with sub-models {recorded}: choose "
+            f"one (mm-ckpt convert --submodel NAME, export_checkpoint(submodule=NAME)) and the key layout "
+            f"to write with --model-type (known model types: {known_model_types()}; without one the "
+            "trained keys are written)"
+        )
 
 
 class SubmoduleReader:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from .errors import CheckpointFormatError
+from .errors import CheckpointFormatError, ContainerCheckpointError
 from .layout import looks_like_dcp_checkpoint_dir
 
 Format = Literal["dcp", "diffusers", "hf"]
@@ -99,8 +99,16 @@ def sniff_format(path: str | os.PathLike) -> Format:
         return found
     hint = ""
     if p.is_dir() and (p / "model_index.json").is_file():
-        hint = " (this is a diffusers pipeline root: point at a component subfolder such as transformer/)"
-    elif p.is_dir() and any(x.suffix in {".bin", ".pt", ".pth"} for x in p.iterdir()):
+        from .key_maps import known_model_types
+
+        folders = sorted(c.name for c in p.iterdir() if c.is_dir())
+        components = [c for c in folders if sniff_safetensors_format(p / c)] or folders
+        raise ContainerCheckpointError(
+            f"{p} is a diffusers pipeline root with sub-models {components}: point at one of their folders "
+            f"(e.g. {p / (components[0] if components else 'transformer')}/) and pass --model-type for its "
+            f"key layout where it needs one (known model types: {known_model_types()})"
+        )
+    if p.is_dir() and any(x.suffix in {".bin", ".pt", ".pth"} for x in p.iterdir()):
         hint = " (pickle weights such as .bin/.pt are not supported: convert them to safetensors)"
     raise CheckpointFormatError(
         f"{p} is not a DCP, diffusers or HF safetensors checkpoint; {_describe(p)}{hint}"

@@ -13,7 +13,7 @@ from .formats import resolve_load_format
 from .key_maps import KeyPlan, apply_plan, get_weight_transform
 from .layout import resolve_dcp_dir
 from .runtime import progress
-from .safetensors_io import SafetensorsReader
+from .safetensors_io import PACKED_DTYPE_BITS, SafetensorsReader
 
 
 @dataclass(frozen=True)
@@ -57,13 +57,24 @@ class Summary:
 
 
 def summarize(path: str | os.PathLike, fmt: str = "auto", sample: int = 5) -> Summary:
-    """Format, tensor count, total bytes, dtype histogram and a few keys of the checkpoint at ``path``."""
+    """Format, tensor count, total bytes, dtype histogram and a few keys of the checkpoint at ``path``.
+
+    Dtypes are torch's names; a safetensors dtype torch has no element type for (``F4``, ``F6_*``)
+    keeps its safetensors name and counts the bytes its header gives.
+    """
     src = open_mapped_source(path, fmt)
     keys = src.reader.keys()
-    infos = [src.reader.info(k) for k in keys]
-    dtypes = Counter(str(i.dtype).replace("torch.", "") for i in infos)
+    sizes: list[tuple[str, int]] = []
+    for key in keys:
+        if isinstance(src.reader, SafetensorsReader) and src.reader.stored(key).dtype in PACKED_DTYPE_BITS:
+            stored = src.reader.stored(key)
+            sizes.append((stored.dtype, stored.nbytes))
+        else:
+            info = src.reader.info(key)
+            sizes.append((str(info.dtype).replace("torch.", ""), info.nbytes))
+    dtypes = Counter(name for name, _ in sizes)
     return Summary(
-        str(path), src.format, len(keys), sum(i.nbytes for i in infos), dict(dtypes), sorted(keys)[:sample]
+        str(path), src.format, len(keys), sum(n for _, n in sizes), dict(dtypes), sorted(keys)[:sample]
     )
 
 

@@ -10,7 +10,8 @@ applies (so swaps such as ``norm2 <-> norm3`` are expressible), unmatched keys p
 
 Inverses are derived from the table: a pattern made of literal text and capturing groups (plus
 ``^``/``$`` anchors) inverts automatically; anything else needs an explicit inverse. This module
-holds no model knowledge: applications register their tables with :func:`register_weight_transform`.
+holds no model knowledge: the tables of the supported models ship as data (:mod:`.model_key_maps`),
+other applications register theirs with :func:`register_weight_transform`.
 """
 
 from __future__ import annotations
@@ -511,7 +512,7 @@ IDENTITY = KeyMapTransform(())
 # --------------------------------------------------------------------------- registry
 
 WEIGHT_TRANSFORM_PIPELINES: dict[str, WeightTransform] = {}
-"""Registered key maps by model type (filled by applications, e.g. ``"wan2_2"``)."""
+"""Registered key maps by model type (the shipped tables join on first use, applications add theirs)."""
 
 
 def register_weight_transform(
@@ -557,20 +558,37 @@ def load_entry_point_transforms() -> None:
             register_weight_transform(ep.name, obj)
 
 
+def known_model_types() -> list[str]:
+    """Every model type :func:`get_weight_transform` can resolve: registered, shipped with mm-checkpoint
+    (:mod:`.model_key_maps`) or advertised under the entry-point group (not imported here)."""
+    from importlib.metadata import entry_points
+
+    from .model_key_maps import builtin_model_types
+
+    advertised = {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    return sorted(set(WEIGHT_TRANSFORM_PIPELINES) | set(builtin_model_types()) | advertised)
+
+
 def get_weight_transform(model_type: str | None) -> WeightTransform:
-    """The transform registered as ``model_type``, :data:`IDENTITY` for None.
+    """The transform registered as ``model_type`` (a shipped table registers itself on first use),
+    :data:`IDENTITY` for None.
 
     Raises:
-        KeyMapError: unknown name, listing the registered ones.
+        KeyMapError: unknown name, listing the known ones.
     """
     if model_type is None:
         return IDENTITY
     if model_type not in WEIGHT_TRANSFORM_PIPELINES:
-        load_entry_point_transforms()
+        from .model_key_maps import builtin_key_map, builtin_model_types
+
+        if model_type in builtin_model_types():
+            register_weight_transform(model_type, builtin_key_map(model_type))
+        else:
+            load_entry_point_transforms()
     try:
         return WEIGHT_TRANSFORM_PIPELINES[model_type]
     except KeyError:
         raise KeyMapError(
-            f"no weight transform registered as {model_type!r}; registered: {sorted(WEIGHT_TRANSFORM_PIPELINES)} "
-            f"(import the plugin that registers it)"
+            f"no weight transform registered as {model_type!r}; known model types: {known_model_types()} "
+            f"(or import the plugin that registers it)"
         ) from None

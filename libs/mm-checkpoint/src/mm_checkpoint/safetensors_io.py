@@ -13,7 +13,7 @@ import math
 import mmap
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,8 +34,18 @@ SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "BOOL": torch.bool,
     "F8_E4M3": torch.float8_e4m3fn,
     "F8_E5M2": torch.float8_e5m2,
+    "F8_E8M0": torch.float8_e8m0fnu,
+    "U16": torch.uint16,
+    "U32": torch.uint32,
+    "U64": torch.uint64,
     "C64": torch.complex64,
 }
+"""Safetensors dtypes that torch holds one element per element (read, converted and written)."""
+
+PACKED_DTYPE_BITS: dict[str, int] = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
+"""Sub-byte safetensors dtypes (bits per element). Torch has no element type for them (its
+``float4_e2m1fn_x2`` packs two per byte under another shape), so they are listed and counted by
+their bytes (``inspect``) but not read."""
 _DTYPE_NAMES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
 
@@ -106,10 +116,28 @@ def _element_size(dtype: torch.dtype) -> int:
 
 
 @dataclass(frozen=True)
+class StoredTensor:
+    """What a safetensors header says of one tensor, whatever its dtype: name, shape, bytes."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True)
 class _Entry:
     file: Path
-    info: TensorInfo
+    stored: StoredTensor
+    info: TensorInfo | None  # None: a dtype torch cannot hold (PACKED_DTYPE_BITS)
     begin: int  # absolute byte offset of the tensor data in the file
+
+
+def _stored_nbytes(dtype: str, shape: tuple[int, ...]) -> int | None:
+    if dtype in SAFETENSORS_DTYPES:
+        return math.prod(shape) * _element_size(SAFETENSORS_DTYPES[dtype])
+    if dtype in PACKED_DTYPE_BITS:
+        return math.ceil(math.prod(shape) * PACKED_DTYPE_BITS[dtype] / 8)
+    return None
 
 
 def read_header_bytes(file: str | os.PathLike) -> bytes:
@@ -141,9 +169,18 @@ def _read_header(file: Path) -> dict[str, _Entry]:
             dtype, shape, (begin, end) = meta["dtype"], tuple(meta["shape"]), meta["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise CheckpointFormatError(f"{file}: header entry {key!r} is malformed: {meta!r}") from None
-        if dtype not in SAFETENSORS_DTYPES:
-            raise CheckpointFormatError(f"{file}: tensor {key!r} has unsupported dtype {dtype}")
-        entries[key] = _Entry(file, TensorInfo(shape, SAFETENSORS_DTYPES[dtype]), 8 + n + begin)
+        nbytes = _stored_nbytes(dtype, shape)
+        if nbytes is None:
+            known = sorted([*SAFETENSORS_DTYPES, *PACKED_DTYPE_BITS])
+            raise CheckpointFormatError(f"{file}: tensor {key!r} has unknown dtype {dtype}; known: {known}")
+        if end - begin != nbytes:
+            raise CheckpointFormatError(
+                f"{file}: tensor {key!r} ({dtype}, shape {list(shape)}) needs {nbytes} bytes, its data "
+                f"offsets span {end - begin}"
+            )
+        torch_dtype = SAFETENSORS_DTYPES.get(dtype)
+        info = TensorInfo(shape, torch_dtype) if torch_dtype is not None else None
+        entries[key] = _Entry(file, StoredTensor(dtype, shape, nbytes), info, 8 + n + begin)
         data_end = max(data_end, end)
     size, expected = file.stat().st_size, 8 + n + data_end
     if size != expected:
@@ -208,15 +245,32 @@ class SafetensorsReader:
         return key in self._entries
 
     def info(self, key: str) -> TensorInfo:
-        """Shape and dtype of ``key`` without reading it."""
-        return self._entry(key).info
+        """Shape and torch dtype of ``key`` without reading it.
+
+        Raises:
+            CheckpointFormatError: a dtype torch cannot hold (:data:`PACKED_DTYPE_BITS`), naming it.
+        """
+        return self._torch_info(self._entry(key), key)
+
+    def stored(self, key: str) -> StoredTensor:
+        """Dtype name, shape and bytes of ``key`` as its header states them (any safetensors dtype)."""
+        return self._entry(key).stored
+
+    def _torch_info(self, entry: _Entry, key: str) -> TensorInfo:
+        if entry.info is None:
+            raise CheckpointFormatError(
+                f"{entry.file}: tensor {key!r} is {entry.stored.dtype}, which torch has no element type for; "
+                "`mm-ckpt inspect` lists it, but it cannot be loaded, converted or verified"
+            )
+        return entry.info
 
     def read(self, key: str, index: Sequence[slice] | None = None) -> torch.Tensor:
         """Tensor ``key``, or only ``tensor[index]`` (slices with unit step) when ``index`` is given."""
         entry = self._entry(key)
-        shape = entry.info.shape
+        info = self._torch_info(entry, key)
+        shape = info.shape
         if index is None and self.zero_copy:
-            return self._mapped(entry)
+            return self._mapped(entry, info)
         full = [slice(0, d) for d in shape]
         index = list(index or ()) + full[len(index or ()) :]
         if not shape:
@@ -224,7 +278,7 @@ class SafetensorsReader:
         else:
             start, stop = index[0].start or 0, shape[0] if index[0].stop is None else index[0].stop
             rows = (stop - start, *shape[1:])
-        out = torch.empty(rows, dtype=entry.info.dtype)
+        out = torch.empty(rows, dtype=info.dtype)
         if out.numel():
             row_bytes = math.prod(shape[1:]) * out.element_size() if shape else 0
             _pread_into(self._fd(entry.file), out, entry.begin + start * row_bytes)
@@ -239,16 +293,14 @@ class SafetensorsReader:
         except KeyError:
             raise KeyError(f"tensor {key!r} not found in safetensors checkpoint {self.path}") from None
 
-    def _mapped(self, entry: _Entry) -> torch.Tensor:
-        count = math.prod(entry.info.shape)
+    def _mapped(self, entry: _Entry, info: TensorInfo) -> torch.Tensor:
+        count = math.prod(info.shape)
         if count == 0:
-            return torch.empty(entry.info.shape, dtype=entry.info.dtype)
+            return torch.empty(info.shape, dtype=info.dtype)
         if entry.file not in self._maps:
             self._maps[entry.file] = mmap.mmap(self._fd(entry.file), 0, access=mmap.ACCESS_COPY)
-        flat = torch.frombuffer(
-            self._maps[entry.file], dtype=entry.info.dtype, count=count, offset=entry.begin
-        )
-        return flat.reshape(entry.info.shape)
+        flat = torch.frombuffer(self._maps[entry.file], dtype=info.dtype, count=count, offset=entry.begin)
+        return flat.reshape(info.shape)
 
     def _fd(self, file: Path) -> int:
         if file not in self._fds:
@@ -328,6 +380,16 @@ def write_safetensors_file(path: str | os.PathLike, tensors: Sequence[PendingTen
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def save_safetensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike) -> Path:
+    """Write ``tensors`` to the single safetensors file ``path`` (torch alone, no numpy)."""
+    pending = [
+        PendingTensor(key, TensorInfo(tuple(t.shape), t.dtype), lambda t=t: t) for key, t in tensors.items()
+    ]
+    for _ in write_safetensors_file(path, pending):
+        pass
+    return Path(path)
 
 
 def shard_filenames(prefix: str, count: int) -> list[str]:

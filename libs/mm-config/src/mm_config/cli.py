@@ -7,6 +7,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from . import __version__
 from .check import check_config
 from .errors import ConfigError
 from .loader import config_to_yaml
@@ -20,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mm-config", description="Validate six-section training YAML configs."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="validate CONFIG and print the resolved config (exit 2 if invalid)")
     check.add_argument("config", help="path of the YAML config")

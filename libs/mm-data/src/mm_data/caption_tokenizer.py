@@ -28,8 +28,13 @@ def write_caption_tokenizer(
             (``unk_token`` is required; ids follow this order, so ``<pad>`` first gets id 0).
         template: single-sequence template of ``tokenizers`` (``"$A </s>"`` for T5, ``"<bos> $A"``).
     """
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+    try:
+        from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+        from transformers import PreTrainedTokenizerFast
+    except ImportError as err:
+        raise ImportError(
+            f"write_caption_tokenizer needs tokenizers and transformers: pip install 'mm-data[tokenizer]' ({err})"
+        ) from err
 
     if "unk_token" not in special_tokens:
         raise ValueError("special_tokens needs an unk_token (words outside the captions map to it)")

@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from . import __version__
 from .cache import cache_dataset
 from .dataset import VideoTextDataset
 from .metadata import read_metadata
@@ -41,6 +42,7 @@ def _dataset_args(p: argparse.ArgumentParser) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mm-data", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("make-synthetic", help="write small mp4 clips of moving shapes + metadata.json")
     p.add_argument("out")

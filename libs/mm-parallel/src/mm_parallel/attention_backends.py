@@ -59,6 +59,8 @@ class AttentionBackend:
     """Device types the kernel runs on; empty = any."""
     summary: str = ""
     """One line on what runs, for the log line of the run's choice."""
+    requires: str = ""
+    """What makes it available, named when it is not (e.g. the extra to install)."""
 
     def runs_on(self, device_type: str) -> bool:
         """Whether the kernel runs on tensors of ``device_type``."""
@@ -80,8 +82,9 @@ def get_backend(name: str) -> AttentionBackend:
         raise KeyError(f"unknown attention backend {name!r}; registered: {sorted(_REGISTRY)}")
     backend = _REGISTRY[name]
     if not backend.is_available():
+        needs = f" (needs {backend.requires})" if backend.requires else ""
         raise RuntimeError(
-            f"attention backend {name!r} is not available here; available: {available_backends()}"
+            f"attention backend {name!r} is not available here{needs}; available: {available_backends()}"
         )
     return backend
 
@@ -274,12 +277,14 @@ register_backend(
         "flash_attn", cuda_attention.flash_attn_forward, True, True, cuda_attention.flash_attn_version_ok,
         cuda_attention.flash_attn_backward, _CUDA,
         "flash_attn's kernel; torch's memory-efficient kernel for blocks with padded keys",
+        requires="flash_attn >= 2.7 on CUDA: pip install 'mm-parallel[flash-attn]'",
     )
 )  # fmt: skip
 register_backend(
     AttentionBackend(
         "npu", npu_attention.npu_forward, True, True, _importable("torch_npu"), npu_attention.npu_backward,
         ("npu",), "torch_npu.npu_fusion_attention and npu_fusion_attention_grad",
+        requires="torch_npu on Ascend: pip install 'mm-parallel[npu]'",
     )
 )  # fmt: skip
 register_backend(

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mm_parallel import __version__
 from mm_parallel.explain import explain_fsdp_plan
 from mm_parallel.fsdp_plan import FSDPPlan
 
@@ -34,7 +35,9 @@ def load_plan_file(path: str | Path) -> FSDPPlan:
         try:
             import yaml
         except ImportError as err:  # pragma: no cover - depends on the environment
-            raise SystemExit(f"{path}: reading YAML needs pyyaml (pip install pyyaml) or use JSON") from err
+            raise SystemExit(
+                f"{path}: reading YAML needs pyyaml (pip install 'mm-parallel[yaml]') or use JSON"
+            ) from err
         data: Any = yaml.safe_load(text) or {}
     else:
         data = json.loads(text)
@@ -65,6 +68,7 @@ def explain_command(
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mm-parallel`` console script."""
     parser = argparse.ArgumentParser(prog="mm-parallel", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     explain = commands.add_parser("explain", help="show the FSDP units a plan makes of a model")
     explain.add_argument("--model", required=True, help="'package.module:factory' returning an nn.Module")

@@ -14,20 +14,40 @@ import os
 import socket
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn
 
 from mm_config import load_config
 
+from mm_trainer import __version__
 
-def build_parser(prog: str = "mm-train") -> argparse.ArgumentParser:
+TRAINER_COMMANDS = {
+    "check-layouts": "train a config a few steps at several parallel layouts, compare the losses"
+}
+
+
+def build_parser(
+    prog: str = "mm-train", *, version: str | None = None, commands: Mapping[str, str] | None = None
+) -> argparse.ArgumentParser:
+    """The train command's parser. Apps pass their ``version`` and their other ``commands``
+    (name -> one-line help), which ``--help`` lists."""
+    commands = {**(commands or {}), **TRAINER_COMMANDS}
+    width = max(map(len, commands))
+    listed = "\n".join(f"  {name:<{width}}  {text}" for name, text in commands.items())
+    epilog = (
+        f"other commands ({prog} COMMAND --help):\n{listed}\n\n"
+        "Overrides are dotted YAML paths: training.lr=1e-5 model.models.predictor.freeze=true"
+    )
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Train a registered model from a six-section YAML config (parallel, model, data, "
+        usage="%(prog)s --config CONFIG [overrides ...] [--dry-run [--world-size N]]"
+        + f"\n       %(prog)s {{{','.join(commands)}}} ...",
+        description="Train a registered model from a six-section YAML config (parallel, model, data,\n"
         "training, tools, features). The config is validated completely before anything starts.",
-        epilog="Overrides are dotted YAML paths: training.lr=1e-5 model.models.predictor.freeze=true. "
-        "`mm-train check-layouts --help`: compare a config's losses at several parallel layouts.",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version or __version__}")
     parser.add_argument("--config", required=True, help="path of the YAML config")
     parser.add_argument("overrides", nargs="*", help="dotted overrides applied before validation")
     parser.add_argument(
@@ -75,13 +95,21 @@ def _dry_run_layout(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     return world or int(os.environ.get("WORLD_SIZE", "1")), args.nproc_per_node
 
 
-def main(argv: Sequence[str] | None = None, *, prog: str = "mm-train") -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    prog: str = "mm-train",
+    version: str | None = None,
+    commands: Mapping[str, str] | None = None,
+) -> int:
+    """Validate the config, then train (or ``--dry-run``); returns the exit code. Rank 0 prints where
+    the run's directory, checkpoints and metrics are when it starts and when it ends."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["check-layouts"]:
         from mm_trainer.layout_check import main as check_layouts_main
 
         return check_layouts_main(argv[1:])
-    parser = build_parser(prog)
+    parser = build_parser(prog, version=version, commands=commands)
     args = parser.parse_args(argv)
     world, per_node = _dry_run_layout(parser, args)
     try:  # the full check (the Trainer repeats it); a dry run needs no weights or data on disk
@@ -100,12 +128,32 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "mm-train") -> int:
 
         print(dry_run(config, world_size=world, ranks_per_node=per_node))
         return 0
+    from mm_trainer.run_summary import end_lines, start_lines
     from mm_trainer.trainer import Trainer
 
     trainer = Trainer(config)
-    trainer.train()
+    say = _rank0_printer(prog, trainer.rank)
+    say(
+        start_lines(
+            config.training, resume_from=trainer.run_dir.resume_from, start_iteration=trainer.start_iteration
+        )
+    )
+    try:
+        iteration = trainer.train()
+    except BaseException:  # say where the run's files are, then leave through run(): no close()
+        say(end_lines(config.training, iteration=None))
+        raise
     trainer.close()  # a normal end only: a failure leaves through run(), with no collective
+    say(end_lines(config.training, iteration=iteration))
     return 0
+
+
+def _rank0_printer(prog: str, rank: int) -> Callable[[list[str]], None]:
+    def say(lines: list[str]) -> None:
+        if rank == 0:
+            print("\n".join(f"{prog}: {line}" for line in lines), flush=True)
+
+    return say
 
 
 def run(entry: Callable[[], int] = main) -> NoReturn:

@@ -22,21 +22,22 @@ from mm_data import (
     MultimodalPlugin,
 )
 
+from mm_trainer.hf_model import import_transformers
 from mm_trainer.plugins import load_entry_point_plugins
 from mm_trainer.registry import data_register
 
 __all__ = ["build_plugin", "conversation_dataset", "load_processor_parts"]
 
+
 def load_processor_parts(path: str) -> tuple[Any, Any]:
     """``(tokenizer, image_processor or None)`` from a local folder."""
-    from transformers import AutoImageProcessor, AutoTokenizer
-
+    transformers = import_transformers("data.dataset.processor (the conversation dataset)")
     folder = Path(path)
     if not folder.is_dir():
         raise FileNotFoundError(f"data.dataset.processor: no directory {folder}")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     has_images = (folder / "preprocessor_config.json").is_file()
-    return tokenizer, AutoImageProcessor.from_pretrained(folder) if has_images else None
+    return tokenizer, transformers.AutoImageProcessor.from_pretrained(folder) if has_images else None
 
 
 def build_plugin(

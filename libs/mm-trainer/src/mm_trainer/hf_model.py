@@ -35,6 +35,17 @@ from mm_trainer.registry import model_register
 __all__ = ["HFModel", "TransformersKeyRenaming", "hf_class", "hf_model_class", "load_hf_config"]
 
 
+def import_transformers(needed_by: str) -> Any:
+    """The ``transformers`` module, or an ImportError saying what needs it and which extra installs it."""
+    try:
+        import transformers
+    except ImportError as exc:  # optional for the trainer: mm-trainer[transformers]
+        raise ImportError(
+            f"{needed_by} needs transformers, which is not installed (pip install 'mm-trainer[transformers]')"
+        ) from exc
+    return transformers
+
+
 def _options(args: Any) -> HFModelConfig:
     return HFModelConfig.model_validate(dict(getattr(args, "config", None) or {}))
 
@@ -220,8 +231,7 @@ def hf_model_class(upstream: type) -> type:
 def hf_class(args: Any) -> type:
     """The transformers class of a section: ``model.config.architecture`` else ``architectures[0]`` of
     the source's ``config.json``."""
-    import transformers
-
+    transformers = import_transformers(f"model {getattr(args, 'model_id', '?')!r}")
     name = _options(args).architecture
     source = _source_dir(args)
     if name is None and source is not None:
@@ -245,4 +255,3 @@ class HFCausalLM:
     @classmethod
     def from_pretrained(cls, args: Any) -> nn.Module:
         return hf_model_class(hf_class(args)).from_pretrained(args)
-

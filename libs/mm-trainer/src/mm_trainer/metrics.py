@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import resource
 import sys
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +51,25 @@ def peak_memory_bytes(device_type: str) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-class MetricsLogger:
-    """Writes one record per log step to console (progress bar), JSONL and TensorBoard.
+def format_log_line(step: int, total_steps: int, record: Mapping[str, Any], eta_s: float | None) -> str:
+    """One plain console line for a log step: step, loss, lr, grad norm, step time, samples/s, ETA.
 
+    Written instead of a progress bar when stderr is no terminal (a log file, a pipe), where tqdm's
+    redraws would bury the numbers.
+    """
+    nan = float("nan")
+    eta = "?" if eta_s is None else str(datetime.timedelta(seconds=round(eta_s)))
+    return (
+        f"step {step}/{total_steps} | loss {record.get('loss', nan):.4g} | lr {record.get('lr', nan):.3e} | "
+        f"grad_norm {record.get('grad_norm', nan):.4g} | step_time {record.get('step_time_s', nan):.3f}s | "
+        f"samples/s {record.get('samples_per_s', nan):.3g} | eta {eta}"
+    )
+
+
+class MetricsLogger:
+    """Writes one record per log step to console, JSONL and TensorBoard.
+
+    The console gets a progress bar on a terminal, else one :func:`format_log_line` per log step.
     Only rank 0 writes; other ranks hold a disabled logger so that call sites stay simple. A run that
     starts at ``start_step`` (a resume) first drops the records of later steps from ``metrics.jsonl``
     (and purges them from TensorBoard): the run writes them again, and readers see each step once.
@@ -86,6 +105,9 @@ class MetricsLogger:
                 self._tb = SummaryWriter(
                     log_dir=str(Path(log_dir) / "tensorboard"), purge_step=start_step + 1
                 )
+        self.total_steps, self._start = total_steps, (start_step, time.monotonic())
+        if not _is_terminal(sys.stderr):
+            return  # plain lines from log()
         self._bar = tqdm(
             total=total_steps,
             initial=start_step,
@@ -110,6 +132,16 @@ class MetricsLogger:
             self._bar.set_postfix(
                 loss=f"{record.get('loss', float('nan')):.4g}", lr=f"{record.get('lr', 0):.2e}", refresh=False
             )
+        else:
+            print(
+                format_log_line(step, self.total_steps, record, self._eta(step)), file=sys.stderr, flush=True
+            )
+
+    def _eta(self, step: int) -> float | None:
+        """Seconds left at the mean step time since this logger started (None before the first step)."""
+        start_step, started = self._start
+        done = step - start_step
+        return (time.monotonic() - started) / done * max(self.total_steps - step, 0) if done > 0 else None
 
     def advance(self, n: int = 1) -> None:
         """Move the progress bar by ``n`` steps."""
@@ -118,13 +150,22 @@ class MetricsLogger:
 
     def write(self, message: str) -> None:
         """Print a line without breaking the progress bar (rank 0 only)."""
-        if self.enabled:
+        if not self.enabled:
+            return
+        if self._bar is not None:
             tqdm.write(message, file=sys.stderr)
+        else:
+            print(message, file=sys.stderr, flush=True)
 
     def close(self) -> None:
         for handle in (self._bar, self._jsonl, self._tb):
             if handle is not None:
                 handle.close()
+
+
+def _is_terminal(stream: Any) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
 
 
 def _drop_records_after(path: Path, step: int) -> None:

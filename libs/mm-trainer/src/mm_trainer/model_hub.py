@@ -10,6 +10,7 @@ import torch
 from mm_parallel import parse_dtype
 from torch import nn
 
+from mm_trainer.hf_model import import_transformers
 from mm_trainer.registry import MODEL_REGISTRY
 
 
@@ -70,11 +71,5 @@ def _is_transformers_dir(path: str) -> bool:
 
 
 def _build_transformers(args: Any, meta: bool) -> nn.Module:
-    try:
-        import transformers  # noqa: F401
-    except ImportError as exc:  # transformers is optional for the trainer
-        raise ImportError(
-            f"model {args.model_id!r}: {args.from_pretrained} is a transformers directory but transformers "
-            "is not installed"
-        ) from exc
+    import_transformers(f"model {args.model_id!r} ({args.from_pretrained} is a transformers directory)")
     return _build_registered(MODEL_REGISTRY.get("hf_causal_lm"), args, meta)

@@ -194,7 +194,7 @@ class Trainer:
     def save(self, iteration: int) -> None:
         """Save a checkpoint (atomic) and the resolved config beside it."""
         assert self.checkpointer is not None
-        self.checkpointer.save(self.state(), iteration)
+        self.checkpointer.save(self.state(), iteration, submodels=self.model.checkpoint_submodels)
         if self.rank == 0:
             dump_config(self.config, Path(self.config.training.save) / RUN_CONFIG_NAME)
 

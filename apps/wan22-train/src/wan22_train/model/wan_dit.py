@@ -2,7 +2,7 @@
 
 Numerically interchangeable with diffusers' `WanTransformer3DModel` (same forward signature and
 positional order); state-dict keys follow the official release (`self_attn.q`, `ffn.0`, `modulation`,
-`head.head`, ...), mapped to diffusers by `wan22_train.key_maps`.
+`head.head`, ...), mapped to diffusers by mm-checkpoint's `wan2_2` key map (`wan22_train.key_maps`).
 
 Parallelism stays outside this file: self-attention goes through one seam, `WanDiT.attention_fn`
 (q, k, v in [B, S, H, D] -> [B, S, H, D]), and `enable_context_parallel` installs the callables that split
@@ -298,8 +298,6 @@ class WanDiT(nn.Module):
         keys unchanged); every parameter must be present with its shape.
         """
         from mm_checkpoint import load_checkpoint_with_conversion
-
-        from .. import key_maps  # noqa: F401  (registers wan2_2)
 
         config = WanDiTConfig.from_file(Path(path) / "config.json")
         with torch.device("meta"):
