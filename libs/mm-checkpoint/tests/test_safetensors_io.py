@@ -13,6 +13,7 @@ from mm_checkpoint.safetensors_io import (
     TensorInfo,
     parse_size,
     plan_shards,
+    save_safetensors,
     write_safetensors_file,
 )
 from safetensors.torch import load_file, save_file
@@ -89,3 +90,16 @@ def test_plan_shards_respects_max_size_in_order() -> None:
     shards = plan_shards([t("a", 60), t("b", 50), t("c", 200), t("d", 10)], max_shard_size=100)
     assert [[p.key for p in s] for s in shards] == [["a"], ["b"], ["c"], ["d"]]
     assert parse_size("5GB") == 5 * 10**9 and parse_size("2GiB") == 2 * 2**30 and parse_size(7) == 7
+
+
+def test_save_safetensors_writes_string_metadata_that_safetensors_reads(tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    path = save_safetensors(
+        {"w": torch.arange(6.0).view(2, 3)}, tmp_path / "m.safetensors", {"k": '{"r": 4}'}
+    )
+    with safe_open(str(path), framework="pt") as f:
+        assert f.metadata() == {"format": "pt", "k": '{"r": 4}'}
+        assert torch.equal(f.get_tensor("w"), torch.arange(6.0).view(2, 3))
+    with pytest.raises(CheckpointFormatError, match="metadata maps strings to strings"):
+        save_safetensors({"w": torch.ones(1)}, tmp_path / "bad.safetensors", {"r": 4})  # type: ignore[dict-item]

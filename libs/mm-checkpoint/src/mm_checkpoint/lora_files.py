@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from .dcp_io import DcpReader
 from .errors import CheckpointFormatError
@@ -35,7 +34,7 @@ from .formats import normalize_format, resolve_load_format
 from .key_maps import apply_plan, get_weight_transform, planned_shape_dtype
 from .layout import resolve_dcp_dir
 from .runtime import barrier, get_rank
-from .safetensors_io import SafetensorsReader, TensorInfo, parse_size
+from .safetensors_io import SafetensorsReader, TensorInfo, parse_size, save_safetensors
 
 LORA_EXPORT_FORMATS = ("peft", "comfyui", "merged")
 """What :func:`export_lora` writes: a PEFT / diffusers file, a ComfyUI file, a merged model folder."""
@@ -278,6 +277,6 @@ def _save(tensors: dict[str, torch.Tensor], out_file: str | os.PathLike, metadat
         raise CheckpointFormatError(f"{path}: a LoRA file is written as .safetensors")
     if get_rank() == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(path), metadata=metadata)
+        save_safetensors(tensors, path, metadata)
     barrier()
     return path

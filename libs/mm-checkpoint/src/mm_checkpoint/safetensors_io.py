@@ -335,8 +335,8 @@ def plan_shards(tensors: Sequence[PendingTensor], max_shard_size: int) -> list[l
     return shards
 
 
-def _header(tensors: Sequence[PendingTensor]) -> bytes:
-    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+def _header(tensors: Sequence[PendingTensor], metadata: Mapping[str, str] | None = None) -> bytes:
+    header: dict[str, object] = {"__metadata__": {"format": "pt", **(metadata or {})}}
     offset = 0
     for t in tensors:
         end = offset + t.info.nbytes
@@ -360,9 +360,14 @@ def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
     return memoryview(buf).cast("B")
 
 
-def write_safetensors_file(path: str | os.PathLike, tensors: Sequence[PendingTensor]) -> Iterator[str]:
-    """Write ``tensors`` to one safetensors file, producing each only when written; yields keys as written."""
-    header = _header(tensors)
+def write_safetensors_file(
+    path: str | os.PathLike, tensors: Sequence[PendingTensor], metadata: Mapping[str, str] | None = None
+) -> Iterator[str]:
+    """Write ``tensors`` to one safetensors file, producing each only when written; yields keys as written.
+    ``metadata`` (string to string) goes into the header's ``__metadata__`` beside ``format: pt``."""
+    if any(not isinstance(k, str) or not isinstance(v, str) for k, v in (metadata or {}).items()):
+        raise CheckpointFormatError(f"{path}: safetensors metadata maps strings to strings")
+    header = _header(tensors, metadata)
     tmp = Path(f"{path}.tmp")
     with open(tmp, "wb") as f:
         f.write(len(header).to_bytes(8, "little"))
@@ -382,12 +387,15 @@ def write_safetensors_file(path: str | os.PathLike, tensors: Sequence[PendingTen
     os.replace(tmp, path)
 
 
-def save_safetensors(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike) -> Path:
-    """Write ``tensors`` to the single safetensors file ``path`` (torch alone, no numpy)."""
+def save_safetensors(
+    tensors: Mapping[str, torch.Tensor], path: str | os.PathLike, metadata: Mapping[str, str] | None = None
+) -> Path:
+    """Write ``tensors`` (and string ``metadata``) to the single safetensors file ``path`` (torch alone,
+    no numpy), atomically."""
     pending = [
         PendingTensor(key, TensorInfo(tuple(t.shape), t.dtype), lambda t=t: t) for key, t in tensors.items()
     ]
-    for _ in write_safetensors_file(path, pending):
+    for _ in write_safetensors_file(path, pending, metadata):
         pass
     return Path(path)
 
