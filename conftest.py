@@ -81,9 +81,10 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
     return [results[r] for r in range(world_size)]
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def distributed() -> Callable[..., list[Any]]:
-    """Fixture form of :func:`run_distributed`: ``distributed(fn, world_size, *args)``."""
+    """Fixture form of :func:`run_distributed`: ``distributed(fn, world_size, *args)`` (session-scoped, so
+    that module-scoped fixtures can start process groups too)."""
     return run_distributed
 
 

@@ -367,3 +367,34 @@ def processes() -> SimpleNamespace:
         start=start_run, finish=finish, worker_pids=worker_pids, running=process_running,
         wait_for_steps=wait_for_steps,
     )  # fmt: skip
+
+
+@pytest.fixture
+def mm_train_cli():
+    """``mm_train_cli(*args)`` runs ``python -m mm_trainer *args`` (e.g. a subcommand) with the toy plugin
+    importable, and returns the process, failed or not."""
+
+    def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "mm_trainer", *args]
+        return subprocess.run(command, env=train_env(), capture_output=True, text=True, timeout=timeout)
+
+    return run
+
+
+@pytest.fixture
+def mm_train_forked(distributed):
+    """``mm_train_forked(config, *overrides, nproc=1)``: mm-train's ``main`` on ``nproc`` forked gloo ranks
+    (the command line's code path without a fresh interpreter per run); a failure on any rank raises
+    with its traceback. Returns the metrics records."""
+
+    def run(config: Path, *overrides: str, nproc: int = 1) -> list[dict]:
+        def body(rank: int, world: int) -> int:
+            sys.path.insert(0, str(PLUGIN_DIR))
+            from mm_trainer.cli import main
+
+            return main(["--config", str(config), *overrides])
+
+        assert distributed(body, nproc) == [0] * nproc
+        return read_metrics(config.parent / "ckpt")
+
+    return run

@@ -36,7 +36,7 @@ class MeanModel(nn.Module):
 def training(iters: int) -> SimpleNamespace:
     return SimpleNamespace(
         gradient_accumulation_steps=1, clip_grad=0.0, train_iters=iters, log_interval=1, save_interval=0,
-        nonfinite=SimpleNamespace(action="skip", max_consecutive=3),
+        nonfinite=SimpleNamespace(action="skip", max_consecutive=3), seed=0, log_sample_ids=False,
     )  # fmt: skip
 
 

@@ -27,7 +27,7 @@ def test_a_checkpoint_taken_mid_group_resumes_with_the_uninterrupted_losses(toy_
     sections = {
         "training": {"train_iters": 9},
         "features": {"condition_mbs": 2},  # steps (1,2) (3,4) ...: the save after step 3 splits a group
-        "model": {"pipeline": {"noise": "global"}},  # global RNG: the resume must restore it as well
+        "model": {"pipeline": {"noise": "global"}},  # global RNG: reseeded per micro-batch from its key
         "data": {"dataset": {"num_samples": 20}},  # 5 steps an epoch: an epoch ends inside a group
     }
     reference = toy_yaml("reference", **sections)

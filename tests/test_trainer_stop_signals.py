@@ -35,8 +35,8 @@ def _assert_one_checkpoint_at_the_last_logged_step(ckpt) -> int:
 
 @pytest.mark.parametrize(
     ("signalled", "gap_s"),
-    [((1,), 0.0), ((0, 1), 0.5)],
-    ids=["rank 1", "rank 0, then rank 1 half a second later"],
+    [((1,), 0.0), ((0, 1), 0.1)],
+    ids=["rank 1", "rank 0, then rank 1 two steps later"],
 )
 def test_sigterm_on_some_ranks_saves_one_iteration_on_all_and_exits_0(signalled, gap_s, toy_yaml, processes):
     config = _long_run(toy_yaml)
@@ -45,7 +45,12 @@ def test_sigterm_on_some_ranks_saves_one_iteration_on_all_and_exits_0(signalled,
     processes.wait_for_steps(config.parent / "ckpt" / "metrics.jsonl", 3, torchrun)
     for i, rank in enumerate(signalled):
         time.sleep(gap_s if i else 0)
-        os.kill(workers[rank], signal.SIGTERM)
+        try:
+            os.kill(workers[rank], signal.SIGTERM)
+        except ProcessLookupError:
+            # The agreed stop can save and exit within the gap on a fast machine; a signal
+            # that finds its rank gone has nothing left to disturb.
+            assert i > 0, "the first signalled worker ended before its signal"
     codes, output = processes.finish([torchrun], timeout=120)
     assert codes == [0], output[-4000:]
     steps = _assert_one_checkpoint_at_the_last_logged_step(config.parent / "ckpt")

@@ -12,7 +12,8 @@ import time
 from typing import Any
 
 import torch
-from mm_pipelines import GenerativePipelineBase
+import torch.distributed as dist
+from mm_pipelines import GenerativePipelineBase, SampleRNG
 from mm_trainer import BaseModel, ModelContainer, data_register, model_register
 from torch import nn
 from torch.utils.data import Dataset, default_collate
@@ -79,35 +80,44 @@ class ToyPredictor(BaseModel, nn.Module):
 
 
 class ToyPipeline(GenerativePipelineBase):
-    """Flow-match noising of ``x0``; noise either keyed by sample index or from the global RNG."""
+    """Flow-match noising of ``x0``. ``noise``: ``keyed`` draws through the trainer's ``SampleRNG``
+    (the same at any layout); ``global`` from the global torch RNG (which the engine reseeds per
+    micro-batch); ``rank_seeded`` from a generator seeded by the process rank, the way runs drew
+    before keyed randomness (what ``mm-train check-layouts`` must catch)."""
 
     def __init__(
         self,
-        noise: str = "per_sample",
+        noise: str = "keyed",
         sleep_s: float = 0.0,
         nan_calls: tuple = (),
         stall: dict | None = None,
     ) -> None:
         super().__init__()
-        if noise not in ("per_sample", "global"):
-            raise ValueError(f"model.pipeline.noise must be per_sample or global, got {noise!r}")
+        if noise not in ("keyed", "global", "rank_seeded"):
+            raise ValueError(f"model.pipeline.noise must be keyed, global or rank_seeded, got {noise!r}")
         self.noise, self.sleep_s = noise, sleep_s
         self.nan_calls, self.calls = set(nan_calls), 0  # forward calls (1-based) whose loss is NaN
         self.stall = stall  # {rank, call, seconds}: that rank sleeps before that forward call's predictor
+        self._rank_generator: torch.Generator | None = None
 
     def prepare_conditions(self, container: Any, batch: dict) -> dict:
         cond = self.call(container, "text_encoder", batch["features"])
         return {"x0": batch["x0"], "cond": cond, "index": batch["index"]}
 
-    def noising(self, conditions: dict, generator: torch.Generator | None = None) -> dict:
+    def noising(self, conditions: dict, rng: SampleRNG | None = None) -> dict:
         x0 = conditions["x0"]
-        if self.noise == "per_sample":  # identical whatever the data-parallel layout
-            gens = [torch.Generator().manual_seed(int(i)) for i in conditions["index"]]
-            eps = torch.stack([torch.randn(x0.shape[1:], generator=g) for g in gens])
-            sigma = torch.stack([torch.rand((), generator=g) for g in gens])
+        if self.noise == "keyed":
+            rng = self.require_rng(rng, x0.shape[0])
+            eps = rng.randn("noise", x0.shape[1:])
+            sigma = rng.per_sample("sigma", lambda g: torch.rand((), generator=g))
+        elif self.noise == "global":
+            eps, sigma = torch.randn(x0.shape), torch.rand(x0.shape[0])
         else:
-            eps = torch.randn(x0.shape)
-            sigma = torch.rand(x0.shape[0])
+            if self._rank_generator is None:
+                rank = dist.get_rank() if dist.is_initialized() else 0
+                self._rank_generator = torch.Generator().manual_seed(1234 + rank)
+            eps = torch.randn(x0.shape, generator=self._rank_generator)
+            sigma = torch.rand(x0.shape[0], generator=self._rank_generator)
         x_t = (1 - sigma[:, None]) * x0 + sigma[:, None] * eps
         return {**conditions, "x_t": x_t, "sigma": sigma, "target": eps - x0}
 

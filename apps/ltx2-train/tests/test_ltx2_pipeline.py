@@ -8,6 +8,7 @@ import pytest
 import torch
 from ltx2_train.pipeline import LTX2Pipeline, first_frame_token_mask, masked_mse, pack_audio, pack_video
 from ltx2_train.timesteps import SigmaSampler
+from mm_pipelines import SampleRNG
 
 
 def conditions(batch: int = 3, grid=(3, 2, 2), channels: int = 4, audio_len: int = 5):
@@ -23,7 +24,7 @@ def conditions(batch: int = 3, grid=(3, 2, 2), channels: int = 4, audio_len: int
 def test_video_and_audio_share_one_sigma_and_mix_as_one_minus_sigma_x0_plus_sigma_eps():
     pipe = LTX2Pipeline(SigmaSampler(), audio=True)
     cond = conditions()
-    noised = pipe.noising(cond, torch.Generator().manual_seed(5))
+    noised = pipe.noising(cond, SampleRNG.for_batch(3, seed=5))
     # Recover eps from the targets (target = eps - x0) and check the mixture with the SAME sigma.
     sigma = noised["sigma"][:, None, None]
     eps_v = noised["video_target"] + cond["video"]
@@ -36,15 +37,27 @@ def test_video_and_audio_share_one_sigma_and_mix_as_one_minus_sigma_x0_plus_sigm
 def test_sigma_follows_the_sampler_for_the_video_token_count():
     pipe = LTX2Pipeline(SigmaSampler(), audio=False)
     cond = conditions(batch=4, grid=(4, 16, 16))  # 1024 tokens
-    got = pipe.noising(cond, torch.Generator().manual_seed(9))["sigma"]
-    want = SigmaSampler().sample(4, 1024, generator=torch.Generator().manual_seed(9))
+    keys = SampleRNG.for_batch(4, seed=9)
+    got = pipe.noising(cond, keys)["sigma"]
+    want = torch.cat([SigmaSampler().sample(1, 1024, generator=g) for g in keys.sample_generators("sigma")])
     torch.testing.assert_close(got, want)
+
+
+def test_a_sample_is_noised_the_same_in_any_micro_batch():
+    pipe = LTX2Pipeline(SigmaSampler(), audio=True, first_frame_conditioning_p=0.5)
+    cond = conditions(batch=3)
+    whole = pipe.noising(cond, SampleRNG(seed=1, step=4, sample_ids=[6, 7, 8]))
+    for i in range(3):
+        alone = {**cond, "video": cond["video"][i : i + 1], "audio": cond["audio"][i : i + 1]}
+        one = pipe.noising(alone, SampleRNG(seed=1, step=4, sample_ids=[6 + i]))
+        for key in ("sigma", "conditioned", "noisy_video", "noisy_audio"):
+            assert torch.equal(whole[key][i : i + 1], one[key]), (key, i)
 
 
 def test_first_frame_conditioning_keeps_the_first_latent_frame_clean_with_timestep_zero():
     pipe = LTX2Pipeline(SigmaSampler(), audio=True, first_frame_conditioning_p=1.0)
     cond = conditions(grid=(3, 2, 2))
-    noised = pipe.noising(cond, torch.Generator().manual_seed(1))
+    noised = pipe.noising(cond, SampleRNG.for_batch(3, seed=1))
     first = slice(0, 4)  # 2 x 2 tokens of latent frame 0
     assert noised["conditioned"][:, first].all() and not noised["conditioned"][:, 4:].any()
     torch.testing.assert_close(noised["noisy_video"][:, first], cond["video"][:, first])
@@ -61,7 +74,7 @@ def test_conditioning_probability_is_per_sample():
 
 def test_video_loss_ignores_conditioning_tokens_and_audio_loss_adds_with_its_weight():
     pipe = LTX2Pipeline(SigmaSampler(), audio=True, first_frame_conditioning_p=1.0, audio_loss_weight=0.5)
-    noised = pipe.noising(conditions(grid=(3, 2, 2)), torch.Generator().manual_seed(2))
+    noised = pipe.noising(conditions(grid=(3, 2, 2)), SampleRNG.for_batch(3, seed=2))
     video = noised["video_target"].clone()
     video[:, :4] += 100.0  # error only on conditioning tokens
     video[:, 4:] += 2.0  # squared error 4 elsewhere
@@ -97,7 +110,7 @@ def test_forward_runs_the_transformer_and_reports_tokens(tiny_predictor):
         "prompt_attention_mask": torch.ones(2, 6, dtype=torch.long),
         "frame_rate": torch.tensor([8.0, 8.0]),
     }
-    out = pipe.forward(container, **batch)
+    out = pipe.forward(container, SampleRNG.for_batch(2), **batch)
     assert torch.isfinite(out.loss) and out.loss.requires_grad
     assert out.metrics["num_tokens"] == 2 * (32 + 6) and out.metrics["num_samples"] == 2
     assert out.metrics["flops"] == 2 * model.training_flops(32, 6, 6)

@@ -1,4 +1,5 @@
-"""Tiny LTX-2 end to end on 2 gloo processes (FSDP2 + Ulysses 2, audio on): train, resume, export."""
+"""Tiny LTX-2 end to end on 2 gloo processes (FSDP2 + Ulysses 2, audio on): train, resume (also at world 1),
+export."""
 
 from __future__ import annotations
 
@@ -75,6 +76,17 @@ def test_train_resume_and_export(tiny_cache, run_config, ltx2_inputs):
     assert sorted(resumed) == list(range(9, 17))
     for step, loss in resumed.items():
         assert loss == pytest.approx(first[step], rel=1e-5), (step, loss, first[step])
+
+    # 2b. The same checkpoint resumed at another layout, world 1 without Ulysses: steps 9..16 again.
+    single_dir = tiny_cache / "resumed_world_1"
+    ltx2_train(
+        "--config", str(config), f"training.load={resume_from}", f"training.save={single_dir}",
+        "parallel.ulysses_parallel_size=1",
+    )  # fmt: skip
+    single = losses(single_dir)
+    assert sorted(single) == list(range(9, 17))
+    for step, loss in single.items():
+        assert loss == pytest.approx(first[step], rel=1e-4), (step, loss, first[step])
 
     # 3. Export: upstream from_pretrained loads it and computes what the trained weights compute.
     out = tiny_cache / "export" / "transformer"

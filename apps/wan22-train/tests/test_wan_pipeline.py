@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from mm_pipelines import SampleRNG
 from wan22_train.pipeline import Wan22Pipeline
 
 
@@ -31,23 +32,18 @@ def test_noising_target_and_weight_equal_the_formulas(expert, task, lo, hi):
         conditions["image_condition"] = torch.zeros(2, 20, 3, 4, 4)
     seen = set()
     for seed in range(40):
-        noised = pipeline.noising(conditions, torch.Generator().manual_seed(seed))
-        index = int(noised["indices"][0])
-        seen.add(index)
-        assert lo <= index < hi
-        sigma = recipe_sigma(index)
-        noise = torch.randn(x0.shape, generator=_after_index_draw(seed, pipeline))
-        torch.testing.assert_close(noised["hidden_states"][:, :4], (1 - sigma) * x0 + sigma * noise)
-        torch.testing.assert_close(noised["target"], noise - x0)
-        assert noised["timestep"][0].item() == pytest.approx(1000 * sigma, rel=1e-6)
-        assert noised["weight"][0].item() == pytest.approx(weight(index), rel=1e-5)
-    assert len(seen) > 30
-
-
-def _after_index_draw(seed: int, pipeline: Wan22Pipeline) -> torch.Generator:
-    g = torch.Generator().manual_seed(seed)
-    pipeline.scheduler.sample_indices(2, g)  # the pipeline draws the index first, then the noise
-    return g
+        keys = SampleRNG.for_batch(2, seed=seed)
+        noised = pipeline.noising(conditions, keys)
+        for i, index in enumerate(noised["indices"].tolist()):
+            seen.add(index)
+            assert lo <= index < hi
+            sigma = recipe_sigma(index)
+            noise = torch.randn(x0.shape[1:], generator=keys.sample_generators("noise")[i])
+            torch.testing.assert_close(noised["hidden_states"][i, :4], (1 - sigma) * x0[i] + sigma * noise)
+            torch.testing.assert_close(noised["target"][i], noise - x0[i])
+            assert noised["timestep"][i].item() == pytest.approx(1000 * sigma, rel=1e-6)
+            assert noised["weight"][i].item() == pytest.approx(weight(index), rel=1e-5)
+    assert len(seen) > 60
 
 
 def test_high_noise_t2v_expert_sees_only_timesteps_at_or_above_875():
@@ -71,7 +67,7 @@ class _Recorder(torch.nn.Module):
         return hidden * self.w
 
 
-def test_expert_both_routes_each_micro_batch_by_its_timestep():
+def test_expert_both_routes_each_step_by_its_timestep_whatever_the_micro_batch():
     pipeline = Wan22Pipeline.from_options({"task": "t2v", "expert": "both"})
     assert pipeline.boundary_index == 417
     calls: list = []
@@ -81,8 +77,11 @@ def test_expert_both_routes_each_micro_batch_by_its_timestep():
         _Recorder("predictor_low", calls),
     )
     conditions = {"latents": torch.randn(2, 4, 3, 4, 4), "prompt_embeds": torch.zeros(2, 3, 8)}
-    for seed in range(30):
-        pipeline.predict(container, pipeline.noising(conditions, torch.Generator().manual_seed(seed)))
+    for step in range(30):
+        for ids in ([0, 1], [2, 3]):  # two micro-batches (or ranks) of one step: the same expert
+            keys = SampleRNG(seed=0, step=step, sample_ids=ids)
+            pipeline.predict(container, pipeline.noising(conditions, keys))
+        assert calls[-1] == calls[-2]
     assert {name for name, _ in calls} == {"predictor", "predictor_low"}
     for name, t in calls:
         assert (t >= 875) == (name == "predictor"), (name, t)
@@ -98,7 +97,7 @@ def test_ti2v_gives_the_clean_first_frame_timestep_zero_per_token():
     seen = []
     container.predictor.register_forward_pre_hook(lambda mod, args: seen.append(args[1].clone()))
     conditions = {"latents": torch.randn(2, 4, 3, 4, 6), "prompt_embeds": torch.randn(2, 3, 8)}
-    noised = pipeline.noising(conditions, torch.Generator().manual_seed(0))
+    noised = pipeline.noising(conditions, SampleRNG.for_batch(2))
     pipeline.predict(container, noised)
     (timestep,) = seen
     per_frame = (4 // 2) * (6 // 2)

@@ -176,3 +176,98 @@ def _files(path: Path) -> list[Path]:
         return list(path.iterdir())
     except FileNotFoundError:
         return []
+
+
+class _Position:
+    """A per-rank entry that merges the states of a run saved at another data-parallel size."""
+
+    def __init__(self) -> None:
+        self.state = {"consumed": 0}
+        self.merged: tuple | None = None
+
+    def state_dict(self) -> dict:
+        return dict(self.state)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = dict(state)
+
+    def load_rank_states(self, states: list, *, dp_rank: int, dp_size: int) -> None:
+        self.merged = (states, dp_rank, dp_size)
+
+
+def test_at_another_data_parallel_size_every_saved_rank_state_goes_to_load_rank_states(
+    tmp_path: Path,
+) -> None:
+    position = _Position()
+    position.state = {"consumed": 12}
+    DistributedCheckpointer(tmp_path).save({"model": _training_state(0)["model"], "data": position}, 3)
+
+    grown = _Position()
+    DistributedCheckpointer(tmp_path, dp_rank=3, dp_size=4).load(
+        {"model": _training_state(1)["model"], "data": grown}
+    )
+    assert grown.merged == ([{"consumed": 12}], 3, 4) and grown.state == {"consumed": 0}
+
+
+def test_an_entry_that_cannot_merge_rank_states_is_refused_at_another_data_parallel_size(
+    tmp_path: Path,
+) -> None:
+    DistributedCheckpointer(tmp_path).save({"model": _training_state(0)["model"], "rng": RNGState()}, 3)
+    with pytest.raises(
+        CheckpointLoadError, match=r"'rng' was saved per data-parallel rank at dp size 1.*dp size 2"
+    ):
+        DistributedCheckpointer(tmp_path, dp_rank=0, dp_size=2).load(
+            {"model": _training_state(1)["model"], "rng": RNGState()}
+        )
+
+
+def test_a_missing_rank_state_file_is_an_error_naming_it(tmp_path: Path) -> None:
+    saved = _training_state(0)
+    DistributedCheckpointer(tmp_path).save(saved, 3)
+    rank_file = tmp_path / "iter_0000003" / "rank_state" / "dp_rank_00000.pt"
+    rank_file.unlink()
+    with pytest.raises(
+        CheckpointLoadError, match=rf"lacks per-rank state \['{rank_file}'\].*\['dataloader'\]"
+    ):
+        DistributedCheckpointer(tmp_path).load(_training_state(1))
+
+
+class _Payload:
+    """Unpickling this runs ``exec``: what a crafted checkpoint file would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (exec, (f"open({str(self.marker)!r}, 'w').write('ran')",))
+
+
+def test_a_crafted_rank_state_pickle_runs_nothing_and_is_refused_naming_the_file(tmp_path: Path) -> None:
+    DistributedCheckpointer(tmp_path).save(_training_state(0), 3)
+    rank_file = tmp_path / "iter_0000003" / "rank_state" / "dp_rank_00000.pt"
+    marker = tmp_path / "payload_ran"
+    torch.save({"dp_rank": 0, "dp_size": 1, "state": {"dataloader": _Payload(marker)}}, rank_file)
+    with pytest.raises(CheckpointLoadError, match=rf"{rank_file}: not loadable .*weights_only=True"):
+        DistributedCheckpointer(tmp_path).load(_training_state(1))
+    assert not marker.exists()
+
+
+def test_per_rank_state_that_only_a_full_unpickler_could_load_is_refused_at_save(tmp_path: Path) -> None:
+    state = {**_training_state(0), "dataloader": {"sampler": object()}}
+    with pytest.raises(
+        TypeError, match=r"entry 'dataloader'\['sampler'\] is a object: per-rank state holds only"
+    ):
+        DistributedCheckpointer(tmp_path).save(state, 3)
+
+
+def test_rng_state_round_trips_through_a_weights_only_load(tmp_path: Path) -> None:
+    import random
+
+    import numpy as np
+
+    DistributedCheckpointer(tmp_path).save({"model": _training_state(0)["model"], "rng": RNGState()}, 1)
+    expected = (random.random(), float(np.random.rand()), torch.rand(2))
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    DistributedCheckpointer(tmp_path).load({"model": _training_state(1)["model"], "rng": RNGState()})
+    got = (random.random(), float(np.random.rand()), torch.rand(2))
+    assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])

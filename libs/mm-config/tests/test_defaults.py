@@ -20,7 +20,7 @@ def test_empty_mapping_gives_all_defaults_resolved_for_world_1():
     cfg = mm_config.validate_config({}, world_size=1)
     assert cfg.model_dump() == TrainConfig.model_validate({}, context={"world_size": 1}).model_dump()
     assert cfg.parallel.fully_shard_parallel_size == 1
-    assert cfg.training.global_batch_size == 1
+    assert cfg.training.global_batch_size == 1 and cfg.training.gradient_accumulation_steps == 1
     assert cfg.training.trainable_submodels == []
 
 
@@ -55,8 +55,13 @@ def test_data_defaults():
 
 def test_training_defaults():
     t = TrainingConfig()
-    assert (t.plugin, t.seed, t.micro_batch_size, t.gradient_accumulation_steps) == ([], 1234, 1, 1)
-    assert t.global_batch_size is None and t.trainable_submodels is None
+    assert (t.plugin, t.seed, t.micro_batch_size) == ([], 1234, 1)
+    assert (
+        t.gradient_accumulation_steps is None
+        and t.global_batch_size is None
+        and t.trainable_submodels is None
+    )
+    assert not t.reset_data_position and not t.log_sample_ids
     assert (t.lr_scheduler, t.optimizer, t.clip_grad, t.log_interval) == ("constant", "adamw", 1.0, 1)
     assert (t.load, t.save, t.log_dir, t.keep_last, t.device) == (None, None, None, None, None)
     assert (t.nonfinite.action, t.nonfinite.max_consecutive) == ("skip", 5)

@@ -74,3 +74,19 @@ def test_global_batch_size_that_matches_is_accepted(load):
         world_size=8,
     )
     assert cfg.training.global_batch_size == 24
+
+
+@pytest.mark.parametrize(
+    ("world", "ulysses", "accumulation"), [(1, 1, 4), (2, 1, 2), (2, 2, 4), (4, 2, 2), (4, 1, 1)]
+)
+def test_global_batch_size_derives_gradient_accumulation_at_any_world_size(
+    load, world, ulysses, accumulation
+):
+    cfg = load(
+        {
+            "parallel": {"ulysses_parallel_size": ulysses},
+            "training": {"micro_batch_size": 2, "global_batch_size": 8},
+        },
+        world_size=world,
+    )
+    assert cfg.training.gradient_accumulation_steps == accumulation and cfg.training.global_batch_size == 8

@@ -212,6 +212,21 @@ def test_global_batch_must_equal_micro_times_accumulation_times_data_parallel(lo
     )
 
 
+def test_a_global_batch_that_data_parallel_micro_batches_do_not_divide_cannot_derive_accumulation(
+    load_error, problem_at
+):
+    err = load_error({"training": {"micro_batch_size": 2, "global_batch_size": 6}}, world_size=2)
+    assert problem_at(err, "training.global_batch_size") == (
+        "training.global_batch_size = 6: must be a multiple of micro_batch_size (2) x data-parallel size "
+        "(2 = world 2 / ulysses x ring 1) = 4 to derive gradient_accumulation_steps"
+    )
+
+
+def test_resetting_the_data_position_without_resuming_is_refused(load_error, problem_at):
+    err = load_error({"training": {"reset_data_position": True}})
+    assert "only acts when resuming" in problem_at(err, "training.reset_data_position")
+
+
 def test_a_frozen_sub_model_cannot_be_trainable(load_error, problem_at, container):
     err = load_error(container(training={"trainable_submodels": ["predictor", "ae"]}))
     assert "sub-model `ae` is frozen (model.models.ae.freeze: true) and cannot be trained" in problem_at(

@@ -93,17 +93,33 @@ def test_gloo_world_4_with_cp_2_reads_the_world_1_order(distributed):
     assert global_steps([gathered[0], gathered[2]], 1) == run(samplers(1, GBS))[0]
 
 
-def test_resume_at_dp2_into_dp4_continues_with_the_next_unseen_samples():
-    steps_done = 3
-    uninterrupted = global_steps(run(samplers(2, 2)), 2)
-    first = samplers(2, 2)
-    run(first, steps_done * 2)
-    states = [s.state_dict() for s in first]
-    assert states[0] == states[1] and states[0]["consumed_samples"] == steps_done * GBS
-    resumed = samplers(4, 1)
-    for s in resumed:
-        s.load_state_dict(states[0])
-    assert global_steps(run(resumed), 2) == uninterrupted[steps_done:]
+@pytest.mark.parametrize(("dp_size", "micro"), [(1, GBS), (2, 2), (4, 1)])
+def test_sample_ids_count_the_global_order_at_any_layout(dp_size: int, micro: int):
+    parallel = samplers(dp_size, micro)
+    accum = parallel[0].accumulation_steps
+    per_epoch = parallel[0].batches_per_epoch
+    for epoch in (0, 2):
+        for step in range(per_epoch):
+            ids = [
+                i
+                for s in parallel
+                for offset in range(accum)
+                for i in s.sample_ids_at(epoch, step * accum + offset)
+            ]
+            first = (epoch * per_epoch + step) * GBS
+            assert ids == list(range(first, first + GBS))
+
+
+def test_batches_per_epoch_counts_what_an_epoch_yields():
+    for drop_last in (True, False):
+        (s,) = samplers(1, GBS, drop_last=drop_last)
+        assert s.batches_per_epoch == len(s.global_batches(0)) == len(s.global_batches(3))
+
+
+def test_the_loader_reports_the_sample_ids_of_the_batch_it_handed_out():
+    (loader,) = make_loaders(1, 2, workers=0)
+    for position, _ in enumerate(itertools.islice(iter(loader), 6)):
+        assert loader.last_sample_ids == [2 * position, 2 * position + 1]
 
 
 def test_resume_mid_step_needs_the_same_layout():

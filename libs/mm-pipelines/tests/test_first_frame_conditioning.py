@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mm_pipelines import FlowMatchScheduler, FlowMatchT2VPipeline, first_frame_video
+from mm_pipelines import FlowMatchScheduler, FlowMatchT2VPipeline, SampleRNG, first_frame_video
 
 
-def gen(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+def keys(seed: int = 0, batch_size: int = 2) -> SampleRNG:
+    return SampleRNG.for_batch(batch_size, seed=seed)
 
 
 def test_i2v_predictor_input_has_36_channels_for_wan_sized_latents(toys, batch) -> None:
     container = toys.Container(latent_channels=16, predictor_in=36)
     pipe = FlowMatchT2VPipeline(FlowMatchScheduler(), task="i2v")
-    noised = pipe.noising(pipe.prepare_conditions(container, batch), gen())
+    noised = pipe.noising(pipe.prepare_conditions(container, batch), keys())
     assert noised["hidden_states"].shape == (2, 36, 3, 4, 4)
     assert noised["target"].shape == (2, 16, 3, 4, 4)
     assert torch.isfinite(pipe.compute_loss(pipe.predict(container, noised), noised))
@@ -23,14 +23,14 @@ def test_i2v_predictor_input_has_36_channels_for_wan_sized_latents(toys, batch) 
 def test_i2v_mask_marks_only_the_first_latent_frame(toys, batch) -> None:
     pipe = FlowMatchT2VPipeline(FlowMatchScheduler(), task="i2v")
     container = toys.Container(predictor_in=12)
-    mask = pipe.noising(pipe.prepare_conditions(container, batch), gen())["hidden_states"][:, 4:8]
+    mask = pipe.noising(pipe.prepare_conditions(container, batch), keys())["hidden_states"][:, 4:8]
     assert torch.all(mask[:, :, 0] == 1) and torch.all(mask[:, :, 1:] == 0)
 
 
 def test_i2v_image_latents_encode_the_first_frame_with_later_frames_zeroed(toys, batch) -> None:
     pipe = FlowMatchT2VPipeline(FlowMatchScheduler(), task="i2v")
     container = toys.Container(predictor_in=12)
-    image = pipe.noising(pipe.prepare_conditions(container, batch), gen())["hidden_states"][:, 8:]
+    image = pipe.noising(pipe.prepare_conditions(container, batch), keys())["hidden_states"][:, 8:]
     video = batch["video"].clone()
     video[:, :, 1:] = 0
     torch.testing.assert_close(image, container.ae.encode(video))
@@ -44,7 +44,7 @@ def test_i2v_uses_precomputed_image_latents(toys) -> None:
         "image_latents": image_latents,
         "prompt_embeds": torch.randn(2, 5, 8),
     }
-    noised = pipe.noising(pipe.prepare_conditions(toys.Container(predictor_in=12), batch), gen())
+    noised = pipe.noising(pipe.prepare_conditions(toys.Container(predictor_in=12), batch), keys())
     assert torch.equal(noised["hidden_states"][:, 8:], image_latents)
 
 
@@ -62,7 +62,7 @@ def test_i2v_rejects_image_latents_of_another_size(toys) -> None:
 def test_ti2v_first_noised_frame_is_the_clean_latent(toys, batch) -> None:
     pipe = FlowMatchT2VPipeline(FlowMatchScheduler(), task="ti2v")
     conditions = pipe.prepare_conditions(toys.Container(), batch)
-    noised = pipe.noising(conditions, gen())
+    noised = pipe.noising(conditions, keys())
     x0, x_t = conditions["latents"], noised["hidden_states"]
     assert x_t.shape == x0.shape
     assert torch.equal(x_t[:, :, 0], x0[:, :, 0])
@@ -72,7 +72,7 @@ def test_ti2v_first_noised_frame_is_the_clean_latent(toys, batch) -> None:
 def test_ti2v_loss_ignores_the_first_frame(toys, batch) -> None:
     pipe = FlowMatchT2VPipeline(FlowMatchScheduler(weighting=False), task="ti2v")
     container = toys.Container()
-    noised = pipe.noising(pipe.prepare_conditions(container, batch), gen())
+    noised = pipe.noising(pipe.prepare_conditions(container, batch), keys())
     pred = pipe.predict(container, noised).detach()
     base = pipe.compute_loss(pred, noised)
     torch.testing.assert_close(base, (pred[:, :, 1:] - noised["target"][:, :, 1:]).pow(2).mean())

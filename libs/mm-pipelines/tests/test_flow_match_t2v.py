@@ -6,21 +6,21 @@ import math
 
 import pytest
 import torch
-from mm_pipelines import FlowMatchScheduler, FlowMatchT2VPipeline
+from mm_pipelines import FlowMatchScheduler, FlowMatchT2VPipeline, SampleRNG
 
 
-def gen(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+def keys(seed: int = 0, batch_size: int = 2) -> SampleRNG:
+    return SampleRNG.for_batch(batch_size, seed=seed)
 
 
 def test_t2v_forward_returns_a_finite_scalar_loss(toys, batch) -> None:
-    out = FlowMatchT2VPipeline(FlowMatchScheduler())(toys.Container(), generator=gen(), **batch)
+    out = FlowMatchT2VPipeline(FlowMatchScheduler())(toys.Container(), rng=keys(), **batch)
     assert out.loss.ndim == 0 and out.loss.dtype == torch.float32 and torch.isfinite(out.loss)
 
 
 def test_backprop_reaches_only_the_predictor(toys, batch) -> None:
     container = toys.DeclaredContainer(trainable=("predictor",))
-    FlowMatchT2VPipeline(FlowMatchScheduler())(container, generator=gen(), **batch).loss.backward()
+    FlowMatchT2VPipeline(FlowMatchScheduler())(container, rng=keys(), **batch).loss.backward()
     assert all(p.grad is not None for p in container.predictor.parameters())
     frozen = [*container.ae.parameters(), *container.text_encoder.parameters()]
     assert all(p.requires_grad and p.grad is None for p in frozen)
@@ -44,39 +44,42 @@ def test_noised_inputs_target_and_loss_follow_the_formulas(toys, batch) -> None:
     pipe = FlowMatchT2VPipeline(FlowMatchScheduler())
     container = toys.Container()
     conditions = pipe.prepare_conditions(container, batch)
-    noised = pipe.noising(conditions, gen(3))
+    noised = pipe.noising(conditions, keys(3))
     x0, x_t, t = conditions["latents"], noised["hidden_states"], noised["timestep"]
-    sigma = t[0].item() / 1000
+    sigma = (t / 1000).reshape(-1, 1, 1, 1, 1)
     noise = (x_t - (1 - sigma) * x0) / sigma
     torch.testing.assert_close(noised["target"], noise - x0, rtol=1e-4, atol=1e-4)
     ts = [1000 * (3 * s / (1 + 2 * s)) for s in (1 + (0.003 / 1.002 - 1) * i / 999 for i in range(1000))]
     y = [math.exp(-2 * ((v - 500) / 1000) ** 2) for v in ts]
-    w = (math.exp(-2 * ((t[0].item() - 500) / 1000) ** 2) - min(y)) * 1000 / sum(v - min(y) for v in y)
+    w = torch.tensor(
+        [
+            (math.exp(-2 * ((v - 500) / 1000) ** 2) - min(y)) * 1000 / sum(v - min(y) for v in y)
+            for v in t.tolist()
+        ]
+    )
     pred = pipe.predict(container, noised)
-    expected = w * (pred.float() - noised["target"]).pow(2).mean()
+    expected = (w * (pred.float() - noised["target"]).pow(2).flatten(1).mean(1)).mean()
     torch.testing.assert_close(pipe.compute_loss(pred, noised), expected, rtol=1e-4, atol=1e-7)
 
 
 def test_weighting_off_gives_plain_mse(toys, batch) -> None:
     pipe = FlowMatchT2VPipeline(FlowMatchScheduler(weighting=False))
     container = toys.Container()
-    noised = pipe.noising(pipe.prepare_conditions(container, batch), gen())
+    noised = pipe.noising(pipe.prepare_conditions(container, batch), keys())
     pred = pipe.predict(container, noised)
     torch.testing.assert_close(pipe.compute_loss(pred, noised), (pred - noised["target"]).pow(2).mean())
 
 
 def test_same_generator_seed_gives_the_same_loss(toys, batch) -> None:
     pipe, container = FlowMatchT2VPipeline(FlowMatchScheduler()), toys.Container()
-    assert torch.equal(
-        pipe(container, generator=gen(5), **batch).loss, pipe(container, generator=gen(5), **batch).loss
-    )
+    assert torch.equal(pipe(container, rng=keys(5), **batch).loss, pipe(container, rng=keys(5), **batch).loss)
 
 
 def test_precomputed_latents_and_prompt_embeds_skip_the_encoders(toys) -> None:
     container = toys.Container()
     del container.ae, container.text_encoder
     batch = {"latents": torch.randn(2, 4, 3, 4, 4), "prompt_embeds": torch.randn(2, 5, 8)}
-    out = FlowMatchT2VPipeline(FlowMatchScheduler())(container, generator=gen(), **batch)
+    out = FlowMatchT2VPipeline(FlowMatchScheduler())(container, rng=keys(), **batch)
     assert torch.isfinite(out.loss)
 
 
@@ -88,7 +91,7 @@ def test_missing_batch_keys_are_named(toys) -> None:
 
 
 def test_num_tokens_defaults_to_latent_positions(toys, batch) -> None:
-    out = FlowMatchT2VPipeline(FlowMatchScheduler())(toys.Container(), generator=gen(), **batch)
+    out = FlowMatchT2VPipeline(FlowMatchScheduler())(toys.Container(), rng=keys(), **batch)
     # 9 frames -> 3 latent frames, 8x8 -> 4x4.
     assert out.metrics == {"num_samples": 2.0, "num_tokens": 2.0 * 3 * 4 * 4}
 
@@ -99,7 +102,7 @@ def test_num_tokens_uses_the_predictor_count_when_exposed(toys, batch) -> None:
     container.predictor.tokens_per_sample = lambda shape: (
         seen.append(shape) or shape[1] * shape[2] * shape[3] // 4
     )
-    out = FlowMatchT2VPipeline(FlowMatchScheduler())(container, generator=gen(), **batch)
+    out = FlowMatchT2VPipeline(FlowMatchScheduler())(container, rng=keys(), **batch)
     assert seen == [(4, 3, 4, 4)] and out.metrics["num_tokens"] == 2.0 * 12
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mm_pipelines import FlowMatchScheduler, FlowMatchT2VPipeline
+from mm_pipelines import FlowMatchScheduler, FlowMatchT2VPipeline, SampleRNG
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -24,7 +24,7 @@ def test_upstream_wan_transformer_trains_through_the_pipeline(
     container = toys.Container()
     container.predictor = tiny_wan(in_channels)
     out = FlowMatchT2VPipeline(FlowMatchScheduler(), task=task)(
-        container, generator=torch.Generator().manual_seed(0), **batch
+        container, rng=SampleRNG.for_batch(2), **batch
     )
     out.loss.backward()
     assert torch.isfinite(out.loss)

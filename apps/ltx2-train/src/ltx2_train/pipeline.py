@@ -1,6 +1,8 @@
 """LTX-2 audio+video flow matching on precomputed latents and text embeddings.
 
-Per micro-batch (``x0`` = clean latents as tokens, ``eps`` ~ N(0, I)):
+Per micro-batch (``x0`` = clean latents as tokens, ``eps`` ~ N(0, I)); every draw is per sample from
+the micro-batch's :class:`mm_pipelines.SampleRNG` (purposes ``sigma``, ``first_frame_conditioning``,
+``noise``, ``audio_noise``), so a sample trains the same at any layout:
 
 1. one ``sigma`` per sample from :class:`~ltx2_train.timesteps.SigmaSampler` (token count = video
    tokens), the SAME sigma for the video and the audio of a sample;
@@ -23,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from mm_pipelines import GenerativePipelineBase
+from mm_pipelines import GenerativePipelineBase, SampleRNG
 
 from ltx2_train.config_schema import PIPELINE_KEYS, SAMPLER_KEYS
 from ltx2_train.timesteps import SigmaSampler
@@ -123,18 +125,23 @@ class LTX2Pipeline(GenerativePipelineBase):
             out["audio"] = pack_audio(batch["audio_latents"])
         return out
 
-    def noising(self, conditions: dict[str, Any], generator: torch.Generator | None = None) -> dict[str, Any]:
-        """Sample sigma, noise and conditioning; mix ``x_sigma = (1 - sigma) x0 + sigma eps``."""
+    def noising(self, conditions: dict[str, Any], rng: SampleRNG | None = None) -> dict[str, Any]:
+        """Sample sigma, noise and conditioning per sample from ``rng``; mix ``x_sigma = (1 - sigma) x0 + sigma eps``."""
         x0 = conditions["video"]
         batch, num_tokens, _ = x0.shape
+        rng = self.require_rng(rng, batch)
         frames, height, width = conditions["grid"]
         device = x0.device
-        sigma = self.sampler.sample(batch, num_tokens, generator=generator, device=device)
-        conditioned = first_frame_token_mask(
-            batch, frames, height * width, self.first_frame_conditioning_p, generator=generator, device=device
+        sigma = self.sampler.sample_keyed(rng, num_tokens, device=device)
+        conditioned = rng.per_sample(
+            "first_frame_conditioning",
+            lambda g: first_frame_token_mask(
+                1, frames, height * width, self.first_frame_conditioning_p, generator=g, device=device
+            )[0],
+            device,
         )
         token_sigma = sigma[:, None] * (~conditioned).to(sigma.dtype)  # [B, S]: 0 on conditioning tokens
-        eps = torch.randn(x0.shape, generator=generator, device=device, dtype=x0.dtype)
+        eps = rng.randn("noise", x0.shape[1:], dtype=x0.dtype, device=device)
         s = token_sigma[..., None].to(x0.dtype)
         noised = {
             **conditions,
@@ -146,7 +153,7 @@ class LTX2Pipeline(GenerativePipelineBase):
         }
         if self.audio:
             a0 = conditions["audio"]
-            eps_a = torch.randn(a0.shape, generator=generator, device=device, dtype=a0.dtype)
+            eps_a = rng.randn("audio_noise", a0.shape[1:], dtype=a0.dtype, device=device)
             sa = sigma[:, None, None].to(a0.dtype)
             noised["noisy_audio"] = (1 - sa) * a0 + sa * eps_a
             noised["audio_target"] = eps_a - a0

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from mm_pipelines import SampleRNG
 
 from ltx2_train.config_schema import SAMPLING_MODES as MODES
 
@@ -52,3 +53,12 @@ class SigmaSampler:
             return torch.rand(batch, generator=generator, device=device)
         normal = torch.randn(batch, generator=generator, device=device)
         return torch.sigmoid(normal * self.std + self.shift(num_tokens))
+
+    def sample_keyed(
+        self, rng: SampleRNG, num_tokens: int, *, device: torch.device | str | None = None
+    ) -> torch.Tensor:
+        """``[B]`` float32 sigmas, sample ``i``'s from its own key (purpose ``"sigma"``): the same at
+        any micro-batch split or layout."""
+        return rng.per_sample(
+            "sigma", lambda g: self.sample(1, num_tokens, generator=g, device=device)[0], device
+        )

@@ -6,8 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
-from mm_parallel import get_local_device, parse_dtype
+from mm_parallel import parse_dtype
 from mm_pipelines import EXPERT_BOUNDARIES, WAN22_RECIPE_GRID, FlowMatchScheduler, FlowMatchT2VPipeline
 
 from wan22_train.config_schema import EXPERTS, SCHEDULER_KEYS
@@ -20,8 +19,9 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
 
     Options (YAML ``model.pipeline``): ``task`` (t2v | i2v | ti2v), ``expert`` (high_noise |
     low_noise | all | both: the A14B timestep split of DESIGN.md, the whole range for TI2V-5B, or
-    both A14B experts in one run: sub-models ``predictor`` (high noise) and ``predictor_low``, each
-    micro-batch routed by its sampled grid index, drawn once for all ranks),
+    both A14B experts in one run: sub-models ``predictor`` (high noise) and ``predictor_low``; the grid
+    index is drawn once per optimizer step from the step's key (``SampleRNG``), so every micro-batch
+    and rank of a step trains the same expert, at any layout and without a broadcast),
     ``boundary`` (override of the expert split), the scheduler keys (``shift``, ``sigma_min``,
     ``extra_one_step``, ``num_train_timesteps``, ``sigma_max``, ``weighting``) and
     ``predict_dtype``.
@@ -40,7 +40,8 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
         if expert not in EXPERTS:
             raise ValueError(f"model.pipeline.expert={expert!r}: expected one of {list(EXPERTS)}")
         scheduler = _expert_scheduler(expert, task, boundary, sched_kwargs)
-        pipeline = cls(scheduler, task=task, predict_dtype=predict_dtype)
+        timesteps_per = "step" if expert == "both" else "sample"
+        pipeline = cls(scheduler, task=task, predict_dtype=predict_dtype, timesteps_per=timesteps_per)
         if expert == "both":
             split = boundary if boundary is not None else EXPERT_BOUNDARIES["i2v" if task == "i2v" else "t2v"]
             pipeline.boundary_index = round(split * scheduler.num_train_timesteps)
@@ -51,7 +52,7 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
 
     def predict(self, container: Any, noised: dict[str, Any]) -> torch.Tensor:
         """TI2V: per-token timesteps, 0 on the clean first frame (as Wan2.2 TI2V-5B trains).
-        ``expert: both``: the micro-batch's grid index picks the expert that predicts."""
+        ``expert: both``: the step's grid index picks the expert that predicts."""
         if self.task == "ti2v":
             noised = {**noised, "timestep": self._first_frame_clean_timesteps(container, noised)}
         if self.boundary_index is None:
@@ -95,28 +96,11 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
         return super().encode_prompt(container, batch)
 
 
-class SharedIndexScheduler(FlowMatchScheduler):
-    """Grid indices drawn on rank 0 and broadcast: every rank routes a micro-batch to the same expert
-    (their FSDP collectives must match)."""
-
-    def sample_indices(
-        self, batch_size: int, generator: Any = None, per_sample: bool = False
-    ) -> torch.Tensor:
-        if per_sample:
-            raise ValueError("expert: both routes whole micro-batches; per-sample timesteps cannot be used")
-        indices = super().sample_indices(batch_size, generator, per_sample)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            shared = indices.to(get_local_device())  # NCCL / HCCL broadcast device tensors only
-            dist.broadcast(shared, src=0)
-            indices = shared.to(indices.device)
-        return indices
-
-
 def _expert_scheduler(expert: str, task: str, boundary: float | None, kwargs: dict) -> FlowMatchScheduler:
     if expert == "all":
         return FlowMatchScheduler(**kwargs)
     if expert == "both":
-        return SharedIndexScheduler(**{**WAN22_RECIPE_GRID, **kwargs})
+        return FlowMatchScheduler(**{**WAN22_RECIPE_GRID, **kwargs})
     if boundary is None:
         return FlowMatchScheduler.for_expert(expert, task="i2v" if task == "i2v" else "t2v", **kwargs)
     lo, hi = (0.0, boundary) if expert == "high_noise" else (boundary, 1.0)

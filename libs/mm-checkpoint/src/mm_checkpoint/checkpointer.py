@@ -4,12 +4,18 @@ Layout under ``root``: ``iter_NNNNNNN/`` (DCP files + ``rank_state/dp_rank_NNNNN
 ``mm_checkpoint.json``) and the tracker ``latest_checkpointed_iteration.txt``. A save writes
 ``iter_NNNNNNN.partial/``, renames it into place, then atomically replaces the tracker, so a crash at
 any point leaves the previous checkpoint and tracker intact.
+
+Per-rank state (every entry that is not model / optimizer / scheduler, e.g. the data position) is
+written once per data-parallel rank, holding only tensors and plain Python values, and read back
+with ``torch.load(weights_only=True)``: a file that would need anything else to unpickle is refused
+with an error naming it, and runs no code. A load at the saved data-parallel size restores each
+rank's own file; at another size every rank reads all saved files and the entry merges them
+(``load_rank_states``), so no rank starts over for lack of a file of its own.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import random
 import shutil
@@ -36,8 +42,6 @@ from .layout import (
 from .restricted_dcp import read_dcp_metadata, restricted_dcp_load
 from .runtime import barrier, get_rank, get_world_size, is_distributed, single_process_quiet
 
-logger = logging.getLogger(__name__)
-
 DCP_KEYS = ("model", "optimizer", "lr_scheduler")
 """State entries stored through DCP (resharded on load); every other entry is per data-parallel rank."""
 INFO_FILENAME = "mm_checkpoint.json"
@@ -45,29 +49,43 @@ RANK_STATE_DIR = "rank_state"
 
 
 class RNGState:
-    """Per-rank state entry capturing/restoring Python, torch (CPU and accelerator) and numpy RNG state."""
+    """Per-rank state entry capturing/restoring Python, torch (CPU and accelerator) and numpy RNG state.
+
+    The state holds tensors and plain values only (numpy's key array as a tensor), so that it loads
+    with ``torch.load(weights_only=True)``.
+    """
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+        version, internal, gauss = random.getstate()
+        state: dict[str, Any] = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             state["cuda"] = torch.cuda.get_rng_state_all()
         try:
             import numpy as np
 
-            state["numpy"] = np.random.get_state()
+            kind, keys, pos, has_gauss, cached = np.random.get_state()
+            state["numpy"] = [
+                kind,
+                torch.from_numpy(keys.astype(np.int64)),
+                int(pos),
+                int(has_gauss),
+                float(cached),
+            ]
         except ImportError:
             pass
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        random.setstate(state["python"])
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
         torch.set_rng_state(state["torch"])
         if "cuda" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda"])
         if "numpy" in state:
             import numpy as np
 
-            np.random.set_state(state["numpy"])
+            kind, keys, pos, has_gauss, cached = state["numpy"]
+            np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
 
 
 def _optimizers(state: Mapping[str, Any]) -> tuple[torch.optim.Optimizer, ...]:
@@ -196,9 +214,11 @@ class DistributedCheckpointer:
         per_rank = _per_rank_state(state)
         if not per_rank:
             return
+        for key, value in per_rank.items():
+            _check_plain(value, f"per-rank state entry {key!r}")
         out = partial / RANK_STATE_DIR
         out.mkdir(exist_ok=True)
-        path = out / f"dp_rank_{self.dp_rank:05d}.pt"
+        path = out / _rank_state_name(self.dp_rank)
         torch.save({"dp_rank": self.dp_rank, "dp_size": self.dp_size, "state": per_rank}, path)
         _fsync_file(path)
 
@@ -280,16 +300,93 @@ class DistributedCheckpointer:
             raise CheckpointLoadError(f"checkpoint {path} has no {absent} state (it holds {sorted(tops)})")
 
     def _load_per_rank(self, state: MutableMapping[str, Any], path: Path) -> None:
+        """Restore every per-rank entry of ``state``: from this rank's own file at the saved dp size,
+        else from all saved ranks' files through the entry's ``load_rank_states``."""
         wanted = [k for k, v in state.items() if k not in DCP_KEYS and v is not None]
         if not wanted:
             return
-        file = path / RANK_STATE_DIR / f"dp_rank_{self.dp_rank:05d}.pt"
-        if not file.is_file():
-            logger.warning("no per-rank state %s for dp rank %d; %s left as is", file, self.dp_rank, wanted)
-            return
-        saved = torch.load(file, weights_only=False)
-        if saved["dp_size"] != self.dp_size:
-            logger.warning(
-                "per-rank state saved at dp size %d, loading at %d", saved["dp_size"], self.dp_size
+        info = path / INFO_FILENAME
+        if not info.is_file():
+            raise CheckpointLoadError(
+                f"{path} has no {INFO_FILENAME}: the data-parallel size its per-rank state {wanted} was saved at "
+                "is unknown"
             )
-        _restore_per_rank(state, saved["state"])
+        saved_dp = int(json.loads(info.read_text())["dp_size"])
+        same_layout = saved_dp == self.dp_size
+        ranks = [self.dp_rank] if same_layout else list(range(saved_dp))
+        files = [path / RANK_STATE_DIR / _rank_state_name(r) for r in ranks]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointLoadError(
+                f"checkpoint {path} (saved at data-parallel size {saved_dp}) lacks per-rank state {missing}: "
+                f"{wanted} cannot be restored"
+            )
+        saved = [_read_rank_state(f)["state"] for f in files]
+        for key in wanted:
+            absent = [str(f) for f, s in zip(files, saved) if key not in s]
+            if absent:
+                raise CheckpointLoadError(f"per-rank state {absent} holds no {key!r} entry")
+            try:
+                self._restore_entry(state, key, [s[key] for s in saved], same_layout, saved_dp)
+            except (ValueError, KeyError, TypeError) as err:
+                raise CheckpointLoadError(f"{key!r} from {[str(f) for f in files]}: {err}") from err
+
+    def _restore_entry(
+        self, state: MutableMapping[str, Any], key: str, saved: list[Any], same_layout: bool, saved_dp: int
+    ) -> None:
+        value = state[key]
+        if same_layout:
+            _restore_per_rank(state, {key: saved[0]})
+        elif callable(getattr(value, "load_rank_states", None)):
+            value.load_rank_states(saved, dp_rank=self.dp_rank, dp_size=self.dp_size)
+        else:
+            raise CheckpointLoadError(
+                f"{key!r} was saved per data-parallel rank at dp size {saved_dp}; loading it at dp size "
+                f"{self.dp_size} needs {type(value).__name__}.load_rank_states(states, dp_rank=, dp_size=)"
+            )
+
+
+def _rank_state_name(dp_rank: int) -> str:
+    """File name of one data-parallel rank's state under ``iter_*/rank_state/``."""
+    return f"dp_rank_{dp_rank:05d}.pt"
+
+
+def _read_rank_state(path: str | os.PathLike) -> dict[str, Any]:
+    """One per-rank state file, unpickled with ``weights_only=True`` (tensors and plain values only).
+
+    Raises:
+        CheckpointLoadError: the file needs anything else to load (a crafted or foreign pickle: nothing
+            in it runs), or is not a per-rank state file.
+    """
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - UnpicklingError, RuntimeError, EOFError...: all mean "refused"
+        raise CheckpointLoadError(
+            f"{path}: not loadable as per-rank state with torch.load(weights_only=True) (only tensors and "
+            f"plain values are accepted): {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        ) from err
+    if not isinstance(saved, dict) or not isinstance(saved.get("state"), dict):
+        raise CheckpointLoadError(f"{path}: not a per-rank state file (expected a dict with a 'state' dict)")
+    return saved
+
+
+_PLAIN = (str, int, float, bool, type(None), torch.Tensor)
+
+
+def _check_plain(value: Any, what: str) -> None:
+    """Refuse at save time what ``torch.load(weights_only=True)`` would refuse at load time."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, (str, int)):
+                raise TypeError(
+                    f"{what}: key {k!r} is a {type(k).__name__}; per-rank state keys are str or int"
+                )
+            _check_plain(v, f"{what}[{k!r}]")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_plain(v, f"{what}[{i}]")
+    elif not isinstance(value, _PLAIN):
+        raise TypeError(
+            f"{what} is a {type(value).__name__}: per-rank state holds only tensors, dicts, lists, tuples, "
+            "str, int, float, bool and None (it is loaded with torch.load(weights_only=True))"
+        )

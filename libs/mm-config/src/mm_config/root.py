@@ -1,8 +1,9 @@
 """``TrainConfig``: the six sections and the rules that tie them together.
 
 Cross-section rules live in one ``model_validator(mode="after")``; it also resolves the derived
-values (``fully_shard_parallel_size: auto``, ``global_batch_size``, ``trainable_submodels``) for
-the world size given in the validation context (``{"world_size": n}``), else ``$WORLD_SIZE``, else 1.
+values (``fully_shard_parallel_size: auto``, ``global_batch_size`` or ``gradient_accumulation_steps``,
+``trainable_submodels``) for the world size given in the validation context (``{"world_size": n}``),
+else ``$WORLD_SIZE``, else 1.
 Each rule names the keys it read (``deps``) so that a report can leave out consequences of
 another error.
 """
@@ -61,7 +62,11 @@ class TrainConfig(ConfigModel):
     def _resolve(self, world: int) -> None:
         p, t = self.parallel, self.training
         p.fully_shard_parallel_size = world // p.data_parallel_size
-        t.global_batch_size = t.micro_batch_size * t.gradient_accumulation_steps * (world // p.cp_size)
+        dp = world // p.cp_size
+        if t.gradient_accumulation_steps is None:  # Megatron's convention: derived from the global batch
+            per_step = t.micro_batch_size * dp
+            t.gradient_accumulation_steps = t.global_batch_size // per_step if t.global_batch_size else 1
+        t.global_batch_size = t.micro_batch_size * t.gradient_accumulation_steps * dp
         if t.trainable_submodels is None:
             t.trainable_submodels = self.model.trainable_submodels()
 
@@ -218,8 +223,23 @@ def _batch_and_heads_problems(cfg: TrainConfig, world: int) -> list[Problem]:
     p, t = cfg.parallel, cfg.training
     out: list[Problem] = []
     dp = world // p.cp_size
-    expected = t.micro_batch_size * t.gradient_accumulation_steps * dp
-    if t.global_batch_size is not None and t.global_batch_size != expected:
+    per_step = t.micro_batch_size * dp
+    if (
+        t.gradient_accumulation_steps is None
+        and t.global_batch_size is not None
+        and t.global_batch_size % per_step
+    ):
+        out.append(
+            Problem(
+                ("training", "global_batch_size"),
+                f"must be a multiple of micro_batch_size ({t.micro_batch_size}) x data-parallel size ({dp} = "
+                f"world {world} / ulysses x ring {p.cp_size}) = {per_step} to derive gradient_accumulation_steps",
+                t.global_batch_size,
+                deps=(("training", "micro_batch_size"), _ULYSSES, _RING),
+            )
+        )
+    expected = t.micro_batch_size * (t.gradient_accumulation_steps or 0) * dp
+    if t.gradient_accumulation_steps is not None and t.global_batch_size not in (None, expected):
         out.append(
             Problem(
                 ("training", "global_batch_size"),

@@ -25,14 +25,16 @@ class TrainingConfig(ConfigModel):
     plugin: list[str] = []
     """Python modules imported before the config is validated and the model is built (registrations)."""
     seed: int = Field(default=1234, ge=0, lt=2**63)
-    """Base random seed (model init, data order, noise); data-parallel rank r draws with seed + r."""
+    """Base random seed (model init, data order; every training draw is keyed by (seed, step, sample, purpose))."""
     micro_batch_size: int = Field(default=1, ge=1)
     """Samples per data-parallel rank per forward/backward."""
-    gradient_accumulation_steps: int = Field(default=1, ge=1)
-    """Micro-steps accumulated per optimizer step."""
+    gradient_accumulation_steps: int | None = Field(default=None, ge=1)
+    """Micro-steps accumulated per optimizer step; None = global_batch_size / (micro_batch_size x
+    data-parallel size) when global_batch_size is set (so one config runs at any world size), else 1."""
     global_batch_size: int | None = Field(default=None, ge=1)
     """Samples per optimizer step = micro_batch_size x gradient_accumulation_steps x data-parallel size
-    (world / (ulysses x ring)); None = computed."""
+    (world / (ulysses x ring)); None = computed. Set it (and leave gradient_accumulation_steps out) to
+    train the same run at any layout."""
     train_iters: int = Field(default=1000, ge=1)
     """Optimizer steps to train."""
     lr: float = Field(default=1.0e-5, ge=0)
@@ -56,8 +58,12 @@ class TrainingConfig(ConfigModel):
     clip_grad: float | None = Field(default=1.0, ge=0)
     """Clip the global gradient norm to this value; 0 or None disables clipping."""
     load: InputPath | None = None
-    """Checkpoint directory a new run starts from (model, optimizer, scheduler, data, RNG); a run that
+    """Checkpoint directory a new run starts from (model, optimizer, scheduler, data position), at any layout; a run that
     already has checkpoints in ``save`` resumes those instead (see ``resume``)."""
+    reset_data_position: bool = False
+    """When resuming (``load``), start the data over at epoch 0 instead of at the checkpoint's position
+    (e.g. after changing the dataset). Without it, a checkpoint whose data state is missing or does not
+    match the data is an error."""
     save: str | None = None
     """Directory checkpoints and the resolved config are written to; None saves nothing. A run locks it
     (and ``log_dir``): a second run into it stops with an error naming the holder."""
@@ -72,6 +78,10 @@ class TrainingConfig(ConfigModel):
     """Keep only this many newest checkpoints; None keeps all."""
     log_interval: int = Field(default=1, ge=1)
     """Log metrics every this many steps."""
+    log_sample_ids: bool = False
+    """Add ``sample_ids`` to each metrics record: the global sample indices the step trained, over all
+    data-parallel ranks in global batch order (an audit that a resumed or re-laid-out run trains every
+    sample once; one all-gather per step)."""
     log_dir: str | None = None
     """Directory for metrics JSONL and TensorBoard events; None = ``save`` (or no files)."""
     tensorboard: bool = False
@@ -109,6 +119,15 @@ class TrainingConfig(ConfigModel):
                     f"must not exceed training.train_iters ({self.train_iters})",
                     self.lr_warmup_iters,
                     deps=(("train_iters",),),
+                )
+            )
+        if self.reset_data_position and self.load is None:
+            problems.append(
+                Problem(
+                    ("reset_data_position",),
+                    "only acts when resuming: set training.load, or leave reset_data_position out",
+                    self.reset_data_position,
+                    deps=(("load",),),
                 )
             )
         if problems:

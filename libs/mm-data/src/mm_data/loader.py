@@ -69,6 +69,8 @@ class ResumableDataLoader:
             _EpochIndexed(dataset), batch_sampler=_EpochBatches(sampler), **loader_kwargs
         )
         self._state = sampler.state_dict()
+        #: global sample indices of the last batch handed out (``GlobalOrderSampler.sample_ids_at``)
+        self.last_sample_ids: list[int] = []
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -77,6 +79,7 @@ class ResumableDataLoader:
         self.sampler.load_state_dict(self._state)  # drop any read-ahead of an earlier iteration
         epoch, position = self.sampler.epoch, self.sampler.position()
         for batch in self.loader:
+            self.last_sample_ids = self.sampler.sample_ids_at(epoch, position)
             position += 1
             self._state = self.sampler.state_at(epoch, position)
             yield batch

@@ -22,7 +22,9 @@ global batch (a mid-step offset can resume only with the same dp size and micro 
 
 from __future__ import annotations
 
+import functools
 import itertools
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -84,6 +86,13 @@ class GlobalOrderSampler(Sampler[list[int]]):
         self.shuffle, self.drop_last = shuffle, drop_last
         self.epoch, self.consumed_samples, self.micro_offset = 0, 0, 0
         self._cache: tuple[int, list[list[int]]] | None = None
+
+    @functools.cached_property
+    def batches_per_epoch(self) -> int:
+        """Global batches in every epoch (the order changes per epoch, each bucket's count does not)."""
+        counts = Counter(self.bucket_ids).values()
+        g = self.global_batch_size
+        return sum(n // g if self.drop_last else -(-n // g) for n in counts)
 
     @property
     def accumulation_steps(self) -> int:
@@ -152,6 +161,20 @@ class GlobalOrderSampler(Sampler[list[int]]):
     def position(self) -> int:
         """Micro-batches of the current epoch this rank has handed out."""
         return self.consumed_samples // self.global_batch_size * self.accumulation_steps + self.micro_offset
+
+    def sample_ids_at(self, epoch: int, position: int) -> list[int]:
+        """Global sample indices of this rank's micro-batch number ``position`` (0-based) of ``epoch``.
+
+        A sample's global index is its place in the run's global order: ``epoch x samples per epoch``
+        plus its place in the epoch's concatenated global batches. It is the same whatever the dp
+        size, micro batch size or accumulation, so it keys per-sample randomness
+        (``mm_pipelines.SampleRNG``) and identifies what a step trained.
+        """
+        step, offset = divmod(position, self.accumulation_steps)
+        per_rank = self.global_batch_size // self.dp_size
+        first = step * self.global_batch_size + self.dp_rank * per_rank + offset * self.micro_batch_size
+        base = epoch * self.batches_per_epoch * self.global_batch_size
+        return list(range(base + first, base + first + self.micro_batch_size))
 
     def state_at(self, epoch: int, position: int) -> dict[str, Any]:
         """The state after handing out ``position`` micro-batches of ``epoch``."""

@@ -1,4 +1,5 @@
-"""Generative training pipelines: the pipeline base, the flow-match scheduler, T2V/I2V pipelines."""
+"""Generative training pipelines: the pipeline base, keyed per-sample randomness, the flow-match scheduler,
+T2V/I2V pipelines."""
 
 from .conditioning import (
     as_tensor_output,
@@ -17,6 +18,7 @@ from .flow_match_scheduler import (
     shift_sigmas,
 )
 from .flow_match_t2v import FlowMatchT2VPipeline
+from .keyed_random import SampleRNG, key_seed
 from .pipeline_base import GenerativePipelineBase, PipelineOutput
 
 __version__ = "0.1.0"
@@ -29,6 +31,7 @@ __all__ = [
     "FlowMatchT2VPipeline",
     "GenerativePipelineBase",
     "PipelineOutput",
+    "SampleRNG",
     "TrainabilityAware",
     "as_tensor_output",
     "call_role",
@@ -37,6 +40,7 @@ __all__ = [
     "get_submodule",
     "i2v_condition",
     "is_trainable",
+    "key_seed",
     "masked_text_embeddings",
     "replace_first_frame",
     "shift_sigmas",

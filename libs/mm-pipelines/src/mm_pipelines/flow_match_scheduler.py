@@ -7,7 +7,8 @@ The grid is a numeric contract (DESIGN.md "Pipelines"); it is not diffusers'
     sigma' = shift * s / (1 + (shift - 1) * s)
     t      = N * sigma'                                     (N = num_train_timesteps = 1000)
 
-Training draws one grid index per batch uniformly in ``[min_boundary*N, max_boundary*N)``,
+Training draws grid indices uniformly in ``[min_boundary*N, max_boundary*N)`` (per sample, or one
+per optimizer step, keyed by :class:`~mm_pipelines.SampleRNG`: :meth:`FlowMatchScheduler.draw_indices`),
 noises ``x_t = (1 - sigma) x0 + sigma * eps``, regresses ``eps - x0`` and weights the
 fp32 MSE by ``w(t) = (y - min y) * N / sum(y - min y)``, ``y = exp(-2 ((t - N/2) / N)^2)``.
 """
@@ -18,6 +19,8 @@ import math
 from typing import Literal
 
 import torch
+
+from .keyed_random import SampleRNG
 
 DEFAULT_SIGMA_MIN = 0.003 / 1.002
 
@@ -121,7 +124,8 @@ class FlowMatchScheduler:
         """Grid indices, uniform in ``[min_boundary*N, max_boundary*N)``; shape ``[batch_size]``.
 
         By default one index is drawn for the whole batch and repeated; ``per_sample`` draws
-        one per sample. Indices are drawn on the generator's device (CPU by default).
+        one per sample. Indices are drawn on the generator's device (CPU by default). Training
+        draws through :meth:`draw_indices`, which keys each draw by sample or step.
         """
         if batch_size < 1:
             raise ValueError(f"sample_indices: batch_size must be >= 1, got {batch_size}")
@@ -130,6 +134,15 @@ class FlowMatchScheduler:
         count = batch_size if per_sample else 1
         idx = torch.randint(low, high, (count,), generator=generator, device=device)
         return idx.cpu().expand(batch_size).clone()
+
+    def draw_indices(self, rng: SampleRNG, per: Literal["sample", "step"] = "sample") -> torch.Tensor:
+        """Training grid indices ``[B]`` keyed by ``rng``: one per sample (purpose ``"timestep"``),
+        or one for the whole optimizer step, shared by every micro-batch and rank (``per="step"``)."""
+        if per == "sample":
+            return torch.cat([self.sample_indices(1, g) for g in rng.sample_generators("timestep", "cpu")])
+        if per == "step":
+            return self.sample_indices(len(rng), rng.step_generator("timestep", "cpu"))
+        raise ValueError(f"draw_indices: per={per!r} is not one of ['sample', 'step']")
 
     def sigmas_for(self, indices: torch.Tensor) -> torch.Tensor:
         """Shifted sigmas (float32) at grid ``indices``."""

@@ -15,6 +15,7 @@ from .conditioning import (
     replace_first_frame,
 )
 from .flow_match_scheduler import FlowMatchScheduler
+from .keyed_random import SampleRNG
 from .pipeline_base import GenerativePipelineBase
 
 Task = Literal["t2v", "i2v", "ti2v"]
@@ -42,8 +43,10 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
         ``ti2v``: the noised latents' first frame is the clean first-frame latents and is
             excluded from the loss (Wan2.2 TI2V-5B).
 
-    Noise and timesteps come from ``generator`` (else the global RNG): ranks of one
-    context-parallel group must use the same seed.
+    Noise and grid indices come from ``rng`` (:class:`~mm_pipelines.SampleRNG`), keyed by sample
+    and step: ``timesteps_per="sample"`` (default) draws one grid index per sample,
+    ``"step"`` one for the whole optimizer step (every micro-batch and rank alike). Either is the
+    same at any data-parallel / context-parallel / accumulation layout.
     """
 
     def __init__(
@@ -52,7 +55,7 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
         *,
         task: Task = "t2v",
         roles: Mapping[str, str] | None = None,
-        per_sample_timesteps: bool = False,
+        timesteps_per: Literal["sample", "step"] = "sample",
         mask_channels: int = 4,
         ae_method: str = "encode",
         predict_dtype: torch.dtype | None = None,
@@ -66,7 +69,11 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
             )
         self.scheduler = scheduler
         self.task = task
-        self.per_sample_timesteps = per_sample_timesteps
+        if timesteps_per not in ("sample", "step"):
+            raise ValueError(
+                f"FlowMatchT2VPipeline: timesteps_per={timesteps_per!r} is not one of ['sample', 'step']"
+            )
+        self.timesteps_per = timesteps_per
         self.mask_channels = mask_channels
         self.ae_method = ae_method
         self.predict_dtype = predict_dtype
@@ -109,12 +116,13 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
         return as_tensor_output(out, f"ae.{self.ae_method}").float()
 
     # ------------------------------------------------------------- 2. noising
-    def noising(self, conditions: dict[str, Any], generator: torch.Generator | None = None) -> dict[str, Any]:
-        """Draw grid indices and noise; build predictor inputs, target and weight."""
+    def noising(self, conditions: dict[str, Any], rng: SampleRNG | None = None) -> dict[str, Any]:
+        """Draw grid indices and noise from ``rng``; build predictor inputs, target and weight."""
         x0 = conditions["latents"]
+        rng = self.require_rng(rng, x0.shape[0])
         sched = self.scheduler
-        idx = sched.sample_indices(x0.shape[0], generator, per_sample=self.per_sample_timesteps)
-        noise = _randn_like(x0, generator)
+        idx = sched.draw_indices(rng, self.timesteps_per)
+        noise = rng.randn("noise", x0.shape[1:], device=x0.device)
         x_t = sched.add_noise(x0, noise, sched.sigmas_for(idx))
         if self.task == "ti2v":
             x_t = replace_first_frame(x_t, x0)
@@ -171,12 +179,6 @@ def _require(batch: Mapping[str, Any], key: str, alternative: str) -> Any:
     if key not in batch:
         raise KeyError(f"batch needs {key!r} or {alternative!r}; it has keys {sorted(batch)}")
     return batch[key]
-
-
-def _randn_like(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """fp32 standard normal noise shaped like ``x``, drawn on the generator's device."""
-    device = generator.device if generator is not None else x.device
-    return torch.randn(x.shape, generator=generator, device=device, dtype=torch.float32).to(x.device)
 
 
 def _prod(values: list[int]) -> int:

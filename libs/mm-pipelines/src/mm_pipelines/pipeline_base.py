@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from .container import call_role, get_submodule, is_trainable
+from .keyed_random import SampleRNG
 
 
 @dataclass
@@ -32,7 +33,9 @@ class GenerativePipelineBase:
     to a different attribute name when the container uses other names.
 
     Subclasses implement ``prepare_conditions``, ``noising``, ``predict`` and
-    ``compute_loss``; ``metrics`` is optional.
+    ``compute_loss``; ``metrics`` is optional. Every random draw goes through ``rng``
+    (:class:`~mm_pipelines.SampleRNG`, one per micro-batch from the trainer), so that the loss
+    depends on the samples and the step, not on the rank or the layout.
     """
 
     def __init__(self, *, roles: Mapping[str, str] | None = None) -> None:
@@ -43,8 +46,8 @@ class GenerativePipelineBase:
         """Encode the batch into clean latents and conditions (no grad for frozen sub-models)."""
         raise NotImplementedError
 
-    def noising(self, conditions: dict[str, Any], generator: torch.Generator | None = None) -> dict[str, Any]:
-        """Sample timesteps and noise; return the predictor inputs plus what the loss needs."""
+    def noising(self, conditions: dict[str, Any], rng: SampleRNG | None = None) -> dict[str, Any]:
+        """Sample timesteps and noise from ``rng``; return the predictor inputs plus what the loss needs."""
         raise NotImplementedError
 
     def predict(self, container: Any, noised: dict[str, Any]) -> torch.Tensor:
@@ -72,25 +75,33 @@ class GenerativePipelineBase:
         """Call a sub-model by role, grad only if trainable (see :func:`call_role`)."""
         return call_role(container, role, *args, roles=self.roles, method=method, **kwargs)
 
+    def require_rng(self, rng: SampleRNG | None, batch_size: int) -> SampleRNG:
+        """``rng``, checked to key exactly ``batch_size`` samples; a drawing stage calls this first."""
+        if rng is None:
+            raise ValueError(
+                f"{type(self).__name__} draws noise and timesteps keyed by sample: pass rng=SampleRNG(...) "
+                "(the trainer passes one per micro-batch from the batch's sample_ids; "
+                "SampleRNG.for_batch(batch_size) for a stand-alone call)"
+            )
+        if len(rng) != batch_size:
+            raise ValueError(f"rng keys {len(rng)} samples ({rng}) but the batch has {batch_size}")
+        return rng
+
     # ------------------------------------------------------------ orchestration
-    def forward(
-        self, container: Any, generator: torch.Generator | None = None, **batch: Any
-    ) -> PipelineOutput:
+    def forward(self, container: Any, rng: SampleRNG | None = None, **batch: Any) -> PipelineOutput:
         """Run the four stages on one micro-batch and return the loss and metrics."""
-        return self.train_on_conditions(container, self.prepare_conditions(container, batch), generator)
+        return self.train_on_conditions(container, self.prepare_conditions(container, batch), rng)
 
     def train_on_conditions(
-        self, container: Any, conditions: dict[str, Any], generator: torch.Generator | None = None
+        self, container: Any, conditions: dict[str, Any], rng: SampleRNG | None = None
     ) -> PipelineOutput:
         """Stages 2-4 on conditions from :meth:`prepare_conditions` (possibly encoded earlier or by
         another rank: the trainer's ``features.condition_mbs``)."""
-        noised = self.noising(conditions, generator)
+        noised = self.noising(conditions, rng)
         prediction = self.predict(container, noised)
         loss = self.compute_loss(prediction, noised)
         return PipelineOutput(loss=loss, metrics=self.metrics(container, noised))
 
-    def __call__(
-        self, container: Any, generator: torch.Generator | None = None, **batch: Any
-    ) -> PipelineOutput:
+    def __call__(self, container: Any, rng: SampleRNG | None = None, **batch: Any) -> PipelineOutput:
         """Same as :meth:`forward` (dispatches to a subclass override)."""
-        return self.forward(container, generator, **batch)
+        return self.forward(container, rng, **batch)

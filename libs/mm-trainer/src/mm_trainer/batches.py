@@ -10,9 +10,10 @@ a registered callable is called with ``data.dataset`` as keyword arguments plus
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import torch
 from mm_data import PrecomputedLatentDataset, VideoTextDataset, build_dataloader, collate_video_text
 
 from mm_trainer.registry import DATA_REGISTRY, data_register
@@ -35,6 +36,10 @@ def precomputed_latents_dataset(*, data_path: str, data_root: str | None = None,
 
 class BatchStream:
     """Endless micro-batches across epochs, with the loader's resumable position.
+
+    Each batch gets ``sample_ids``: the global sample index of each of its samples (the loader's
+    ``last_sample_ids``; the same numbers at any layout), which key the pipeline's random draws
+    (``mm_pipelines.SampleRNG``).
 
     Bad samples that the dataset passed over (items' ``skipped``, from any DataLoader worker) are
     taken out of the batch and counted per epoch: :attr:`bad_this_epoch`. Every sample is read by
@@ -67,7 +72,7 @@ class BatchStream:
                     self._bad.clear()
                 self._resumed = False
             try:
-                return self._take_skipped(next(self._it))
+                return self._with_sample_ids(self._take_skipped(next(self._it)))
             except StopIteration:
                 self._it = None
         raise RuntimeError("the dataset yields no batch: fewer samples than one global batch?")
@@ -77,19 +82,59 @@ class BatchStream:
             self._bad.update(int(i) for items in batch.pop("skipped") for i in items)
         return batch
 
+    def _with_sample_ids(self, batch: Any) -> Any:
+        ids = getattr(self.loader, "last_sample_ids", None)
+        if ids is None:
+            return batch
+        if not isinstance(batch, dict):
+            raise TypeError(
+                f"the collate function returned a {type(batch).__name__}; the trainer needs a dict batch"
+            )
+        if "sample_ids" in batch:
+            raise ValueError(
+                "the batch already has a 'sample_ids' key; the trainer adds the global sample indices "
+                "under that name: rename the dataset's key"
+            )
+        return {**batch, "sample_ids": torch.tensor(ids, dtype=torch.long)}
+
     def state_dict(self) -> dict[str, Any]:
         """The loader's position and the epoch's bad samples so far (a resume keeps counting them)."""
         return {"loader": self.loader.state_dict(), "bad_samples": sorted(self._bad)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict` (or a bare loader state, saved before bad samples were kept)."""
-        if set(state) == {"loader", "bad_samples"}:
-            self.loader.load_state_dict(state["loader"])
-            self._bad = set(state["bad_samples"])
-        else:
-            self.loader.load_state_dict(state)
-            self._bad = set()
+        loader, bad = _split_state(state)
+        self.loader.load_state_dict(loader)
+        self._bad = set(bad)
         self._it, self._resumed = None, True
+
+    def load_rank_states(self, states: Sequence[dict[str, Any]], *, dp_rank: int, dp_size: int) -> None:
+        """Continue from the states every data-parallel rank of a run at another layout saved.
+
+        The position is layout-free (epoch and global samples consumed): all ranks saved the same
+        one, and any rank, old or new, continues from it. The epoch's bad samples (the union of the
+        saved ranks') go to dp rank 0 only, so their sum over ranks still counts each once.
+
+        Raises:
+            ValueError: the saved ranks disagree on the position (the message shows both).
+        """
+        positions = [_split_state(state)[0] for state in states]
+        for rank, position in enumerate(positions[1:], start=1):
+            if position != positions[0]:
+                raise ValueError(
+                    f"inconsistent data state: dp rank 0 saved position {positions[0]} but dp rank {rank} "
+                    f"saved {position}"
+                )
+        self.loader.load_state_dict(positions[0])
+        self._bad = set().union(*(_split_state(s)[1] for s in states)) if dp_rank == 0 else set()
+        self._it, self._resumed = None, True
+
+
+def _split_state(state: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+    """(loader state, bad samples) of a :meth:`BatchStream.state_dict` or of a bare loader state."""
+    if set(state) == {"loader", "bad_samples"}:
+        return state["loader"], list(state["bad_samples"])
+    return state, []
 
 
 def build_batch_stream(

@@ -3,6 +3,7 @@
 mm-train --config run.yaml training.lr=1e-5 parallel.ulysses_parallel_size=2
 torchrun --nproc-per-node 8 -m mm_trainer --config run.yaml
 mm-train --config run.yaml --dry-run --world-size 64   # FSDP plan, bytes per rank; no weights
+mm-train check-layouts --config run.yaml --layouts 1 2 2:ulysses=2 --steps 4   # same losses at each layout?
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ def build_parser(prog: str = "mm-train") -> argparse.ArgumentParser:
         prog=prog,
         description="Train a registered model from a six-section YAML config (parallel, model, data, "
         "training, tools, features). The config is validated completely before anything starts.",
-        epilog="Overrides are dotted YAML paths: training.lr=1e-5 model.models.predictor.freeze=true",
+        epilog="Overrides are dotted YAML paths: training.lr=1e-5 model.models.predictor.freeze=true. "
+        "`mm-train check-layouts --help`: compare a config's losses at several parallel layouts.",
     )
     parser.add_argument("--config", required=True, help="path of the YAML config")
     parser.add_argument("overrides", nargs="*", help="dotted overrides applied before validation")
@@ -40,6 +42,11 @@ def build_parser(prog: str = "mm-train") -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "mm-train") -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["check-layouts"]:
+        from mm_trainer.layout_check import main as check_layouts_main
+
+        return check_layouts_main(argv[1:])
     args = build_parser(prog).parse_args(argv)
     world = args.world_size or int(os.environ.get("WORLD_SIZE", "1"))
     try:  # the full check (the Trainer repeats it); a dry run needs no weights or data on disk

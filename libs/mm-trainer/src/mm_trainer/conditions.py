@@ -14,7 +14,7 @@ nothing else needs saving.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -59,23 +59,28 @@ class ConditionStream:
         self.cp_rank = dist.get_rank(cp_group) if cp_group is not None else 0
         self._slots: list[dict[str, Any]] = []
         self._states: list[dict[str, Any]] = []  # loader state after each slot's micro-batch
+        self._sample_ids: list[torch.Tensor | None] = []
         self._next = 0
         self._state = batches.state_dict()
 
     def next_batch(self) -> dict[str, Any]:
-        """The next micro-step's ``{"conditions": ...}``; encodes the next N micro-batches when needed."""
+        """The next micro-step's ``{"conditions": ..., "sample_ids": ...}``; encodes the next N
+        micro-batches when needed (``sample_ids`` only when the raw batches carry them)."""
         if self._next == len(self._slots):
             self._fill()
         conditions, self._state = self._slots[self._next], self._states[self._next]
         self._slots[self._next] = {}  # release it: the engine holds it now
+        ids = self._sample_ids[self._next]
         self._next += 1
-        return {"conditions": conditions}
+        return {"conditions": conditions} if ids is None else {"conditions": conditions, "sample_ids": ids}
 
     def _fill(self) -> None:
         raw, states = [], []
         for _ in range(self.micro_steps):
             raw.append(self.batches.next_batch())
             states.append(self.batches.state_dict())
+        # every rank of the CP group drew the same micro-batches: its own copy of their sample ids
+        self._sample_ids = [batch.pop("sample_ids", None) for batch in raw]
         own = {i: self._encode(raw[i]) for i in range(self.micro_steps) if i % self.cp_size == self.cp_rank}
         self._slots = [
             broadcast_tensor_dict(own.get(i), src=i % self.cp_size, group=self.cp_group, device=self.device)
@@ -110,5 +115,13 @@ class ConditionStream:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume the loader there; encoded conditions not yet used are dropped and re-encoded."""
         self.batches.load_state_dict(state)
-        self._slots, self._states, self._next = [], [], 0
+        self._restart()
+
+    def load_rank_states(self, states: Sequence[dict[str, Any]], *, dp_rank: int, dp_size: int) -> None:
+        """Resume from the states of a run at another data-parallel size (``BatchStream.load_rank_states``)."""
+        self.batches.load_rank_states(states, dp_rank=dp_rank, dp_size=dp_size)
+        self._restart()
+
+    def _restart(self) -> None:
+        self._slots, self._states, self._sample_ids, self._next = [], [], [], 0
         self._state = self.batches.state_dict()

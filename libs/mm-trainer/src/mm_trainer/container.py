@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from mm_pipelines import SampleRNG
 from torch import nn
 
 from mm_trainer.model_hub import ModelHub
@@ -98,16 +99,20 @@ class ModelContainer(nn.Module):
             )
         return torch.nn.modules.module._IncompatibleKeys(missing, unexpected)
 
-    def forward(self, conditions: dict[str, Any] | None = None, **batch: Any) -> Any:
-        """``pipeline.forward(self, **batch)``; without a pipeline, a single sub-model's own forward.
+    def forward(
+        self, conditions: dict[str, Any] | None = None, rng: SampleRNG | None = None, **batch: Any
+    ) -> Any:
+        """``pipeline.forward(self, rng, **batch)``; without a pipeline, a single sub-model's own forward.
 
-        With ``conditions`` (from :meth:`encode_conditions`, possibly on another rank) the pipeline
-        skips encoding: ``pipeline.train_on_conditions(self, conditions)``.
+        ``rng`` keys the pipeline's random draws by sample and step (the engine builds it from the
+        batch's ``sample_ids``). With ``conditions`` (from :meth:`encode_conditions`, possibly on
+        another rank) the pipeline skips encoding: ``pipeline.train_on_conditions(self, conditions, rng)``.
+        A sub-model trained without a pipeline draws nothing through ``rng``.
         """
         if conditions is not None:
-            return self._conditioned_pipeline().train_on_conditions(self, conditions)
+            return self._conditioned_pipeline().train_on_conditions(self, conditions, rng)
         if self.pipeline is not None:
-            return self.pipeline.forward(self, **batch)
+            return self.pipeline.forward(self, rng, **batch)
         if len(self.sub_model_names) == 1:
             return getattr(self, self.sub_model_names[0])(**batch)
         raise NotImplementedError(f"{type(self).__name__} has no pipeline; set one or override forward")

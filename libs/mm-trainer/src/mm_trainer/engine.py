@@ -1,6 +1,12 @@
 """TrainEngine: the training loop. It assumes three things of a model (DESIGN.md):
 ``model(**batch)`` returns an object with ``.loss``; gradient sync is FSDP's;
 checkpoints go through ``state_dict()`` / ``load_state_dict()``.
+
+Randomness: the ``sample_ids`` of a batch (global sample indices, from the batch stream) are taken
+out of it and passed as ``model(**batch, rng=SampleRNG(seed, step, sample_ids))``, so that every
+draw the pipeline makes is keyed by (seed, step, sample, purpose); the global python / numpy /
+torch RNGs are reseeded from (seed, step, first sample) before each micro-batch, so that code that
+still draws from them (dropout) repeats on resume and at any layout with the same micro batch size.
 """
 
 from __future__ import annotations
@@ -15,9 +21,11 @@ import torch
 import torch.distributed as dist
 from mm_data import BadSampleError
 from mm_parallel import clip_grad_norm_, set_gradient_sync
+from mm_pipelines import SampleRNG
 from torch import nn
 
 from mm_trainer.metrics import MetricsLogger, device_peak_flops, peak_memory_bytes
+from mm_trainer.rng import seed_everything
 from mm_trainer.stop_signals import StopSignals
 
 
@@ -38,6 +46,7 @@ class StepResult:
     bad_samples: int = 0
     stop_requests: int = 0
     """Ranks (of all ranks) that received SIGTERM / SIGINT by this step: every rank stops if any did."""
+    sample_ids: list[int] | None = None  # the step's global sample indices (training.log_sample_ids)
 
 
 class TrainEngine:
@@ -92,7 +101,7 @@ class TrainEngine:
                 for prof in self.profilers:
                     prof.step_begin(iteration)
                 started = time.perf_counter()
-                result = self.train_step()
+                result = self.train_step(iteration)
                 elapsed = time.perf_counter() - started
                 for prof in self.profilers:
                     prof.step_end(iteration)
@@ -113,16 +122,19 @@ class TrainEngine:
             self.metrics.close()
         return iteration
 
-    def train_step(self) -> StepResult:
-        """One optimizer step over ``gradient_accumulation_steps`` micro-batches."""
+    def train_step(self, step: int) -> StepResult:
+        """Optimizer step ``step`` (0-based over the run) over ``gradient_accumulation_steps`` micro-batches."""
         accum = self.training.gradient_accumulation_steps
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         samples = tokens = 0
         flops = 0.0
+        step_ids: list[int] = []
         for micro in range(accum):
             batch = to_device(self.batches.next_batch(), self.device)
+            extra = self._keyed_rng(batch, step)
+            step_ids += extra["rng"].sample_ids if extra else []
             set_gradient_sync(self.model, micro == accum - 1)
-            output = self.model(**batch)
+            output = self.model(**batch, **extra)
             (output.loss / accum).backward()
             loss_sum += output.loss.detach().double()
             info = getattr(output, "metrics", None) or {}
@@ -142,10 +154,32 @@ class TrainEngine:
             self._handle_nonfinite(loss, float(grad_norm))
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
-        return StepResult(
+        result = StepResult(
             loss, float(grad_norm), skipped, int(counts[0]), int(counts[1]), counts[2], int(counts[3]),
             stop_requests,
         )  # fmt: skip
+        if self.training.log_sample_ids:
+            result.sample_ids = self._gather_sample_ids(step_ids)
+        return result
+
+    def _keyed_rng(self, batch: dict, step: int) -> dict[str, SampleRNG]:
+        """``{"rng": SampleRNG}`` from the batch's ``sample_ids`` (popped), after reseeding the global
+        RNGs from the same key; ``{}`` for a batch without them."""
+        ids = batch.pop("sample_ids", None)
+        if ids is None:
+            return {}
+        rng = SampleRNG(seed=self.training.seed, step=step, sample_ids=ids, device=self.device)
+        seed_everything(rng.micro_batch_seed())
+        return {"rng": rng}
+
+    def _gather_sample_ids(self, ids: list[int]) -> list[int]:
+        """The step's global sample indices over all data-parallel ranks, in global batch order."""
+        local = torch.tensor(ids, dtype=torch.long, device=self.device)
+        if not dist.is_initialized():
+            return local.tolist()
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size(self.dp_group))]
+        dist.all_gather(parts, local, group=self.dp_group)
+        return torch.cat(parts).tolist()
 
     # ------------------------------------------------------------- helpers
     def _handle_nonfinite(self, loss: float, grad_norm: float) -> None:
@@ -214,6 +248,8 @@ class TrainEngine:
         }
         if getattr(self.batches, "bad_limit", None) is not None:
             out["bad_samples_epoch"] = r.bad_samples
+        if r.sample_ids is not None:
+            out["sample_ids"] = r.sample_ids
         if r.flops and self.peak_flops:
             world = dist.get_world_size() if dist.is_initialized() else 1
             out["mfu"] = r.flops / elapsed / (self.peak_flops * world)

@@ -51,7 +51,9 @@ def peak_memory_bytes(device_type: str) -> int:
 class MetricsLogger:
     """Writes one record per log step to console (progress bar), JSONL and TensorBoard.
 
-    Only rank 0 writes; other ranks hold a disabled logger so that call sites stay simple.
+    Only rank 0 writes; other ranks hold a disabled logger so that call sites stay simple. A run that
+    starts at ``start_step`` (a resume) first drops the records of later steps from ``metrics.jsonl``
+    (and purges them from TensorBoard): the run writes them again, and readers see each step once.
     """
 
     def __init__(
@@ -71,7 +73,9 @@ class MetricsLogger:
             return
         if log_dir is not None:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
-            self._jsonl = open(Path(log_dir) / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115
+            path = Path(log_dir) / "metrics.jsonl"
+            _drop_records_after(path, start_step)
+            self._jsonl = open(path, "a", buffering=1)  # noqa: SIM115
             if tensorboard:
                 try:
                     from torch.utils.tensorboard import SummaryWriter
@@ -79,7 +83,9 @@ class MetricsLogger:
                     raise ImportError(
                         "training.tensorboard is on but tensorboard is not installed (pip install 'mm-trainer[tensorboard]')"
                     ) from exc
-                self._tb = SummaryWriter(log_dir=str(Path(log_dir) / "tensorboard"))
+                self._tb = SummaryWriter(
+                    log_dir=str(Path(log_dir) / "tensorboard"), purge_step=start_step + 1
+                )
         self._bar = tqdm(
             total=total_steps,
             initial=start_step,
@@ -119,6 +125,24 @@ class MetricsLogger:
         for handle in (self._bar, self._jsonl, self._tb):
             if handle is not None:
                 handle.close()
+
+
+def _drop_records_after(path: Path, step: int) -> None:
+    """Keep only the records of steps ``<= step`` in ``path`` (atomically); a line torn by a kill
+    mid-write is dropped too."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and int(record.get("step", 0)) <= step:
+            kept.append(line + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
 
 
 def _plain(value: Any) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from mm_checkpoint import DistributedCheckpointer, RNGState, materialize_meta
+from mm_checkpoint import DistributedCheckpointer, materialize_meta
 from mm_config import TrainConfig, dump_config
 from mm_parallel import (
     FSDPPlan,
@@ -77,9 +77,7 @@ class Trainer:
         if config.training.deterministic:
             torch.use_deterministic_algorithms(True)
         self.model = self._build_model()
-        # Model init above used one seed everywhere; from here on each data-parallel rank draws its
-        # own noise, and the ranks of one context-parallel group draw the same.
-        seed_everything(config.training.seed + self.parallel_state.dp_rank)
+        # No reseeding by rank: training draws are keyed by (seed, step, sample), see TrainEngine.
         self.optimizer = build_optimizer(
             self.model,
             lr=config.training.lr,
@@ -164,13 +162,13 @@ class Trainer:
 
     # ------------------------------------------------------------- running
     def state(self) -> dict[str, Any]:
-        """What a checkpoint holds: model, optimizer, scheduler, and this rank's data position and RNG."""
+        """What a checkpoint holds: model, optimizer, scheduler and the data position. All of it loads
+        at any layout; no RNG state is needed, since every draw is keyed by (seed, step, sample)."""
         return {
             "model": self.model,
             "optimizer": self.optimizer,
             "lr_scheduler": self.lr_scheduler,
             "dataloader": self.batches,
-            "rng": RNGState(),
         }
 
     def save(self, iteration: int) -> None:
@@ -187,10 +185,17 @@ class Trainer:
         )
 
     def _resume(self) -> int:
-        """Restore model, optimizer, scheduler, data position and RNG in place; return the iteration."""
+        """Restore model, optimizer, scheduler and data position in place; return the iteration.
+
+        ``training.reset_data_position`` leaves the data out: it starts over at epoch 0."""
         root = str(self.run_dir.resume_from)
-        iteration = self._checkpointer(root).load(self.state())
-        _log_rank0(f"resumed from {root} at iteration {iteration}")
+        state = self.state()
+        reset = self.config.training.reset_data_position
+        if reset:
+            del state["dataloader"]
+        iteration = self._checkpointer(root).load(state)
+        note = " (data position reset to epoch 0: training.reset_data_position)" if reset else ""
+        _log_rank0(f"resumed from {root} at iteration {iteration}{note}")
         return iteration
 
     def train(self) -> int:
