@@ -129,9 +129,7 @@ def test_compile_pattern_must_start_with_a_sub_model_name(load_error, problem_at
 
 
 def test_recompute_policy_and_compile_mode_are_closed_sets(load_error, problem_at, container):
-    err = load_error(
-        container(features={"recompute_plan": {"policy": "some"}, "compile": {"mode": "fast"}})
-    )
+    err = load_error(container(features={"recompute_plan": {"policy": "some"}, "compile": {"mode": "fast"}}))
     assert "'full' or 'selective'" in problem_at(err, "features.recompute_plan.policy")
     assert "'max-autotune'" in problem_at(err, "features.compile.mode")
 

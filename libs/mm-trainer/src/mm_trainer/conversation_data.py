@@ -27,6 +27,7 @@ from mm_trainer.registry import data_register
 
 __all__ = ["build_plugin", "conversation_dataset", "load_processor_parts"]
 
+
 def load_processor_parts(path: str) -> tuple[Any, Any]:
     """``(tokenizer, image_processor or None)`` from a local folder."""
     from transformers import AutoImageProcessor, AutoTokenizer

@@ -1,4 +1,4 @@
-"""``--dry-run``: the FSDP plan of a config's model, explained without allocating weights."""
+"""``--dry-run``: the FSDP plan of a config's model and its features, explained without allocating weights."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from mm_config import TrainConfig
 from mm_parallel import FSDPPlan, explain_fsdp_plan
 
 from mm_trainer.container import ModelContainer, container_class, freeze
+from mm_trainer.features import feature_plans, plan_features
 from mm_trainer.model_hub import ModelHub
 from mm_trainer.plugins import import_plugins
 
@@ -24,7 +25,10 @@ def build_meta_model(config: TrainConfig) -> ModelContainer:
 
 
 def dry_run(config: TrainConfig, *, world_size: int) -> str:
-    """The plan explanation table for ``world_size`` ranks."""
+    """The plan explanation table for ``world_size`` ranks, then the compile / recompute / offload
+    choices (``features``), applied as the trainer applies them before FSDP."""
     model = build_meta_model(config)
+    features = plan_features(model, **feature_plans(config.features)).lines() or ["none"]
     plan = FSDPPlan.from_dict(config.parallel.fsdp_plan.model_dump())
-    return str(explain_fsdp_plan(model, plan, world_size))
+    table = str(explain_fsdp_plan(model, plan, world_size))
+    return "\n".join([table, *(f"features: {line}" for line in features)])

@@ -245,4 +245,3 @@ class HFCausalLM:
     @classmethod
     def from_pretrained(cls, args: Any) -> nn.Module:
         return hf_model_class(hf_class(args)).from_pretrained(args)
-
