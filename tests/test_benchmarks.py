@@ -75,3 +75,21 @@ def test_cp_kernel_check_dry_run_prints_one_table_of_ok_rows():
     rows = re.findall(r"^(block|ring4)\s+cpu_flash\s+(float32|bfloat16)\s.*\s(ok|FAIL)$", out, re.MULTILINE)
     assert len([r for r in rows if r[0] == "block"]) == 8 and len([r for r in rows if r[0] == "ring4"]) == 4, out
     assert {r[2] for r in rows} == {"ok"}
+
+
+def test_wan_levers_prints_every_variant_as_ratios_to_eager():
+    small = ["--grid", "1", "4", "4", "--blocks", "1", "--dim", "64", "--heads", "2", "--ffn-dim", "128",
+             "--text-dim", "32", "--text-len", "8", "--repeats", "1"]  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "benchmarks/wan_levers.py", *small],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout
+    for variant in ("eager", "compiled"):
+        for recompute in ("no", "selective", "full"):
+            row = re.escape(f"{variant}, {recompute} recompute")
+            assert re.search(rf"^{row}\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d{{3}}\s+\d+\s+\d+\.\d{{3}}", out, re.M), out
+    assert re.search(r"^eager, no recompute\s+\S+\s+\S+\s+1\.000\s+\d+\s+1\.000", out, re.M), out

@@ -4,6 +4,11 @@ Kept: matrix multiplications, convolutions and attention kernels, the outputs th
 to compute. Everything else a checkpointed module runs (norms, activations, modulation, RoPE,
 residuals, reshapes, and context-parallel collectives) is run again in backward. Applied with
 ``torch.utils.checkpoint.create_selective_checkpoint_contexts``.
+
+Only the functional overloads are kept (``aten.mm.default``, not ``aten.mm.out``): inductor-compiled
+code (``features.compile``) writes its matmul results into buffers it reuses, which a checkpoint cannot
+keep, so inside a compiled block those matmuls are recomputed too (what that costs is measured by
+``benchmarks/wan_levers.py``).
 """
 
 from __future__ import annotations
@@ -30,12 +35,13 @@ SAVED_OPS = frozenset(
         _aten._efficient_attention_forward,
     }
 )
-"""Op packets (every overload) whose outputs selective recompute keeps for backward."""
+"""Op packets whose functional outputs selective recompute keeps for backward."""
 
 
 def _policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    packet = getattr(op, "overloadpacket", op)
-    return CheckpointPolicy.MUST_SAVE if packet in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    functional = not op._schema.is_mutable  # an out= / in-place overload writes a buffer it may reuse
+    keep = functional and op.overloadpacket in SAVED_OPS
+    return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 selective_recompute_contexts = functools.partial(create_selective_checkpoint_contexts, _policy)
