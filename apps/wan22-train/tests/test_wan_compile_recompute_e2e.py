@@ -34,7 +34,8 @@ COMBOS = {
 
 def train(distributed, tiny: Path, log_dir: Path, *overrides: str) -> list[dict]:
     """``wan22-train --config tiny_t2v.yaml ...`` on 2 ranks (Ulysses 2); the metrics records. Rank 0's
-    trainer log goes to ``log_dir / "train.log"``."""
+    trainer log goes to ``log_dir / "train.log"``, the number of graphs dynamo compiled to
+    ``log_dir / "graphs.txt"``."""
     args = ["--config", str(config_path("tiny_t2v.yaml")), *tiny_overrides(tiny), "training.train_iters=10",
             "training.save=null", f"training.log_dir={log_dir}", *overrides]  # fmt: skip
 
@@ -44,7 +45,12 @@ def train(distributed, tiny: Path, log_dir: Path, *overrides: str) -> list[dict]
         if rank == 0:
             log_dir.mkdir(parents=True, exist_ok=True)
             logging.getLogger("mm_trainer").addHandler(logging.FileHandler(log_dir / "train.log"))
-        return main(args)
+        code = main(args)
+        if rank == 0:
+            from torch._dynamo.utils import counters
+
+            (log_dir / "graphs.txt").write_text(str(counters["stats"]["unique_graphs"]))
+        return code
 
     assert distributed(body, 2, timeout=1500) == [0, 0]
     return [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
@@ -64,7 +70,13 @@ def runs(tmp_path_factory, distributed) -> dict:
         step_5 = root / f"{name}_step_5"
         shutil.copytree(ckpt / "iter_0000005", step_5 / "iter_0000005")
         resumed = train(distributed, tiny, root / f"{name}_resumed", f"training.load={step_5}", *overrides)
-        out[name] = {"whole": whole, "resumed": resumed, "log": (ckpt / "train.log").read_text()}
+        graphs = int((ckpt / "graphs.txt").read_text())
+        out[name] = {
+            "whole": whole,
+            "resumed": resumed,
+            "log": (ckpt / "train.log").read_text(),
+            "graphs": graphs,
+        }
     return out
 
 
@@ -76,6 +88,7 @@ def losses(records: list[dict]) -> torch.Tensor:
 def test_compiled_blocks_train_the_eager_losses(runs, recompute):
     compiled, eager = runs[f"compiled_{recompute}"]["whole"], runs[f"eager_{recompute}"]["whole"]
     assert len(eager) == 10
+    assert runs[f"compiled_{recompute}"]["graphs"] > 0 and runs[f"eager_{recompute}"]["graphs"] == 0
     torch.testing.assert_close(losses(compiled), losses(eager), rtol=1e-5, atol=0)
 
 
