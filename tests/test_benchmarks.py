@@ -2,58 +2,35 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_wan_step_prints_the_three_models_and_the_ratio():
-    out = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/wan_step.py",
-            "--grid",
-            "1",
-            "4",
-            "4",
-            "--blocks",
-            "1",
-            "--dim",
-            "64",
-            "--heads",
-            "2",
-            "--ffn-dim",
-            "128",
-            "--text-dim",
-            "32",
-            "--text-len",
-            "8",
-            "--repeats",
-            "1",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
+def _run(script: str, *args: str) -> str:
+    """A benchmark's stdout (the test fails with its stderr if it exits non-zero)."""
+    return subprocess.run(
+        [sys.executable, script, *args], cwd=REPO, capture_output=True, text=True, timeout=300, check=True
     ).stdout
+
+
+def test_wan_step_prints_the_three_models_and_the_ratio():
+    small = ["--grid", "1", "4", "4", "--blocks", "1", "--dim", "64", "--heads", "2", "--ffn-dim", "128"]
+    out = _run("benchmarks/wan_step.py", *small, "--text-dim", "32", "--text-len", "8", "--repeats", "1")
     for row in ("diffusers WanTransformer3DModel", "wan22_train WanDiT", "matmul skeleton (floor)"):
         assert re.search(rf"^{re.escape(row)}\s+\d+\.\d+", out, re.MULTILINE), out
     assert re.search(r"^ratio ours / diffusers: \d+\.\d{3}", out, re.MULTILINE), out
 
 
 def test_cp_memory_a14b_fused_block_is_at_most_a_twentieth_of_math_and_the_model_holds_on_cpu():
-    out = subprocess.run(
-        [sys.executable, "benchmarks/cp_memory.py", "--validate", "--shape", "1024", "1024", "2", "64"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,  # exit 1 when a measured figure is off the model by more than 10%
-    ).stdout
+    # _run checks the exit status: 1 when a measured figure is off the model by more than 10%
+    out = _run("benchmarks/cp_memory.py", "--validate", "--shape", "1024", "1024", "2", "64")
     high = re.search(r"^wan22-train/t2v_a14b_high .* flash .* 1/(\d+)$", out, re.MULTILINE)
     assert high and int(high.group(1)) >= 20, out
     checks = re.findall(
@@ -64,17 +41,33 @@ def test_cp_memory_a14b_fused_block_is_at_most_a_twentieth_of_math_and_the_model
 
 
 def test_cp_kernel_check_dry_run_prints_one_table_of_ok_rows():
-    out = subprocess.run(
-        [sys.executable, "benchmarks/cp_kernel_check.py", "--device", "cpu", "--small"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,  # exit 1 on a FAIL row
-    ).stdout
+    out = _run("benchmarks/cp_kernel_check.py", "--device", "cpu", "--small")  # exit 1 on a FAIL row
     rows = re.findall(r"^(block|ring4)\s+cpu_flash\s+(float32|bfloat16)\s.*\s(ok|FAIL)$", out, re.MULTILINE)
     assert len([r for r in rows if r[0] == "block"]) == 8 and len([r for r in rows if r[0] == "ring4"]) == 4, out
     assert {r[2] for r in rows} == {"ok"}
+
+
+def test_lora_step_reports_full_and_lora_rows_of_one_config():
+    # The modes run in this process (the script starts one child per mode so that peaks stay apart;
+    # the smoke test checks the counts and the table, not the peaks): seconds instead of three imports.
+    spec = importlib.util.spec_from_file_location("lora_step", REPO / "benchmarks" / "lora_step.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    small = ["--dim", "64", "--heads", "2", "--blocks", "1", "--ffn-dim", "128", "--text-dim", "32"]
+    small += ["--text-len", "8", "--grid", "1", "4", "4", "--rank", "4", "--repeats", "1", "--warmup", "0"]
+    threads = torch.get_num_threads()
+    try:
+        results = {mode: bench.measure(bench.parse_args([*small, "--mode", mode])) for mode in bench.MODES}
+    finally:
+        torch.set_num_threads(threads)
+    out = bench.report(bench.parse_args(small), results)
+    rows = {}
+    for mode in ("full", "lora", "lora, bf16 base"):
+        found = re.search(rf"^{re.escape(mode)}\s+([\d,]+)\s+([\d,]+)\s+(\d+\.\d)", out, re.MULTILINE)
+        assert found, out
+        rows[mode] = [float(g.replace(",", "")) for g in found.groups()]
+    assert rows["full"][1] == 0 and rows["lora"][1] == rows["full"][0]  # LoRA freezes the whole base
+    assert rows["lora"][0] < rows["full"][0] and rows["lora"][2] < rows["full"][2]  # trainable, state MB
 
 
 def test_wan_levers_prints_every_variant_as_ratios_to_eager():

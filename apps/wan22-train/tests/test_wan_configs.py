@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from mm_config import load_config
 from mm_parallel import FSDPPlan, explain_fsdp_plan
@@ -9,7 +11,7 @@ from mm_trainer.dry_run import build_meta_model
 from wan22_train.configs import config_path
 
 SHIPPED = [
-    "tiny_t2v.yaml", "tiny_t2v_both.yaml", "t2v_a14b_high.yaml", "t2v_a14b_low.yaml", "t2v_a14b_both.yaml",
+    "tiny_t2v.yaml", "tiny_t2v_both.yaml", "tiny_t2v_lora.yaml", "t2v_a14b_high.yaml", "t2v_a14b_low.yaml", "t2v_a14b_both.yaml",
     "i2v_a14b.yaml", "ti2v_5b.yaml",
 ]  # fmt: skip
 
@@ -32,3 +34,28 @@ def test_dry_run_of_the_a14b_high_expert_puts_14b_fp32_params_over_8_ranks():
     text_encoder_params = sum(p.numel() for p in model.text_encoder.parameters())
     assert per_rank["text_encoder"] == pytest.approx(text_encoder_params * 2 / 8, rel=0.001)  # frozen bf16
     assert "ae" not in per_rank  # ignored: never sharded, kept whole on each rank
+
+
+def test_dry_run_of_an_a14b_lora_puts_the_adapters_in_the_block_units_and_trains_only_them():
+    # blocks 0-3 only: peft's injection costs ~10 ms a layer, and 4 blocks show the layout as well as 40
+    targets = [
+        "blocks.{0-3}.self_attn.?",
+        "blocks.{0-3}.cross_attn.?",
+        "blocks.{0-3}.ffn.0",
+        "blocks.{0-3}.ffn.2",
+    ]
+    lora = json.dumps({"target_modules": targets, "rank": 32})
+    cfg = load_config(
+        config_path("t2v_a14b_high.yaml"), [f"model.models.predictor.lora={lora}"], world_size=8
+    )
+    model = build_meta_model(cfg)
+    trainable = {n: p.numel() for n, p in model.predictor.named_parameters() if p.requires_grad}
+    # per block: 8 attention projections 5120 -> 5120 and the FFN 5120 <-> 13824, each r * (in + out)
+    per_block = 32 * (8 * (5120 + 5120) + 2 * (5120 + 13824))
+    assert sum(trainable.values()) == 4 * per_block
+    assert all(".lora_A.default." in n or ".lora_B.default." in n for n in trainable)
+    assert {n.split(".")[1] for n in trainable} == {"0", "1", "2", "3"}
+    explanation = explain_fsdp_plan(model, FSDPPlan.from_dict(cfg.parallel.fsdp_plan.model_dump()), 8)
+    block = next(u for u in explanation.units if u.path == "predictor.blocks.0")
+    assert sum(n for k, n in trainable.items() if k.startswith("blocks.0.")) == per_block
+    assert block.numel == sum(p.numel() for p in model.predictor.blocks[0].parameters())  # base + adapters

@@ -36,6 +36,15 @@ def test_rotation_is_the_complex_product_of_channel_pairs():
     assert torch.allclose(apply_rope(x, cos.double(), sin.double()), expected.flatten(-2), atol=1e-12)
 
 
+def test_bf16_inputs_and_tables_rotate_in_fp32_and_come_back_bf16():
+    # FSDP mixed precision (param_dtype bf16) casts the block inputs, the RoPE tables included, to bf16
+    x = torch.randn(2, 72, 3, 16).to(torch.bfloat16)
+    cos, sin = rope_cos_sin((3, 4, 6), 16)
+    out = apply_rope(x, cos.to(torch.bfloat16), sin.to(torch.bfloat16))
+    want = apply_rope(x.float(), cos.to(torch.bfloat16).float(), sin.to(torch.bfloat16).float())
+    assert out.dtype == torch.bfloat16 and torch.equal(out, want.to(torch.bfloat16))
+
+
 def test_grid_beyond_max_seq_len_is_rejected():
     with pytest.raises(ValueError, match="rope_max_seq_len=8"):
         rope_cos_sin((2, 9, 4), 16, max_seq_len=8)

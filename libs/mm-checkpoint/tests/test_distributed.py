@@ -70,9 +70,9 @@ def test_online_conversion_at_world_two_then_dcp_load_at_world_one(
     load_checkpoint_with_conversion(converted, wan_dir, fmt="dcp", conversion_dir=cache)
     tiny.assert_same_state(tiny.wan(), converted)
 
+    # The model alone: per-rank state saved at dp 2 needs an entry that merges rank states
+    # (load_rank_states) to load at dp 1; test_checkpointer.py covers that.
     model = tiny.wan()
-    dataloader: dict = {}
-    assert DistributedCheckpointer(run).load({"model": model, "dataloader": dataloader}) == 7
+    assert DistributedCheckpointer(run).load({"model": model}) == 7
     for key, value in model.state_dict().items():
         assert torch.equal(value, reference[key] * 2.0), key
-    assert dataloader == {"rank": 0}

@@ -5,6 +5,7 @@ ltx2-train preprocess --config configs/tiny_t2av.yaml                # clips -> 
 torchrun --nproc-per-node 2 -m ltx2_train --config configs/tiny_t2av.yaml   # train
 ltx2-train --config configs/t2av.yaml --dry-run --world-size 8       # FSDP plan on meta
 ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --out runs/ltx2_tiny/export/transformer
+ltx2-train export --checkpoint runs/ltx2_lora/ckpt --lora peft --out runs/ltx2_lora/export/peft   # LoRA run
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--checkpoint", required=True, help="training checkpoint root (iter_* + tracker)")
     export.add_argument("--config", help="training config (default: <checkpoint>/config.yaml)")
     export.add_argument("--out", required=True)
+    export.add_argument(
+        "--lora",
+        choices=("peft", "merged"),
+        help="a LoRA run's adapters: peft (folder for LTX2Pipeline.load_lora_weights) or merged (a diffusers "
+        "transformer folder with the adapters merged in)",
+    )
     return p
 
 
@@ -75,9 +82,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(run_preprocess(_load(args.config, args.overrides)))
     else:
-        from ltx2_train.export import export_transformer
+        from ltx2_train.export import export_transformer, export_transformer_lora
 
-        print(export_transformer(_run_config(args.config, args.checkpoint), args.checkpoint, args.out))
+        config = _run_config(args.config, args.checkpoint)
+        if args.lora is None:
+            print(export_transformer(config, args.checkpoint, args.out))
+        else:
+            print(export_transformer_lora(config, args.checkpoint, args.out, fmt=args.lora))
     return 0
 
 

@@ -1,4 +1,5 @@
-"""``ltx2-train export``: a training checkpoint's transformer -> diffusers ``transformer/`` folder.
+"""``ltx2-train export``: a training checkpoint's transformer -> diffusers ``transformer/`` folder, or its
+LoRA adapters -> a PEFT / diffusers file or the base with the adapters merged.
 
 The trainer's single-model form stores the transformer under ``model.`` with upstream keys, so the
 export selects that prefix, strips it and writes diffusers safetensors plus a ``config.json`` that
@@ -9,19 +10,56 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from diffusers import LTX2VideoTransformer3DModel
-from mm_checkpoint import export_checkpoint
+from mm_checkpoint import export_checkpoint, export_lora
 from mm_config import TrainConfig
 
 from ltx2_train.predictor import transformer_config
+
+LORA_FORMATS = ("peft", "merged")
+"""``--lora`` choices: a file for ``LTX2Pipeline.load_lora_weights``, or a merged transformer folder.
+(ComfyUI reads LTX-2 under the original LTX-2 module names, not diffusers': not written here.)"""
 
 
 def export_transformer(config: TrainConfig, checkpoint: str | Path, out: str | Path) -> Path:
     """Write the latest iteration of ``checkpoint`` as an upstream ``LTX2VideoTransformer3DModel`` folder."""
     args = config.model.sub_models()["model"]
+    if args.lora is not None:
+        raise ValueError(
+            "the transformer was trained with LoRA (its checkpoint holds the adapters only): export with "
+            f"--lora {{{','.join(LORA_FORMATS)}}}"
+        )
+    with _config_json(args) as side:
+        return export_checkpoint(checkpoint, out, to="diffusers", config_from=side, submodule="model")
+
+
+def export_transformer_lora(
+    config: TrainConfig, checkpoint: str | Path, out: str | Path, *, fmt: str
+) -> Path:
+    """The LoRA adapters of ``checkpoint`` as ``fmt``: ``peft`` writes ``out/pytorch_lora_weights.safetensors``
+    (``transformer.<module>.lora_A.weight`` + rank / alpha metadata), ``merged`` the folder ``out``
+    (``W + alpha / rank * B A`` over the base in ``model.from_pretrained``)."""
+    if fmt not in LORA_FORMATS:
+        raise ValueError(f"--lora {fmt!r}: LTX-2 exports one of {', '.join(LORA_FORMATS)}")
+    args = config.model.sub_models()["model"]
+    if args.lora is None:
+        raise ValueError("--lora: the transformer was trained without LoRA (model.lora is unset)")
+    with _config_json(args) as side:
+        base = args.checkpoint_path or args.from_pretrained
+        return export_lora(
+            checkpoint, out, fmt, alpha=args.lora.alpha, submodule="model", base=base, config_from=side
+        )
+
+
+@contextmanager
+def _config_json(args: Any) -> Iterator[str]:
+    """A temporary folder holding the transformer's diffusers ``config.json``."""
     body = {"_class_name": LTX2VideoTransformer3DModel.__name__, **transformer_config(args)}
     with tempfile.TemporaryDirectory() as side:
         (Path(side) / "config.json").write_text(json.dumps(body, indent=2) + "\n")
-        return export_checkpoint(checkpoint, out, to="diffusers", config_from=side, submodule="model")
+        yield side

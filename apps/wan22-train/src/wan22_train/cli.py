@@ -6,6 +6,7 @@ wan22-train --config X.yaml --dry-run --world-size 64   # FSDP plan, bytes per r
 wan22-train make-tiny runs/tiny                         # tiny model set + clips
 wan22-train sample --checkpoint runs/tiny/ckpt --prompt "a red square moving left" --out clip.mp4
 wan22-train export --checkpoint runs/tiny/ckpt --out runs/tiny/export/transformer
+wan22-train export --checkpoint runs/lora/ckpt --lora peft --out runs/lora/export/peft   # LoRA run
 wan22-train demo                                        # make-tiny + train + export + sample
 """
 
@@ -32,6 +33,8 @@ def _load(config: str | None, checkpoint: str):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from wan22_train.export import LORA_FORMATS
+
     p = argparse.ArgumentParser(prog="wan22-train", description="Wan2.2 tools; see the module docstring.")
     sub = p.add_subparsers(dest="command", required=True)
     tiny = sub.add_parser("make-tiny", help="write a tiny Wan2.2 model set (diffusers layout) + mp4 clips")
@@ -54,7 +57,18 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--checkpoint", required=True)
     export.add_argument("--config", help="training config (default: <checkpoint>/config.yaml)")
     export.add_argument("--out", required=True)
-    export.add_argument("--layout", choices=("diffusers", "native"), default="diffusers")
+    export.add_argument(
+        "--layout",
+        choices=("diffusers", "native"),
+        default=None,
+        help="key layout of a full export (default diffusers); not with --lora",
+    )
+    export.add_argument(
+        "--lora",
+        choices=LORA_FORMATS,
+        help="a LoRA run's adapters: peft (folder for diffusers' load_lora_weights), comfyui (a .safetensors "
+        "file, official Wan names), merged (a diffusers transformer folder with the adapters merged in)",
+    )
     export.add_argument(
         "--submodel",
         default="predictor",
@@ -91,22 +105,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
         print(write_video(video, args.out, fps=args.fps))
     elif args.command == "export":
-        from wan22_train.export import export_predictor
-
-        print(
-            export_predictor(
-                _load(args.config, args.checkpoint),
-                args.checkpoint,
-                args.out,
-                layout=args.layout,
-                submodel=args.submodel,
-            )
-        )
+        print(_export(args))
     else:
         from wan22_train.demo import run_demo
 
         return run_demo(Path(args.out), nproc=args.nproc, steps=args.steps)
     return 0
+
+
+def _export(args: argparse.Namespace) -> Path:
+    from wan22_train.export import export_lora, export_predictor
+
+    config = _load(args.config, args.checkpoint)
+    if args.lora is None:
+        layout = args.layout or "diffusers"
+        return export_predictor(config, args.checkpoint, args.out, layout=layout, submodel=args.submodel)
+    if args.layout is not None:
+        raise SystemExit("wan22-train export: --layout applies to full exports; --lora fixes its own layout")
+    return export_lora(config, args.checkpoint, args.out, fmt=args.lora, submodel=args.submodel)
 
 
 def run() -> NoReturn:

@@ -11,7 +11,7 @@ from mm_checkpoint import DistributedCheckpointer
 from mm_config import TrainConfig
 from mm_data import write_clip
 from mm_pipelines import FlowMatchScheduler, masked_text_embeddings
-from mm_trainer import ModelContainer, ModelHub, freeze, import_plugins
+from mm_trainer import ModelContainer, ModelHub, freeze, import_plugins, inject_lora
 
 from wan22_train.pipeline import LOW_NOISE_ROLE, Wan22Pipeline
 from wan22_train.predictor import WanPredictor
@@ -25,17 +25,22 @@ def load_for_sampling(config: TrainConfig, checkpoint: str | Path) -> dict[str, 
     """The VAE, text encoder (from their sources) and the predictor(s) restored from ``checkpoint``.
 
     A run with ``expert: both`` restores ``predictor_low`` too, and ``boundary_timestep`` (the
-    timestep below which it takes over) comes with the modules.
+    timestep below which it takes over) comes with the modules. A LoRA predictor (``lora`` in its
+    section) loads its base from its source and its adapters from the checkpoint.
     """
     import_plugins(config.training.plugin)
     subs = config.model.sub_models()
     trained = tuple(name for name in (PREDICTOR, LOW_NOISE_ROLE) if name in subs)
     modules: dict[str, Any] = {}
     for name, args in subs.items():
-        module = WanPredictor._from_config(args) if name in trained else ModelHub.build(args, meta_init=False)
+        if name in trained:
+            module = WanPredictor.from_pretrained(args) if args.lora else WanPredictor._from_config(args)
+        else:
+            module = ModelHub.build(args, meta_init=False)
         freeze(module)
         modules[name] = module
     holder = ModelContainer({name: modules[name] for name in trained}, trainable=trained)
+    inject_lora(holder, {name: subs[name].lora for name in trained})
     DistributedCheckpointer(checkpoint).load({"model": holder})
     if LOW_NOISE_ROLE in trained:
         pipeline = Wan22Pipeline.from_options(config.model.pipeline or {})

@@ -31,6 +31,16 @@ from .key_maps import (
 )
 from .layout import TRACKER_FILENAME, latest_iteration, looks_like_dcp_checkpoint_dir
 from .loader import LoadReport, load_checkpoint_with_conversion
+from .lora_files import (
+    LORA_EXPORT_FORMATS,
+    PEFT_WEIGHT_NAME,
+    LoraWeights,
+    export_lora,
+    export_merged,
+    read_lora_adapters,
+    save_comfy_lora,
+    save_peft_lora,
+)
 from .module_state import materialize_meta
 from .pipeline_folder import write_pipeline_folder
 from .restricted_dcp import (
@@ -53,9 +63,12 @@ __all__ = [
     "ConcatRule",
     "DistributedCheckpointer",
     "KeyMapError",
+    "LORA_EXPORT_FORMATS",
     "KeyMapTransform",
     "KeyPlan",
     "LoadReport",
+    "LoraWeights",
+    "PEFT_WEIGHT_NAME",
     "RNGState",
     "RenameRule",
     "Reshape",
@@ -71,6 +84,8 @@ __all__ = [
     "convert_to_dcp",
     "ensure_dcp_cache",
     "export_checkpoint",
+    "export_lora",
+    "export_merged",
     "get_weight_transform",
     "identity_change",
     "latest_iteration",
@@ -79,10 +94,13 @@ __all__ = [
     "materialize_meta",
     "normalize_format",
     "read_dcp_metadata",
+    "read_lora_adapters",
     "register_weight_transform",
     "resolve_checkpoint_source",
     "resolve_load_format",
     "restricted_dcp_load",
+    "save_comfy_lora",
+    "save_peft_lora",
     "sniff_format",
     "source_identity",
     "summarize",

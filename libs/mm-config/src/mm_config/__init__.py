@@ -27,6 +27,7 @@ from .loader import (  # noqa: E402
     validate_config,
     validate_with_plugins,
 )
+from .lora import LoraConfig  # noqa: E402
 from .model import LoadFormat, ModelConfig, SubModelConfig  # noqa: E402
 from .parallel import FSDPPlanConfig, ParallelConfig, SubPlanConfig  # noqa: E402
 from .registry import (  # noqa: E402
@@ -61,6 +62,7 @@ __all__ = [
     "HFModelConfig",
     "InputPath",
     "LoadFormat",
+    "LoraConfig",
     "MemoryProfileConfig",
     "ModelConfig",
     "ModulePattern",

@@ -8,6 +8,7 @@ from pydantic import ValidationInfo, field_validator, model_validator
 
 from .base import ConfigModel, DType, InputPath
 from .errors import Problem, RuleViolations
+from .lora import LoraConfig
 from .registry import model_schema, pipeline_schema, validate_plugin_dict
 
 LoadFormat = Literal["auto", "dcp", "diffusers", "hf", "safetensors"]
@@ -43,6 +44,8 @@ class SubModelConfig(ConfigModel):
     """Registered key-map name used to convert foreign checkpoints; None = the model class default."""
     config: dict[str, Any] = {}
     """Model-specific keys, validated by the schema registered for ``model_id`` (if any)."""
+    lora: LoraConfig | None = None
+    """Train low-rank adapters on this sub-model instead of all its weights (None: full fine-tuning)."""
 
     @field_validator("config")
     @classmethod

@@ -164,6 +164,7 @@ def _submodel_problems(cfg: TrainConfig) -> list[Problem]:
                     deps=model_deps,
                 )
             )
+    out += _lora_problems(cfg)
     for name in cfg.parallel.fsdp_plan.sub_plans:
         if name not in subs:
             out.append(
@@ -186,6 +187,39 @@ def _submodel_problems(cfg: TrainConfig) -> list[Problem]:
         )
     if cfg.model.is_container:
         out += _pattern_head_problems(cfg, set(subs))
+    return out
+
+
+def _lora_problems(cfg: TrainConfig) -> list[Problem]:
+    """A sub-model with ``lora`` trains (only) its adapters on pretrained weights: it must have a weight
+    source and be neither frozen nor left out of ``training.trainable_submodels``."""
+    out: list[Problem] = []
+    trainable = cfg.training.trainable_submodels
+    for name, sub in cfg.model.sub_models().items():
+        if sub.lora is None:
+            continue
+        loc: Loc = (("model", "models", name) if cfg.model.is_container else ("model",)) + ("lora",)
+        if sub.freeze:
+            out.append(
+                Problem(loc, f"sub-model `{name}` is frozen (freeze: true): its adapters could not train")
+            )
+        elif not (sub.from_pretrained or sub.checkpoint_path):
+            out.append(
+                Problem(
+                    loc,
+                    f"sub-model `{name}` has no from_pretrained / checkpoint_path: LoRA adapts pretrained "
+                    "weights, which its checkpoints do not hold (they reload from that source)",
+                )
+            )
+        elif trainable is not None and name not in trainable:
+            out.append(
+                Problem(
+                    loc,
+                    f"sub-model `{name}` is not in training.trainable_submodels {trainable}: "
+                    "its adapters would not train",
+                    deps=(("training", "trainable_submodels"),),
+                )
+            )
     return out
 
 

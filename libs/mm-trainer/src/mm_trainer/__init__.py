@@ -11,6 +11,7 @@ from mm_trainer.engine import NonFiniteLossError, TrainEngine  # noqa: E402
 from mm_trainer.features import FeaturesReport, apply_features, feature_plans, plan_features  # noqa: E402
 from mm_trainer.hf_export import export_hf_model  # noqa: E402
 from mm_trainer.hf_model import HFModel, TransformersKeyRenaming, hf_model_class  # noqa: E402
+from mm_trainer.lora import LoraAdapters, LoraTargets, inject_lora  # noqa: E402
 from mm_trainer.metrics import PEAK_FLOPS, MetricsLogger  # noqa: E402
 from mm_trainer.model_hub import ModelHub  # noqa: E402
 from mm_trainer.plugins import import_plugins  # noqa: E402
@@ -41,6 +42,8 @@ __all__ = [
     "ConditionStream",
     "FeaturesReport",
     "HFModel",
+    "LoraAdapters",
+    "LoraTargets",
     "MetricsLogger",
     "ModelContainer",
     "ModelContainerHub",
@@ -69,6 +72,7 @@ __all__ = [
     "freeze",
     "hf_model_class",
     "import_plugins",
+    "inject_lora",
     "init_module_weights",
     "load_module_weights",
     "load_run_config",

@@ -48,6 +48,9 @@ class ModelContainer(nn.Module):
         self.sub_model_names: tuple[str, ...] = tuple(sub_models)
         self.trainable_submodels: tuple[str, ...] = tuple(trainable)
         self.pipeline = pipeline
+        #: Sub-models whose checkpoints hold only these state-dict keys (LoRA: the adapters, see
+        #: :func:`mm_trainer.inject_lora`); the rest of them reloads from its pretrained source.
+        self.partial_checkpoints: dict[str, frozenset[str]] = {}
         if self.checkpoint_submodels is None:
             self.checkpoint_submodels = self.trainable_submodels
 
@@ -76,10 +79,14 @@ class ModelContainer(nn.Module):
     def state_dict(
         self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False
     ) -> dict:
-        """Only ``checkpoint_submodels``; frozen sub-models reload from their pretrained source."""
+        """Only ``checkpoint_submodels`` (of those in ``partial_checkpoints``, only the listed keys);
+        frozen sub-models reload from their pretrained source."""
         out: dict[str, Any] = {} if destination is None else destination
         for name in self.checkpoint_submodels:
-            getattr(self, name).state_dict(destination=out, prefix=f"{prefix}{name}.", keep_vars=keep_vars)
+            sub_prefix = f"{prefix}{name}."
+            state = getattr(self, name).state_dict(prefix=sub_prefix, keep_vars=keep_vars)
+            keep = self.partial_checkpoints.get(name)
+            out.update((k, v) for k, v in state.items() if keep is None or k[len(sub_prefix) :] in keep)
         return out
 
     def load_state_dict(
@@ -91,7 +98,8 @@ class ModelContainer(nn.Module):
         for name in self.checkpoint_submodels:
             sub_sd = {k[len(name) + 1 :]: v for k, v in state_dict.items() if k.startswith(name + ".")}
             result = getattr(self, name).load_state_dict(sub_sd, strict=False, assign=assign)
-            missing += [f"{name}.{k}" for k in result.missing_keys]
+            keep = self.partial_checkpoints.get(name)
+            missing += [f"{name}.{k}" for k in result.missing_keys if keep is None or k in keep]
             unexpected += [f"{name}.{k}" for k in result.unexpected_keys]
         if strict and (missing or unexpected):
             raise RuntimeError(

@@ -7,12 +7,14 @@ from mm_parallel import FSDPPlan, explain_fsdp_plan
 
 from mm_trainer.container import ModelContainer, container_class, freeze
 from mm_trainer.features import feature_plans, plan_features
+from mm_trainer.lora import inject_lora
 from mm_trainer.model_hub import ModelHub
 from mm_trainer.plugins import import_plugins
 
 
 def build_meta_model(config: TrainConfig) -> ModelContainer:
-    """Every sub-model of ``config`` built on the meta device (no weights read, nothing allocated)."""
+    """Every sub-model of ``config`` built on the meta device (no weights read, nothing allocated),
+    with its LoRA adapters when it has ``lora``."""
     import_plugins(config.training.plugin)
     trainable = config.training.trainable_submodels or config.model.trainable_submodels()
     sub_models = {}
@@ -21,7 +23,9 @@ def build_meta_model(config: TrainConfig) -> ModelContainer:
         if name not in trainable:
             freeze(module)
         sub_models[name] = module
-    return container_class(config.model)(sub_models, trainable=tuple(trainable), pipeline=None)
+    model = container_class(config.model)(sub_models, trainable=tuple(trainable), pipeline=None)
+    inject_lora(model, {name: args.lora for name, args in config.model.sub_models().items()})
+    return model
 
 
 def dry_run(config: TrainConfig, *, world_size: int) -> str:

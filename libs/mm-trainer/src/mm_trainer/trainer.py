@@ -2,10 +2,11 @@
 
 config (the config check, paths included) -> init distributed + ParallelState -> import plugins
  -> build model (ModelHub / ModelContainerHub; meta where asked)
+ -> LoRA adapters (model.models.<name>.lora: peft layers around the matched nn.Linear)
  -> context parallel hooks, features (compile, recompute, activation offload)   # BEFORE fully_shard
  -> FSDP2 plan                                                       # DTensor layout on meta
  -> materialize (to_empty) + load weights                            # AFTER fully_shard
- -> random init only for sub-models that loaded nothing
+ -> random init only for sub-models that loaded nothing; LoRA adapters initialized (B = 0)
  -> optimizer, lr scheduler, batches (+ conditions ahead: features.condition_mbs), checkpointer (resume)
  -> TrainEngine.train
 """
@@ -36,6 +37,7 @@ from mm_trainer.conditions import ConditionStream
 from mm_trainer.container import ModelContainer, ModelContainerHub
 from mm_trainer.engine import TrainEngine
 from mm_trainer.features import apply_features, feature_plans
+from mm_trainer.lora import inject_lora
 from mm_trainer.metrics import MetricsLogger
 from mm_trainer.optim import build_lr_scheduler, build_optimizer
 from mm_trainer.plugins import import_plugins
@@ -128,6 +130,7 @@ class Trainer:
                 f"separately (prepare_conditions + train_on_conditions, mm_pipelines.GenerativePipelineBase); "
                 f"{type(model).__name__} has pipeline {type(model.pipeline).__name__}. Set it to 1"
             )
+        self.lora = inject_lora(model, {name: sub.lora for name, sub in cfg.model.sub_models().items()})
         if self.parallel_state.cp_enabled:
             _setup_context_parallel(model, self.parallel_state)
         for line in apply_features(model, **feature_plans(cfg.features)).lines():
@@ -140,8 +143,15 @@ class Trainer:
         resuming = self.run_dir.resume_from is not None
         sub_model_args = cfg.model.sub_models()
         for name, module in model.sub_models().items():
-            restored_by_checkpoint = resuming and name in model.checkpoint_submodels
-            self._materialize_and_load(name, module, sub_model_args[name], restored_by_checkpoint)
+            # A LoRA sub-model's checkpoint holds its adapters only: its base always loads from the source.
+            restored_by_checkpoint = (
+                resuming and name in model.checkpoint_submodels and name not in model.partial_checkpoints
+            )
+            with self.lora.base_names(name, module):
+                self._materialize_and_load(name, module, sub_model_args[name], restored_by_checkpoint)
+        self.lora.init_adapters(model, cfg.training.seed)  # a resume then restores them
+        for line in self.lora.summary(model):
+            _log_rank0(line)
         return model
 
     def _materialize_and_load(self, name: str, module: nn.Module, args: Any, restored: bool) -> None:

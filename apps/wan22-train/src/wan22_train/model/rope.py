@@ -63,10 +63,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate channel pairs (2j, 2j+1) of `x` [B, S, H, D] by the tables [S, 1, D // 2]; keeps x's dtype.
 
     One complex multiply (x_2j + i x_2j+1) * (cos + i sin) in the promoted dtype of x and the
-    tables (fp32 for bf16 inputs): the same arithmetic as the real-valued form, in one pass forward
+    tables, at least fp32 (complex bf16 does not exist; FSDP's mixed precision casts the tables to
+    bf16 with the block inputs): the same arithmetic as the real-valued form, in one pass forward
     and backward instead of six.
     """
-    dtype = torch.promote_types(x.dtype, cos.dtype)
+    dtype = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), torch.float32)
     pairs = torch.view_as_complex(x.to(dtype).unflatten(-1, (-1, 2)).contiguous())
     rotated = torch.view_as_real(pairs * torch.complex(cos.to(dtype), sin.to(dtype)))
     return rotated.flatten(-2).to(x.dtype)

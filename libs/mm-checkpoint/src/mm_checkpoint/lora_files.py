@@ -1,0 +1,283 @@
+"""LoRA adapters out of a training checkpoint: PEFT (diffusers) files, ComfyUI files, merged weights.
+
+A training checkpoint of a LoRA run holds peft's adapter tensors under the module paths of the model:
+``<path>.lora_A.default.weight`` (A, "down": rank x in) and ``<path>.lora_B.default.weight`` (B, "up":
+out x rank); the layer computes ``W x + (alpha / rank) * B A x``. The three exports:
+
+- :func:`save_peft_lora`: ``<prefix><path>.lora_A.weight`` / ``.lora_B.weight`` with peft's LoRA config
+  (rank, alpha, targets) in the safetensors metadata under ``lora_adapter_metadata``: the layout
+  diffusers' ``load_lora_weights`` reads (``prefix="transformer."``);
+- :func:`save_comfy_lora`: ``diffusion_model.<path>.lora_down.weight`` / ``.lora_up.weight`` /
+  ``.alpha`` (a 0-d tensor): the generic LoRA layout of ComfyUI's ``comfy/lora.py`` over its model's
+  state-dict names (``diffusion_model.`` + the model's own keys);
+- :func:`export_merged`: the base checkpoint with ``W + (alpha / rank) * B A`` written in place of each
+  adapted ``W``, through the same key map and writer as :func:`export_checkpoint`.
+
+Module paths are renamed for a file through the ``model_type`` key map (e.g. native Wan -> diffusers):
+the key ``<path>.weight`` goes through the map and ``.weight`` comes off again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from .dcp_io import DcpReader
+from .errors import CheckpointFormatError
+from .export import SubmoduleReader, _copy_config, _export
+from .formats import normalize_format, resolve_load_format
+from .key_maps import apply_plan, get_weight_transform, planned_shape_dtype
+from .layout import resolve_dcp_dir
+from .runtime import barrier, get_rank
+from .safetensors_io import SafetensorsReader, TensorInfo, parse_size
+
+LORA_EXPORT_FORMATS = ("peft", "comfyui", "merged")
+"""What :func:`export_lora` writes: a PEFT / diffusers file, a ComfyUI file, a merged model folder."""
+PEFT_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
+"""The file name diffusers' ``load_lora_weights(folder)`` looks for."""
+PEFT_METADATA_KEY = "lora_adapter_metadata"
+"""Safetensors metadata entry holding the LoRA config as JSON (diffusers' ``LORA_ADAPTER_METADATA_KEY``)."""
+_DOWN, _UP = ".lora_A.", ".lora_B."
+
+
+@dataclass(frozen=True)
+class LoraWeights:
+    """One adapted layer: ``down`` (A, rank x in), ``up`` (B, out x rank) and ``alpha``."""
+
+    down: torch.Tensor
+    up: torch.Tensor
+    alpha: float
+
+    @property
+    def rank(self) -> int:
+        return int(self.down.shape[0])
+
+    @property
+    def scale(self) -> float:
+        """``alpha / rank``."""
+        return self.alpha / self.rank
+
+    def delta(self) -> torch.Tensor:
+        """The weight update ``scale * up @ down`` in fp32 (out x in)."""
+        return (self.up.float() @ self.down.float()) * self.scale
+
+
+def read_lora_adapters(
+    checkpoint: str | os.PathLike,
+    *,
+    alpha: float,
+    submodule: str | None = None,
+    iteration: int | None = None,
+) -> dict[str, LoraWeights]:
+    """Adapters of a DCP training checkpoint by module path (under ``submodule``, without its prefix).
+
+    Raises:
+        CheckpointFormatError: the checkpoint holds no adapter, or an A without its B (or the reverse).
+    """
+    path, _ = resolve_dcp_dir(checkpoint, iteration)
+    reader: DcpReader | SubmoduleReader = DcpReader(path)
+    if submodule is not None:
+        reader = SubmoduleReader(reader, submodule)
+    pairs: dict[str, dict[str, str]] = {}
+    for key in reader.keys():
+        for part, side in ((_DOWN, "down"), (_UP, "up")):
+            if part in key:
+                pairs.setdefault(key[: key.index(part)], {})[side] = key
+    where = f"{path}" + (f" (under {submodule!r})" if submodule else "")
+    if not pairs:
+        raise CheckpointFormatError(f"{where} holds no LoRA adapter (no `.lora_A.` / `.lora_B.` tensors)")
+    broken = sorted(p for p, sides in pairs.items() if len(sides) != 2)
+    if broken:
+        raise CheckpointFormatError(f"{where}: adapters without both lora_A and lora_B: {broken[:5]}")
+    tensors = reader.read_many([k for sides in pairs.values() for k in sides.values()])
+    return {
+        p: LoraWeights(tensors[sides["down"]], tensors[sides["up"]], float(alpha))
+        for p, sides in pairs.items()
+    }
+
+
+def renamed_paths(adapters: Mapping[str, LoraWeights], model_type: str | None) -> dict[str, LoraWeights]:
+    """``adapters`` keyed by the module paths of the ``model_type`` key map's checkpoint side."""
+    transform = get_weight_transform(model_type)
+    out: dict[str, LoraWeights] = {}
+    for path, weights in adapters.items():
+        plans = transform.plan_export([f"{path}.weight"])
+        (key,) = plans
+        if not key.endswith(".weight") or plans[key].fn is not None:
+            raise CheckpointFormatError(
+                f"key map {model_type!r} does not rename {path}.weight to one `.weight` tensor (got {key!r})"
+            )
+        out[key[: -len(".weight")]] = weights
+    return out
+
+
+def save_peft_lora(
+    adapters: Mapping[str, LoraWeights],
+    out_file: str | os.PathLike,
+    *,
+    prefix: str = "transformer.",
+    model_type: str | None = None,
+    dtype: torch.dtype | None = None,
+) -> Path:
+    """Write the PEFT / diffusers layout: ``<prefix><path>.lora_A.weight`` / ``.lora_B.weight`` plus the
+    LoRA config (``r``, ``lora_alpha``, ``target_modules``) as JSON in the metadata, keyed with ``prefix``.
+
+    All adapters must share one rank and alpha (one LoRA section per sub-model).
+    """
+    named = renamed_paths(adapters, model_type)
+    rank, alpha = _common_rank_alpha(named)
+    tensors: dict[str, torch.Tensor] = {}
+    for path, w in named.items():
+        tensors[f"{prefix}{path}.lora_A.weight"] = _cast(w.down, dtype)
+        tensors[f"{prefix}{path}.lora_B.weight"] = _cast(w.up, dtype)
+    config = {"r": rank, "lora_alpha": alpha, "target_modules": sorted(named), "lora_dropout": 0.0}
+    metadata = {PEFT_METADATA_KEY: json.dumps({f"{prefix}{k}": v for k, v in config.items()}), "format": "pt"}
+    return _save(tensors, out_file, metadata)
+
+
+def save_comfy_lora(
+    adapters: Mapping[str, LoraWeights],
+    out_file: str | os.PathLike,
+    *,
+    prefix: str = "diffusion_model.",
+    model_type: str | None = None,
+    dtype: torch.dtype | None = None,
+) -> Path:
+    """Write ComfyUI's layout: ``<prefix><path>.lora_down.weight`` (A), ``.lora_up.weight`` (B) and
+    ``.alpha`` (0-d fp32); the loader scales ``up @ down`` by ``alpha / rank``."""
+    tensors: dict[str, torch.Tensor] = {}
+    for path, w in renamed_paths(adapters, model_type).items():
+        tensors[f"{prefix}{path}.lora_down.weight"] = _cast(w.down, dtype)
+        tensors[f"{prefix}{path}.lora_up.weight"] = _cast(w.up, dtype)
+        tensors[f"{prefix}{path}.alpha"] = torch.tensor(w.alpha, dtype=torch.float32)
+    return _save(tensors, out_file, {"format": "pt"})
+
+
+class MergedReader:
+    """The base checkpoint's tensors under model keys, each adapted ``<path>.weight`` plus its delta."""
+
+    def __init__(self, base: str | os.PathLike, adapters: Mapping[str, LoraWeights], model_type: str | None):
+        self.adapters = dict(adapters)
+        fmt = resolve_load_format(base)
+        if fmt == "dcp":
+            self._reader: DcpReader | SafetensorsReader = DcpReader(resolve_dcp_dir(base)[0])
+            self._plans = {k: None for k in self._reader.keys()}
+        else:
+            self._reader = SafetensorsReader(base)
+            self._plans = get_weight_transform(model_type).plan_load(self._reader.keys())
+        absent = sorted(p for p in self.adapters if f"{p}.weight" not in self._plans)
+        if absent:
+            raise CheckpointFormatError(f"base {base} has no weight for the adapted layers {absent[:5]}")
+
+    def keys(self) -> list[str]:
+        return list(self._plans)
+
+    def info(self, key: str) -> TensorInfo:
+        plan = self._plans[key]
+        if plan is None:
+            return self._reader.info(key)
+        shape, dtype = planned_shape_dtype(
+            plan, [(i.shape, i.dtype) for i in map(self._reader.info, plan.sources)]
+        )
+        return TensorInfo(shape, dtype)
+
+    def read_many(self, keys: list[str]) -> dict[str, torch.Tensor]:
+        return {key: self._read(key) for key in keys}
+
+    def _read(self, key: str) -> torch.Tensor:
+        plan = self._plans[key]
+        value = (
+            self._reader.read(key)
+            if plan is None
+            else apply_plan(plan, [self._reader.read(s) for s in plan.sources])
+        )
+        adapter = self.adapters.get(key[: -len(".weight")]) if key.endswith(".weight") else None
+        if adapter is None:
+            return value
+        return (value.float() + adapter.delta()).to(value.dtype)
+
+
+def export_merged(
+    base: str | os.PathLike,
+    adapters: Mapping[str, LoraWeights],
+    out_dir: str | os.PathLike,
+    *,
+    to: str = "diffusers",
+    model_type: str | None = None,
+    config_from: str | os.PathLike | None = None,
+    max_shard_size: int | str = "5GB",
+    dtype: torch.dtype | None = None,
+) -> Path:
+    """Write the base model with the adapters merged (``W + alpha/rank * B A`` in fp32, stored in W's
+    dtype) as a ``to`` folder (diffusers / hf) through ``model_type``'s key map. Rank 0 writes."""
+    target = normalize_format(to)
+    if target not in {"diffusers", "hf", "safetensors"}:
+        raise CheckpointFormatError(f"cannot export to {to!r}; expected diffusers, hf or safetensors")
+    out = Path(out_dir)
+    if get_rank() == 0:
+        reader = MergedReader(base, adapters, model_type)
+        _export(reader, out, target, model_type, parse_size(max_shard_size), dtype)
+        _copy_config(Path(base), Path(base), config_from, out)
+    barrier()
+    return out
+
+
+def export_lora(
+    checkpoint: str | os.PathLike,
+    out: str | os.PathLike,
+    fmt: str,
+    *,
+    alpha: float,
+    submodule: str | None = None,
+    base: str | os.PathLike | None = None,
+    model_type: str | None = None,
+    file_model_type: str | None = None,
+    config_from: str | os.PathLike | None = None,
+) -> Path:
+    """Export the adapters of ``checkpoint`` (latest iteration, keys under ``submodule``) as ``fmt``:
+
+    - ``peft``: ``out/pytorch_lora_weights.safetensors`` (:func:`save_peft_lora`, prefix ``transformer.``),
+      module paths renamed through ``file_model_type``;
+    - ``comfyui``: the file ``out`` (:func:`save_comfy_lora`, prefix ``diffusion_model.``), the model's own
+      module paths;
+    - ``merged``: the folder ``out``, ``base`` with the adapters merged (:func:`export_merged`, diffusers
+      layout): ``model_type`` maps the base's keys to the model's and back.
+    """
+    if fmt not in LORA_EXPORT_FORMATS:
+        raise ValueError(f"LoRA export format {fmt!r}: expected one of {', '.join(LORA_EXPORT_FORMATS)}")
+    adapters = read_lora_adapters(checkpoint, alpha=alpha, submodule=submodule)
+    if fmt == "peft":
+        return save_peft_lora(adapters, Path(out) / PEFT_WEIGHT_NAME, model_type=file_model_type)
+    if fmt == "comfyui":
+        return save_comfy_lora(adapters, out)
+    if base is None:
+        raise ValueError("a merged LoRA export needs the base weights (the sub-model's from_pretrained)")
+    return export_merged(base, adapters, out, to="diffusers", model_type=model_type, config_from=config_from)
+
+
+def _common_rank_alpha(adapters: Mapping[str, LoraWeights]) -> tuple[int, float]:
+    pairs = {(w.rank, w.alpha) for w in adapters.values()}
+    if len(pairs) != 1:
+        raise CheckpointFormatError(f"adapters of one file must share rank and alpha; found {sorted(pairs)}")
+    return next(iter(pairs))
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return tensor.detach().to(dtype or tensor.dtype).contiguous()
+
+
+def _save(tensors: dict[str, torch.Tensor], out_file: str | os.PathLike, metadata: dict[str, str]) -> Path:
+    path = Path(out_file)
+    if path.suffix != ".safetensors":
+        raise CheckpointFormatError(f"{path}: a LoRA file is written as .safetensors")
+    if get_rank() == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(path), metadata=metadata)
+    barrier()
+    return path
