@@ -43,7 +43,9 @@ def test_cp_memory_a14b_fused_block_is_at_most_a_twentieth_of_math_and_the_model
 def test_cp_kernel_check_dry_run_prints_one_table_of_ok_rows():
     out = _run("benchmarks/cp_kernel_check.py", "--device", "cpu", "--small")  # exit 1 on a FAIL row
     rows = re.findall(r"^(block|ring4)\s+cpu_flash\s+(float32|bfloat16)\s.*\s(ok|FAIL)$", out, re.MULTILINE)
-    assert len([r for r in rows if r[0] == "block"]) == 8 and len([r for r in rows if r[0] == "ring4"]) == 4, out
+    assert (
+        len([r for r in rows if r[0] == "block"]) == 8 and len([r for r in rows if r[0] == "ring4"]) == 4
+    ), out
     assert {r[2] for r in rows} == {"ok"}
 
 
@@ -84,5 +86,7 @@ def test_wan_levers_prints_every_variant_as_ratios_to_eager():
     for variant in ("eager", "compiled"):
         for recompute in ("no", "selective", "full"):
             row = re.escape(f"{variant}, {recompute} recompute")
-            assert re.search(rf"^{row}\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d{{3}}\s+\d+\s+\d+\.\d{{3}}", out, re.M), out
+            assert re.search(
+                rf"^{row}\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d{{3}}\s+\d+\s+\d+\.\d{{3}}", out, re.M
+            ), out
     assert re.search(r"^eager, no recompute\s+\S+\s+\S+\s+1\.000\s+\d+\s+1\.000", out, re.M), out
