@@ -43,7 +43,9 @@ def test_cp_memory_a14b_fused_block_is_at_most_a_twentieth_of_math_and_the_model
 def test_cp_kernel_check_dry_run_prints_one_table_of_ok_rows():
     out = _run("benchmarks/cp_kernel_check.py", "--device", "cpu", "--small")  # exit 1 on a FAIL row
     rows = re.findall(r"^(block|ring4)\s+cpu_flash\s+(float32|bfloat16)\s.*\s(ok|FAIL)$", out, re.MULTILINE)
-    assert len([r for r in rows if r[0] == "block"]) == 8 and len([r for r in rows if r[0] == "ring4"]) == 4, out
+    assert (
+        len([r for r in rows if r[0] == "block"]) == 8 and len([r for r in rows if r[0] == "ring4"]) == 4
+    ), out
     assert {r[2] for r in rows} == {"ok"}
 
 
@@ -68,3 +70,23 @@ def test_lora_step_reports_full_and_lora_rows_of_one_config():
         rows[mode] = [float(g.replace(",", "")) for g in found.groups()]
     assert rows["full"][1] == 0 and rows["lora"][1] == rows["full"][0]  # LoRA freezes the whole base
     assert rows["lora"][0] < rows["full"][0] and rows["lora"][2] < rows["full"][2]  # trainable, state MB
+
+
+def test_wan_levers_prints_every_variant_as_ratios_to_eager():
+    small = ["--grid", "1", "4", "4", "--blocks", "1", "--dim", "64", "--heads", "2", "--ffn-dim", "128",
+             "--text-dim", "32", "--text-len", "8", "--repeats", "1"]  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "benchmarks/wan_levers.py", *small],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout
+    for variant in ("eager", "compiled"):
+        for recompute in ("no", "selective", "full"):
+            row = re.escape(f"{variant}, {recompute} recompute")
+            assert re.search(
+                rf"^{row}\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d{{3}}\s+\d+\s+\d+\.\d{{3}}", out, re.M
+            ), out
+    assert re.search(r"^eager, no recompute\s+\S+\s+\S+\s+1\.000\s+\d+\s+1\.000", out, re.M), out

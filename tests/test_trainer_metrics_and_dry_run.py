@@ -70,7 +70,11 @@ def test_dry_run_of_a_10b_config_prints_units_without_allocating(toy_yaml, mm_tr
     config = toy_yaml(
         model={
             "models": {"predictor": {"config": {"dim": 8, "hidden": 8192, "cond_dim": 16, "num_blocks": 80}}}
-        }
+        },
+        features={
+            "compile": {"apply_modules": ["predictor.blocks.{*}"]},
+            "recompute_plan": {"apply_modules": ["predictor.blocks.{*}"], "policy": "selective", "every": 40},
+        },
     )
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     out = mm_train(config, "--dry-run", "--world-size", "8").stdout
@@ -80,3 +84,8 @@ def test_dry_run_of_a_10b_config_prints_units_without_allocating(toy_yaml, mm_tr
     assert "predictor.blocks.79" in out
     # 80 blocks x 2 x (8192^2 + 8192) fp32 params over 8 ranks
     assert "sharded params per rank, predictor: 5.0 GiB" in out
+    assert "features: compile (torch.compile backend=inductor mode=default): 80 module(s)" in out
+    assert (
+        "features: recompute (selective, every 40 matched): 2 module(s): predictor.blocks.0, predictor.blocks.40"
+        in out
+    )

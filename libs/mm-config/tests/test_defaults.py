@@ -81,6 +81,8 @@ def test_features_defaults():
     f = FeaturesConfig()
     assert f.recompute_plan.apply_modules == [] and f.activation_offload_plan.apply_modules == []
     assert f.condition_mbs == 1
+    assert (f.recompute_plan.policy, f.recompute_plan.every) == ("full", 1)
+    assert f.compile.apply_modules == [] and (f.compile.backend, f.compile.mode) == ("inductor", "default")
 
 
 def _models(cls: type[BaseModel], seen: set[type[BaseModel]]) -> None:

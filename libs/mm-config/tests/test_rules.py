@@ -123,6 +123,22 @@ def test_recompute_pattern_must_start_with_a_sub_model_name(load_error, problem_
     )
 
 
+def test_compile_pattern_must_start_with_a_sub_model_name(load_error, problem_at, container):
+    err = load_error(container(features={"compile": {"apply_modules": ["predictr.blocks.{*}"]}}))
+    assert "did you mean `predictor`?" in problem_at(err, "features.compile.apply_modules[0]")
+
+
+def test_recompute_policy_and_compile_mode_are_closed_sets(load_error, problem_at, container):
+    err = load_error(container(features={"recompute_plan": {"policy": "some"}, "compile": {"mode": "fast"}}))
+    assert "'full' or 'selective'" in problem_at(err, "features.recompute_plan.policy")
+    assert "'max-autotune'" in problem_at(err, "features.compile.mode")
+
+
+def test_recompute_every_is_at_least_one(load_error, problem_at, container):
+    err = load_error(container(features={"recompute_plan": {"every": 0}}))
+    assert "greater than or equal to 1" in problem_at(err, "features.recompute_plan.every")
+
+
 def test_ulysses_must_divide_the_trainable_models_heads(load_error, problem_at, container):
     err = load_error(container(parallel={"ulysses_parallel_size": 3}), world_size=3)
     assert "must be divisible by parallel.ulysses_parallel_size (3)" in problem_at(
@@ -331,7 +347,7 @@ def test_unknown_nested_key_suggests_the_closest(load_error, problem_at):
 
 def test_unknown_key_without_close_match_lists_valid_keys(load_error, problem_at):
     err = load_error({"features": {"zzz": 1}})
-    assert "expected one of: activation_offload_plan, condition_mbs, recompute_plan" in problem_at(
+    assert "expected one of: activation_offload_plan, compile, condition_mbs, recompute_plan" in problem_at(
         err, "features.zzz"
     )
 

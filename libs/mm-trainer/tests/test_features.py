@@ -1,4 +1,4 @@
-"""Recompute and activation offload act on what autograd saves, and compose on one module.
+"""Recompute, compile and activation offload act on what autograd saves, and compose on one module.
 
 Evidence, not markers: a recomputed module's forward runs again in backward and autograd keeps
 only its inputs; an offloaded module's saved tensors go to the offload's own saved-tensor hooks
@@ -9,12 +9,15 @@ host copy itself cannot be told from the original, so these tests pin where the 
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Callable
 
 import pytest
 import torch
-from mm_trainer import apply_features
+from mm_trainer import apply_features, check_compile, plan_features
 from torch import nn
+from torch._dynamo.utils import counters
+from torch.utils._python_dispatch import TorchDispatchMode
 
 DIM, BATCH = 8, 4
 
@@ -127,3 +130,76 @@ def test_offload_inside_a_recomputed_module_is_refused():
 
     with pytest.raises(ValueError, match=r"'net.blocks.0' inside 'net' of recompute_plan"):
         apply_features(Outer(), recompute_modules=["net"], activation_offload_modules=["net.blocks.0"])
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten op packets dispatched while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.counts[func.overloadpacket] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def backward_ops(model: Net) -> Counter:
+    """The ops autograd runs in backward of one step (forward re-runs included)."""
+    x = torch.randn(BATCH, DIM, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    loss = model.blocks[1](model.blocks[0](x)).square().sum()
+    with OpCounter() as counter:
+        loss.backward()
+    return counter.counts
+
+
+def test_selective_recompute_runs_the_cheap_ops_again_but_keeps_the_matmul_outputs():
+    plain, selective = featured(recompute_modules=["blocks.0"], recompute_policy="selective")
+    _, full = featured(recompute_modules=["blocks.0"])
+    assert_same_grads(selective, plain)
+    aten = torch.ops.aten
+    ops = {name: backward_ops(m) for name, m in (("plain", plain), ("selective", selective), ("full", full))}
+    assert ops["plain"][aten.tanh] == 0 and ops["selective"][aten.tanh] == ops["full"][aten.tanh] == 1
+    assert ops["selective"][aten.addmm] == ops["plain"][aten.addmm] == 0
+    assert ops["full"][aten.addmm] == 1  # full recompute runs the inner linear again (then stops early)
+
+
+def test_recompute_every_k_th_matched_module_counts_in_module_order():
+    model = nn.Sequential(*(nn.Linear(2, 2) for _ in range(12)))
+    report = plan_features(model, recompute_modules=["{*}"], recompute_every=5)
+    assert report.recompute == ["0", "5", "10"]  # module order, not "10" < "5" by name
+    assert report.lines() == ["recompute (full, every 5 matched): 3 module(s): 0, 5, 10"]
+
+
+@pytest.mark.parametrize(
+    ("backend", "mode", "device", "message"),
+    [
+        ("inductor", "default", "npu", "inductor generates no Ascend NPU code"),
+        ("no_such_backend", "default", "cpu", "not a registered torch.compile backend"),
+        ("aot_eager", "max-autotune", "cpu", "applies to the inductor backend only"),
+        ("inductor", "reduce-overhead", "cpu", "captures CUDA graphs; cpu has none"),
+    ],
+)
+def test_a_compile_choice_the_device_cannot_run_is_refused(backend, mode, device, message):
+    with pytest.raises(ValueError, match=message):
+        check_compile(backend, mode, device)
+
+
+def compiled_pair(backend: str, **plans: list[str] | str) -> tuple[Net, Net]:
+    torch._dynamo.reset()
+    counters.clear()
+    return featured(compile_modules=["blocks.{*}"], compile_backend=backend, **plans)
+
+
+def test_compiled_blocks_train_the_eager_gradients_from_one_graph():
+    plain, model = compiled_pair("inductor")
+    expected, got = step(plain), step(model)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-7, msg=name)
+    assert counters["stats"]["unique_graphs"] == 1  # both blocks run the same compiled graph
+
+
+def test_selective_recompute_of_a_compiled_block_keeps_the_gradients():
+    plain, model = compiled_pair("aot_eager", recompute_modules=["blocks.0"], recompute_policy="selective")
+    assert_same_grads(model, plain)
+    assert counters["stats"]["unique_graphs"] >= 1  # compiled, not silently left eager

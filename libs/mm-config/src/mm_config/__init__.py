@@ -8,7 +8,13 @@ from .conversation import ConversationColumnsConfig, ConversationDatasetConfig  
 from .data import DataConfig  # noqa: E402
 from .datasets import PrecomputedLatentsConfig, VideoTextDatasetConfig, frame_rule_problem  # noqa: E402
 from .errors import ConfigError, Problem, RuleViolations  # noqa: E402
-from .features import FeaturesConfig, ModulePlanConfig  # noqa: E402
+from .features import (  # noqa: E402
+    CompileMode,
+    CompilePlanConfig,
+    FeaturesConfig,
+    ModulePlanConfig,
+    RecomputePlanConfig,
+)
 from .hf_model import HFModelConfig  # noqa: E402
 from .loader import (  # noqa: E402
     apply_overrides,
@@ -42,6 +48,8 @@ from .training import NonFiniteConfig, TrainingConfig  # noqa: E402
 
 __all__ = [
     "CheckReport",
+    "CompileMode",
+    "CompilePlanConfig",
     "ConfigError",
     "ConfigModel",
     "ConversationColumnsConfig",
@@ -65,6 +73,7 @@ __all__ = [
     "PrecomputedLatentsConfig",
     "Problem",
     "ProfileConfig",
+    "RecomputePlanConfig",
     "RuleViolations",
     "SubModelConfig",
     "SubPlanConfig",

@@ -1,6 +1,8 @@
-"""``features``: activation recompute, activation offload and batched condition encoding."""
+"""``features``: activation recompute, torch.compile, activation offload and batched condition encoding."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import Field
 
@@ -14,11 +16,41 @@ class ModulePlanConfig(ConfigModel):
     """Module path patterns (same syntax as ``parallel.fsdp_plan.apply_modules``)."""
 
 
+class RecomputePlanConfig(ModulePlanConfig):
+    """Activation checkpointing: what the matched modules keep for backward, and which of them."""
+
+    policy: Literal["full", "selective"] = "full"
+    """``full``: keep only the module's inputs and run its whole forward again in backward.
+    ``selective``: keep the outputs of matrix multiplications and attention, recompute everything
+    else (norms, activations, modulation, RoPE, residuals) in backward
+    (``torch.utils.checkpoint.create_selective_checkpoint_contexts``)."""
+    every: int = Field(default=1, ge=1)
+    """Recompute every k-th matched module in module order, starting with the first (1 = all); the
+    others keep their activations."""
+
+
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+
+
+class CompilePlanConfig(ModulePlanConfig):
+    """Regional ``torch.compile``: each matched module's forward compiled on its own, before FSDP
+    wrapping; a recomputed module checkpoints its compiled forward. The context-parallel attention
+    calls stay eager (a deliberate graph break)."""
+
+    backend: str = "inductor"
+    """``torch.compile`` backend: a name registered with ``torch._dynamo`` (``inductor``,
+    ``aot_eager``, ...); checked against the device when the trainer builds the model."""
+    mode: CompileMode = "default"
+    """``torch.compile`` mode (``reduce-overhead`` uses CUDA graphs; ``max-autotune`` searches kernels)."""
+
+
 class FeaturesConfig(ConfigModel):
     """The ``features`` section."""
 
-    recompute_plan: ModulePlanConfig = ModulePlanConfig()
-    """Activation checkpointing of the matched modules."""
+    recompute_plan: RecomputePlanConfig = RecomputePlanConfig()
+    """Activation checkpointing of the matched modules (``policy``: full or selective; ``every``)."""
+    compile: CompilePlanConfig = CompilePlanConfig()
+    """``torch.compile`` of the matched modules (regional compilation, e.g. ``predictor.blocks.{*}``)."""
     activation_offload_plan: ModulePlanConfig = ModulePlanConfig()
     """Move activations saved by the matched modules to host memory until backward."""
     condition_mbs: int = Field(default=1, ge=1)
@@ -30,4 +62,4 @@ class FeaturesConfig(ConfigModel):
     condition encoders (conditions carry no autograd graph across ranks)."""
 
 
-__all__ = ["FeaturesConfig", "ModulePlanConfig"]
+__all__ = ["CompileMode", "CompilePlanConfig", "FeaturesConfig", "ModulePlanConfig", "RecomputePlanConfig"]

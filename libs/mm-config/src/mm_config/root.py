@@ -264,6 +264,7 @@ def _pattern_head_problems(cfg: TrainConfig, names: set[str]) -> list[Problem]:
         ("parallel", "fsdp_plan", "apply_modules"): plan.apply_modules,
         ("parallel", "fsdp_plan", "ignored_modules"): plan.ignored_modules,
         ("features", "recompute_plan", "apply_modules"): cfg.features.recompute_plan.apply_modules,
+        ("features", "compile", "apply_modules"): cfg.features.compile.apply_modules,
         (
             "features",
             "activation_offload_plan",

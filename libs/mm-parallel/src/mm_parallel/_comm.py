@@ -12,6 +12,14 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
+COMPILE_BREAK = (
+    "context parallelism is a deliberate torch.compile graph break: its collectives run on "
+    "ProcessGroup objects inside custom autograd functions (ring: isend/irecv), which dynamo "
+    "does not trace; the attention kernels inside gain nothing from a compiler"
+)
+"""Why the public split / gather / attention functions are ``torch.compiler.disable``-d: a block
+compiled around them (``features.compile``) is compiled up to the call, runs it eagerly, and resumes."""
+
 
 def group_size(group: ProcessGroup | None) -> int:
     """Number of ranks in ``group``; 1 for ``None``."""

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from mm_parallel._comm import all_gather_list, group_rank, group_size, ring_exchange
+from mm_parallel._comm import COMPILE_BREAK, all_gather_list, group_rank, group_size, ring_exchange
 from mm_parallel.attention_backends import AttentionBackend, attention
 from mm_parallel.attention_choice import ring_kernel, warn_if_math_on_accelerator
 from mm_parallel.attention_masks import key_length_mask
@@ -286,6 +286,7 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, causal: bool, layout: str, wo
         )
 
 
+@torch.compiler.disable(reason=COMPILE_BREAK)
 def ring_attention(
     q: Tensor,
     k: Tensor,

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from mm_parallel._comm import all_gather_list, group_rank, group_size
+from mm_parallel._comm import COMPILE_BREAK, all_gather_list, group_rank, group_size
 
 Layout = Literal["contiguous", "zigzag"]
 GradMode = Literal["adjoint", "replicated"]
@@ -187,6 +187,7 @@ def _check_grad_mode(grad_mode: str) -> None:
         raise ValueError(f"grad_mode must be 'adjoint' or 'replicated', got {grad_mode!r}")
 
 
+@torch.compiler.disable(reason=COMPILE_BREAK)
 def split_sequence(
     x: Tensor,
     dim: int,
@@ -218,6 +219,7 @@ def split_sequence(
     return _Split.apply(x, dim, group, layout, grad_mode)
 
 
+@torch.compiler.disable(reason=COMPILE_BREAK)
 def gather_sequence(
     x: Tensor,
     dim: int,
@@ -255,6 +257,7 @@ def usp_padded_length(
     return -(-seq_len // multiple) * multiple
 
 
+@torch.compiler.disable(reason=COMPILE_BREAK)
 def split_for_usp(
     x: Tensor,
     dim: int,
@@ -279,6 +282,7 @@ def split_for_usp(
     return split_sequence(x, dim, ulysses_group, "contiguous", grad_mode=grad_mode)
 
 
+@torch.compiler.disable(reason=COMPILE_BREAK)
 def gather_for_usp(
     x: Tensor,
     dim: int,

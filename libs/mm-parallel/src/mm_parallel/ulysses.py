@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from mm_parallel._comm import all_gather_list, all_to_all, group_rank, group_size
+from mm_parallel._comm import COMPILE_BREAK, all_gather_list, all_to_all, group_rank, group_size
 from mm_parallel.attention_backends import attention, combine_masks, key_padding_to_attn_mask
 
 AttnFn = Callable[..., Tensor]
@@ -61,6 +62,7 @@ def _local_heads_mask(attn_mask: Tensor | None, heads: int, group: ProcessGroup 
     return attn_mask.chunk(world, dim=-3)[group_rank(group)]
 
 
+@torch.compiler.disable(reason=COMPILE_BREAK)
 def ulysses_attention(
     q: Tensor,
     k: Tensor,

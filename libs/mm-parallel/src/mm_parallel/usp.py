@@ -13,15 +13,17 @@ The steps are undone in exact reverse order, and every step is autograd-aware.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from mm_parallel._comm import group_size
+from mm_parallel._comm import COMPILE_BREAK, group_size
 from mm_parallel.ring import ring_attention
 from mm_parallel.sequence import Layout
 from mm_parallel.ulysses import check_heads_divisible, gather_key_padding_mask, heads_to_seq, seq_to_heads
 
 
+@torch.compiler.disable(reason=COMPILE_BREAK)
 def usp_attention(
     q: Tensor,
     k: Tensor,

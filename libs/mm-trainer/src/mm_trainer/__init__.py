@@ -8,7 +8,7 @@ from mm_trainer.conditions import ConditionStream  # noqa: E402
 from mm_trainer.container import ModelContainer, ModelContainerHub, freeze  # noqa: E402
 from mm_trainer.conversation_data import conversation_dataset  # noqa: E402
 from mm_trainer.engine import NonFiniteLossError, TrainEngine  # noqa: E402
-from mm_trainer.features import FeaturesReport, apply_features  # noqa: E402
+from mm_trainer.features import FeaturesReport, apply_features, feature_plans, plan_features  # noqa: E402
 from mm_trainer.hf_export import export_hf_model  # noqa: E402
 from mm_trainer.hf_model import HFModel, TransformersKeyRenaming, hf_model_class  # noqa: E402
 from mm_trainer.lora import LoraAdapters, LoraTargets, inject_lora  # noqa: E402
@@ -16,6 +16,8 @@ from mm_trainer.metrics import PEAK_FLOPS, MetricsLogger  # noqa: E402
 from mm_trainer.model_hub import ModelHub  # noqa: E402
 from mm_trainer.plugins import import_plugins  # noqa: E402
 from mm_trainer.preflight import preflight  # noqa: E402
+from mm_trainer.recompute_policy import SAVED_OPS, selective_recompute_contexts  # noqa: E402
+from mm_trainer.regional_compile import check_compile  # noqa: E402
 from mm_trainer.registry import (  # noqa: E402
     DATA_REGISTRY,
     MODEL_REGISTRY,
@@ -31,6 +33,7 @@ from mm_trainer.stop_signals import StopSignals  # noqa: E402
 from mm_trainer.trainer import Trainer  # noqa: E402
 
 __all__ = [
+    "SAVED_OPS",
     "DATA_REGISTRY",
     "MODEL_REGISTRY",
     "PEAK_FLOPS",
@@ -58,6 +61,10 @@ __all__ = [
     "TransformersKeyRenaming",
     "Trainer",
     "apply_features",
+    "check_compile",
+    "feature_plans",
+    "plan_features",
+    "selective_recompute_contexts",
     "build_batch_stream",
     "conversation_dataset",
     "export_hf_model",

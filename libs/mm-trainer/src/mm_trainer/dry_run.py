@@ -1,5 +1,5 @@
-"""``--dry-run``: the FSDP plan of a config's model, explained without allocating weights, and the
-process groups of its layout with the nodes each spans."""
+"""``--dry-run``: the FSDP plan of a config's model and its features, explained without allocating
+weights, and the process groups of its layout with the nodes each spans."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from mm_parallel import (
 )
 
 from mm_trainer.container import ModelContainer, container_class, freeze
+from mm_trainer.features import feature_plans, plan_features
 from mm_trainer.lora import inject_lora
 from mm_trainer.model_hub import ModelHub
 from mm_trainer.plugins import import_plugins
@@ -37,15 +38,18 @@ def build_meta_model(config: TrainConfig) -> ModelContainer:
 
 
 def dry_run(config: TrainConfig, *, world_size: int, ranks_per_node: int | None = None) -> str:
-    """The plan explanation table for ``world_size`` ranks, then the process groups of the layout and
-    whether each stays inside a node of ``ranks_per_node`` ranks (None: as the config resolved it,
-    ``$LOCAL_WORLD_SIZE`` under a launcher, else one node)."""
+    """The plan explanation table for ``world_size`` ranks, the compile / recompute / offload choices
+    (``features``, applied as the trainer applies them before FSDP), then the process groups of the
+    layout and whether each stays inside a node of ``ranks_per_node`` ranks (None: as the config
+    resolved it, ``$LOCAL_WORLD_SIZE`` under a launcher, else one node)."""
     model = build_meta_model(config)
+    features = plan_features(model, **feature_plans(config.features)).lines() or ["none"]
     plan = FSDPPlan.from_dict(config.parallel.fsdp_plan.model_dump())
     p = config.parallel
     explanation = explain_fsdp_plan(model, plan, world_size, dp_replicate=int(p.data_parallel_size))
     nodes = NodeLayout(world_size, context_ranks_per_node({"ranks_per_node": ranks_per_node}, world_size))
-    return f"{explanation}\n\n{describe_layout(p, nodes)}"
+    lines = [str(explanation), *(f"features: {line}" for line in features)]
+    return "\n".join(lines) + f"\n\n{describe_layout(p, nodes)}"
 
 
 def describe_layout(parallel: ParallelConfig, nodes: NodeLayout) -> str:

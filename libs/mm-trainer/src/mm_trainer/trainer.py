@@ -3,7 +3,7 @@
 config (the config check, paths included) -> init distributed + ParallelState -> import plugins
  -> build model (ModelHub / ModelContainerHub; meta where asked)
  -> LoRA adapters (model.models.<name>.lora: peft layers around the matched nn.Linear)
- -> context parallel hooks, features (recompute, activation offload)   # BEFORE fully_shard
+ -> context parallel hooks, features (compile, recompute, activation offload)   # BEFORE fully_shard
  -> FSDP2 plan                                                       # DTensor layout on meta
  -> materialize (to_empty) + load weights                            # AFTER fully_shard
  -> random init only for sub-models that loaded nothing; LoRA adapters initialized (B = 0)
@@ -38,13 +38,14 @@ from mm_trainer.batches import BatchStream, build_batch_stream
 from mm_trainer.conditions import ConditionStream
 from mm_trainer.container import ModelContainer, ModelContainerHub
 from mm_trainer.engine import TrainEngine
-from mm_trainer.features import apply_features
+from mm_trainer.features import apply_features, feature_plans
 from mm_trainer.lora import inject_lora
 from mm_trainer.metrics import MetricsLogger
 from mm_trainer.optim import build_lr_scheduler, build_optimizer
 from mm_trainer.plugins import import_plugins
 from mm_trainer.preflight import preflight
 from mm_trainer.profiling import MemoryProfiler, StepProfiler
+from mm_trainer.regional_compile import check_compile
 from mm_trainer.rng import seed_everything
 from mm_trainer.run_config import RUN_CONFIG_NAME
 from mm_trainer.run_dir import open_run_directory
@@ -125,6 +126,8 @@ class Trainer:
     # ------------------------------------------------------------ building
     def _build_model(self) -> nn.Module:
         cfg = self.config
+        if cfg.features.compile.apply_modules:  # before any weight is read
+            check_compile(cfg.features.compile.backend, cfg.features.compile.mode, self.device.type)
         trainable = cfg.training.trainable_submodels or cfg.model.trainable_submodels()
         # training.stage_dir: read the weights from node-local copies (the saved config keeps the sources)
         model_cfg = (
@@ -140,11 +143,8 @@ class Trainer:
         self.lora = inject_lora(model, {name: sub.lora for name, sub in cfg.model.sub_models().items()})
         if self.parallel_state.cp_enabled:
             _setup_context_parallel(model, self.parallel_state)
-        apply_features(
-            model,
-            recompute_modules=cfg.features.recompute_plan.apply_modules,
-            activation_offload_modules=cfg.features.activation_offload_plan.apply_modules,
-        )
+        for line in apply_features(model, **feature_plans(cfg.features)).lines():
+            _log_rank0(f"features: {line}")
         self.fsdp_report = apply_fsdp_plan(
             model, FSDPPlan.from_dict(cfg.parallel.fsdp_plan.model_dump()), self.parallel_state
         )
