@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,6 +73,7 @@ def test_lora_step_reports_full_and_lora_rows_of_one_config():
     assert rows["lora"][0] < rows["full"][0] and rows["lora"][2] < rows["full"][2]  # trainable, state MB
 
 
+@pytest.mark.slow  # a child interpreter that compiles three variants with inductor
 def test_wan_levers_prints_every_variant_as_ratios_to_eager():
     small = ["--grid", "1", "4", "4", "--blocks", "1", "--dim", "64", "--heads", "2", "--ffn-dim", "128",
              "--text-dim", "32", "--text-len", "8", "--repeats", "1"]  # fmt: skip
