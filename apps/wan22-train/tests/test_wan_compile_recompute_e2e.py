@@ -1,10 +1,10 @@
 """Regional compile and selective recompute change how tiny Wan2.2 trains, not what it trains.
 
 Tiny Wan T2V, FSDP2 + Ulysses 2 on 2 forked gloo ranks (the shipped ``tiny_t2v.yaml``), 10 steps in
-three combinations (a chain, to keep CI time down): eager without recompute -> eager with selective
-recompute (rel 1e-6) -> compiled predictor blocks (inductor, C++ on CPU) with selective recompute
-(rel 1e-5). The last one, which composes both, also resumes its step-5 checkpoint for steps 6-10 and
-trains them exactly. The compiled blocks keep calling
+four combinations: eager / compiled predictor blocks (inductor, C++ on CPU) x no / selective
+recompute. Each combination trains 10 steps saving after step 5, then resumes that checkpoint for
+steps 6-10. Compiled blocks train the eager losses (rel 1e-5); selective recompute trains the losses of
+no recompute (rel 1e-6); every combination resumes exactly. The compiled blocks keep calling
 mm-parallel's Ulysses attention (a deliberate graph break).
 """
 
@@ -26,10 +26,10 @@ BLOCKS = '["predictor.blocks.{*}"]'
 COMBOS = {
     "eager_none": ["features.recompute_plan.apply_modules=[]"],
     "eager_selective": [f"features.recompute_plan.apply_modules={BLOCKS}", "features.recompute_plan.policy=selective"],
+    "compiled_none": ["features.recompute_plan.apply_modules=[]", f"features.compile.apply_modules={BLOCKS}"],
     "compiled_selective": [f"features.recompute_plan.apply_modules={BLOCKS}", "features.recompute_plan.policy=selective",
                            f"features.compile.apply_modules={BLOCKS}"],
 }  # fmt: skip
-RESUMED = "compiled_selective"  # composes both levers; the resume of the others is the plain trainer's
 
 
 def train(distributed, tiny: Path, log_dir: Path, *overrides: str) -> list[dict]:
@@ -67,13 +67,9 @@ def runs(tmp_path_factory, distributed) -> dict:
         whole = train(
             distributed, tiny, ckpt, f"training.save={ckpt}", "training.save_interval=5", *overrides
         )
-        resumed = None
-        if name == RESUMED:
-            step_5 = root / f"{name}_step_5"
-            shutil.copytree(ckpt / "iter_0000005", step_5 / "iter_0000005")
-            resumed = train(
-                distributed, tiny, root / f"{name}_resumed", f"training.load={step_5}", *overrides
-            )
+        step_5 = root / f"{name}_step_5"
+        shutil.copytree(ckpt / "iter_0000005", step_5 / "iter_0000005")
+        resumed = train(distributed, tiny, root / f"{name}_resumed", f"training.load={step_5}", *overrides)
         graphs = int((ckpt / "graphs.txt").read_text())
         out[name] = {
             "whole": whole,
@@ -88,7 +84,7 @@ def losses(records: list[dict]) -> torch.Tensor:
     return torch.tensor([r["loss"] for r in records], dtype=torch.float64)
 
 
-@pytest.mark.parametrize("recompute", ["selective"])
+@pytest.mark.parametrize("recompute", ["none", "selective"])
 def test_compiled_blocks_train_the_eager_losses(runs, recompute):
     compiled, eager = runs[f"compiled_{recompute}"]["whole"], runs[f"eager_{recompute}"]["whole"]
     assert len(eager) == 10
@@ -96,14 +92,14 @@ def test_compiled_blocks_train_the_eager_losses(runs, recompute):
     torch.testing.assert_close(losses(compiled), losses(eager), rtol=1e-5, atol=0)
 
 
-@pytest.mark.parametrize("compiled", ["eager"])
+@pytest.mark.parametrize("compiled", ["eager", "compiled"])
 def test_selective_recompute_trains_the_losses_of_no_recompute(runs, compiled):
     selective, none = runs[f"{compiled}_selective"]["whole"], runs[f"{compiled}_none"]["whole"]
     torch.testing.assert_close(losses(selective), losses(none), rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("combo", [RESUMED])
-def test_compiled_selective_resumes_exactly(runs, combo):
+@pytest.mark.parametrize("combo", COMBOS)
+def test_each_combination_resumes_exactly(runs, combo):
     whole, resumed = runs[combo]["whole"], runs[combo]["resumed"]
     assert [r["step"] for r in resumed] == list(range(6, 11))
     assert losses(resumed).tolist() == losses(whole)[5:].tolist()
