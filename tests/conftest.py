@@ -370,6 +370,25 @@ def processes() -> SimpleNamespace:
 
 
 @pytest.fixture
+def mm_train_in_process(monkeypatch, capsys):
+    """``mm_train_in_process(*args)``: mm-train's ``main(args)`` called in this process (e.g. ``check-layouts``,
+    whose runs are processes of their own), the toy plugin importable here and in what it starts. Returns
+    ``returncode``, ``stdout`` and ``stderr`` like a finished process."""
+    monkeypatch.setenv("PYTHONPATH", train_env()["PYTHONPATH"])
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.syspath_prepend(str(PLUGIN_DIR))
+
+    def run(*args: str) -> SimpleNamespace:
+        from mm_trainer.cli import main
+
+        code = main(list(args))
+        captured = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=captured.out, stderr=captured.err)
+
+    return run
+
+
+@pytest.fixture
 def mm_train_cli():
     """``mm_train_cli(*args)`` runs ``python -m mm_trainer *args`` (e.g. a subcommand) with the toy plugin
     importable, and returns the process, failed or not."""
