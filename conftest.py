@@ -8,6 +8,7 @@ would break); results and exceptions come back through a queue.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import pickle
@@ -86,6 +87,28 @@ def distributed() -> Callable[..., list[Any]]:
     """Fixture form of :func:`run_distributed`: ``distributed(fn, world_size, *args)`` (session-scoped, so
     that module-scoped fixtures can start process groups too)."""
     return run_distributed
+
+
+def run_main_forked(
+    main: Callable[[list[str]], int], argv: list[str], nproc: int = 1, timeout: float = 600
+) -> None:
+    """A command line's ``main(argv)`` on ``nproc`` forked gloo ranks; fail unless every rank returns 0."""
+
+    def body(rank: int, world_size: int) -> int:
+        # as in a fresh interpreter: log records reach stderr (logging.lastResort), not the handlers
+        # pytest's logging plugin installed in the parent
+        logging.root.handlers.clear()
+        return main(list(argv))
+
+    codes = run_distributed(body, nproc, timeout=timeout)
+    assert codes == [0] * nproc, f"{getattr(main, '__module__', main)} {argv} returned {codes}"
+
+
+@pytest.fixture(scope="session")
+def main_forked() -> Callable[..., None]:
+    """``main_forked(main, argv, nproc=1)``: an app's ``cli.main`` run on forked ranks, the command line's
+    code path without a fresh interpreter (and its torch / diffusers imports) per run."""
+    return run_main_forked
 
 
 class _CreatesFile:

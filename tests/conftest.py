@@ -370,6 +370,25 @@ def processes() -> SimpleNamespace:
 
 
 @pytest.fixture
+def mm_train_in_process(monkeypatch, capsys):
+    """``mm_train_in_process(*args)``: mm-train's ``main(args)`` called in this process (e.g. ``check-layouts``,
+    whose runs are processes of their own), the toy plugin importable here and in what it starts. Returns
+    ``returncode``, ``stdout`` and ``stderr`` like a finished process."""
+    monkeypatch.setenv("PYTHONPATH", train_env()["PYTHONPATH"])
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.syspath_prepend(str(PLUGIN_DIR))
+
+    def run(*args: str) -> SimpleNamespace:
+        from mm_trainer.cli import main
+
+        code = main(list(args))
+        captured = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=captured.out, stderr=captured.err)
+
+    return run
+
+
+@pytest.fixture
 def mm_train_cli():
     """``mm_train_cli(*args)`` runs ``python -m mm_trainer *args`` (e.g. a subcommand) with the toy plugin
     importable, and returns the process, failed or not."""
@@ -381,20 +400,22 @@ def mm_train_cli():
     return run
 
 
+def _mm_train_with_toy_plugin(argv: list[str]) -> int:
+    """mm-train's ``main`` with the toy plugin importable (call in a forked rank)."""
+    sys.path.insert(0, str(PLUGIN_DIR))
+    from mm_trainer.cli import main
+
+    return main(argv)
+
+
 @pytest.fixture
-def mm_train_forked(distributed):
+def mm_train_forked(main_forked):
     """``mm_train_forked(config, *overrides, nproc=1)``: mm-train's ``main`` on ``nproc`` forked gloo ranks
     (the command line's code path without a fresh interpreter per run); a failure on any rank raises
     with its traceback. Returns the metrics records."""
 
     def run(config: Path, *overrides: str, nproc: int = 1) -> list[dict]:
-        def body(rank: int, world: int) -> int:
-            sys.path.insert(0, str(PLUGIN_DIR))
-            from mm_trainer.cli import main
-
-            return main(["--config", str(config), *overrides])
-
-        assert distributed(body, nproc) == [0] * nproc
+        main_forked(_mm_train_with_toy_plugin, ["--config", str(config), *overrides], nproc)
         return read_metrics(config.parent / "ckpt")
 
     return run

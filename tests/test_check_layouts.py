@@ -1,4 +1,7 @@
-"""``mm-train check-layouts``: one config at several layouts, the same per-step losses or exit 1."""
+"""``mm-train check-layouts``: one config at several layouts, the same per-step losses or exit 1.
+
+The command is mm-train's ``main`` called in the test process (``mm_train_in_process``); the runs it
+compares are its own subprocesses, one interpreter or torchrun per layout."""
 
 from __future__ import annotations
 
@@ -11,11 +14,11 @@ SECTIONS = {"training": {"global_batch_size": 8, "micro_batch_size": 2, "gradien
 @pytest.mark.slow
 @pytest.mark.parametrize(("noise", "code"), [("keyed", 0), ("rank_seeded", 1)])
 def test_keyed_draws_pass_and_a_rank_seeded_draw_fails(
-    toy_yaml, mm_train_cli, tmp_path, noise: str, code: int
+    toy_yaml, mm_train_in_process, tmp_path, noise: str, code: int
 ):
     config = toy_yaml(noise, model={"pipeline": {"noise": noise}}, **SECTIONS)
     args = ["--layouts", "1", "2", "--steps", "3", "--work-dir", str(tmp_path / "runs")]
-    proc = mm_train_cli("check-layouts", "--config", str(config), *args)
+    proc = mm_train_in_process("check-layouts", "--config", str(config), *args)
     assert proc.returncode == code, proc.stdout + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert lines[0].split() == ["step", "1", "2"] and [line.split()[0] for line in lines[1:4]] == [
@@ -27,13 +30,13 @@ def test_keyed_draws_pass_and_a_rank_seeded_draw_fails(
 
 
 def test_layouts_that_train_different_global_batches_are_refused_before_running(
-    toy_yaml, mm_train_cli, tmp_path
+    toy_yaml, mm_train_in_process, tmp_path
 ):
     config = toy_yaml(
         "fixed_accumulation"
     )  # gradient_accumulation_steps: 1, so the global batch follows the world
     args = ["--layouts", "1", "2", "--work-dir", str(tmp_path / "runs")]
-    proc = mm_train_cli("check-layouts", "--config", str(config), *args)
+    proc = mm_train_in_process("check-layouts", "--config", str(config), *args)
     assert proc.returncode == 2
     assert "different global batches {'1': 4, '2': 8}" in proc.stderr
     assert not (tmp_path / "runs").exists()

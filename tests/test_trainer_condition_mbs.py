@@ -1,4 +1,6 @@
-"""features.condition_mbs end to end on the toy plugin: the same training, and resumes mid-group."""
+"""features.condition_mbs end to end on the toy plugin: the same training, and resumes mid-group.
+
+Runs are mm-train's ``main`` on forked gloo ranks (``mm_train_forked``)."""
 
 from __future__ import annotations
 
@@ -11,19 +13,15 @@ def losses(records: list[dict]) -> list[float]:
     return [r["loss"] for r in records]
 
 
-def test_conditions_encoded_two_micro_steps_ahead_train_exactly_like_one_at_a_time(
-    toy_yaml, mm_train, metrics_of
-):
+def test_conditions_encoded_two_micro_steps_ahead_train_exactly_like_one_at_a_time(toy_yaml, mm_train_forked):
     # world 2 with the encoder FSDP-sharded: every encode is collective, and ranks stay in step
     sections = {"training": {"train_iters": 8, "gradient_accumulation_steps": 2}}
     plain = toy_yaml("plain", **sections)
     ahead = toy_yaml("ahead", features={"condition_mbs": 4}, **sections)
-    mm_train(plain, nproc=2)
-    mm_train(ahead, nproc=2)
-    assert losses(metrics_of(ahead.parent / "ckpt")) == losses(metrics_of(plain.parent / "ckpt"))
+    assert losses(mm_train_forked(ahead, nproc=2)) == losses(mm_train_forked(plain, nproc=2))
 
 
-def test_a_checkpoint_taken_mid_group_resumes_with_the_uninterrupted_losses(toy_yaml, mm_train, metrics_of):
+def test_a_checkpoint_taken_mid_group_resumes_with_the_uninterrupted_losses(toy_yaml, mm_train_forked):
     sections = {
         "training": {"train_iters": 9},
         "features": {"condition_mbs": 2},  # steps (1,2) (3,4) ...: the save after step 3 splits a group
@@ -31,13 +29,11 @@ def test_a_checkpoint_taken_mid_group_resumes_with_the_uninterrupted_losses(toy_
         "data": {"dataset": {"num_samples": 20}},  # 5 steps an epoch: an epoch ends inside a group
     }
     reference = toy_yaml("reference", **sections)
-    mm_train(reference)
-    expected = losses(metrics_of(reference.parent / "ckpt"))
+    expected = losses(mm_train_forked(reference))
 
     first = toy_yaml("first", **sections)
-    mm_train(first, "training.train_iters=3")
+    mm_train_forked(first, "training.train_iters=3")
     second = toy_yaml("second", **sections)
-    mm_train(second, f"training.load={first.parent / 'ckpt'}")
-    resumed = metrics_of(second.parent / "ckpt")
+    resumed = mm_train_forked(second, f"training.load={first.parent / 'ckpt'}")
     assert [r["step"] for r in resumed] == list(range(4, 10))
     assert losses(resumed) == expected[3:]

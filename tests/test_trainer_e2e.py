@@ -1,4 +1,7 @@
-"""mm-train end to end on the toy plugin: FSDP2 + recompute + activation offload, parity, resume."""
+"""mm-train end to end on the toy plugin: FSDP2 + recompute + activation offload, parity, resume.
+
+Runs are mm-train's ``main`` on forked gloo ranks (``mm_train_forked``), except the SIGKILL test's run to
+kill and its resume, which are real processes."""
 
 from __future__ import annotations
 
@@ -18,14 +21,12 @@ def losses(records: list[dict]) -> list[float]:
     return [r["loss"] for r in records]
 
 
-def test_world_size_2_matches_world_size_1_and_the_loss_decreases(toy_yaml, mm_train, metrics_of):
+def test_world_size_2_matches_world_size_1_and_the_loss_decreases(toy_yaml, mm_train_forked):
     # Global batch 8 either way: 2 ranks x micro 4, or 1 rank x micro 4 x 2 accumulation steps.
     two = toy_yaml("w2")
     one = toy_yaml("w1", training={"gradient_accumulation_steps": 2})
-    mm_train(two, nproc=2)
-    mm_train(one)
-    l2 = losses(metrics_of(two.parent / "ckpt"))
-    l1 = losses(metrics_of(one.parent / "ckpt"))
+    l2 = losses(mm_train_forked(two, nproc=2))
+    l1 = losses(mm_train_forked(one))
     assert len(l1) == len(l2) == 30
     assert all(math.isfinite(x) for x in l2)
     assert sum(l2[:5]) / 5 > sum(l2[-5:]) / 5
@@ -33,7 +34,7 @@ def test_world_size_2_matches_world_size_1_and_the_loss_decreases(toy_yaml, mm_t
 
 
 def test_a_run_killed_with_sigkill_resumes_with_identical_losses(
-    toy_yaml, mm_train, mm_train_popen, metrics_of
+    toy_yaml, mm_train, mm_train_forked, mm_train_popen, metrics_of
 ):
     sections = {
         "training": {"train_iters": 20, "save_interval": 5},
@@ -41,8 +42,7 @@ def test_a_run_killed_with_sigkill_resumes_with_identical_losses(
         "data": {"dataset": {"num_samples": 24}},  # 3 steps an epoch: epochs roll over mid-run
     }
     reference = toy_yaml("reference", **sections)
-    mm_train(reference)
-    expected = losses(metrics_of(reference.parent / "ckpt"))
+    expected = losses(mm_train_forked(reference))
 
     crashed = toy_yaml("crashed", **sections)
     log = crashed.parent / "ckpt" / "metrics.jsonl"
@@ -68,7 +68,7 @@ def test_a_run_killed_with_sigkill_resumes_with_identical_losses(
     assert losses(records) == expected  # bit-exact on CPU fp32
 
 
-def test_cross_submodel_prefetch_from_the_yaml_trains_the_same_losses(toy_yaml, mm_train, metrics_of):
+def test_cross_submodel_prefetch_from_the_yaml_trains_the_same_losses(toy_yaml, mm_train_forked, capfd):
     sections = {"training": {"train_iters": 6}}
     plain = toy_yaml("plain", **sections)
     crossed = toy_yaml(
@@ -76,7 +76,10 @@ def test_cross_submodel_prefetch_from_the_yaml_trains_the_same_losses(toy_yaml, 
         parallel={"fsdp_plan": {"cross_submodel_prefetch": ["text_encoder", "predictor"]}},
         **sections,
     )
-    mm_train(plain, nproc=2)
-    proc = mm_train(crossed, nproc=2)
-    assert "cross-sub-model prefetch: text_encoder gathers predictor" in proc.stderr
-    assert losses(metrics_of(crossed.parent / "ckpt")) == losses(metrics_of(plain.parent / "ckpt"))
+    plain_losses = losses(mm_train_forked(plain, nproc=2))
+    capfd.readouterr()
+    crossed_losses = losses(mm_train_forked(crossed, nproc=2))
+    assert (
+        "cross-sub-model prefetch: text_encoder gathers predictor" in capfd.readouterr().err
+    )  # the ranks' log
+    assert crossed_losses == plain_losses

@@ -86,9 +86,9 @@ def tiny_run_config(root: Path, **training: object) -> Path:
     return path
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def run_config():
-    """``tiny_run_config`` as a fixture."""
+    """``tiny_run_config`` as a fixture (session-scoped, so that module-scoped runs can use it)."""
     return tiny_run_config
 
 

@@ -1,5 +1,10 @@
 """Tiny LTX-2 end to end on 2 gloo processes (FSDP2 + Ulysses 2, audio on): train, resume (also at world 1),
-export."""
+export; MFU, condition_mbs and ring attention against the same reference run.
+
+The reference run is the one real ``torchrun -m ltx2_train`` launch of this app's tests (the console
+entry and launcher path); every other run is ``ltx2-train``'s ``main`` on forked gloo ranks (the
+``main_forked`` fixture): the command line's code path without a fresh interpreter per run.
+"""
 
 from __future__ import annotations
 
@@ -16,12 +21,12 @@ import torch
 
 pytestmark = pytest.mark.slow
 
+STEPS = 16  # the reference: checkpoints at 8 and 16, constant lr (its first steps are any shorter run's)
 
-def ltx2_train(*args: str, nproc: int = 1) -> subprocess.CompletedProcess:
-    """Run the ``ltx2-train`` CLI (under torchrun for ``nproc > 1``); fail with its output if it fails."""
-    launcher = (
-        ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
-    )
+
+def ltx2_train_torchrun(*args: str, nproc: int) -> None:
+    """Run the ``ltx2-train`` CLI under torchrun; fail with its output if it fails."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, *launcher, "-m", "ltx2_train", *args], env=env, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
@@ -29,12 +34,31 @@ def ltx2_train(*args: str, nproc: int = 1) -> subprocess.CompletedProcess:
         pytest.fail(
             f"ltx2-train {args} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
         )
-    return proc
+
+
+@pytest.fixture(scope="module")
+def ltx2_train(main_forked):
+    """``ltx2_train(*args, nproc=1)``: ``ltx2-train``'s ``main`` on ``nproc`` forked gloo ranks."""
+    from ltx2_train.cli import main
+
+    return lambda *args, nproc=1: main_forked(main, args, nproc)
 
 
 def losses(run_dir: Path) -> dict[int, float]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_cache, run_config) -> SimpleNamespace:
+    """16 steps on 2 ranks (Ulysses 2) under torchrun, checkpoints at 8 and 16, ``peak_flops`` set."""
+    config = run_config(
+        tiny_cache, train_iters=STEPS, save_interval=8, keep_last=2, deterministic=True, peak_flops=1e12
+    )
+    ltx2_train_torchrun("--config", str(config), nproc=2)
+    ckpt = tiny_cache / "ckpt"
+    rows = [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
+    return SimpleNamespace(config=config, ckpt=ckpt, losses=losses(ckpt), rows=rows)
 
 
 def trained_predictor(ckpt: Path) -> torch.nn.Module:
@@ -51,14 +75,11 @@ def trained_predictor(ckpt: Path) -> torch.nn.Module:
     return model.eval()
 
 
-def test_train_resume_and_export(tiny_cache, run_config, ltx2_inputs):
+def test_train_resume_and_export(reference, ltx2_train, tiny_cache, ltx2_inputs):
     from diffusers import LTX2VideoTransformer3DModel
 
     # 1. Train 16 steps, checkpoints at 8 and 16: finite, decreasing loss.
-    config = run_config(tiny_cache, train_iters=16, save_interval=8, keep_last=2, deterministic=True)
-    ltx2_train("--config", str(config), nproc=2)
-    ckpt = tiny_cache / "ckpt"
-    first = losses(ckpt)
+    config, ckpt, first = reference.config, reference.ckpt, reference.losses
     assert sorted(first) == list(range(1, 17))
     values = list(first.values())
     assert all(torch.isfinite(torch.tensor(values)))
@@ -103,37 +124,32 @@ def test_train_resume_and_export(tiny_cache, run_config, ltx2_inputs):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
-def test_conditions_shared_across_the_ulysses_group_train_the_same_losses(tiny_cache, run_config, tmp_path):
-    # LTX-2's conditions mix tensors with plain values (the latent grid, the frame rate)
-    runs = {}
-    for name, mbs in (("plain", 1), ("ahead", 2)):
-        save = tmp_path / name
-        config = run_config(tiny_cache, train_iters=6, save_interval=6, deterministic=True, save=str(save))
-        ltx2_train("--config", str(config), f"features.condition_mbs={mbs}", nproc=2)
-        runs[name] = losses(save)
-    assert len(runs["plain"]) == 6
-    assert runs["ahead"] == runs["plain"]
+def test_conditions_shared_across_the_ulysses_group_train_the_same_losses(
+    reference, ltx2_train, tiny_cache, run_config, tmp_path
+):
+    # LTX-2's conditions mix tensors with plain values (the latent grid, the frame rate); the reference
+    # (condition_mbs 1) is the plain run
+    save = tmp_path / "ahead"
+    config = run_config(tiny_cache, train_iters=6, save_interval=6, deterministic=True, save=str(save))
+    ltx2_train("--config", str(config), "features.condition_mbs=2", nproc=2)
+    ahead = losses(save)
+    assert sorted(ahead) == list(range(1, 7))
+    assert ahead == {step: reference.losses[step] for step in ahead}
 
 
-def test_ring_attention_trains_the_losses_of_ulysses(tiny_cache, run_config, tmp_path):
-    # the same context-parallel group of 2, sequence split for the ring instead of all-to-all
-    runs = {}
-    for name, ulysses, ring in (("ulysses", 2, 1), ("ring", 1, 2)):
-        save = tmp_path / name
-        config = run_config(tiny_cache, train_iters=4, save_interval=4, deterministic=True, save=str(save))
-        layout = (f"parallel.ulysses_parallel_size={ulysses}", f"parallel.ring_attention_size={ring}")
-        ltx2_train("--config", str(config), *layout, nproc=2)
-        runs[name] = losses(save)
-    assert sorted(runs["ring"]) == [1, 2, 3, 4]
-    for step, loss in runs["ring"].items():
-        assert loss == pytest.approx(runs["ulysses"][step], rel=1e-4), (step, loss, runs["ulysses"][step])
+def test_ring_attention_trains_the_losses_of_ulysses(reference, ltx2_train, tiny_cache, run_config, tmp_path):
+    # the same context-parallel group of 2 as the reference, sequence split for the ring instead of all-to-all
+    save = tmp_path / "ring"
+    config = run_config(tiny_cache, train_iters=4, save_interval=4, deterministic=True, save=str(save))
+    layout = ("parallel.ulysses_parallel_size=1", "parallel.ring_attention_size=2")
+    ltx2_train("--config", str(config), *layout, nproc=2)
+    ring = losses(save)
+    assert sorted(ring) == [1, 2, 3, 4]
+    for step, loss in ring.items():
+        assert loss == pytest.approx(reference.losses[step], rel=1e-4), (step, loss, reference.losses[step])
 
 
-def test_a_tiny_run_reports_mfu_from_the_predictor_flops(tiny_cache, run_config, tmp_path):
-    # CPUs have no peak-FLOPs entry; training.peak_flops gives one, so MFU = flops / time / peak
-    save = tmp_path / "mfu"
-    config = run_config(tiny_cache, train_iters=2, save_interval=2, save=str(save), peak_flops=1e12)
-    ltx2_train("--config", str(config), "parallel.ulysses_parallel_size=1")
-    rows = [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "loss" in r]
-    assert len(steps) == 2 and all(0 < r["mfu"] < 1 for r in steps), steps
+def test_a_tiny_run_reports_mfu_from_the_predictor_flops(reference):
+    # CPUs have no peak-FLOPs entry; the reference sets training.peak_flops, so MFU = flops / time / peak
+    steps = [r for r in reference.rows if "loss" in r]
+    assert len(steps) == STEPS and all(0 < r["mfu"] < 1 for r in steps), steps

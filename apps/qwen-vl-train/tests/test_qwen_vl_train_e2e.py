@@ -1,5 +1,9 @@
 """Tiny Qwen2.5-VL end to end on 2 gloo processes (FSDP2 over vision blocks and decoder layers, packed
-rows): 20 steps, a resume that repeats the uninterrupted losses, an export upstream loads."""
+rows): 20 steps, a resume that repeats the uninterrupted losses, an export upstream loads.
+
+The first run is the app's one real ``torchrun -m qwen_vl_train`` launch; the resume and the export are
+``qwen-vl-train``'s ``main`` on forked gloo ranks (the ``main_forked`` fixture), the command line's code
+path without a fresh interpreter per run."""
 
 from __future__ import annotations
 
@@ -17,11 +21,9 @@ import yaml
 pytestmark = pytest.mark.slow
 
 
-def qwen_vl_train(*args: str, nproc: int = 1) -> subprocess.CompletedProcess:
-    """Run the ``qwen-vl-train`` CLI (under torchrun for ``nproc > 1``); fail with its output if it fails."""
-    launcher = (
-        ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
-    )
+def qwen_vl_train_torchrun(*args: str, nproc: int) -> subprocess.CompletedProcess:
+    """Run the ``qwen-vl-train`` CLI under torchrun; fail with its output if it fails."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, *launcher, "-m", "qwen_vl_train", *args], env=env, capture_output=True,
                           text=True, timeout=600)  # fmt: skip
@@ -30,6 +32,14 @@ def qwen_vl_train(*args: str, nproc: int = 1) -> subprocess.CompletedProcess:
             f"qwen-vl-train {args} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
         )
     return proc
+
+
+@pytest.fixture
+def qwen_vl_train(main_forked):
+    """``qwen_vl_train(*args, nproc=1)``: ``qwen-vl-train``'s ``main`` on ``nproc`` forked gloo ranks."""
+    from qwen_vl_train.cli import main
+
+    return lambda *args, nproc=1: main_forked(main, args, nproc)
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -50,7 +60,7 @@ def trained_model(ckpt: Path, model_dir: Path) -> torch.nn.Module:
     return model.eval()
 
 
-def test_train_resume_and_export(tiny_root, tiny_dataset, tmp_path):
+def test_train_resume_and_export(tiny_root, tiny_dataset, qwen_vl_train, tmp_path):
     from mm_data import MultimodalCollator
     from transformers import Qwen2_5_VLForConditionalGeneration
 
@@ -61,7 +71,7 @@ def test_train_resume_and_export(tiny_root, tiny_dataset, tmp_path):
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
 
     # 1. 20 steps on 2 ranks, checkpoints at 10 and 20: finite loss that goes down.
-    qwen_vl_train("--config", str(config), nproc=2)
+    qwen_vl_train_torchrun("--config", str(config), nproc=2)
     first = losses(tmp_path / "ckpt")
     assert sorted(first) == list(range(1, 21))
     values = list(first.values())

@@ -1,15 +1,14 @@
-"""`expert: both`: both A14B experts train in one job at data-parallel 2; one checkpoint holds both."""
+"""`expert: both`: both A14B experts train in one job at data-parallel 2; one checkpoint holds both.
+
+The run is ``wan22-train``'s ``main`` on forked gloo ranks (the ``main_forked`` fixture)."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader, load
+from wan22_train.cli import main as wan22_main
 from wan22_train.configs import config_path
 from wan22_train.key_maps import diffusers_to_native
 from wan22_train.tiny import make_tiny, tiny_overrides
@@ -17,7 +16,7 @@ from wan22_train.tiny import make_tiny, tiny_overrides
 pytestmark = pytest.mark.slow
 
 
-def test_both_experts_share_one_checkpoint_sample_across_the_boundary_and_export_apart(tmp_path):
+def test_both_experts_share_one_checkpoint_sample_across_the_boundary_and_export_apart(tmp_path, main_forked):
     tiny = make_tiny(tmp_path / "tiny")
     overrides = [
         *tiny_overrides(tiny),
@@ -27,12 +26,7 @@ def test_both_experts_share_one_checkpoint_sample_across_the_boundary_and_export
         "training.micro_batch_size=1",
         "parallel.ulysses_parallel_size=1",  # data parallel 2: ranks must still pick the same expert
     ]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "wan22_train", "--config", str(config_path("tiny_t2v_both.yaml")), *overrides]  # fmt: skip
-    proc = subprocess.run(
-        cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-5000:]
+    main_forked(wan22_main, ["--config", str(config_path("tiny_t2v_both.yaml")), *overrides], nproc=2)
 
     start = diffusers_to_native(load_file(tiny / "transformer" / "diffusion_pytorch_model.safetensors"))
     ckpt = tmp_path / "ckpt" / "iter_0000016"

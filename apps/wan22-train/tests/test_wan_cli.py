@@ -1,4 +1,6 @@
-"""`wan22-train sample` and `export` on a finished run, as a user types them (single process)."""
+"""`wan22-train sample` and `export` on a finished run, as a user types them (single process).
+
+The run they read trains on 2 forked gloo ranks (``main_forked``); the demo tests cover the torchrun launch."""
 
 from __future__ import annotations
 
@@ -7,14 +9,19 @@ import subprocess
 import sys
 
 import pytest
+from wan22_train.cli import main as wan22_main
+from wan22_train.configs import config_path
+from wan22_train.tiny import make_tiny, tiny_overrides
 
 pytestmark = pytest.mark.slow
 
 
-def test_sample_and_export_read_the_run_saved_at_world_size_2(tmp_path):
-    out = tmp_path / "tiny"
+def test_sample_and_export_read_the_run_saved_at_world_size_2(tmp_path, main_forked):
+    out = make_tiny(tmp_path / "tiny")
+    train = ["--config", str(config_path("tiny_t2v.yaml")), *tiny_overrides(out), f"training.save={out / 'ckpt'}",
+             "training.train_iters=2"]  # fmt: skip
+    main_forked(wan22_main, train, nproc=2)
     run = [sys.executable, "-m", "wan22_train"]
-    subprocess.run([*run, "demo", "--out", str(out), "--steps", "2"], check=True, capture_output=True)
     assert json.loads((out / "ckpt" / "iter_0000002" / "mm_checkpoint.json").read_text())["world_size"] == 2
     clip, folder = tmp_path / "clip.mp4", tmp_path / "transformer"
     for cmd in (

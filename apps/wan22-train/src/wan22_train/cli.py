@@ -88,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="runs/tiny")
     demo.add_argument("--nproc", type=int, default=2)
     demo.add_argument("--steps", type=int, default=50)
+    demo.add_argument(
+        "overrides", nargs="*", help="dotted overrides of the training run, e.g. training.save_interval=5"
+    )
     return p
 
 
@@ -118,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         from wan22_train.demo import run_demo
 
-        return run_demo(Path(args.out), nproc=args.nproc, steps=args.steps)
+        return run_demo(Path(args.out), nproc=args.nproc, steps=args.steps, overrides=args.overrides)
     return 0
 
 

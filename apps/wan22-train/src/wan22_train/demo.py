@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from mm_checkpoint import latest_iteration
@@ -18,14 +19,16 @@ from wan22_train.configs import config_path
 from wan22_train.tiny import make_tiny, tiny_overrides
 
 
-def demo_overrides(out: Path, steps: int, nproc: int) -> list[str]:
-    """Point the shipped tiny config at ``out``; resume when a checkpoint is there."""
+def demo_overrides(out: Path, steps: int, nproc: int, extra: Sequence[str] = ()) -> list[str]:
+    """Point the shipped tiny config at ``out``, then apply the user's ``extra`` overrides; resume when a
+    checkpoint is there."""
     ckpt = out / "ckpt"
     overrides = [
         *tiny_overrides(out),
         f"training.save={ckpt}",
         f"training.train_iters={steps}",
         f"parallel.ulysses_parallel_size={min(nproc, 2)}",
+        *extra,
     ]
     if latest_iteration(ckpt) is not None:
         overrides.append(f"training.load={ckpt}")
@@ -44,15 +47,16 @@ def train_command(config: Path, overrides: list[str], nproc: int) -> list[str]:
     ]
 
 
-def run_demo(out: Path, *, nproc: int = 2, steps: int = 50) -> int:
-    """Run the whole chain; print where each artifact is. Returns a process exit code."""
+def run_demo(out: Path, *, nproc: int = 2, steps: int = 50, overrides: Sequence[str] = ()) -> int:
+    """Run the whole chain; print where each artifact is. ``overrides`` (dotted, e.g.
+    ``training.save_interval=5``) apply to the training run. Returns a process exit code."""
     from wan22_train.export import export_predictor
     from wan22_train.sampling import load_for_sampling, sample_video, write_video
 
     out = out.resolve()
     print(f"[1/4] tiny model set + clips: {make_tiny(out)}", flush=True)
     config = config_path("tiny_t2v.yaml")
-    overrides = demo_overrides(out, steps, nproc)
+    overrides = demo_overrides(out, steps, nproc, overrides)
     print(f"[2/4] training {steps} steps on {nproc} CPU process(es): FSDP2 + Ulysses", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     result = subprocess.run(train_command(config, overrides, nproc), env=env)
