@@ -13,14 +13,14 @@ from mm_config import ALLOWED_WARNINGS, install_warning_filters
 
 REPO = Path(__file__).resolve().parents[1]
 
-PLANTED = '''
+PLANTED = """
 import warnings
 
 
 def test_calls_a_project_module_that_warns():
     # what `warnings.warn("...", stacklevel=1)` inside mm_trainer.trainer would raise
     warnings.warn_explicit("planted warning", UserWarning, "trainer.py", 1, module="mm_trainer.trainer")
-'''
+"""
 
 
 def run_suite_over(tmp_path: Path, test_text: str) -> subprocess.CompletedProcess:
