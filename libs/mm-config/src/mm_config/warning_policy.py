@@ -2,8 +2,8 @@
 
 :data:`ALLOWED_WARNINGS` is the one allowlist. The test suite runs with warnings as errors plus
 these entries (the root ``conftest.py`` adds :func:`pytest_filter_lines` to pytest's
-``filterwarnings``); the training console scripts (``mm_trainer.cli.run``: mm-train and the apps) install them with :func:`install_warning_filters`, so a
-user's log carries no known, harmless upstream noise while any other warning still shows (and,
+``filterwarnings``); the training console scripts (``mm_trainer.cli.run``: mm-train and the
+apps) install them with :func:`install_warning_filters`, so a user's log carries no known, harmless upstream noise while any other warning still shows (and,
 under ``PYTHONWARNINGS=error``, fails the run: these filters go in front of it). The list is empty
 today: every warning the suite and the README commands raised was fixed at its source.
 """
