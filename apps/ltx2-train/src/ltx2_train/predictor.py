@@ -158,11 +158,31 @@ class LTX2Predictor(BaseModel, LTX2VideoTransformer3DModel):
         install_attention_processors(self.transformer_blocks, self._sequence_parallel)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Upstream forward; under sequence parallelism on this rank's token shards, outputs gathered."""
+        """Upstream forward; under sequence parallelism on this rank's token shards, outputs gathered.
+
+        The outputs are never views (see :func:`own_storage`): this module is the FSDP2 root.
+        """
         upstream = super().forward
         if self._sequence_parallel is None:
-            return upstream(*args, **kwargs)
-        return sequence_parallel_forward(self, upstream, self._sequence_parallel, *args, **kwargs)
+            out = upstream(*args, **kwargs)
+        else:
+            out = sequence_parallel_forward(self, upstream, self._sequence_parallel, *args, **kwargs)
+        if isinstance(out, tuple):
+            return tuple(own_storage(x) for x in out)
+        out.sample, out.audio_sample = own_storage(out.sample), own_storage(out.audio_sample)
+        return out
+
+
+def own_storage(x: torch.Tensor) -> torch.Tensor:
+    """``x``, copied when it is a view of another tensor.
+
+    Upstream's output heads are ``nn.Linear`` layers on ``[B, S, C]`` tokens, whose output is a view
+    of the 2-D matmul result. FSDP2 registers its pre-backward hook on the root's outputs, and an
+    in-place op on a view (anywhere downstream, e.g. in a loss) would silently drop that hook and skip
+    the backward all-gather (torch warns: "returned a view tensor"). The copy costs one output-sized
+    tensor (``out_channels`` = 128 wide against the model's 4096-wide activations at real size).
+    """
+    return x.clone() if x._base is not None else x
 
 
 def _linear_flops(linear: nn.Linear, tokens: int) -> int:
