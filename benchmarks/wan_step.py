@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -104,9 +105,17 @@ def _models(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.nn.Module]
     ours = WanDiT(WanDiTConfig.from_diffusers(diffusers_config))
     ours.load_state_dict(diffusers_to_native(reference.state_dict()), strict=True)
     dtype = getattr(torch, args.dtype)
-    # the same cast for both (diffusers would keep some modules fp32 via from_pretrained's torch_dtype;
-    # a plain cast keeps the comparison like for like)
-    return reference.to(args.device, dtype).train(), ours.to(args.device, dtype).train()
+    # ours computes its norms and modulation in fp32 whatever its parameters' dtype (wan_dit), so a
+    # plain cast; the reference as diffusers loads it for that dtype (its fp32 modules stay fp32)
+    return _as_loaded(reference, dtype).to(args.device).train(), ours.to(args.device, dtype).train()
+
+
+def _as_loaded(model: WanTransformer3DModel, dtype: torch.dtype) -> WanTransformer3DModel:
+    """``model`` as ``from_pretrained(torch_dtype=dtype)`` gives it: the modules its class lists in
+    ``_keep_in_fp32_modules`` stay float32 (a plain ``.to(dtype)`` would cast them too)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        return WanTransformer3DModel.from_pretrained(tmp, torch_dtype=dtype)
 
 
 def _timer(device: torch.device) -> Callable[[], tuple[float, float]]:
