@@ -125,3 +125,31 @@ class _CreatesFile:
 def pickle_payload() -> Callable[[Any], Any]:
     """``pickle_payload(marker)``: an object whose unpickling creates the file ``marker``."""
     return _CreatesFile
+
+
+@pytest.fixture(scope="session")
+def fsdp2_root_outputs() -> Callable[..., list[bool]]:
+    """``fsdp2_root_outputs(build, forward, blocks="blocks")``: on one gloo rank, ``build()`` with each
+    module of ``model.<blocks>`` and the root wrapped by FSDP2, ``forward(model)`` run with warnings as
+    errors; returns, per tensor output, whether it requires grad and is no view."""
+
+    def run(build: Callable[[], Any], forward: Callable[[Any], Any], blocks: str = "blocks") -> list[bool]:
+        def body(rank: int, world_size: int) -> list[bool]:
+            import warnings
+
+            import torch
+            from torch.distributed.fsdp import fully_shard
+
+            model = build()
+            for block in getattr(model, blocks):
+                fully_shard(block)
+            fully_shard(model)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                out = forward(model)
+            outputs = [out] if isinstance(out, torch.Tensor) else list(out)
+            return [t.requires_grad and t._base is None for t in outputs]
+
+        return run_distributed(body, 1)[0]
+
+    return run

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 
 import torch
@@ -11,20 +10,13 @@ import torch
 PLUGIN_DIR = Path(__file__).parent / "plugins"
 
 
-def test_fsdp2_root_forward_returns_no_view_and_warns_nothing(distributed):
-    def body(rank, world_size):
-        from torch.distributed.fsdp import fully_shard
+def build():
+    sys.path.insert(0, str(PLUGIN_DIR))
+    from toy_plugin import ToyPredictor
 
-        sys.path.insert(0, str(PLUGIN_DIR))
-        from toy_plugin import ToyPredictor
+    return ToyPredictor()
 
-        model = ToyPredictor()
-        for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            out = model(torch.randn(4, 8), torch.rand(4), torch.randn(4, 16))
-        return out.requires_grad and out._base is None
 
-    assert distributed(body, 1) == [True]
+def test_fsdp2_root_forward_returns_no_view_and_warns_nothing(fsdp2_root_outputs):
+    inputs = (torch.randn(4, 8), torch.rand(4), torch.randn(4, 16))
+    assert fsdp2_root_outputs(build, lambda model: model(*inputs)) == [True]
