@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import pickle
 import socket
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -26,10 +27,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _forget_inherited_compile_pool() -> None:
+    """Make a forked rank compile in its own process, with no worker pool.
+
+    torch's after-fork hook resets inductor's process pool but not its thread pool. After a test
+    in the parent process compiled something, a forked rank inherited that pool without its threads,
+    and its first compile waited forever (CI stalled this way). Each rank compiles serially instead:
+    two ranks already fill the two cores.
+    """
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    if "torch._inductor.config" in sys.modules:
+        sys.modules["torch._inductor.config"].compile_threads = 1
+    if "torch._inductor.async_compile" in sys.modules:
+        sys.modules["torch._inductor.async_compile"].AsyncCompile.pool.cache_clear()
+
+
 def _worker(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, queue: Any) -> None:
     import torch
     import torch.distributed as dist
 
+    _forget_inherited_compile_pool()
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
