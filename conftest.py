@@ -21,6 +21,15 @@ from typing import Any
 import pytest
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Warnings are errors (pyproject.toml) except the project's allowlist, with its reasons, in
+    :mod:`mm_config.warning_policy` (shared with the console scripts)."""
+    from mm_config.warning_policy import pytest_filter_lines
+
+    for line in pytest_filter_lines():
+        config.addinivalue_line("filterwarnings", line)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

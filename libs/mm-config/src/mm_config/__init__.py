@@ -45,8 +45,12 @@ from .registry import (  # noqa: E402
 from .root import TrainConfig, context_ranks_per_node, replicas_across_nodes  # noqa: E402
 from .tools import MemoryProfileConfig, ProfileConfig, ToolsConfig  # noqa: E402
 from .training import NonFiniteConfig, TrainingConfig  # noqa: E402
+from .warning_policy import ALLOWED_WARNINGS, AllowedWarning, install_warning_filters  # noqa: E402
 
 __all__ = [
+    "ALLOWED_WARNINGS",
+    "AllowedWarning",
+    "install_warning_filters",
     "CheckReport",
     "CompileMode",
     "CompilePlanConfig",

@@ -17,7 +17,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn
 
-from mm_config import load_config
+from mm_config import install_warning_filters, load_config
 
 from mm_trainer import __version__
 
@@ -166,7 +166,10 @@ def run(entry: Callable[[], int] = main) -> NoReturn:
     Ctrl-C outside the training loop), after printing it with its rank: no ``close()``, no
     collective, no waiting for the other ranks. torchrun then stops them; under another launcher
     they fail in their next collective, at the latest after ``training.collective_timeout_s``.
+
+    The project's warning allowlist is installed first (:func:`mm_config.install_warning_filters`).
     """
+    install_warning_filters()
     if os.environ.get("TORCHELASTIC_RUN_ID") is not None:
         from mm_parallel import signal_when_launcher_dies
 
