@@ -24,10 +24,18 @@ TOY_PLAN = {
 }
 
 
+class FreshLinear(nn.Linear):
+    """``nn.Linear`` whose output is a tensor of its own. ``nn.Linear`` on ``[B, S, C]`` returns a view of
+    its 2-D matmul; as the last layer of an FSDP2 unit that is torch's "returned a view tensor" hazard."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.T + self.bias
+
+
 class ToyAE(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = nn.Linear(VIDEO_CHANNELS, DIM)
+        self.encoder = FreshLinear(VIDEO_CHANNELS, DIM)
 
     def forward(self, video: torch.Tensor) -> torch.Tensor:
         return self.encoder(video)
@@ -63,7 +71,7 @@ class ToyPredictor(nn.Module):
         super().__init__()
         self.in_proj = nn.Linear(DIM, DIM)
         self.blocks = nn.ModuleList(ToyBlock() for _ in range(num_blocks))
-        self.head = nn.Linear(DIM, DIM)
+        self.head = FreshLinear(DIM, DIM)
 
     def forward(self, x: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
         h = self.in_proj(x)
