@@ -148,18 +148,17 @@ def test_save_killed_mid_write_leaves_previous_checkpoint_loadable(tmp_path: Pat
     script = tmp_path / "saver.py"
     script.write_text(_SAVER)
     root = tmp_path / "ckpt"
-    proc = subprocess.Popen([sys.executable, str(script), str(root)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "saved 1"
-        partial = root / "iter_0000002.partial"
-        deadline = time.monotonic() + 60
-        while not any(f.suffix == ".distcp" and f.stat().st_size > 0 for f in _files(partial)):
-            assert time.monotonic() < deadline, "the save of iteration 2 never started"
-            time.sleep(0.001)
-        os.kill(proc.pid, signal.SIGKILL)  # mid-write: data file exists, .metadata not yet
-    finally:
-        proc.kill()
-        proc.wait()
+    with subprocess.Popen([sys.executable, str(script), str(root)], stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout.readline().strip() == "saved 1"
+            partial = root / "iter_0000002.partial"
+            deadline = time.monotonic() + 60
+            while not any(f.suffix == ".distcp" and f.stat().st_size > 0 for f in _files(partial)):
+                assert time.monotonic() < deadline, "the save of iteration 2 never started"
+                time.sleep(0.001)
+            os.kill(proc.pid, signal.SIGKILL)  # mid-write: data file exists, .metadata not yet
+        finally:
+            proc.kill()  # leaving the block closes its stdout and waits for it
     assert not (root / "iter_0000002").exists()
     assert (root / TRACKER_FILENAME).read_text().strip() == "1"
     model = nn.ParameterList([nn.Parameter(torch.zeros(1024, 1024)) for _ in range(48)])

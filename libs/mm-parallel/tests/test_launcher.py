@@ -52,13 +52,12 @@ def _running(pid: int) -> bool:
 def _kill_launcher(mode: str) -> tuple[int, str]:
     """Start launcher -> worker, kill the launcher with SIGKILL once the worker is ready; return the
     worker's pid and its ready line."""
-    launcher = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", LAUNCHER, WORKER, mode], stdout=subprocess.PIPE, text=True
-    )
-    worker = int(launcher.stdout.readline())
-    ready = launcher.stdout.readline().strip()  # the worker shares the launcher's stdout
-    launcher.kill()
-    launcher.wait()
+    ) as launcher:  # leaving the block closes its stdout and waits for it
+        worker = int(launcher.stdout.readline())
+        ready = launcher.stdout.readline().strip()  # the worker shares the launcher's stdout
+        launcher.kill()
     return worker, ready
 
 
