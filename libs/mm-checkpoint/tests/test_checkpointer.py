@@ -148,7 +148,9 @@ def test_save_killed_mid_write_leaves_previous_checkpoint_loadable(tmp_path: Pat
     script = tmp_path / "saver.py"
     script.write_text(_SAVER)
     root = tmp_path / "ckpt"
-    with subprocess.Popen([sys.executable, str(script), str(root)], stdout=subprocess.PIPE, text=True) as proc:
+    with subprocess.Popen(
+        [sys.executable, str(script), str(root)], stdout=subprocess.PIPE, text=True
+    ) as proc:
         try:
             assert proc.stdout.readline().strip() == "saved 1"
             partial = root / "iter_0000002.partial"
