@@ -23,11 +23,17 @@ import pytest
 
 def pytest_configure(config: pytest.Config) -> None:
     """Warnings are errors (pyproject.toml) except the project's allowlist, with its reasons, in
-    :mod:`mm_config.warning_policy` (shared with the console scripts)."""
+    :mod:`mm_config.warning_policy` (shared with the console scripts).
+
+    The processes the tests start (console scripts, torchrun and its workers, helper scripts) get
+    ``PYTHONWARNINGS=error``: a warning there fails the test too; the console scripts install the
+    allowlist in front of it.
+    """
     from mm_config.warning_policy import pytest_filter_lines
 
     for line in pytest_filter_lines():
         config.addinivalue_line("filterwarnings", line)
+    os.environ["PYTHONWARNINGS"] = "error"
 
 
 def _free_port() -> int:

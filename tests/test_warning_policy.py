@@ -14,12 +14,25 @@ from mm_config import AllowedWarning, install_warning_filters, warning_policy
 REPO = Path(__file__).resolve().parents[1]
 
 PLANTED = """
+import subprocess
+import sys
 import warnings
+
+# what `warnings.warn("...", stacklevel=1)` inside mm_trainer.trainer would raise
+WARN = 'warnings.warn_explicit("planted warning", UserWarning, "trainer.py", 1, module="mm_trainer.trainer")'
 
 
 def test_calls_a_project_module_that_warns():
-    # what `warnings.warn("...", stacklevel=1)` inside mm_trainer.trainer would raise
-    warnings.warn_explicit("planted warning", UserWarning, "trainer.py", 1, module="mm_trainer.trainer")
+    exec(WARN)
+
+
+def test_a_forked_rank_calls_a_project_module_that_warns(distributed):
+    distributed(lambda rank, world_size: exec(WARN), 1)
+
+
+def test_a_started_process_calls_a_project_module_that_warns():
+    proc = subprocess.run([sys.executable, "-c", "import warnings; " + WARN], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
 """
 
 
@@ -35,11 +48,13 @@ def run_suite_over(tmp_path: Path, test_text: str) -> subprocess.CompletedProces
 
 
 @pytest.mark.slow
-def test_a_warning_planted_in_a_project_module_fails_the_suite(tmp_path):
+def test_a_warning_planted_in_a_project_module_fails_the_suite_in_the_test_a_forked_rank_or_a_started_process(
+    tmp_path,
+):
     result = run_suite_over(tmp_path, PLANTED)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "UserWarning: planted warning" in result.stdout
-    assert "1 failed" in result.stdout
+    assert result.stdout.count("UserWarning: planted warning") >= 3, result.stdout  # one per process kind
+    assert "3 failed" in result.stdout
 
 
 def test_the_console_filters_ignore_an_allowed_warning_and_keep_every_other(monkeypatch):
