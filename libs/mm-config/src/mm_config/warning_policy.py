@@ -41,6 +41,13 @@ ALLOWED_WARNINGS: tuple[AllowedWarning, ...] = (
         "torch 2.13's own torch.utils.mkldnn (imported by inductor on the first torch.compile) still "
         "defines ScriptModules",
     ),
+    AllowedWarning(
+        r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed",
+        UserWarning,
+        r"torch\._dynamo",
+        "torch 2.13's dynamo probes .grad of non-leaf tensors while tracing and hides the warning through "
+        "warnings.showwarning (torch._logging.hide_warnings), which an 'error' filter never reaches",
+    ),
 )
 
 
