@@ -22,6 +22,7 @@ import statistics
 from collections.abc import Callable
 
 import torch
+from mm_config import install_warning_filters
 from mm_trainer import apply_features
 from wan22_train.model import WanDiT, WanDiTConfig
 from wan_step import MatmulSkeleton, Shape, _parse, _step_fn
@@ -60,6 +61,7 @@ def _peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
 
 
 def main() -> None:
+    install_warning_filters()  # the project's allowlist, as in the console scripts (torch.compile's own)
     args = _parse()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     torch.set_num_threads(args.threads)

@@ -149,15 +149,16 @@ class HFModel(BaseModel):
     def forward(self, num_samples: torch.Tensor | None = None, **batch: Any) -> Any:
         """Upstream forward without a KV cache; ``.loss`` is the mean next-token loss over labels != -100.
 
-        ``.logits`` is no view: upstream's ``lm_head`` on ``[B, L, C]`` returns a view of its 2-D matmul,
-        and this module is an FSDP2 root, whose pre-backward hook an in-place op on a view would drop
-        (torch warns "returned a view tensor"). The copy costs one logits-sized tensor.
+        No output tensor is a view: upstream's ``lm_head`` on ``[B, L, C]`` returns a view of its 2-D
+        matmul, and this module is an FSDP2 root, whose pre-backward hook an in-place op on a view would
+        drop (torch warns "returned a view tensor"). The copy costs one logits-sized tensor.
         """
         if "labels" not in batch:
             raise ValueError(f"{type(self).__name__}: the batch has no labels (keys: {sorted(batch)})")
         output = super().forward(**batch, use_cache=False)
-        if output.logits is not None and output.logits._base is not None:
-            output.logits = output.logits.clone()
+        for key, value in output.items():
+            if isinstance(value, torch.Tensor) and value._base is not None:
+                output[key] = value.clone()
         mask = batch.get("attention_mask")
         tokens = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
         samples = int(num_samples) if num_samples is not None else int(batch["input_ids"].shape[0])
