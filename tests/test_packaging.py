@@ -97,7 +97,9 @@ def installed(wheels: Path, tmp_path_factory: pytest.TempPathFactory) -> Install
     work = tmp_path_factory.mktemp("members")
     _run(sys.executable, "-m", "venv", work / "venv")  # no --system-site-packages: nothing leaks in
     bin_dir = work / "venv" / "bin"
-    pip = [bin_dir / "pip", "install", "-q", "--find-links", wheels]
+    # --no-compile: byte-compiling every installed module (torch's and diffusers' thousands) took
+    # about 40% of this fixture; the few modules these tests import compile when first imported
+    pip = [bin_dir / "pip", "install", "-q", "--no-compile", "--find-links", wheels]
 
     _run(*pip, "mm-config")
     probe = "import sys, mm_config; assert 'torch' not in sys.modules; print(mm_config.__version__)"
