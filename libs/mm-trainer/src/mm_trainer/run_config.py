@@ -11,6 +11,22 @@ from mm_config import TrainConfig, load_config
 
 RUN_CONFIG_NAME = "config.yaml"
 
+OFFLINE_LAYOUT = (
+    "parallel.ulysses_parallel_size=1",
+    "parallel.ring_attention_size=1",
+    "parallel.data_parallel_size=1",
+    "parallel.fully_shard_parallel_size=auto",
+)
+"""Overrides that make a training config valid as one process: the layout is no concern of offline tools."""
+
+
+def load_offline_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> TrainConfig:
+    """A user's training config for a tool that runs outside training (e.g. an encoder cache's
+    preprocess, sharded by ``RANK`` alone): validated as one process, whatever its parallel layout."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no config at {path}")
+    return load_config(path, [*overrides, *OFFLINE_LAYOUT], world_size=1)
+
 
 def load_run_config(checkpoint_root: str | os.PathLike, overrides: Sequence[str] = ()) -> TrainConfig:
     """``<checkpoint_root>/config.yaml`` validated at the world size of its latest checkpoint.
