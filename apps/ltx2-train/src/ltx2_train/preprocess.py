@@ -26,6 +26,7 @@ from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline as Upstream
 from mm_config import TrainConfig
 from mm_data import CacheReport, VideoTextDataset, cache_dataset
 from mm_parallel import get_local_device, parse_dtype
+from mm_trainer import preprocess_section
 
 from ltx2_train.audio import log_mel, read_audio, synthetic_tone
 from ltx2_train.config_schema import PreprocessOptions
@@ -163,13 +164,9 @@ def source_dataset(options: PreprocessOptions) -> VideoTextDataset:
 
 def preprocess_options(config: TrainConfig) -> PreprocessOptions:
     """``data.dataset.preprocess`` of an ``ltx2_precomputed`` config, validated."""
-    raw = (config.data.dataset or {}).get("preprocess")
-    if config.data.dataset_id != "ltx2_precomputed" or not raw or not config.data.data_path:
-        raise ValueError(
-            "ltx2-train preprocess needs data.dataset_id: ltx2_precomputed, data.data_path (the cache folder) "
-            "and data.dataset.preprocess {source, model_root, ...}"
-        )
-    return PreprocessOptions.model_validate(raw)
+    return preprocess_section(
+        config, dataset_id="ltx2_precomputed", schema=PreprocessOptions, tool="ltx2-train preprocess"
+    )
 
 
 def run_preprocess(

@@ -25,7 +25,7 @@ import torch
 from mm_config import TrainConfig
 from mm_data import CacheReport, VideoTextDataset, cache_dataset, caption_candidates, caption_entries
 from mm_parallel import get_local_device
-from mm_trainer import ModelHub
+from mm_trainer import ModelHub, preprocess_section
 
 from wan22_train.config_schema import WanPreprocessOptions
 from wan22_train.pipeline import Wan22Pipeline
@@ -72,13 +72,9 @@ def encode_sample(
 
 def preprocess_options(config: TrainConfig) -> WanPreprocessOptions:
     """``data.dataset.preprocess`` of a ``wan22_cached`` config, validated."""
-    raw = (config.data.dataset or {}).get("preprocess")
-    if config.data.dataset_id != "wan22_cached" or not raw or not config.data.data_path:
-        raise ValueError(
-            "wan22-train preprocess needs data.dataset_id: wan22_cached, data.data_path (the cache folder) "
-            "and data.dataset.preprocess {source, clips, ae, text_encoder, ...}"
-        )
-    return WanPreprocessOptions.model_validate(raw)
+    return preprocess_section(
+        config, dataset_id="wan22_cached", schema=WanPreprocessOptions, tool="wan22-train preprocess"
+    )
 
 
 def source_dataset(options: WanPreprocessOptions) -> VideoTextDataset:
