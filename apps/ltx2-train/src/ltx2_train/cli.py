@@ -24,22 +24,15 @@ COMMANDS: dict[str, str] = {
     "export": "export the trained transformer as a diffusers folder",
 }
 """The commands besides training (``ltx2-train --config ...``), with the line ``--help`` shows."""
-#: The parallel layout does not matter to the offline tools; they validate the config as one process.
-SINGLE_PROCESS = [
-    "parallel.ulysses_parallel_size=1",
-    "parallel.ring_attention_size=1",
-    "parallel.data_parallel_size=1",
-    "parallel.fully_shard_parallel_size=auto",
-]
 
 
 def _load(config: str, overrides: Sequence[str]):
     """A user's config, validated as one process (preprocessing ignores the parallel layout)."""
-    from mm_config import load_config
+    from mm_trainer import load_offline_config
 
     if not Path(config).is_file():
         raise SystemExit(f"error: no config at {config}")
-    return load_config(config, [*overrides, *SINGLE_PROCESS], world_size=1)
+    return load_offline_config(config, overrides)
 
 
 def _run_config(config: str | None, checkpoint: str):

@@ -4,6 +4,7 @@ wan22-train --config t2v_a14b_high.yaml                 # train (same as `mm-tra
 torchrun --nproc-per-node 8 -m wan22_train --config X.yaml
 wan22-train --config X.yaml --dry-run --world-size 64   # FSDP plan, bytes per rank
 wan22-train make-tiny runs/tiny                         # tiny model set + clips
+wan22-train preprocess --config t2v_a14b_high_cached.yaml   # clips -> VAE latents + UMT5 embeddings
 wan22-train sample --checkpoint runs/tiny/ckpt --prompt "a red square moving left" --out clip.mp4
 wan22-train export --checkpoint runs/tiny/ckpt --out runs/tiny/export/transformer
 wan22-train export --checkpoint runs/lora/ckpt --lora peft --out runs/lora/export/peft   # LoRA run
@@ -22,6 +23,7 @@ from wan22_train import __version__
 
 COMMANDS: dict[str, str] = {
     "make-tiny": "write a tiny Wan2.2 model set (diffusers layout) + mp4 clips",
+    "preprocess": "encode clips into the VAE/UMT5 cache data.data_path (torchrun shards it)",
     "sample": "generate a clip with a trained predictor",
     "export": "export the trained predictor as a diffusers transformer folder",
     "demo": "make-tiny (if missing) + train on 2 CPU processes + export + sample",
@@ -49,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("make-tiny", help=COMMANDS["make-tiny"])
     tiny.add_argument("out")
     tiny.add_argument("--seed", type=int, default=0)
+    pre = sub.add_parser("preprocess", help=COMMANDS["preprocess"])
+    pre.add_argument("--config", required=True)
+    pre.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.data_path=/tmp/cache")
     sample = sub.add_parser("sample", help=COMMANDS["sample"])
     sample.add_argument("--checkpoint", required=True, help="training checkpoint root (iter_* + tracker)")
     sample.add_argument("--config", help="training config (default: <checkpoint>/config.yaml)")
@@ -107,6 +112,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from wan22_train.tiny import make_tiny
 
         print(make_tiny(args.out, seed=args.seed))
+    elif args.command == "preprocess":
+        from mm_trainer import load_offline_config
+
+        from wan22_train.preprocess import run_preprocess
+
+        if not Path(args.config).is_file():
+            raise SystemExit(f"error: no config at {args.config}")
+        print(run_preprocess(load_offline_config(args.config, args.overrides)))
     elif args.command == "sample":
         from wan22_train.sampling import load_for_sampling, sample_video, write_video
 

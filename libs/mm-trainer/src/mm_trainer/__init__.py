@@ -26,7 +26,7 @@ from mm_trainer.registry import (  # noqa: E402
     data_register,
     model_register,
 )
-from mm_trainer.run_config import load_run_config  # noqa: E402
+from mm_trainer.run_config import load_offline_config, load_run_config, preprocess_section  # noqa: E402
 from mm_trainer.run_dir import RunDirectory, RunDirectoryError, RunStart, open_run_directory  # noqa: E402
 from mm_trainer.run_lock import RunLock, RunLockedError  # noqa: E402
 from mm_trainer.stop_signals import StopSignals  # noqa: E402
@@ -75,7 +75,9 @@ __all__ = [
     "inject_lora",
     "init_module_weights",
     "load_module_weights",
+    "load_offline_config",
     "load_run_config",
+    "preprocess_section",
     "model_register",
     "open_run_directory",
     "preflight",
