@@ -19,6 +19,15 @@ class NonFiniteConfig(ConfigModel):
     """Stop with an error after this many consecutive skipped steps."""
 
 
+class EMAConfig(ConfigModel):
+    """Exponential moving average of the trainable parameters (``training.ema``)."""
+
+    decay: float = Field(default=0.999, gt=0, lt=1)
+    """After every optimizer step that updates the weights: ``ema = decay * ema + (1 - decay) * w``
+    (the average starts at the weights the run starts from). It remembers about ``1 / (1 - decay)``
+    steps: 0.999 ~ the last 1000."""
+
+
 class TrainingConfig(ConfigModel):
     """The ``training`` section."""
 
@@ -99,6 +108,9 @@ class TrainingConfig(ConfigModel):
     trainable_submodels: list[str] | None = None
     """Sub-models that are trained (names from ``model.models``, ``model`` in the single form);
     None = every sub-model that is not frozen."""
+    ema: EMAConfig | None = None
+    """Keep an exponential moving average of the trainable parameters (on each rank's shards, saved and
+    resumed with the checkpoint, exportable with ``export --ema``); None (default): none."""
     nonfinite: NonFiniteConfig = NonFiniteConfig()
     """Handling of NaN/inf loss or gradient norm."""
     deterministic: bool = False
@@ -142,4 +154,4 @@ class TrainingConfig(ConfigModel):
         return self
 
 
-__all__ = ["NonFiniteConfig", "TrainingConfig"]
+__all__ = ["EMAConfig", "NonFiniteConfig", "TrainingConfig"]

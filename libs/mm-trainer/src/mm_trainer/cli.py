@@ -21,6 +21,12 @@ from mm_config import load_config
 
 from mm_trainer import __version__
 
+EMA_HELP = (
+    "write the EMA of the trained weights (a run with training.ema) instead of their last values; with "
+    "--lora, the adapters' EMA"
+)
+"""``--ema`` of the apps' ``export`` commands."""
+
 TRAINER_COMMANDS = {
     "check-layouts": "train a config a few steps at several parallel layouts, compare the losses"
 }
