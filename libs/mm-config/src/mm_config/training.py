@@ -100,8 +100,9 @@ class TrainingConfig(ConfigModel):
     sample once; one all-gather per step)."""
     log_dir: str | None = None
     """Directory for metrics JSONL and TensorBoard events; None = ``save`` (or no files)."""
-    tensorboard: bool = False
-    """Also write TensorBoard events."""
+    tensorboard: bool | None = None
+    """Also write TensorBoard events (``<log_dir>/tensorboard``). None (default): when the
+    ``tensorboard`` package is installed; true: required (an error without it); false: never."""
     peak_flops: float | None = Field(default=None, gt=0)
     """Peak FLOP/s of one device for the MFU metric; None = looked up by device name (H200, H100,
     A100, Ascend 910B), no MFU where unknown (CPU)."""
