@@ -12,6 +12,8 @@ import time
 import av
 import pytest
 import torch
+from mm_trainer.cli import main as mm_train_main
+from PIL import Image
 
 pytestmark = pytest.mark.slow
 
@@ -34,9 +36,16 @@ def test_demo_trains_exports_and_samples(tmp_path):
     for artifact in ("ckpt", "export/transformer", "sample.mp4"):
         assert str(out / artifact) in printed
 
-    losses = [json.loads(line)["loss"] for line in (out / "ckpt" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out / "ckpt" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if "loss" in r]
     assert len(losses) == 30 and all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[:10]) / 10 > sum(losses[-10:]) / 10
+
+    # `mm-train plot` draws the run: one 240-pixel panel per series (+ validation loss if logged)
+    assert mm_train_main(["plot", str(out / "ckpt"), "--out", str(out / "curves.png")]) == 0
+    with Image.open(out / "curves.png") as image:
+        panels = 3 + any("val_loss" in r for r in records)
+        assert image.format == "PNG" and image.size == (900, 240 * panels + 60)
 
     with av.open(str(out / "sample.mp4")) as clip:
         frames = [f.to_ndarray(format="rgb24") for f in clip.decode(video=0)]
