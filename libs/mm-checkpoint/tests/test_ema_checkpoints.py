@@ -12,6 +12,7 @@ from mm_checkpoint import (
     CheckpointLoadError,
     DistributedCheckpointer,
     export_checkpoint,
+    read_dcp_metadata,
     read_lora_adapters,
 )
 from safetensors.torch import load_file
@@ -55,11 +56,15 @@ def _save(root: Path, model: nn.Module, ema: Averages | None) -> Path:
     return root
 
 
-def test_the_average_is_saved_and_restored_with_the_checkpoint(tmp_path):
+def test_the_average_is_saved_through_dcp_beside_the_weights_and_restored(tmp_path):
     model = _model()
     saved = _averages(model)
+    root = _save(tmp_path / "ckpt", model, saved)
+    stored = read_dcp_metadata(root / "iter_0000004").state_dict_metadata
+    # DCP entries (resharded on load like the weights), not per-rank state
+    assert {k for k in stored if k.startswith("ema.")} == {f"ema.{k}" for k in saved.tensors}
     restored = _averages(model, fill=0.0)
-    DistributedCheckpointer(_save(tmp_path / "ckpt", model, saved)).load({"model": _model(), "ema": restored})
+    DistributedCheckpointer(root).load({"model": _model(), "ema": restored})
     assert restored.tensors.keys() == saved.tensors.keys()
     assert all(torch.equal(restored.tensors[k], v) for k, v in saved.tensors.items())
 
