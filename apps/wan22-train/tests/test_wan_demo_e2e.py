@@ -12,6 +12,8 @@ import time
 import av
 import pytest
 import torch
+from mm_trainer.cli import main as mm_train_main
+from PIL import Image
 
 pytestmark = pytest.mark.slow
 
@@ -71,6 +73,12 @@ def test_a_demo_killed_mid_run_resumes_when_rerun_then_trains_exports_and_sample
     losses = [r["loss"] for r in run]
     assert len(losses) == 30 and all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[:10]) / 10 > sum(losses[-10:]) / 10
+
+    # `mm-train plot` draws the run: one 240-pixel panel per series (+ validation loss if logged)
+    assert mm_train_main(["plot", str(out / "ckpt"), "--out", str(out / "curves.png")]) == 0
+    with Image.open(out / "curves.png") as image:
+        panels = 3 + any("val_loss" in r for r in lines)
+        assert image.format == "PNG" and image.size == (900, 240 * panels + 60)
 
     with av.open(str(out / "sample.mp4")) as clip:
         frames = [f.to_ndarray(format="rgb24") for f in clip.decode(video=0)]

@@ -6,6 +6,7 @@ torchrun --nproc-per-node 2 -m ltx2_train --config configs/tiny_t2av.yaml   # tr
 ltx2-train --config configs/t2av.yaml --dry-run --world-size 8       # FSDP plan on meta
 ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --out runs/ltx2_tiny/export/transformer
 ltx2-train export --checkpoint runs/ltx2_lora/ckpt --lora peft --out runs/ltx2_lora/export/peft   # LoRA run
+ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --ema --out runs/ltx2_tiny/export/ema   # training.ema's average
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def _run_config(config: str | None, checkpoint: str):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from mm_trainer.cli import EMA_HELP
+
     p = argparse.ArgumentParser(prog="ltx2-train", description="LTX-2 tools; see the module docstring.")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -62,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
         help="a LoRA run's adapters: peft (folder for LTX2Pipeline.load_lora_weights) or merged (a diffusers "
         "transformer folder with the adapters merged in)",
     )
+    export.add_argument("--ema", action="store_true", help=EMA_HELP)
     return p
 
 
@@ -87,9 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         config = _run_config(args.config, args.checkpoint)
         if args.lora is None:
-            print(export_transformer(config, args.checkpoint, args.out))
+            print(export_transformer(config, args.checkpoint, args.out, ema=args.ema))
         else:
-            print(export_transformer_lora(config, args.checkpoint, args.out, fmt=args.lora))
+            print(export_transformer_lora(config, args.checkpoint, args.out, fmt=args.lora, ema=args.ema))
     return 0
 
 

@@ -8,6 +8,7 @@ wan22-train preprocess --config t2v_a14b_high_cached.yaml   # clips -> VAE laten
 wan22-train sample --checkpoint runs/tiny/ckpt --prompt "a red square moving left" --out clip.mp4
 wan22-train export --checkpoint runs/tiny/ckpt --out runs/tiny/export/transformer
 wan22-train export --checkpoint runs/lora/ckpt --lora peft --out runs/lora/export/peft   # LoRA run
+wan22-train export --checkpoint runs/tiny/ckpt --ema --out runs/tiny/export/ema   # a training.ema run's average
 wan22-train demo                                        # make-tiny + train + export + sample
 """
 
@@ -43,6 +44,8 @@ def _load(config: str | None, checkpoint: str):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from mm_trainer.cli import EMA_HELP
+
     from wan22_train.export import LORA_FORMATS
 
     p = argparse.ArgumentParser(prog="wan22-train", description="Wan2.2 tools; see the module docstring.")
@@ -83,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
         help="a LoRA run's adapters: peft (folder for diffusers' load_lora_weights), comfyui (a .safetensors "
         "file, official Wan names), merged (a diffusers transformer folder with the adapters merged in)",
     )
+    export.add_argument("--ema", action="store_true", help=EMA_HELP)
     export.add_argument(
         "--submodel",
         default="predictor",
@@ -144,10 +148,12 @@ def _export(args: argparse.Namespace) -> Path:
     config = _load(args.config, args.checkpoint)
     if args.lora is None:
         layout = args.layout or "diffusers"
-        return export_predictor(config, args.checkpoint, args.out, layout=layout, submodel=args.submodel)
+        return export_predictor(
+            config, args.checkpoint, args.out, layout=layout, submodel=args.submodel, ema=args.ema
+        )
     if args.layout is not None:
         raise SystemExit("wan22-train export: --layout applies to full exports; --lora fixes its own layout")
-    return export_lora(config, args.checkpoint, args.out, fmt=args.lora, submodel=args.submodel)
+    return export_lora(config, args.checkpoint, args.out, fmt=args.lora, submodel=args.submodel, ema=args.ema)
 
 
 def run() -> NoReturn:

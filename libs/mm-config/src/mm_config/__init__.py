@@ -44,7 +44,7 @@ from .registry import (  # noqa: E402
 )
 from .root import TrainConfig, context_ranks_per_node, replicas_across_nodes  # noqa: E402
 from .tools import MemoryProfileConfig, ProfileConfig, ToolsConfig  # noqa: E402
-from .training import NonFiniteConfig, TrainingConfig  # noqa: E402
+from .training import EMAConfig, NonFiniteConfig, TrainingConfig  # noqa: E402
 
 __all__ = [
     "CheckReport",
@@ -56,6 +56,7 @@ __all__ = [
     "ConversationDatasetConfig",
     "DType",
     "DataConfig",
+    "EMAConfig",
     "ENTRY_POINT_GROUP",
     "FSDPPlanConfig",
     "FeaturesConfig",

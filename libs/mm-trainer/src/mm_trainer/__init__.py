@@ -7,6 +7,7 @@ from mm_trainer.batches import BatchStream, build_batch_stream  # noqa: E402
 from mm_trainer.conditions import ConditionStream  # noqa: E402
 from mm_trainer.container import ModelContainer, ModelContainerHub, freeze  # noqa: E402
 from mm_trainer.conversation_data import conversation_dataset  # noqa: E402
+from mm_trainer.ema import ParameterEMA  # noqa: E402
 from mm_trainer.engine import NonFiniteLossError, TrainEngine  # noqa: E402
 from mm_trainer.features import FeaturesReport, apply_features, feature_plans, plan_features  # noqa: E402
 from mm_trainer.hf_export import export_hf_model  # noqa: E402
@@ -49,6 +50,7 @@ __all__ = [
     "ModelContainerHub",
     "ModelHub",
     "NonFiniteLossError",
+    "ParameterEMA",
     "Registry",
     "RegistryError",
     "RunDirectory",

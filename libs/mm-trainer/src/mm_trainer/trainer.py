@@ -7,6 +7,7 @@ config (the config check, paths included) -> init distributed + ParallelState ->
  -> FSDP2 plan                                                       # DTensor layout on meta
  -> materialize (to_empty) + load weights                            # AFTER fully_shard
  -> random init only for sub-models that loaded nothing; LoRA adapters initialized (B = 0)
+ -> EMA of the trainable parameters (training.ema; on their shards)
  -> optimizer, lr scheduler, batches (+ conditions ahead: features.condition_mbs), checkpointer (resume)
  -> TrainEngine.train
 """
@@ -37,6 +38,7 @@ from mm_trainer.base_model import init_module_weights, load_module_weights
 from mm_trainer.batches import BatchStream, build_batch_stream
 from mm_trainer.conditions import ConditionStream
 from mm_trainer.container import ModelContainer, ModelContainerHub
+from mm_trainer.ema import ParameterEMA
 from mm_trainer.engine import TrainEngine
 from mm_trainer.features import apply_features, feature_plans
 from mm_trainer.lora import inject_lora
@@ -86,6 +88,8 @@ class Trainer:
         if config.training.deterministic:
             torch.use_deterministic_algorithms(True)
         self.model = self._build_model()
+        ema = config.training.ema
+        self.ema = ParameterEMA(self.model, decay=ema.decay) if ema is not None else None
         # No reseeding by rank: training draws are keyed by (seed, step, sample), see TrainEngine.
         self.optimizer = build_optimizer(
             self.model,
@@ -182,12 +186,14 @@ class Trainer:
 
     # ------------------------------------------------------------- running
     def state(self) -> dict[str, Any]:
-        """What a checkpoint holds: model, optimizer, scheduler and the data position. All of it loads
-        at any layout; no RNG state is needed, since every draw is keyed by (seed, step, sample)."""
+        """What a checkpoint holds: model, optimizer, scheduler, the EMA (``training.ema``) and the data
+        position. All of it loads at any layout; no RNG state is needed, since every draw is keyed by
+        (seed, step, sample)."""
         return {
             "model": self.model,
             "optimizer": self.optimizer,
             "lr_scheduler": self.lr_scheduler,
+            "ema": self.ema,
             "dataloader": self.batches,
         }
 
@@ -228,6 +234,7 @@ class Trainer:
             lr_scheduler=self.lr_scheduler,
             batches=self.batches,
             training=cfg.training,
+            ema=self.ema,
             device=self.device,
             dp_group=self.parallel_state.dp_group,
             cp_rank=self.parallel_state.cp_rank,
