@@ -14,6 +14,7 @@ import os
 import pickle
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -65,8 +66,29 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable[..., Any], args:
     except BaseException:  # noqa: BLE001 - every failure must reach the parent
         queue.put((rank, "error", traceback.format_exc()))
     finally:
+        _let_peers_finish_with_the_store(rank, world_size)
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _let_peers_finish_with_the_store(rank: int, world_size: int, timeout: float = 60.0) -> None:
+    """Rank 0 hosts the TCP store that every group is built through. When it left first, a peer still
+    reading from the store (building a group) failed with "Connection reset by peer" (seen under load).
+    Each rank counts itself finished; rank 0 waits for the others, at most ``timeout`` s (a peer that
+    died is reported by the parent anyway)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        finished = store.add("conftest/finished", 1)
+        deadline = time.monotonic() + timeout
+        while rank == 0 and finished < world_size and time.monotonic() < deadline:
+            time.sleep(0.01)
+            finished = store.add("conftest/finished", 0)
+    except Exception:  # noqa: BLE001 - best effort: the store may be gone with a failed peer
+        pass
 
 
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300) -> list[Any]:
