@@ -27,6 +27,7 @@ from .synthetic import (
     make_synthetic_dataset,
     write_clip,
 )
+from .video_out import write_video
 
 __all__ = [
     "IGNORE_INDEX",
@@ -83,4 +84,5 @@ __all__ = [
     "to_video_tensor",
     "write_caption_tokenizer",
     "write_clip",
+    "write_video",
 ]
