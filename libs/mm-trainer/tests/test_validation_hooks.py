@@ -1,11 +1,13 @@
-"""``training.validation`` asks the model for hooks; a model without them is refused before training."""
+"""``training.validation`` asks the model for hooks (a model without them is refused before training)
+and logs its clips to TensorBoard."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from mm_config import ValidationConfig
-from mm_trainer import ModelContainer, Validator
+from mm_trainer import MetricsLogger, ModelContainer, Validator
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
 
@@ -27,3 +29,12 @@ def test_held_out_data_is_refused_for_a_model_whose_pipeline_has_no_validation_l
         ValueError, match=r"training.validation.data_path: ModelContainer computes no held-out"
     ):
         _validator(model, data_path="held_out.json")
+
+
+def test_a_validation_clip_goes_to_tensorboard_as_its_frames(tmp_path):
+    metrics = MetricsLogger(total_steps=10, log_dir=tmp_path, tensorboard=True)
+    metrics.add_video("validation/0", torch.rand(3, 5, 8, 6) * 2 - 1, step=10)
+    metrics.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"images": 0}).Reload()
+    images = events.Images("validation/0")
+    assert [(i.step, i.height, i.width) for i in images] == [(10, 8, 6 * 5)]  # the 5 frames side by side
