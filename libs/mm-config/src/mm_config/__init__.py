@@ -45,6 +45,7 @@ from .registry import (  # noqa: E402
 from .root import TrainConfig, context_ranks_per_node, replicas_across_nodes  # noqa: E402
 from .tools import MemoryProfileConfig, ProfileConfig, ToolsConfig  # noqa: E402
 from .training import EMAConfig, NonFiniteConfig, TrainingConfig  # noqa: E402
+from .validation import ValidationConfig  # noqa: E402
 
 __all__ = [
     "CheckReport",
@@ -79,6 +80,7 @@ __all__ = [
     "SubModelConfig",
     "SubPlanConfig",
     "ToolsConfig",
+    "ValidationConfig",
     "TrainConfig",
     "TrainingConfig",
     "VideoTextDatasetConfig",

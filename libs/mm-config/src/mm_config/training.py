@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from .base import ConfigModel, InputPath
 from .errors import Problem, RuleViolations
+from .validation import ValidationConfig
 
 
 class NonFiniteConfig(ConfigModel):
@@ -103,6 +104,9 @@ class TrainingConfig(ConfigModel):
     tensorboard: bool | None = None
     """Also write TensorBoard events (``<log_dir>/tensorboard``). None (default): when the
     ``tensorboard`` package is installed; true: required (an error without it); false: never."""
+    validation: ValidationConfig | None = None
+    """Sampled clips and a held-out loss every ``validation.interval`` steps (written under
+    ``log_dir`` or ``save``); None = no validation during training."""
     peak_flops: float | None = Field(default=None, gt=0)
     """Peak FLOP/s of one device for the MFU metric; None = looked up by device name (H200, H100,
     A100, Ascend 910B), no MFU where unknown (CPU)."""
@@ -148,6 +152,14 @@ class TrainingConfig(ConfigModel):
                     "only acts when resuming: set training.load, or leave reset_data_position out",
                     self.reset_data_position,
                     deps=(("load",),),
+                )
+            )
+        if self.validation is not None and self.save is None and self.log_dir is None:
+            problems.append(
+                Problem(
+                    ("validation",),
+                    "writes its clips and val_loss under training.log_dir (or save): set one of them",
+                    deps=(("log_dir",), ("save",)),
                 )
             )
         if problems:

@@ -36,6 +36,7 @@ from .synthetic import (
     make_synthetic_dataset,
     write_clip,
 )
+from .video_out import write_video
 
 __all__ = [
     "CACHE_MANIFEST",
@@ -102,4 +103,5 @@ __all__ = [
     "to_video_tensor",
     "write_caption_tokenizer",
     "write_clip",
+    "write_video",
 ]

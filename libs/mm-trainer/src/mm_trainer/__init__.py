@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 
 from mm_trainer.base_model import BaseModel, init_module_weights, load_module_weights  # noqa: E402
-from mm_trainer.batches import BatchStream, build_batch_stream  # noqa: E402
+from mm_trainer.batches import BatchStream, build_batch_stream, build_dataset  # noqa: E402
 from mm_trainer.conditions import ConditionStream  # noqa: E402
 from mm_trainer.container import ModelContainer, ModelContainerHub, freeze  # noqa: E402
 from mm_trainer.conversation_data import conversation_dataset  # noqa: E402
@@ -32,6 +32,7 @@ from mm_trainer.run_dir import RunDirectory, RunDirectoryError, RunStart, open_r
 from mm_trainer.run_lock import RunLock, RunLockedError  # noqa: E402
 from mm_trainer.stop_signals import StopSignals  # noqa: E402
 from mm_trainer.trainer import Trainer  # noqa: E402
+from mm_trainer.validation import Validator  # noqa: E402
 
 __all__ = [
     "SAVED_OPS",
@@ -62,12 +63,14 @@ __all__ = [
     "TrainEngine",
     "TransformersKeyRenaming",
     "Trainer",
+    "Validator",
     "apply_features",
     "check_compile",
     "feature_plans",
     "plan_features",
     "selective_recompute_contexts",
     "build_batch_stream",
+    "build_dataset",
     "conversation_dataset",
     "export_hf_model",
     "data_register",

@@ -148,6 +148,14 @@ class MetricsLogger:
                 format_log_line(step, self.total_steps, record, self._eta(step)), file=sys.stderr, flush=True
             )
 
+    def add_video(self, tag: str, video: torch.Tensor, step: int) -> None:
+        """Log a clip ``[3, F, H, W]`` in ``[-1, 1]`` to TensorBoard (when on) as its frames, an image
+        strip (``add_video`` would need moviepy)."""
+        if self._tb is None:
+            return
+        frames = ((video.detach().float().cpu().transpose(0, 1) + 1) / 2).clamp(0, 1)  # [F, 3, H, W]
+        self._tb.add_images(tag, frames, step)
+
     def _eta(self, step: int) -> float | None:
         """Seconds left at the mean step time since this logger started (None before the first step)."""
         start_step, started = self._start

@@ -9,6 +9,7 @@ config (the config check, paths included) -> init distributed + ParallelState ->
  -> random init only for sub-models that loaded nothing; LoRA adapters initialized (B = 0)
  -> EMA of the trainable parameters (training.ema; on their shards)
  -> optimizer, lr scheduler, batches (+ conditions ahead: features.condition_mbs), checkpointer (resume)
+ -> validator (training.validation: the model's sample / validation_loss hooks, held-out data)
  -> TrainEngine.train
 """
 
@@ -51,6 +52,7 @@ from mm_trainer.regional_compile import check_compile
 from mm_trainer.rng import seed_everything
 from mm_trainer.run_config import RUN_CONFIG_NAME
 from mm_trainer.run_dir import open_run_directory
+from mm_trainer.validation import Validator
 from mm_trainer.weight_staging import stage_model_weights
 
 logger = logging.getLogger("mm_trainer")
@@ -126,6 +128,7 @@ class Trainer:
             )
         self.checkpointer = self._checkpointer(config.training.save) if config.training.save else None
         self.start_iteration = self._resume() if self.run_dir.resume_from else 0
+        self.validator = self._validator() if config.training.validation else None
 
     # ------------------------------------------------------------ building
     def _build_model(self) -> nn.Module:
@@ -167,6 +170,21 @@ class Trainer:
         for line in self.lora.summary(model):
             _log_rank0(line)
         return model
+
+    def _validator(self) -> Validator:
+        cfg, ps = self.config, self.parallel_state
+        return Validator(
+            self.model,
+            cfg.training.validation,
+            data=cfg.data,
+            seed=cfg.training.seed,
+            out_dir=cfg.training.log_dir or cfg.training.save,
+            device=self.device,
+            dp_rank=ps.dp_rank,
+            dp_size=ps.dp_size,
+            dp_group=ps.dp_group,
+            write=self.rank == 0,
+        )
 
     def _materialize_and_load(self, name: str, module: nn.Module, args: Any, restored: bool) -> None:
         was_meta = any(p.is_meta for p in module.parameters())
@@ -228,6 +246,14 @@ class Trainer:
         """Run the training loop; returns the last completed iteration."""
         cfg = self.config
         log_dir = cfg.training.log_dir or cfg.training.save
+        metrics = MetricsLogger(
+            total_steps=cfg.training.train_iters,
+            start_step=self.start_iteration,
+            log_dir=log_dir,
+            tensorboard=cfg.training.tensorboard,
+            enabled=self.rank == 0,
+        )
+        validator = self.validator
         engine = TrainEngine(
             model=self.model,
             optimizer=self.optimizer,
@@ -240,13 +266,8 @@ class Trainer:
             cp_rank=self.parallel_state.cp_rank,
             cp_size=self.parallel_state.cp_size,
             save_fn=self.save if self.checkpointer else None,
-            metrics=MetricsLogger(
-                total_steps=cfg.training.train_iters,
-                start_step=self.start_iteration,
-                log_dir=log_dir,
-                tensorboard=cfg.training.tensorboard,
-                enabled=self.rank == 0,
-            ),
+            validate_fn=(lambda step: validator.run(step, metrics)) if validator else None,
+            metrics=metrics,
             profilers=self._profilers(log_dir),
             peak_flops=cfg.training.peak_flops,
         )
