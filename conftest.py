@@ -192,3 +192,33 @@ def fsdp2_root_outputs() -> Callable[..., list[bool]]:
         return run_distributed(body, 1)[0]
 
     return run
+
+
+# The files that take minutes (durations of a full run), started first, longest first.
+LONGEST_FILES = (
+    "apps/wan22-train/tests/test_wan_compile_recompute_e2e.py",
+    "tests/test_packaging.py",
+    "apps/wan22-train/tests/test_wan_two_nodes_e2e.py",
+    "apps/ltx2-train/tests/test_ltx2_train_e2e.py",
+    "apps/wan22-train/tests/test_wan_demo_e2e.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest files first, then the other files with a slow test, then the rest; each file's
+    tests in their own order.
+
+    The suite runs on two workers, each taking the next whole file (``--dist loadfile``). With the
+    multi-minute files first and the many quick ones last, the two workers finish close together
+    instead of one running a long file alone at the end.
+    """
+    root = config.rootpath
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        name = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        if name in LONGEST_FILES:
+            return (0, LONGEST_FILES.index(name))
+        return (1 if item.path in slow_files else 2, 0)
+
+    items.sort(key=rank)  # stable: ties keep the collection order
