@@ -14,6 +14,7 @@ import os
 import pickle
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -80,8 +81,29 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable[..., Any], args:
     except BaseException:  # noqa: BLE001 - every failure must reach the parent
         queue.put((rank, "error", traceback.format_exc()))
     finally:
+        _let_peers_finish_with_the_store(rank, world_size)
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _let_peers_finish_with_the_store(rank: int, world_size: int, timeout: float = 60.0) -> None:
+    """Rank 0 hosts the TCP store that every group is built through. When it left first, a peer still
+    reading from the store (building a group) failed with "Connection reset by peer" (seen under load).
+    Each rank counts itself finished; rank 0 waits for the others, at most ``timeout`` s (a peer that
+    died is reported by the parent anyway)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        finished = store.add("conftest/finished", 1)
+        deadline = time.monotonic() + timeout
+        while rank == 0 and finished < world_size and time.monotonic() < deadline:
+            time.sleep(0.01)
+            finished = store.add("conftest/finished", 0)
+    except Exception:  # noqa: BLE001 - best effort: the store may be gone with a failed peer
+        pass
 
 
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300) -> list[Any]:
@@ -185,3 +207,33 @@ def fsdp2_root_outputs() -> Callable[..., list[bool]]:
         return run_distributed(body, 1)[0]
 
     return run
+
+
+# The files that take minutes (durations of a full run), started first, longest first.
+LONGEST_FILES = (
+    "apps/wan22-train/tests/test_wan_compile_recompute_e2e.py",
+    "tests/test_packaging.py",
+    "apps/wan22-train/tests/test_wan_two_nodes_e2e.py",
+    "apps/ltx2-train/tests/test_ltx2_train_e2e.py",
+    "apps/wan22-train/tests/test_wan_demo_e2e.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest files first, then the other files with a slow test, then the rest; each file's
+    tests in their own order.
+
+    The suite runs on two workers, each taking the next whole file (``--dist loadfile``). With the
+    multi-minute files first and the many quick ones last, the two workers finish close together
+    instead of one running a long file alone at the end.
+    """
+    root = config.rootpath
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        name = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        if name in LONGEST_FILES:
+            return (0, LONGEST_FILES.index(name))
+        return (1 if item.path in slow_files else 2, 0)
+
+    items.sort(key=rank)  # stable: ties keep the collection order

@@ -59,8 +59,10 @@ class ConfigShape:
 
 def _wan_tokens(cfg: dict) -> tuple[int, int, int, int]:
     """(tokens, heads, head_dim, pad multiple) of a Wan2.2 config."""
-    data, models = cfg["data"]["dataset"], cfg["model"]["models"]
-    ae, dit = models["ae"].get("config", {}), models["predictor"]["config"]
+    models, cache = cfg["model"]["models"], cfg["data"]["dataset"].get("preprocess")
+    # a config that trains from the encoder cache keeps the clip sizes and the VAE in its preprocess section
+    data = cache["clips"] if cache else cfg["data"]["dataset"]
+    ae, dit = (cache or models)["ae"].get("config", {}), models["predictor"]["config"]
     spatial, temporal = ae.get("scale_factor_spatial", 8), ae.get("scale_factor_temporal", 4)
     pt, ph, pw = dit["patch_size"]
     frames = (data["num_frames"] - 1) // temporal + 1

@@ -14,7 +14,7 @@
 #     run(command="bash benchmarks/device_check.sh", carry=[".whl"], timeout_s=540)
 # Results come back in $OUT: cp_kernels.txt, cp_memory.txt, wan_step_bf16.txt, wan_step_fp32.txt, train.txt
 # (+ metrics.jsonl, sample.mp4). PYTHON and DEVICE override the interpreter and device; DEVICE=cpu is the dry
-# run: the same stages on the smallest shapes (bf16 step only, 2 training steps, no sampling; ~50 s of CPU).
+# run: the same stages on the smallest shapes (bf16 step only, 2 training steps, no sampling; about 50 s of CPU on a loaded 2-core machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -58,14 +58,19 @@ for dtype in "${dtypes[@]}"; do
     "$PYTHON" benchmarks/wan_step.py --device "$DEVICE" --dtype "$dtype" "${size[@]}" | tee "$out/wan_step_${dtype/bfloat16/bf16}.txt"
 done
 
-# 4. The tiny Wan2.2 run on one device (world 1, no CP): make-tiny, train (+ sample a clip on the GPU)
+# 4. The tiny Wan2.2 run on one device (world 1, no CP): make-tiny, train (+ sample a clip on the GPU).
+#    make-tiny and training share one interpreter (its torch / diffusers imports are a third of the dry run)
 tiny=/tmp/device_check_tiny
 rm -rf "$tiny"
-mapfile -t overrides < <("$PYTHON" -c "from wan22_train.tiny import make_tiny, tiny_overrides
-make_tiny('$tiny'); print('\n'.join(tiny_overrides('$tiny')))")
-"$PYTHON" -m wan22_train --config apps/wan22-train/configs/tiny_t2v.yaml "${overrides[@]}" \
-    training.device="$DEVICE" parallel.ulysses_parallel_size=1 training.train_iters="$steps" training.save="$tiny/ckpt" \
-    2>&1 | tee "$out/train.txt"
+"$PYTHON" - apps/wan22-train/configs/tiny_t2v.yaml training.device="$DEVICE" parallel.ulysses_parallel_size=1 \
+    training.train_iters="$steps" training.save="$tiny/ckpt" <<EOF 2>&1 | tee "$out/train.txt"
+import sys
+from mm_trainer.cli import run
+from wan22_train.cli import main
+from wan22_train.tiny import make_tiny, tiny_overrides
+make_tiny("$tiny")
+run(lambda: main(["--config", sys.argv[1], *tiny_overrides("$tiny"), *sys.argv[2:]]))
+EOF
 cp "$tiny/ckpt/metrics.jsonl" "$out/metrics.jsonl"
 if [[ "$DEVICE" == cuda ]]; then
     "$PYTHON" -m wan22_train sample --checkpoint "$tiny/ckpt" --prompt "a red square" --out "$out/sample.mp4" \

@@ -64,6 +64,7 @@ def toy_config(tmp: Path, *, encoder_dir: Path, predictor_dir: Path, **sections:
             "save_interval": 10,
             "log_interval": 1,
             "deterministic": True,
+            "tensorboard": False,  # on by default where installed: off here, one import less per run
         },
         "features": {
             "recompute_plan": {"apply_modules": ["predictor.blocks.{*}"]},

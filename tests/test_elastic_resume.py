@@ -1,9 +1,13 @@
-"""Elastic resume on the toy plugin: a dp 1 -> dp 2 -> dp 4 chain trains what one uninterrupted run trains."""
+"""Elastic resume on the toy plugin: a dp 1 -> dp 2 -> dp 4 chain trains what one uninterrupted run trains,
+and ends with the EMA (``training.ema``) that run ends with."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from mm_checkpoint.dcp_io import DcpReader
 
 pytestmark = pytest.mark.slow
 
@@ -16,13 +20,17 @@ SECTIONS = {
         "train_iters": 6,
         "save_interval": 2,
         "log_sample_ids": True,
+        "ema": {"decay": 0.8},
     },
     "data": {"dataset": {"num_samples": 24}},  # 3 steps an epoch: the chain crosses an epoch
 }
 
 
-def test_a_dp_1_2_4_chain_trains_each_sample_once_with_the_uninterrupted_losses(toy_yaml, mm_train_forked):
-    expected = mm_train_forked(toy_yaml("reference", **SECTIONS))
+def test_a_dp_1_2_4_chain_trains_each_sample_once_with_the_uninterrupted_losses_and_ema(
+    toy_yaml, mm_train_forked
+):
+    reference = toy_yaml("reference", **SECTIONS)
+    expected, expected_dir = mm_train_forked(reference), reference.parent / "ckpt"
 
     previous, records = None, []
     for name, world, until in (("dp1", 1, 2), ("dp2", 2, 4), ("dp4", 4, 6)):
@@ -41,3 +49,14 @@ def test_a_dp_1_2_4_chain_trains_each_sample_once_with_the_uninterrupted_losses(
         rtol=1e-4,
         atol=0,
     )
+    # The EMA was saved at dp 1 and 2, restored and resharded at dp 2 and 4: the uninterrupted run's.
+    chained, uninterrupted = _averages(previous), _averages(expected_dir)
+    assert chained.keys() == uninterrupted.keys() and "predictor.head.weight" in chained
+    for key, value in uninterrupted.items():
+        torch.testing.assert_close(chained[key], value, rtol=1e-5, atol=1e-7)
+
+
+def _averages(ckpt: Path) -> dict[str, torch.Tensor]:
+    """The EMA of the trained (predictor) parameters in the last checkpoint under ``ckpt``."""
+    reader = DcpReader(ckpt / "iter_0000006", ema=True)
+    return {k: reader.read(k) for k in reader.keys() if k.startswith("predictor.")}

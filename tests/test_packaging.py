@@ -98,8 +98,13 @@ def installed(wheels: Path, tmp_path_factory: pytest.TempPathFactory) -> Install
     _run(sys.executable, "-m", "venv", work / "venv")  # no --system-site-packages: nothing leaks in
     bin_dir = work / "venv" / "bin"
     # pip is no project code: it runs without the suite's PYTHONWARNINGS=error (the venv's pip warns
-    # that pkg_resources is deprecated); the installed members still run under it
-    pip = ["env", "-u", "PYTHONWARNINGS", bin_dir / "pip", "install", "-q", "--find-links", wheels]
+    # that pkg_resources is deprecated); the installed members still run under it.
+    # --no-compile: byte-compiling every installed module (torch's and diffusers' thousands) took
+    # about 40% of this fixture; the few modules these tests import compile when first imported
+    pip = [
+        *("env", "-u", "PYTHONWARNINGS", bin_dir / "pip"),
+        *("install", "-q", "--no-compile", "--find-links", wheels),
+    ]
 
     _run(*pip, "mm-config")
     probe = "import sys, mm_config; assert 'torch' not in sys.modules; print(mm_config.__version__)"

@@ -1,6 +1,7 @@
 """`wan22-train sample` and `export` on a finished run, as a user types them (single process).
 
-The run they read trains on 2 forked gloo ranks (``main_forked``); the demo tests cover the torchrun launch."""
+The run they read trains on 2 forked gloo ranks (``main_forked``), with ``training.ema``; the demo tests
+cover the torchrun launch."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
+from mm_checkpoint.dcp_io import DcpReader
+from safetensors.torch import load_file
 from wan22_train.cli import main as wan22_main
 from wan22_train.configs import config_path
 from wan22_train.tiny import make_tiny, tiny_overrides
@@ -16,26 +20,44 @@ from wan22_train.tiny import make_tiny, tiny_overrides
 pytestmark = pytest.mark.slow
 
 
-def test_sample_and_export_read_the_run_saved_at_world_size_2(tmp_path, main_forked):
-    out = make_tiny(tmp_path / "tiny")
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, main_forked):
+    """A tiny Wan2.2 set trained 2 steps at world size 2 with an EMA (decay 0.5); its folder."""
+    out = make_tiny(tmp_path_factory.mktemp("wan_cli") / "tiny")
     train = ["--config", str(config_path("tiny_t2v.yaml")), *tiny_overrides(out), f"training.save={out / 'ckpt'}",
-             "training.train_iters=2"]  # fmt: skip
+             "training.train_iters=2", "training.ema.decay=0.5"]  # fmt: skip
     main_forked(wan22_main, train, nproc=2)
-    run = [sys.executable, "-m", "wan22_train"]
-    assert json.loads((out / "ckpt" / "iter_0000002" / "mm_checkpoint.json").read_text())["world_size"] == 2
+    return out
+
+
+def test_sample_and_export_read_the_run_saved_at_world_size_2(run, tmp_path):
+    python = [sys.executable, "-m", "wan22_train"]
+    assert json.loads((run / "ckpt" / "iter_0000002" / "mm_checkpoint.json").read_text())["world_size"] == 2
     clip, folder = tmp_path / "clip.mp4", tmp_path / "transformer"
     for cmd in (
         [
             "sample",
             "--checkpoint",
-            str(out / "ckpt"),
+            str(run / "ckpt"),
             "--prompt",
             "a red square moving left",
             "--out",
             str(clip),
         ],
-        ["export", "--checkpoint", str(out / "ckpt"), "--out", str(folder)],
+        ["export", "--checkpoint", str(run / "ckpt"), "--out", str(folder)],
     ):
-        proc = subprocess.run([*run, *cmd], capture_output=True, text=True)
+        proc = subprocess.run([*python, *cmd], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-3000:]
     assert clip.stat().st_size > 0 and (folder / "config.json").is_file()
+
+
+def test_export_with_ema_writes_the_runs_average_instead_of_its_last_weights(run, tmp_path):
+    export = ["export", "--checkpoint", str(run / "ckpt"), "--layout", "native"]
+    assert wan22_main([*export, "--ema", "--out", str(tmp_path / "ema")]) == 0
+    assert wan22_main([*export, "--out", str(tmp_path / "last")]) == 0
+    averaged, last = (load_file(tmp_path / name / "model.safetensors") for name in ("ema", "last"))
+    saved = DcpReader(run / "ckpt" / "iter_0000002", ema=True)
+    assert averaged.keys() == last.keys()
+    for key, value in averaged.items():
+        assert torch.equal(value, saved.read(f"predictor.{key}")), key
+    assert any(not torch.equal(value, last[key]) for key, value in averaged.items())  # it lags the weights

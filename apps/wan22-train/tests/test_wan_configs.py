@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from mm_config import load_config
+from mm_config import ConfigError, load_config
 from mm_parallel import FSDPPlan, explain_fsdp_plan
-from mm_trainer.dry_run import build_meta_model
+from mm_trainer.dry_run import build_meta_model, dry_run
 from wan22_train.configs import config_path
 
 SHIPPED = [
-    "tiny_t2v.yaml", "tiny_t2v_both.yaml", "tiny_t2v_lora.yaml", "t2v_a14b_high.yaml", "t2v_a14b_low.yaml", "t2v_a14b_both.yaml",
-    "i2v_a14b.yaml", "ti2v_5b.yaml",
+    "tiny_t2v.yaml", "tiny_t2v_both.yaml", "tiny_t2v_lora.yaml", "tiny_t2v_cached.yaml", "t2v_a14b_high.yaml",
+    "t2v_a14b_low.yaml", "t2v_a14b_both.yaml", "t2v_a14b_high_cached.yaml", "i2v_a14b.yaml", "ti2v_5b.yaml",
 ]  # fmt: skip
 
 
@@ -59,3 +59,24 @@ def test_dry_run_of_an_a14b_lora_puts_the_adapters_in_the_block_units_and_trains
     block = next(u for u in explanation.units if u.path == "predictor.blocks.0")
     assert sum(n for k, n in trainable.items() if k.startswith("blocks.0.")) == per_block
     assert block.numel == sum(p.numel() for p in model.predictor.blocks[0].parameters())  # base + adapters
+
+
+def test_dry_run_of_the_a14b_high_expert_from_the_encoder_cache_lists_no_vae_or_umt5_bytes():
+    cfg = load_config(config_path("t2v_a14b_high_cached.yaml"), world_size=8)
+    text = dry_run(cfg, world_size=8)  # what `wan22-train --config ... --dry-run --world-size 8` prints
+    owners = {
+        line.split(", ")[1].split(":")[0] for line in text.splitlines() if "sharded params per rank, " in line
+    }
+    assert owners == {"predictor"}
+    assert "text_encoder" not in text and "ae." not in text
+    assert "sharded params per rank, predictor: 6.7 GiB" in text  # 14.29e9 fp32 params / 8
+
+
+def test_a_cache_of_random_frame_offsets_or_of_clip_level_caption_draws_is_refused_naming_the_keys():
+    draws = ["data.dataset.preprocess.clips.frame_offset=random", "data.dataset.preprocess.clips.seed=3"]
+    with pytest.raises(ConfigError) as err:
+        load_config(config_path("t2v_a14b_high_cached.yaml"), draws, world_size=8)
+    assert "data.dataset.preprocess.clips.frame_offset = 'random': a cache holds one window per clip" in str(
+        err.value
+    )
+    assert "data.dataset.preprocess.clips.seed = 3: drawn at train time from the cache" in str(err.value)

@@ -12,6 +12,8 @@ import time
 import av
 import pytest
 import torch
+from mm_trainer.cli import main as mm_train_main
+from PIL import Image
 
 pytestmark = pytest.mark.slow
 
@@ -28,15 +30,55 @@ def run_demo(out, steps: int, *overrides: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_demo_trains_exports_and_samples(tmp_path):
+def start_demo_and_kill_it_after_its_checkpoint(out, steps: int, interval: int) -> int:
+    """Start the demo, SIGKILL it (launcher and both ranks) once its checkpoint at ``interval`` is
+    recorded; return how many metrics lines it had written."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        demo_command(out, steps, f"training.save_interval={interval}"), env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    tracker = out / "ckpt" / "latest_checkpointed_iteration.txt"
+    try:
+        deadline = time.monotonic() + 300
+        while not (tracker.exists() and tracker.read_text().strip() == str(interval)):
+            assert proc.poll() is None, f"the demo ended before its checkpoint at step {interval} was seen"
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert proc.poll() is None, "too late: the demo finished before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return len((out / "ckpt" / "metrics.jsonl").read_text().splitlines())
+
+
+def test_a_demo_killed_mid_run_resumes_when_rerun_then_trains_exports_and_samples(tmp_path):
+    # One chain for both behaviours (each demo run starts torchrun and two ranks): 30 steps with a
+    # checkpoint every 10 (the shipped config: every 25 of 50), killed after step 10, rerun to the end.
     out = tmp_path / "tiny"
-    printed = run_demo(out, steps=30).stdout
+    steps, interval = 30, 10
+    killed_at = start_demo_and_kill_it_after_its_checkpoint(out, steps, interval)
+    assert interval <= killed_at < steps
+
+    printed = run_demo(out, steps, f"training.save_interval={interval}").stdout
     for artifact in ("ckpt", "export/transformer", "sample.mp4"):
         assert str(out / artifact) in printed
+    lines = [json.loads(line) for line in (out / "ckpt" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines[killed_at:]] == list(range(interval + 1, steps + 1))  # resumed at 11
 
-    losses = [json.loads(line)["loss"] for line in (out / "ckpt" / "metrics.jsonl").read_text().splitlines()]
+    run = lines[:interval] + lines[killed_at:]  # steps 1-10 of the killed run, then 11-30
+    assert [r["step"] for r in run] == list(range(1, steps + 1))
+    losses = [r["loss"] for r in run]
     assert len(losses) == 30 and all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[:10]) / 10 > sum(losses[-10:]) / 10
+
+    # `mm-train plot` draws the run: one 240-pixel panel per series (+ validation loss if logged)
+    assert mm_train_main(["plot", str(out / "ckpt"), "--out", str(out / "curves.png")]) == 0
+    with Image.open(out / "curves.png") as image:
+        panels = 3 + any("val_loss" in r for r in lines)
+        assert image.format == "PNG" and image.size == (900, 240 * panels + 60)
 
     with av.open(str(out / "sample.mp4")) as clip:
         frames = [f.to_ndarray(format="rgb24") for f in clip.decode(video=0)]
@@ -66,34 +108,3 @@ def test_demo_trains_exports_and_samples(tmp_path):
         assert not torch.allclose(
             source(x, t, text, return_dict=False)[0], trained(x, t, text)
         )  # it did train
-
-
-def test_a_demo_killed_mid_run_resumes_from_its_last_checkpoint_when_rerun(tmp_path):
-    # 8 steps, a checkpoint after 4 (the shipped config saves every 25 of 50: the same chain, longer)
-    out = tmp_path / "tiny"
-    steps, interval = 8, "training.save_interval=4"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        demo_command(out, steps, interval), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )  # fmt: skip
-    tracker = out / "ckpt" / "latest_checkpointed_iteration.txt"
-    try:
-        deadline = time.monotonic() + 300
-        while not (tracker.exists() and tracker.read_text().strip() == "4"):
-            assert proc.poll() is None, "the demo ended before its checkpoint at step 4 was seen"
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        assert proc.poll() is None, "too late: the demo finished before it could be killed"
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both training ranks
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    killed_at = len((out / "ckpt" / "metrics.jsonl").read_text().splitlines())
-    assert 4 <= killed_at < 8
-
-    run_demo(out, steps, interval)
-    records = (out / "ckpt" / "metrics.jsonl").read_text().splitlines()[killed_at:]
-    assert [json.loads(line)["step"] for line in records] == list(range(5, 9))
-    assert (out / "sample.mp4").is_file()

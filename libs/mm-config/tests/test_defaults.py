@@ -65,7 +65,7 @@ def test_training_defaults():
     assert (t.lr_scheduler, t.optimizer, t.clip_grad, t.log_interval) == ("constant", "adamw", 1.0, 1)
     assert (t.load, t.save, t.log_dir, t.keep_last, t.device) == (None, None, None, None, None)
     assert (t.nonfinite.action, t.nonfinite.max_consecutive) == ("skip", 5)
-    assert not t.tensorboard and not t.deterministic
+    assert t.tensorboard is None and not t.deterministic  # None: on when tensorboard is installed
 
 
 def test_tools_defaults_are_disabled():

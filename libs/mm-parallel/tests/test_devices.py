@@ -108,7 +108,7 @@ def _run(env: dict[str, str]) -> subprocess.CompletedProcess:
         env={**clean, "MM_PARALLEL_DEVICE": "cpu", **env},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=300,
     )
 
 
@@ -138,6 +138,6 @@ def test_torchrun_environment_initializes_every_rank() -> None:
         )
         for r in range(2)
     ]
-    outputs = [p.communicate(timeout=60) for p in procs]
+    outputs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err for _, err in outputs]
     assert [out.split() for out, _ in outputs] == [["0", "2", "gloo", "True"], ["1", "2", "gloo", "True"]]

@@ -31,7 +31,7 @@ LEAVER = textwrap.dedent(
 
 
 def _leave() -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", LEAVER], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-c", LEAVER], capture_output=True, text=True, timeout=300)
 
 
 def test_exit_process_ends_with_the_given_code():

@@ -109,3 +109,31 @@ def test_num_tokens_uses_the_predictor_count_when_exposed(toys, batch) -> None:
 def test_rejects_unknown_task() -> None:
     with pytest.raises(ValueError, match="task='v2v'"):
         FlowMatchT2VPipeline(FlowMatchScheduler(), task="v2v")
+
+
+def test_spaced_indices_are_the_middles_of_equal_parts_of_the_trained_range() -> None:
+    assert FlowMatchScheduler().spaced_indices(4).tolist() == [125, 375, 625, 875]
+    high = FlowMatchScheduler(max_boundary=0.417)  # an A14B high-noise expert's range [0, 417)
+    assert high.spaced_indices(2).tolist() == [104, 312]
+
+
+def test_validation_loss_is_the_per_sample_training_loss_averaged_over_the_fixed_timesteps(
+    toys, batch
+) -> None:
+    pipe, container = FlowMatchT2VPipeline(FlowMatchScheduler()), toys.Container()
+    rng = SampleRNG(seed=7, step=0, sample_ids=[10, 11])
+    conditions = pipe.prepare_conditions(container, batch)
+    expected = torch.zeros(2)
+    for index in (250, 750):
+        noised = pipe.noising(conditions, rng, indices=torch.tensor([index, index]))
+        pred = pipe.predict(container, noised)
+        expected += noised["weight"] * (pred - noised["target"]).pow(2).flatten(1).mean(1) / 2
+    torch.testing.assert_close(pipe.validation_loss(container, batch, rng, 2), expected)
+
+
+def test_validation_loss_of_a_sample_depends_on_its_key_not_on_its_batch(toys, batch) -> None:
+    pipe, container = FlowMatchT2VPipeline(FlowMatchScheduler()), toys.Container()
+    both = pipe.validation_loss(container, batch, SampleRNG(seed=7, step=0, sample_ids=[10, 11]), 3)
+    second = {k: v[1:] for k, v in batch.items()}
+    alone = pipe.validation_loss(container, second, SampleRNG(seed=7, step=0, sample_ids=[11]), 3)
+    torch.testing.assert_close(alone, both[1:])

@@ -59,7 +59,7 @@ def test_end_lines_name_the_last_checkpoint_written(tmp_path: Path):
     (tmp_path / "ckpt" / "iter_0000030").mkdir(parents=True)
     (tmp_path / "ckpt" / "iter_0000030" / ".metadata").write_bytes(b"")
     (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("30\n")
-    lines = end_lines(_training(tmp_path, log_dir=str(tmp_path / "logs")), iteration=30)
+    lines = end_lines(_training(tmp_path, log_dir=str(tmp_path / "logs"), tensorboard=False), iteration=30)
     assert lines == [
         f"run directory: {tmp_path / 'ckpt'} (stopped at iteration 30 of 30)",
         f"last checkpoint: {tmp_path / 'ckpt' / 'iter_0000030'}",

@@ -6,6 +6,7 @@ torchrun --nproc-per-node 2 -m ltx2_train --config configs/tiny_t2av.yaml   # tr
 ltx2-train --config configs/t2av.yaml --dry-run --world-size 8       # FSDP plan on meta
 ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --out runs/ltx2_tiny/export/transformer
 ltx2-train export --checkpoint runs/ltx2_lora/ckpt --lora peft --out runs/ltx2_lora/export/peft   # LoRA run
+ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --ema --out runs/ltx2_tiny/export/ema   # training.ema's average
 """
 
 from __future__ import annotations
@@ -24,22 +25,15 @@ COMMANDS: dict[str, str] = {
     "export": "export the trained transformer as a diffusers folder",
 }
 """The commands besides training (``ltx2-train --config ...``), with the line ``--help`` shows."""
-#: The parallel layout does not matter to the offline tools; they validate the config as one process.
-SINGLE_PROCESS = [
-    "parallel.ulysses_parallel_size=1",
-    "parallel.ring_attention_size=1",
-    "parallel.data_parallel_size=1",
-    "parallel.fully_shard_parallel_size=auto",
-]
 
 
 def _load(config: str, overrides: Sequence[str]):
     """A user's config, validated as one process (preprocessing ignores the parallel layout)."""
-    from mm_config import load_config
+    from mm_trainer import load_offline_config
 
     if not Path(config).is_file():
         raise SystemExit(f"error: no config at {config}")
-    return load_config(config, [*overrides, *SINGLE_PROCESS], world_size=1)
+    return load_offline_config(config, overrides)
 
 
 def _run_config(config: str | None, checkpoint: str):
@@ -50,6 +44,8 @@ def _run_config(config: str | None, checkpoint: str):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from mm_trainer.cli import EMA_HELP
+
     p = argparse.ArgumentParser(prog="ltx2-train", description="LTX-2 tools; see the module docstring.")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -69,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
         help="a LoRA run's adapters: peft (folder for LTX2Pipeline.load_lora_weights) or merged (a diffusers "
         "transformer folder with the adapters merged in)",
     )
+    export.add_argument("--ema", action="store_true", help=EMA_HELP)
     return p
 
 
@@ -94,9 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         config = _run_config(args.config, args.checkpoint)
         if args.lora is None:
-            print(export_transformer(config, args.checkpoint, args.out))
+            print(export_transformer(config, args.checkpoint, args.out, ema=args.ema))
         else:
-            print(export_transformer_lora(config, args.checkpoint, args.out, fmt=args.lora))
+            print(export_transformer_lora(config, args.checkpoint, args.out, fmt=args.lora, ema=args.ema))
     return 0
 
 

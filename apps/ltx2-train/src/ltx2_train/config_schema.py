@@ -142,7 +142,7 @@ class PreprocessOptions(ConfigModel):
     dtype: DType = "fp32"
     """Encoder compute dtype (fp32 | bf16 | fp16); cached tensors keep it."""
     device: str | None = Field(default=None, pattern=r"^(cpu|cuda|npu)(:\d+)?$")
-    """Encoder device; None = cuda/npu of this rank when present, else cpu."""
+    """Encoder device; None = this rank's accelerator (``LOCAL_RANK``), else cpu."""
 
     @model_validator(mode="after")
     def _frames_follow_the_rule(self) -> PreprocessOptions:

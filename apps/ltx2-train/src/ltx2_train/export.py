@@ -26,8 +26,11 @@ LORA_FORMATS = ("peft", "merged")
 (ComfyUI reads LTX-2 under the original LTX-2 module names, not diffusers': not written here.)"""
 
 
-def export_transformer(config: TrainConfig, checkpoint: str | Path, out: str | Path) -> Path:
-    """Write the latest iteration of ``checkpoint`` as an upstream ``LTX2VideoTransformer3DModel`` folder."""
+def export_transformer(
+    config: TrainConfig, checkpoint: str | Path, out: str | Path, *, ema: bool = False
+) -> Path:
+    """Write the latest iteration of ``checkpoint`` as an upstream ``LTX2VideoTransformer3DModel`` folder
+    (``ema``: the EMA of the trained weights, a ``training.ema`` run)."""
     args = config.model.sub_models()["model"]
     if args.lora is not None:
         raise ValueError(
@@ -35,15 +38,17 @@ def export_transformer(config: TrainConfig, checkpoint: str | Path, out: str | P
             f"--lora {{{','.join(LORA_FORMATS)}}}"
         )
     with _config_json(args) as side:
-        return export_checkpoint(checkpoint, out, to="diffusers", config_from=side, submodule="model")
+        return export_checkpoint(
+            checkpoint, out, to="diffusers", config_from=side, submodule="model", ema=ema
+        )
 
 
 def export_transformer_lora(
-    config: TrainConfig, checkpoint: str | Path, out: str | Path, *, fmt: str
+    config: TrainConfig, checkpoint: str | Path, out: str | Path, *, fmt: str, ema: bool = False
 ) -> Path:
     """The LoRA adapters of ``checkpoint`` as ``fmt``: ``peft`` writes ``out/pytorch_lora_weights.safetensors``
     (``transformer.<module>.lora_A.weight`` + rank / alpha metadata), ``merged`` the folder ``out``
-    (``W + alpha / rank * B A`` over the base in ``model.from_pretrained``)."""
+    (``W + alpha / rank * B A`` over the base in ``model.from_pretrained``). ``ema``: the adapters' EMA."""
     if fmt not in LORA_FORMATS:
         raise ValueError(f"--lora {fmt!r}: LTX-2 exports one of {', '.join(LORA_FORMATS)}")
     args = config.model.sub_models()["model"]
@@ -52,7 +57,14 @@ def export_transformer_lora(
     with _config_json(args) as side:
         base = args.checkpoint_path or args.from_pretrained
         return export_lora(
-            checkpoint, out, fmt, alpha=args.lora.alpha, submodule="model", base=base, config_from=side
+            checkpoint,
+            out,
+            fmt,
+            alpha=args.lora.alpha,
+            submodule="model",
+            base=base,
+            config_from=side,
+            ema=ema,
         )
 
 

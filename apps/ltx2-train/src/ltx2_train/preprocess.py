@@ -15,7 +15,6 @@ resumable (complete files are skipped): both from :func:`mm_data.cache_dataset`.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,8 @@ from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
 from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline as Upstream
 from mm_config import TrainConfig
 from mm_data import CacheReport, VideoTextDataset, cache_dataset
-from mm_parallel import parse_dtype
+from mm_parallel import get_local_device, parse_dtype
+from mm_trainer import preprocess_section
 
 from ltx2_train.audio import log_mel, read_audio, synthetic_tone
 from ltx2_train.config_schema import PreprocessOptions
@@ -164,20 +164,9 @@ def source_dataset(options: PreprocessOptions) -> VideoTextDataset:
 
 def preprocess_options(config: TrainConfig) -> PreprocessOptions:
     """``data.dataset.preprocess`` of an ``ltx2_precomputed`` config, validated."""
-    raw = (config.data.dataset or {}).get("preprocess")
-    if config.data.dataset_id != "ltx2_precomputed" or not raw or not config.data.data_path:
-        raise ValueError(
-            "ltx2-train preprocess needs data.dataset_id: ltx2_precomputed, data.data_path (the cache folder) "
-            "and data.dataset.preprocess {source, model_root, ...}"
-        )
-    return PreprocessOptions.model_validate(raw)
-
-
-def _default_device(options: PreprocessOptions) -> torch.device:
-    if options.device:
-        return torch.device(options.device)
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    return torch.device(f"cuda:{local}") if torch.cuda.is_available() else torch.device("cpu")
+    return preprocess_section(
+        config, dataset_id="ltx2_precomputed", schema=PreprocessOptions, tool="ltx2-train preprocess"
+    )
 
 
 def run_preprocess(
@@ -185,12 +174,9 @@ def run_preprocess(
 ) -> CacheReport:
     """Encode this rank's share of the clips into ``data.data_path`` (rank/world from ``torchrun``'s env)."""
     options = preprocess_options(config)
-    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
-    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    device = torch.device(options.device) if options.device else get_local_device()
     dtype = parse_dtype(options.dtype, key="data.dataset.preprocess.dtype") or torch.float32
-    encoders = LTX2Encoders.load(
-        options.model_root, audio=options.audio, device=_default_device(options), dtype=dtype
-    )
+    encoders = LTX2Encoders.load(options.model_root, audio=options.audio, device=device, dtype=dtype)
     dataset = source_dataset(options)
 
     def encode(item: dict[str, Any]) -> dict[str, Any]:

@@ -4,9 +4,11 @@ wan22-train --config t2v_a14b_high.yaml                 # train (same as `mm-tra
 torchrun --nproc-per-node 8 -m wan22_train --config X.yaml
 wan22-train --config X.yaml --dry-run --world-size 64   # FSDP plan, bytes per rank
 wan22-train make-tiny runs/tiny                         # tiny model set + clips
+wan22-train preprocess --config t2v_a14b_high_cached.yaml   # clips -> VAE latents + UMT5 embeddings
 wan22-train sample --checkpoint runs/tiny/ckpt --prompt "a red square moving left" --out clip.mp4
 wan22-train export --checkpoint runs/tiny/ckpt --out runs/tiny/export/transformer
 wan22-train export --checkpoint runs/lora/ckpt --lora peft --out runs/lora/export/peft   # LoRA run
+wan22-train export --checkpoint runs/tiny/ckpt --ema --out runs/tiny/export/ema   # a training.ema run's average
 wan22-train demo                                        # make-tiny + train + export + sample
 """
 
@@ -22,6 +24,7 @@ from wan22_train import __version__
 
 COMMANDS: dict[str, str] = {
     "make-tiny": "write a tiny Wan2.2 model set (diffusers layout) + mp4 clips",
+    "preprocess": "encode clips into the VAE/UMT5 cache data.data_path (torchrun shards it)",
     "sample": "generate a clip with a trained predictor",
     "export": "export the trained predictor as a diffusers transformer folder",
     "demo": "make-tiny (if missing) + train on 2 CPU processes + export + sample",
@@ -41,6 +44,8 @@ def _load(config: str | None, checkpoint: str):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from mm_trainer.cli import EMA_HELP
+
     from wan22_train.export import LORA_FORMATS
 
     p = argparse.ArgumentParser(prog="wan22-train", description="Wan2.2 tools; see the module docstring.")
@@ -49,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("make-tiny", help=COMMANDS["make-tiny"])
     tiny.add_argument("out")
     tiny.add_argument("--seed", type=int, default=0)
+    pre = sub.add_parser("preprocess", help=COMMANDS["preprocess"])
+    pre.add_argument("--config", required=True)
+    pre.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.data_path=/tmp/cache")
     sample = sub.add_parser("sample", help=COMMANDS["sample"])
     sample.add_argument("--checkpoint", required=True, help="training checkpoint root (iter_* + tracker)")
     sample.add_argument("--config", help="training config (default: <checkpoint>/config.yaml)")
@@ -78,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
         help="a LoRA run's adapters: peft (folder for diffusers' load_lora_weights), comfyui (a .safetensors "
         "file, official Wan names), merged (a diffusers transformer folder with the adapters merged in)",
     )
+    export.add_argument("--ema", action="store_true", help=EMA_HELP)
     export.add_argument(
         "--submodel",
         default="predictor",
@@ -107,6 +116,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from wan22_train.tiny import make_tiny
 
         print(make_tiny(args.out, seed=args.seed))
+    elif args.command == "preprocess":
+        from mm_trainer import load_offline_config
+
+        from wan22_train.preprocess import run_preprocess
+
+        if not Path(args.config).is_file():
+            raise SystemExit(f"error: no config at {args.config}")
+        print(run_preprocess(load_offline_config(args.config, args.overrides)))
     elif args.command == "sample":
         from wan22_train.sampling import load_for_sampling, sample_video, write_video
 
@@ -131,10 +148,12 @@ def _export(args: argparse.Namespace) -> Path:
     config = _load(args.config, args.checkpoint)
     if args.lora is None:
         layout = args.layout or "diffusers"
-        return export_predictor(config, args.checkpoint, args.out, layout=layout, submodel=args.submodel)
+        return export_predictor(
+            config, args.checkpoint, args.out, layout=layout, submodel=args.submodel, ema=args.ema
+        )
     if args.layout is not None:
         raise SystemExit("wan22-train export: --layout applies to full exports; --lora fixes its own layout")
-    return export_lora(config, args.checkpoint, args.out, fmt=args.lora, submodel=args.submodel)
+    return export_lora(config, args.checkpoint, args.out, fmt=args.lora, submodel=args.submodel, ema=args.ema)
 
 
 def run() -> NoReturn:

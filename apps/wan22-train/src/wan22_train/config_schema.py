@@ -3,25 +3,30 @@
 Imports only pydantic and mm-config (no torch), so it is installed as the ``mm_config.schemas``
 entry point ``wan22`` and runs on a login node. It registers the schemas of ``model.pipeline``
 (container ``wan2_2_container``) and of the ``config`` of the sub-model ids ``wan2_2_predictor``,
-``umt5`` and ``wan_video_vae``. The option names below are the pipeline's own (``Wan22Pipeline``
+``umt5`` and ``wan_video_vae``, and of ``data.dataset`` of the encoder cache ``wan22_cached``. The option names below are the pipeline's own (``Wan22Pipeline``
 imports them), so the schema and the code that reads the keys cannot drift apart.
 """
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from mm_config import (
+    ConfigModel,
     DType,
     InputPath,
     PartialConfigModel,
     Problem,
     RuleViolations,
+    SubModelConfig,
+    VideoTextDatasetConfig,
     keyword_schema,
+    register_dataset_schema,
     register_model_schema,
     register_pipeline_schema,
 )
-from pydantic import Field, model_validator
+from mm_config.registry import validate_plugin_dict
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 Task = Literal["t2v", "i2v", "ti2v"]
 Expert = Literal["high_noise", "low_noise", "all", "both"]
@@ -207,10 +212,82 @@ WanVAEConfig = keyword_schema(
     "diffusers.AutoencoderKLWan",
 )
 
+TRAIN_TIME_KEYS = ("caption_dropout", "seed")
+"""``video_text`` keys drawn at train time: in the cache's ``data.dataset``, not in ``preprocess.clips``."""
+
+
+class WanPreprocessOptions(ConfigModel):
+    """``data.dataset.preprocess``: what ``wan22-train preprocess`` encodes into ``data.data_path``.
+
+    The clips are read as ``video_text`` reads them (``clips``: the same keys, buckets included) and
+    encoded by the very sub-models an online run would load (``ae``, ``text_encoder``: the same keys as
+    under ``model.models``), through the run's own pipeline (``model.pipeline.task`` decides whether
+    first-frame ``image_latents`` are cached too).
+    """
+
+    source: InputPath
+    """Clip metadata file (``mm_data.VideoTextDataset`` layout: path, cap, fps, ...)."""
+    source_root: InputPath | None = None
+    """Directory that relative clip paths are resolved against."""
+    clips: VideoTextDatasetConfig
+    """How clips are read (``video_text``'s keys); ``frame_offset`` start or center (one window per clip),
+    ``caption_dropout`` / ``seed`` belong to the cache's ``data.dataset`` (drawn at train time)."""
+    ae: SubModelConfig
+    """The Wan VAE (``model_id: wan_video_vae``, ``from_pretrained``, ``dtype``)."""
+    text_encoder: SubModelConfig
+    """UMT5 (``model_id: umt5``, ``from_pretrained``, ``dtype``, ``config.tokenizer`` / ``text_len``)."""
+    device: str | None = Field(default=None, pattern=r"^(cpu|cuda|npu)(:\d+)?$")
+    """Encoder device; None = this rank's accelerator (``LOCAL_RANK``), else cpu."""
+
+    @model_validator(mode="after")
+    def _one_window_per_clip(self) -> WanPreprocessOptions:
+        problems = []
+        if self.clips.frame_offset == "random":
+            why = (
+                "a cache holds one window per clip: expected start or center (random would freeze epoch 0's)"
+            )
+            problems.append(Problem(("clips", "frame_offset"), why, self.clips.frame_offset))
+        for key in TRAIN_TIME_KEYS:
+            if key in self.clips.model_fields_set:
+                why = f"drawn at train time from the cache: set data.dataset.{key} instead"
+                problems.append(Problem(("clips", key), why, getattr(self.clips, key)))
+        if problems:
+            raise RuleViolations(problems)
+        return self
+
+
+class WanCachedSchema(ConfigModel):
+    """``data.dataset`` of ``wan22_cached``: the encoder cache in ``data.data_path``
+    (``mm_data.CachedVideoTextDataset``), with the caption draw of ``video_text`` at train time."""
+
+    needs_data_path: ClassVar[bool] = True
+    reads_data_root: ClassVar[bool] = False
+
+    seed: int = Field(default=0, ge=0)
+    """Seed of the per-sample caption draw (``video_text``'s ``seed``: the same prompts as online)."""
+    caption_dropout: float = Field(default=0.0, ge=0, le=1)
+    """Probability of the empty prompt (its embeddings are cached with every sample)."""
+    max_bad_fraction: float = Field(default=0.05, ge=0, le=1)
+    """Stop when more than this fraction of the samples could not be read at encode time."""
+    preprocess: dict[str, Any] | None = None
+    """Inputs of ``wan22-train preprocess`` (:class:`WanPreprocessOptions`); training ignores them and does
+    not require their paths to exist."""
+
+    @field_validator("preprocess")
+    @classmethod
+    def _preprocess_options(cls, value: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        context = {**(info.context or {}), "check_paths": False}
+        validate_plugin_dict(WanPreprocessOptions, value, context)
+        return value  # as written: the preprocess tells the keys the user set from the defaults
+
+
 register_pipeline_schema("wan2_2_container", WanPipelineOptions)
 register_model_schema("wan2_2_predictor", WanPredictorConfig)
 register_model_schema("umt5", UMT5EncoderConfig)
 register_model_schema("wan_video_vae", WanVAEConfig)
+register_dataset_schema("wan22_cached", WanCachedSchema)
 
 __all__ = [
     "EXPERTS",
@@ -218,8 +295,11 @@ __all__ = [
     "SCHEDULER_KEYS",
     "TASKS",
     "Task",
+    "TRAIN_TIME_KEYS",
     "UMT5EncoderConfig",
+    "WanCachedSchema",
     "WanPipelineOptions",
     "WanPredictorConfig",
+    "WanPreprocessOptions",
     "WanVAEConfig",
 ]

@@ -5,15 +5,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from mm_trainer import ModelContainer, model_register
 
-from wan22_train.pipeline import LOW_NOISE_ROLE, Wan22Pipeline
+from wan22_train.pipeline import LOW_NOISE_ROLE, OTHER_EXPERT_ROLE, Wan22Pipeline
+from wan22_train.sampling import sample_video
 
 
 @model_register("wan2_2_container")
 class Wan22Container(ModelContainer):
     """Sub-models ``ae`` (Wan VAE), ``text_encoder`` (UMT5), ``predictor`` (Wan DiT) and, for
-    ``expert: both``, ``predictor_low`` (the low-noise A14B expert).
+    ``expert: both``, ``predictor_low`` (the low-noise A14B expert); for a one-expert A14B run
+    (``expert: high_noise | low_noise``) that samples validation clips, ``predictor_other``: the
+    other expert, frozen, loaded from its own source (``model.models.predictor_other``).
 
     Only the predictor(s) train, switch to train mode and are checkpointed (one checkpoint holds
     both experts); the frozen parts reload from their pretrained sources on resume.
@@ -26,3 +30,58 @@ class Wan22Container(ModelContainer):
     @classmethod
     def build_pipeline(cls, options: Mapping[str, Any]) -> Wan22Pipeline:
         return Wan22Pipeline.from_options(options)
+
+    # ------------------------------------------------------ validation hooks (training.validation)
+    def check_sampling(self) -> None:
+        """Raise before training when :meth:`sample` could not run: a one-expert A14B run samples
+        with the other expert too, which must be the sub-model ``predictor_other``."""
+        self.sampling_modules()
+
+    def sampling_modules(self) -> dict[str, Any]:
+        """The modules :func:`wan22_train.sampling.sample_video` takes: ``ae``, ``text_encoder``,
+        the high-noise ``predictor`` and, with two experts, ``predictor_low`` and the
+        ``boundary_timestep`` below which it denoises."""
+        modules: dict[str, Any] = {
+            "ae": self.ae,
+            "text_encoder": self.text_encoder,
+            "predictor": self.predictor,
+        }
+        expert = self.pipeline.expert
+        if expert == "all":
+            return modules
+        if expert == "both":
+            modules[LOW_NOISE_ROLE] = getattr(self, LOW_NOISE_ROLE)
+        elif OTHER_EXPERT_ROLE not in self.sub_model_names:
+            raise ValueError(
+                f"training.validation: model.pipeline.expert={expert} trains one A14B expert, and sampling a clip "
+                f"needs the other one: add it as the frozen sub-model model.models.{OTHER_EXPERT_ROLE} "
+                "(model_id wan2_2_predictor, from_pretrained: the other expert's transformer folder, freeze: true), "
+                "or leave training.validation.prompts empty"
+            )
+        elif expert == "high_noise":
+            modules[LOW_NOISE_ROLE] = getattr(self, OTHER_EXPERT_ROLE)
+        else:
+            modules["predictor"], modules[LOW_NOISE_ROLE] = getattr(self, OTHER_EXPERT_ROLE), self.predictor
+        modules["boundary_timestep"] = self.pipeline.boundary_timestep()
+        return modules
+
+    def sample(
+        self,
+        prompt: str,
+        *,
+        seed: int,
+        num_frames: int,
+        height: int,
+        width: int,
+        steps: int,
+        guidance_scale: float,
+        negative_prompt: str,
+        shift: float,
+    ) -> torch.Tensor:
+        """One clip ``[3, F, H, W]`` in ``[-1, 1]`` (Euler flow-match sampling, noise from ``seed``).
+        Every rank calls it alike: the sharded sub-models' forwards gather over ranks."""
+        device = next(self.predictor.parameters()).device
+        return sample_video(
+            self.sampling_modules(), prompt, num_frames=num_frames, height=height, width=width, steps=steps,
+            shift=shift, guidance=guidance_scale, negative_prompt=negative_prompt, seed=seed, device=device,
+        )  # fmt: skip

@@ -27,13 +27,15 @@ def export_predictor(
     *,
     layout: str = "diffusers",
     submodel: str = "predictor",
+    ema: bool = False,
 ) -> Path:
     """Write a predictor of ``checkpoint`` (latest iteration) as a folder that
     ``diffusers.WanTransformer3DModel.from_pretrained`` (``layout="diffusers"``) or ``WanDiT`` loads.
 
     ``submodel="predictor_low"`` exports the low-noise expert of an ``expert: both`` run (the
     Wan2.2-A14B diffusers layout keeps it in ``transformer_2/``, the high-noise one in ``transformer/``).
-    A LoRA run's checkpoint holds adapters only: export it with :func:`export_lora`.
+    A LoRA run's checkpoint holds adapters only: export it with :func:`export_lora`. ``ema=True`` writes
+    the EMA of the trained weights (a ``training.ema`` run) instead of their last values.
     """
     args = _submodel_args(config, submodel)
     if args.lora is not None:
@@ -50,13 +52,21 @@ def export_predictor(
             model_type=None if native else "wan2_2",
             config_from=side,
             submodule=submodel,
+            ema=ema,
         )
 
 
 def export_lora(
-    config: TrainConfig, checkpoint: str | Path, out: str | Path, *, fmt: str, submodel: str = "predictor"
+    config: TrainConfig,
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    fmt: str,
+    submodel: str = "predictor",
+    ema: bool = False,
 ) -> Path:
-    """Export the LoRA adapters of ``submodel`` in the latest iteration of ``checkpoint``.
+    """Export the LoRA adapters of ``submodel`` in the latest iteration of ``checkpoint`` (with ``ema``:
+    their EMA, a ``training.ema`` run).
 
     ``fmt``:
       - ``peft``: ``out/pytorch_lora_weights.safetensors`` with diffusers keys
@@ -84,6 +94,7 @@ def export_lora(
             model_type="wan2_2",  # the base: diffusers (or native) keys -> native; merged: back to diffusers
             file_model_type="wan2_2",  # PEFT file: diffusers module names; ComfyUI keeps the native ones
             config_from=side,
+            ema=ema,
         )
 
 

@@ -12,6 +12,8 @@ from mm_pipelines import EXPERT_BOUNDARIES, WAN22_RECIPE_GRID, FlowMatchSchedule
 from wan22_train.config_schema import EXPERTS, SCHEDULER_KEYS
 
 LOW_NOISE_ROLE = "predictor_low"
+#: The frozen other A14B expert of a one-expert run, for sampling validation clips only.
+OTHER_EXPERT_ROLE = "predictor_other"
 
 
 class Wan22Pipeline(FlowMatchT2VPipeline):
@@ -42,6 +44,7 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
         scheduler = _expert_scheduler(expert, task, boundary, sched_kwargs)
         timesteps_per = "step" if expert == "both" else "sample"
         pipeline = cls(scheduler, task=task, predict_dtype=predict_dtype, timesteps_per=timesteps_per)
+        pipeline.expert = expert
         if expert == "both":
             split = boundary if boundary is not None else EXPERT_BOUNDARIES["i2v" if task == "i2v" else "t2v"]
             pipeline.boundary_index = round(split * scheduler.num_train_timesteps)
@@ -49,6 +52,20 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
 
     #: Grid index where the low-noise expert takes over (``expert: both`` only).
     boundary_index: int | None = None
+    #: ``model.pipeline.expert``: high_noise | low_noise | all | both.
+    expert: str = "all"
+
+    def boundary_timestep(self) -> float:
+        """The timestep where the low-noise A14B expert takes over from the high-noise one: the
+        grid's split (``expert: both``) or the edge of the one expert's training range."""
+        if self.boundary_index is not None:
+            index = self.boundary_index
+        elif self.expert in ("high_noise", "low_noise"):
+            low, high = self.scheduler.index_range
+            index = high if self.expert == "high_noise" else low
+        else:
+            raise ValueError(f"model.pipeline.expert={self.expert!r} has no expert boundary")
+        return float(self.scheduler.timesteps[index])
 
     def predict(self, container: Any, noised: dict[str, Any]) -> torch.Tensor:
         """TI2V: per-token timesteps, 0 on the clean first frame (as Wan2.2 TI2V-5B trains).

@@ -5,4 +5,4 @@ Listed in ``training.plugin`` as ``wan22_train.plugin`` and installed as the
 ``mm_config.schemas`` entry point ``wan22`` (:mod:`wan22_train.config_schema`).
 """
 
-from wan22_train import config_schema, container, predictor, text_encoder, vae  # noqa: F401
+from wan22_train import config_schema, container, data, predictor, text_encoder, vae  # noqa: F401

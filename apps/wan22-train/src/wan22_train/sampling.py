@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from mm_checkpoint import DistributedCheckpointer
 from mm_config import TrainConfig
-from mm_data import write_clip
+from mm_data import write_video
 from mm_pipelines import FlowMatchScheduler, masked_text_embeddings
 from mm_trainer import ModelContainer, ModelHub, freeze, import_plugins, inject_lora
 
@@ -46,7 +45,7 @@ def load_for_sampling(config: TrainConfig, checkpoint: str | Path) -> dict[str, 
         pipeline = Wan22Pipeline.from_options(config.model.pipeline or {})
         if pipeline.boundary_index is None:
             raise ValueError(f"the config has {LOW_NOISE_ROLE!r} but model.pipeline.expert is not 'both'")
-        modules["boundary_timestep"] = float(pipeline.scheduler.timesteps[pipeline.boundary_index])
+        modules["boundary_timestep"] = pipeline.boundary_timestep()
     return modules
 
 
@@ -63,11 +62,14 @@ def sample_video(
     guidance: float = 1.0,
     negative_prompt: str = "",
     seed: int = 0,
+    device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """Video [3, F, H, W] in [-1, 1] for ``prompt`` (classifier-free guidance when ``guidance`` != 1).
 
     With both A14B experts (``predictor_low`` and ``boundary_timestep`` in ``modules``) the
     high-noise ``predictor`` runs while ``t >= boundary_timestep`` and ``predictor_low`` after.
+    The starting noise is drawn on the CPU from ``seed`` alone (the same clip on any device count
+    or layout), then moved to ``device``, where the modules are.
     """
     vae: WanVideoVAE = modules["ae"]
     text_encoder: UMT5TextEncoder = modules["text_encoder"]
@@ -77,14 +79,14 @@ def sample_video(
             f"frames-1 must divide by {t} and height/width by {s}; got {num_frames}x{height}x{width}"
         )
     shape = (1, vae.vae.config.z_dim, 1 + (num_frames - 1) // t, height // s, width // s)
-    latents = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
-    cond = _encode_text(text_encoder, [prompt])
-    uncond = _encode_text(text_encoder, [negative_prompt]) if guidance != 1.0 else None
+    latents = torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(device)
+    cond = _encode_text(text_encoder, [prompt], device)
+    uncond = _encode_text(text_encoder, [negative_prompt], device) if guidance != 1.0 else None
     scheduler = FlowMatchScheduler(shift=shift)
     scheduler.set_inference_timesteps(steps)
     sigmas = scheduler.inference_sigmas
     for i, timestep in enumerate(scheduler.inference_timesteps):
-        t_batch = timestep.reshape(1)
+        t_batch = timestep.reshape(1).to(device)
         predictor = expert_for(modules, float(timestep))
         v = predictor(latents, t_batch, cond)
         if uncond is not None:
@@ -102,16 +104,12 @@ def expert_for(modules: dict[str, Any], timestep: float) -> WanPredictor:
     return modules[PREDICTOR]
 
 
-def _encode_text(text_encoder: UMT5TextEncoder, prompts: list[str]) -> torch.Tensor:
-    tokens = text_encoder.tokenize(prompts, "cpu")
+def _encode_text(
+    text_encoder: UMT5TextEncoder, prompts: list[str], device: torch.device | str
+) -> torch.Tensor:
+    tokens = text_encoder.tokenize(prompts, device)
     out = text_encoder(**tokens).last_hidden_state
     return masked_text_embeddings(out, tokens["attention_mask"])
 
 
-def write_video(video: torch.Tensor, path: str | Path, fps: int = 16) -> Path:
-    """Write [3, F, H, W] in [-1, 1] as an H.264 mp4 (PyAV)."""
-    frames = ((video.permute(1, 2, 3, 0).float() + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).numpy()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_clip(path, np.ascontiguousarray(frames), fps=fps)
-    return path
+__all__ = ["expert_for", "load_for_sampling", "sample_video", "write_video"]

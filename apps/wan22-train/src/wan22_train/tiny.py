@@ -81,3 +81,16 @@ def tiny_overrides(out: str | Path) -> list[str]:
         f"model.models.predictor.from_pretrained={out / 'transformer'}",
         f"data.data_path={out / 'data' / 'metadata.json'}",
     ]
+
+
+def tiny_cached_overrides(out: str | Path, cache: str | Path) -> list[str]:
+    """Overrides pointing ``tiny_t2v_cached.yaml`` at the model set and clips in ``out`` and at ``cache``."""
+    out, pre = Path(out), "data.dataset.preprocess"
+    return [
+        f"model.models.predictor.from_pretrained={out / 'transformer'}",
+        f"data.data_path={cache}",
+        f"{pre}.source={out / 'data' / 'metadata.json'}",
+        f"{pre}.ae.from_pretrained={out / 'vae'}",
+        f"{pre}.text_encoder.from_pretrained={out / 'text_encoder'}",
+        f"{pre}.text_encoder.config.tokenizer={out / 'tokenizer'}",
+    ]

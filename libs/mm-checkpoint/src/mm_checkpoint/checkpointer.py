@@ -42,8 +42,10 @@ from .layout import (
 from .restricted_dcp import read_dcp_metadata, restricted_dcp_load
 from .runtime import barrier, get_rank, get_world_size, is_distributed, single_process_quiet
 
-DCP_KEYS = ("model", "optimizer", "lr_scheduler")
-"""State entries stored through DCP (resharded on load); every other entry is per data-parallel rank."""
+DCP_KEYS = ("model", "optimizer", "lr_scheduler", "ema")
+"""State entries stored through DCP (resharded on load); every other entry is per data-parallel rank.
+``ema`` is an object whose ``state_dict()`` maps model keys to tensors or DTensors (the EMA of the
+trainable parameters: sharded like them, so resharded like them)."""
 INFO_FILENAME = "mm_checkpoint.json"
 SUBMODELS_INFO_KEY = "submodels"
 """Key of ``mm_checkpoint.json`` listing a container checkpoint's sub-models (``save(submodels=...)``)."""
@@ -108,8 +110,9 @@ def _dcp_state(state: Mapping[str, Any]) -> dict[str, Any]:
             out["optimizer"] = optim_sd
     elif optims:
         raise ValueError("checkpoint state has an 'optimizer' but no 'model'")
-    if state.get("lr_scheduler") is not None:
-        out["lr_scheduler"] = state["lr_scheduler"].state_dict()
+    for key in ("lr_scheduler", "ema"):
+        if state.get(key) is not None:
+            out[key] = state[key].state_dict()
     return out
 
 
@@ -298,8 +301,9 @@ class DistributedCheckpointer:
                 model_state_dict=dcp_state["model"],
                 optim_state_dict=dcp_state.get("optimizer", {}),
             )
-        if state.get("lr_scheduler") is not None:
-            state["lr_scheduler"].load_state_dict(dcp_state["lr_scheduler"])
+        for key in ("lr_scheduler", "ema"):
+            if state.get(key) is not None:
+                state[key].load_state_dict(dcp_state[key])
         self._load_per_rank(state, path)
         return it
 

@@ -39,6 +39,11 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--max-shard-size", default="5GB", help="export shard size, e.g. 5GB")
     c.add_argument("--config-from", default=None, help="export: dir whose config.json etc. to copy")
     c.add_argument("--dtype", choices=sorted(_DTYPES), default=None, help="cast tensors")
+    c.add_argument(
+        "--ema",
+        action="store_true",
+        help="export: the EMA of the trainable parameters (a training.ema run) instead of their last values",
+    )
     i = sub.add_parser("inspect", help="format, tensor count, bytes, dtypes, a few keys")
     i.add_argument("path")
     i.add_argument("--format", default="auto")
@@ -62,6 +67,10 @@ def _convert(args: argparse.Namespace) -> int:
     dtype = getattr(torch, _DTYPES[args.dtype]) if args.dtype else None
     start = time.perf_counter()
     if to == "dcp":
+        if args.ema:
+            raise CheckpointError(
+                "--ema applies to an export (--to diffusers | hf | safetensors), not --to dcp"
+            )
         out = convert_to_dcp(
             args.src, args.dst, src_format=args.src_format, model_type=args.model_type, dtype=dtype
         )
@@ -71,7 +80,8 @@ def _convert(args: argparse.Namespace) -> int:
                 f"{args.src} is not DCP: convert between safetensors flavours via --to dcp first"
             )
         out = export_checkpoint(args.src, args.dst, to=to, model_type=args.model_type, submodule=args.submodel,
-                                config_from=args.config_from, max_shard_size=args.max_shard_size, dtype=dtype)  # fmt: skip
+                                config_from=args.config_from, max_shard_size=args.max_shard_size, dtype=dtype,
+                                ema=args.ema)  # fmt: skip
     else:
         raise CheckpointError(f"--to {args.to!r}: expected dcp, diffusers, hf or safetensors")
     print(f"wrote {out} in {time.perf_counter() - start:.1f}s")

@@ -24,13 +24,15 @@ from torch.distributed.checkpoint import (
     TensorStorageMetadata,
 )
 
-from .errors import CheckpointNotFoundError
+from .errors import CheckpointFormatError, CheckpointNotFoundError
 from .restricted_dcp import RestrictedFileSystemReader, check_dcp_storage, restricted_dcp_load
 from .runtime import single_process_quiet
 from .safetensors_io import TensorInfo
 
 MODEL_PREFIX = "model."
 """DCP checkpoints written here keep model tensors under ``model.<state-dict key>``."""
+EMA_PREFIX = "ema."
+"""... and the EMA of the trainable ones (``training.ema``) under ``ema.<state-dict key>``."""
 
 
 class _CachedReader(RestrictedFileSystemReader):
@@ -47,11 +49,15 @@ class _CachedReader(RestrictedFileSystemReader):
 class DcpReader:
     """Read tensors of one DCP directory by key; model keys are exposed without the ``model.`` prefix.
 
+    With ``ema=True`` the tensors a training checkpoint also keeps as an average (``ema.<key>``, the
+    trainable parameters of a ``training.ema`` run) are read from there instead, cast to the model
+    tensor's dtype; the others (frozen parameters, buffers) stay the model's.
+
     Opening checks the metadata (restricted unpickling) and that every storage file it names is there
     at full size, so a corrupt or crafted checkpoint fails here with one message naming the file.
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, *, ema: bool = False) -> None:
         self.path = Path(path)
         if not (self.path / ".metadata").is_file():
             raise CheckpointNotFoundError(f"{self.path} is not a DCP checkpoint directory (no .metadata)")
@@ -59,12 +65,16 @@ class DcpReader:
         meta = self._reader.read_metadata()
         check_dcp_storage(self.path, meta)
         tensors = {k: v for k, v in meta.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
-        # Our layout nests model tensors under "model." next to "optimizer."; a raw DCP dir does not.
+        # Our layout nests model tensors under "model." next to "optimizer." and "ema."; a raw DCP dir does not.
         ours = any(k.startswith(MODEL_PREFIX) for k in tensors) and all(
-            k.startswith((MODEL_PREFIX, "optimizer.")) for k in tensors
+            k.startswith((MODEL_PREFIX, "optimizer.", EMA_PREFIX)) for k in tensors
         )
         self.prefix = MODEL_PREFIX if ours else ""
         self._meta = {k[len(self.prefix) :]: v for k, v in tensors.items() if k.startswith(self.prefix)}
+        self._tensors = tensors
+        self._stored = {k: self.prefix + k for k in self._meta}
+        if ema:
+            self._stored.update(_averaged_keys(self.path, tensors, self._meta))
 
     def __enter__(self) -> DcpReader:
         return self
@@ -93,12 +103,28 @@ class DcpReader:
         return self.read_many([key])[key] if index is None else self.read_many([key])[key][tuple(index)]
 
     def read_many(self, keys: list[str]) -> dict[str, torch.Tensor]:
-        """Several tensors in one DCP read."""
-        out = {k: torch.empty(self.info(k).shape, dtype=self.info(k).dtype) for k in keys}
-        restricted_dcp_load(
-            {self.prefix + k: v for k, v in out.items()}, self.path, reader=self._reader, no_dist=True
+        """Several tensors in one DCP read (each in its model tensor's dtype)."""
+        infos = {k: self.info(k) for k in keys}  # an unknown key: a KeyError naming the checkpoint
+        stored = {self._stored[k]: self._tensors[self._stored[k]] for k in keys}
+        out = {name: torch.empty(tuple(md.size), dtype=md.properties.dtype) for name, md in stored.items()}
+        restricted_dcp_load(out, self.path, reader=self._reader, no_dist=True)
+        return {k: out[self._stored[k]].to(infos[k].dtype) for k in keys}
+
+
+def _averaged_keys(path: Path, tensors: Mapping[str, Any], model: Mapping[str, Any]) -> dict[str, str]:
+    """``{model key: its ema.<key> tensor}`` of a training checkpoint; an error when there is none."""
+    averaged = {k[len(EMA_PREFIX) :]: k for k in tensors if k.startswith(EMA_PREFIX)}
+    if not averaged:
+        raise CheckpointFormatError(
+            f"{path} holds no EMA weights (no {EMA_PREFIX}* tensors): its run was trained without "
+            "training.ema; export the raw weights (leave out --ema)"
         )
-        return out
+    strays = sorted(set(averaged) - set(model))
+    if strays:
+        raise CheckpointFormatError(
+            f"{path}: EMA tensors without a model tensor of the same key: {strays[:5]}"
+        )
+    return averaged
 
 
 class _LazySavePlanner(DefaultSavePlanner):

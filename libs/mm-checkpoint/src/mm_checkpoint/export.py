@@ -55,6 +55,7 @@ def export_checkpoint(
     iteration: int | None = None,
     dtype: torch.dtype | None = None,
     submodule: str | None = None,
+    ema: bool = False,
 ) -> Path:
     """Consolidate the model tensors of a DCP checkpoint into sharded safetensors under ``out_dir``.
 
@@ -68,6 +69,9 @@ def export_checkpoint(
     mapped back through the ``model_type`` key map. Side files (``config.json``...) come from
     ``config_from`` if given, else from the DCP root (where ``convert`` keeps them). Tensors are read
     and written one at a time. Runs on rank 0 only when a process group exists.
+
+    ``ema=True`` writes the checkpoint's EMA of the trainable parameters (``training.ema``) in place of
+    their raw values (frozen parameters and buffers as saved); a checkpoint without one is an error.
     """
     target = normalize_format(to)
     if target not in {"diffusers", "hf", "safetensors"}:
@@ -77,7 +81,8 @@ def export_checkpoint(
         refuse_container(path)
     out = Path(out_dir)
     if get_rank() == 0:
-        reader = DcpReader(path) if submodule is None else SubmoduleReader(DcpReader(path), submodule)
+        reader = DcpReader(path, ema=ema)
+        reader = reader if submodule is None else SubmoduleReader(reader, submodule)
         _export(reader, out, target, model_type, parse_size(max_shard_size), dtype)
         _copy_config(Path(dcp_dir), path, config_from, out)
     barrier()

@@ -73,14 +73,16 @@ def read_lora_adapters(
     alpha: float,
     submodule: str | None = None,
     iteration: int | None = None,
+    ema: bool = False,
 ) -> dict[str, LoraWeights]:
-    """Adapters of a DCP training checkpoint by module path (under ``submodule``, without its prefix).
+    """Adapters of a DCP training checkpoint by module path (under ``submodule``, without its prefix);
+    with ``ema``, their EMA (``training.ema``) instead of their last values.
 
     Raises:
         CheckpointFormatError: the checkpoint holds no adapter, or an A without its B (or the reverse).
     """
     path, _ = resolve_dcp_dir(checkpoint, iteration)
-    reader: DcpReader | SubmoduleReader = DcpReader(path)
+    reader: DcpReader | SubmoduleReader = DcpReader(path, ema=ema)
     if submodule is not None:
         reader = SubmoduleReader(reader, submodule)
     pairs: dict[str, dict[str, str]] = {}
@@ -238,8 +240,10 @@ def export_lora(
     model_type: str | None = None,
     file_model_type: str | None = None,
     config_from: str | os.PathLike | None = None,
+    ema: bool = False,
 ) -> Path:
-    """Export the adapters of ``checkpoint`` (latest iteration, keys under ``submodule``) as ``fmt``:
+    """Export the adapters of ``checkpoint`` (latest iteration, keys under ``submodule``; with ``ema``
+    their EMA, ``training.ema``) as ``fmt``:
 
     - ``peft``: ``out/pytorch_lora_weights.safetensors`` (:func:`save_peft_lora`, prefix ``transformer.``),
       module paths renamed through ``file_model_type``;
@@ -250,7 +254,7 @@ def export_lora(
     """
     if fmt not in LORA_EXPORT_FORMATS:
         raise ValueError(f"LoRA export format {fmt!r}: expected one of {', '.join(LORA_EXPORT_FORMATS)}")
-    adapters = read_lora_adapters(checkpoint, alpha=alpha, submodule=submodule)
+    adapters = read_lora_adapters(checkpoint, alpha=alpha, submodule=submodule, ema=ema)
     if fmt == "peft":
         return save_peft_lora(adapters, Path(out) / PEFT_WEIGHT_NAME, model_type=file_model_type)
     if fmt == "comfyui":

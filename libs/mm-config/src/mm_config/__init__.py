@@ -44,7 +44,8 @@ from .registry import (  # noqa: E402
 )
 from .root import TrainConfig, context_ranks_per_node, replicas_across_nodes  # noqa: E402
 from .tools import MemoryProfileConfig, ProfileConfig, ToolsConfig  # noqa: E402
-from .training import NonFiniteConfig, TrainingConfig  # noqa: E402
+from .training import EMAConfig, NonFiniteConfig, TrainingConfig  # noqa: E402
+from .validation import ValidationConfig  # noqa: E402
 from .warning_policy import ALLOWED_WARNINGS, AllowedWarning, install_warning_filters  # noqa: E402
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "ConversationDatasetConfig",
     "DType",
     "DataConfig",
+    "EMAConfig",
     "ENTRY_POINT_GROUP",
     "FSDPPlanConfig",
     "FeaturesConfig",
@@ -82,6 +84,7 @@ __all__ = [
     "SubModelConfig",
     "SubPlanConfig",
     "ToolsConfig",
+    "ValidationConfig",
     "TrainConfig",
     "TrainingConfig",
     "VideoTextDatasetConfig",

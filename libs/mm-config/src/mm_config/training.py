@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from .base import ConfigModel, InputPath
 from .errors import Problem, RuleViolations
+from .validation import ValidationConfig
 
 
 class NonFiniteConfig(ConfigModel):
@@ -17,6 +18,15 @@ class NonFiniteConfig(ConfigModel):
     """``skip``: drop the step (no optimizer update); ``stop``: raise at once."""
     max_consecutive: int = Field(default=5, ge=1)
     """Stop with an error after this many consecutive skipped steps."""
+
+
+class EMAConfig(ConfigModel):
+    """Exponential moving average of the trainable parameters (``training.ema``)."""
+
+    decay: float = Field(default=0.999, gt=0, lt=1)
+    """After every optimizer step that updates the weights: ``ema = decay * ema + (1 - decay) * w``
+    (the average starts at the weights the run starts from). It remembers about ``1 / (1 - decay)``
+    steps: 0.999 ~ the last 1000."""
 
 
 class TrainingConfig(ConfigModel):
@@ -91,14 +101,21 @@ class TrainingConfig(ConfigModel):
     sample once; one all-gather per step)."""
     log_dir: str | None = None
     """Directory for metrics JSONL and TensorBoard events; None = ``save`` (or no files)."""
-    tensorboard: bool = False
-    """Also write TensorBoard events."""
+    tensorboard: bool | None = None
+    """Also write TensorBoard events (``<log_dir>/tensorboard``). None (default): when the
+    ``tensorboard`` package is installed; true: required (an error without it); false: never."""
+    validation: ValidationConfig | None = None
+    """Sampled clips and a held-out loss every ``validation.interval`` steps (written under
+    ``log_dir`` or ``save``); None = no validation during training."""
     peak_flops: float | None = Field(default=None, gt=0)
     """Peak FLOP/s of one device for the MFU metric; None = looked up by device name (H200, H100,
     A100, Ascend 910B), no MFU where unknown (CPU)."""
     trainable_submodels: list[str] | None = None
     """Sub-models that are trained (names from ``model.models``, ``model`` in the single form);
     None = every sub-model that is not frozen."""
+    ema: EMAConfig | None = None
+    """Keep an exponential moving average of the trainable parameters (on each rank's shards, saved and
+    resumed with the checkpoint, exportable with ``export --ema``); None (default): none."""
     nonfinite: NonFiniteConfig = NonFiniteConfig()
     """Handling of NaN/inf loss or gradient norm."""
     deterministic: bool = False
@@ -137,9 +154,17 @@ class TrainingConfig(ConfigModel):
                     deps=(("load",),),
                 )
             )
+        if self.validation is not None and self.save is None and self.log_dir is None:
+            problems.append(
+                Problem(
+                    ("validation",),
+                    "writes its clips and val_loss under training.log_dir (or save): set one of them",
+                    deps=(("log_dir",), ("save",)),
+                )
+            )
         if problems:
             raise RuleViolations(problems)
         return self
 
 
-__all__ = ["NonFiniteConfig", "TrainingConfig"]
+__all__ = ["EMAConfig", "NonFiniteConfig", "TrainingConfig"]

@@ -3,9 +3,18 @@
 __version__ = "0.1.0"
 
 from .bad_samples import BadSample, BadSampleError, BadSampleTracker
-from .buckets import Bucket, assign_bucket, make_buckets, parse_buckets
-from .cache import CacheReport, cache_dataset, cache_file_name
+from .buckets import Bucket, assign_bucket, make_buckets, parse_buckets, same_bucket_order
+from .cache import (
+    CACHE_MANIFEST,
+    CacheReport,
+    bad_marker_name,
+    cache_dataset,
+    cache_file_name,
+    read_cache_manifest,
+)
+from .cached_dataset import CAPTION_KEY, CachedVideoTextDataset, caption_entries
 from .caption_tokenizer import write_caption_tokenizer
+from .captions import caption_candidates, draw_caption, sample_rng
 from .chat_template import IGNORE_INDEX, TEMPLATES, ChatTemplate, EncodedConversation, register_template
 from .collate import collate_video_text
 from .conversation import Conversation, ConversationColumns, ConversationError, Message, to_conversation
@@ -27,8 +36,19 @@ from .synthetic import (
     make_synthetic_dataset,
     write_clip,
 )
+from .video_out import write_video
 
 __all__ = [
+    "CACHE_MANIFEST",
+    "CAPTION_KEY",
+    "CachedVideoTextDataset",
+    "bad_marker_name",
+    "caption_candidates",
+    "caption_entries",
+    "draw_caption",
+    "read_cache_manifest",
+    "sample_rng",
+    "same_bucket_order",
     "IGNORE_INDEX",
     "MM_PLUGINS",
     "TEMPLATES",
@@ -83,4 +103,5 @@ __all__ = [
     "to_video_tensor",
     "write_caption_tokenizer",
     "write_clip",
+    "write_video",
 ]

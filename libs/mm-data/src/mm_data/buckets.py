@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["Bucket", "make_buckets", "parse_buckets", "assign_bucket"]
+__all__ = ["Bucket", "make_buckets", "parse_buckets", "assign_bucket", "same_bucket_order"]
 
 DEFAULT_ASPECT_RATIOS = (9 / 16, 2 / 3, 3 / 4, 1.0, 4 / 3, 3 / 2, 16 / 9)  # height / width
 
@@ -98,3 +98,13 @@ def assign_bucket(height: int, width: int, available_frames: int | None, buckets
         return (round(abs(math.log(b.aspect) - target), 9), -b.num_frames, -b.height * b.width, i)
 
     return min(candidates, key=key)
+
+
+def same_bucket_order(bucket_ids: Sequence[int], index: int) -> Iterator[int]:
+    """``index``, then the following indices of its bucket (wrapping around): where a dataset looks for
+    the replacement of a bad sample, so that the replacement keeps the batch's size."""
+    n = len(bucket_ids)
+    for offset in range(n):
+        source = (index + offset) % n
+        if bucket_ids[source] == bucket_ids[index]:
+            yield source

@@ -128,8 +128,7 @@ def _cache(args: argparse.Namespace) -> int:
     if not attr:
         raise SystemExit(f"--encoder must look like module:function, got {args.encoder!r}")
     encode_fn = getattr(importlib.import_module(module), attr)
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    report = cache_dataset(_dataset(args), encode_fn, args.out, rank=rank, world_size=world)
+    report = cache_dataset(_dataset(args), encode_fn, args.out)  # rank / world size: torchrun's env
     print(report)
     return 0
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,8 @@ import torch
 from torch.utils.data import Dataset
 
 from .bad_samples import BadSample, BadSampleTracker
-from .buckets import Bucket, assign_bucket, parse_buckets
+from .buckets import Bucket, assign_bucket, parse_buckets, same_bucket_order
+from .captions import draw_caption, sample_rng
 from .decode import DecodeError, VideoInfo, decode_frames, is_image, load_image, probe_video
 from .frames import check_frame_rule, frame_step, sample_frame_indices
 from .metadata import read_metadata
@@ -105,20 +106,13 @@ class VideoTextDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         bucket_id = self.bucket_ids[int(index)]
         return self.tracker.first_good(
-            self._same_bucket_from(int(index)), lambda i: self._item(i, bucket_id), self._bad, (DecodeError,)
-        )
+            same_bucket_order(self.bucket_ids, int(index)), lambda i: self._item(i, bucket_id), self._bad,
+            (DecodeError,),
+        )  # fmt: skip
 
     def _bad(self, index: int, error: Exception) -> BadSample:
         path = self.rows[index]["path"]
         return BadSample(index, path, str(error).removeprefix(f"{path}: "))
-
-    def _same_bucket_from(self, index: int) -> Iterator[int]:
-        """``index``, then the following indices of the same bucket (wrapping around)."""
-        bucket_id = self.bucket_ids[index]
-        for offset in range(len(self)):
-            source = (index + offset) % len(self)
-            if self.bucket_ids[source] == bucket_id:
-                yield source
 
     def check(self, indices: Sequence[int] | None = None) -> list[BadSample]:
         """Load every sample (or ``indices``) without replacement; return the bad ones."""
@@ -134,12 +128,13 @@ class VideoTextDataset(Dataset):
 
     def _item(self, index: int, bucket_id: int) -> dict[str, Any]:
         row, bucket = self.rows[index], self.buckets[bucket_id]
-        rng = np.random.default_rng([self.seed, self.epoch, index])
+        rng = sample_rng(self.seed, self.epoch, index)
         frames, start_s = self._frames(row, bucket, rng)
         video = to_video_tensor(frames)
         if video.shape[1] != bucket.num_frames:
             raise DecodeError(f"{row['path']}: got {video.shape[1]} frames, bucket needs {bucket.num_frames}")
-        item: dict[str, Any] = {"video": video, "prompt": self._prompt(row["caption"], rng)}
+        prompt = draw_caption(row["caption"], rng, self.caption_dropout)
+        item: dict[str, Any] = {"video": video, "prompt": prompt}
         if self.return_first_frame:
             item["first_frame"] = video[:, 0].clone()
         if self.tokenizer is not None:
@@ -167,10 +162,6 @@ class VideoTextDataset(Dataset):
         fps = info.fps or row.get("fps")
         start_s = indices[0] / float(fps) if fps else 0.0
         return decode_frames(path, indices, bucket.height, bucket.width, info), start_s
-
-    def _prompt(self, caption: str | list[str], rng: np.random.Generator) -> str:
-        text = caption if isinstance(caption, str) else caption[int(rng.integers(len(caption)))]
-        return "" if rng.random() < self.caption_dropout else text
 
     def _tokenize(self, prompt: str) -> dict[str, torch.Tensor]:
         out = self.tokenizer(

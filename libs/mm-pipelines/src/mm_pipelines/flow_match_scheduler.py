@@ -144,6 +144,16 @@ class FlowMatchScheduler:
             return self.sample_indices(len(rng), rng.step_generator("timestep", "cpu"))
         raise ValueError(f"draw_indices: per={per!r} is not one of ['sample', 'step']")
 
+    def spaced_indices(self, count: int) -> torch.Tensor:
+        """``count`` fixed grid indices evenly spread over the training range ``[low, high)``: the
+        middles of ``count`` equal parts (``low + (high - low) * (k + 1/2) / count``, floored), for
+        a validation loss at the same timesteps every time."""
+        if count < 1:
+            raise ValueError(f"spaced_indices: count must be >= 1, got {count}")
+        low, high = self.index_range
+        positions = (torch.arange(count, dtype=torch.float64) + 0.5) * (high - low) / count
+        return (low + positions.floor()).long()
+
     def sigmas_for(self, indices: torch.Tensor) -> torch.Tensor:
         """Shifted sigmas (float32) at grid ``indices``."""
         return self.sigmas[self._check_indices(indices)]

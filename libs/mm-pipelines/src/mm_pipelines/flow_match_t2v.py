@@ -116,12 +116,15 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
         return as_tensor_output(out, f"ae.{self.ae_method}").float()
 
     # ------------------------------------------------------------- 2. noising
-    def noising(self, conditions: dict[str, Any], rng: SampleRNG | None = None) -> dict[str, Any]:
-        """Draw grid indices and noise from ``rng``; build predictor inputs, target and weight."""
+    def noising(
+        self, conditions: dict[str, Any], rng: SampleRNG | None = None, indices: torch.Tensor | None = None
+    ) -> dict[str, Any]:
+        """Draw grid indices (unless ``indices`` [B] are given) and noise from ``rng``; build
+        predictor inputs, target and weight."""
         x0 = conditions["latents"]
         rng = self.require_rng(rng, x0.shape[0])
         sched = self.scheduler
-        idx = sched.draw_indices(rng, self.timesteps_per)
+        idx = sched.draw_indices(rng, self.timesteps_per) if indices is None else indices
         noise = rng.randn("noise", x0.shape[1:], device=x0.device)
         x_t = sched.add_noise(x0, noise, sched.sigmas_for(idx))
         if self.task == "ti2v":
@@ -154,6 +157,10 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
 
         For ``ti2v`` the first latent frame (clean by construction) is excluded.
         """
+        return self.per_sample_loss(prediction, noised).mean()
+
+    def per_sample_loss(self, prediction: torch.Tensor, noised: dict[str, Any]) -> torch.Tensor:
+        """``[B]``: each sample's fp32 MSE times its timestep weight (see :meth:`compute_loss`)."""
         target = noised["target"]
         if prediction.shape != target.shape:
             raise ValueError(
@@ -165,7 +172,27 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
                 raise ValueError("ti2v loss needs at least 2 latent frames (frame 0 is excluded)")
             pred, target = pred[:, :, 1:], target[:, :, 1:]
         per_sample = (pred - target).pow(2).flatten(1).mean(dim=1)
-        return (per_sample * noised["weight"]).mean()
+        return per_sample * noised["weight"]
+
+    # ---------------------------------------------------------- validation
+    @torch.no_grad()
+    def validation_loss(
+        self, container: Any, batch: Mapping[str, Any], rng: SampleRNG, num_timesteps: int
+    ) -> torch.Tensor:
+        """Per-sample loss ``[B]`` of held-out samples: the training loss at ``num_timesteps``
+        fixed grid indices (:meth:`FlowMatchScheduler.spaced_indices` of the trained range), averaged.
+
+        The noise comes from ``rng`` (purpose ``"noise"``, one draw per sample shared by every
+        timestep): keyed by held-out sample index, it is the same at every validation and layout.
+        """
+        conditions = self.prepare_conditions(container, batch)
+        size = conditions["latents"].shape[0]
+        per_timestep = []
+        for index in self.scheduler.spaced_indices(num_timesteps).tolist():
+            noised = self.noising(conditions, rng, indices=torch.full((size,), index, dtype=torch.long))
+            prediction = self.predict(container, noised)
+            per_timestep.append(self.per_sample_loss(prediction, noised))
+        return torch.stack(per_timestep).mean(dim=0)
 
     def metrics(self, container: Any, noised: dict[str, Any]) -> dict[str, float]:
         """``num_samples`` and ``num_tokens`` (predictor's count, else latent T*h*w per sample)."""

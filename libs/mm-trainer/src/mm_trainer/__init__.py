@@ -3,10 +3,11 @@
 __version__ = "0.1.0"
 
 from mm_trainer.base_model import BaseModel, init_module_weights, load_module_weights  # noqa: E402
-from mm_trainer.batches import BatchStream, build_batch_stream  # noqa: E402
+from mm_trainer.batches import BatchStream, build_batch_stream, build_dataset  # noqa: E402
 from mm_trainer.conditions import ConditionStream  # noqa: E402
 from mm_trainer.container import ModelContainer, ModelContainerHub, freeze  # noqa: E402
 from mm_trainer.conversation_data import conversation_dataset  # noqa: E402
+from mm_trainer.ema import ParameterEMA  # noqa: E402
 from mm_trainer.engine import NonFiniteLossError, TrainEngine  # noqa: E402
 from mm_trainer.features import FeaturesReport, apply_features, feature_plans, plan_features  # noqa: E402
 from mm_trainer.hf_export import export_hf_model  # noqa: E402
@@ -26,11 +27,12 @@ from mm_trainer.registry import (  # noqa: E402
     data_register,
     model_register,
 )
-from mm_trainer.run_config import load_run_config  # noqa: E402
+from mm_trainer.run_config import load_offline_config, load_run_config, preprocess_section  # noqa: E402
 from mm_trainer.run_dir import RunDirectory, RunDirectoryError, RunStart, open_run_directory  # noqa: E402
 from mm_trainer.run_lock import RunLock, RunLockedError  # noqa: E402
 from mm_trainer.stop_signals import StopSignals  # noqa: E402
 from mm_trainer.trainer import Trainer  # noqa: E402
+from mm_trainer.validation import Validator  # noqa: E402
 
 __all__ = [
     "SAVED_OPS",
@@ -49,6 +51,7 @@ __all__ = [
     "ModelContainerHub",
     "ModelHub",
     "NonFiniteLossError",
+    "ParameterEMA",
     "Registry",
     "RegistryError",
     "RunDirectory",
@@ -60,12 +63,14 @@ __all__ = [
     "TrainEngine",
     "TransformersKeyRenaming",
     "Trainer",
+    "Validator",
     "apply_features",
     "check_compile",
     "feature_plans",
     "plan_features",
     "selective_recompute_contexts",
     "build_batch_stream",
+    "build_dataset",
     "conversation_dataset",
     "export_hf_model",
     "data_register",
@@ -75,7 +80,9 @@ __all__ = [
     "inject_lora",
     "init_module_weights",
     "load_module_weights",
+    "load_offline_config",
     "load_run_config",
+    "preprocess_section",
     "model_register",
     "open_run_directory",
     "preflight",

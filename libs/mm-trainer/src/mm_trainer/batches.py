@@ -137,15 +137,23 @@ def _split_state(state: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
     return state, []
 
 
-def build_batch_stream(
-    data: Any, *, global_batch_size: int, micro_batch_size: int, dp_rank: int, dp_size: int, seed: int
-) -> BatchStream:
-    """Build the dataset named by ``data.dataset_id`` and its loader for this dp rank."""
+def build_dataset(data: Any, *, data_path: str | None = None) -> Any:
+    """The dataset ``data.dataset_id`` with the ``data.dataset`` options, over ``data.data_path``
+    (or ``data_path``: e.g. the held-out file of ``training.validation``)."""
     kwargs = dict(data.dataset or {})
     for key in ("data_path", "data_root"):
         if getattr(data, key, None) is not None:
             kwargs[key] = getattr(data, key)
-    dataset = DATA_REGISTRY.get(data.dataset_id)(**kwargs)
+    if data_path is not None:
+        kwargs["data_path"] = data_path
+    return DATA_REGISTRY.get(data.dataset_id)(**kwargs)
+
+
+def build_batch_stream(
+    data: Any, *, global_batch_size: int, micro_batch_size: int, dp_rank: int, dp_size: int, seed: int
+) -> BatchStream:
+    """Build the dataset named by ``data.dataset_id`` and its loader for this dp rank."""
+    dataset = build_dataset(data)
     loader = build_dataloader(
         dataset,
         global_batch_size=global_batch_size,

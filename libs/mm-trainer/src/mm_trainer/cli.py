@@ -5,6 +5,7 @@ torchrun --nproc-per-node 8 -m mm_trainer --config run.yaml
 mm-train --config run.yaml --dry-run --world-size 64   # FSDP plan, bytes per rank; no weights
 mm-train --config run.yaml --dry-run --nnodes 8 --nproc-per-node 8   # + which process groups cross nodes
 mm-train check-layouts --config run.yaml --layouts 1 2 2:ulysses=2 --steps 4   # same losses at each layout?
+mm-train plot runs/my_run/ckpt [--out curves.png]   # loss, lr, grad norm, validation loss as a PNG
 """
 
 from __future__ import annotations
@@ -21,8 +22,15 @@ from mm_config import install_warning_filters, load_config
 
 from mm_trainer import __version__
 
+EMA_HELP = (
+    "write the EMA of the trained weights (a run with training.ema) instead of their last values; with "
+    "--lora, the adapters' EMA"
+)
+"""``--ema`` of the apps' ``export`` commands."""
+
 TRAINER_COMMANDS = {
-    "check-layouts": "train a config a few steps at several parallel layouts, compare the losses"
+    "check-layouts": "train a config a few steps at several parallel layouts, compare the losses",
+    "plot": "write a PNG of a run's loss (raw + smoothed), learning rate, grad norm and validation loss",
 }
 
 
@@ -109,6 +117,10 @@ def main(
         from mm_trainer.layout_check import main as check_layouts_main
 
         return check_layouts_main(argv[1:])
+    if argv[:1] == ["plot"]:
+        from mm_trainer.plot import main as plot_main
+
+        return plot_main(argv[1:], prog=f"{prog} plot")
     parser = build_parser(prog, version=version, commands=commands)
     args = parser.parse_args(argv)
     world, per_node = _dry_run_layout(parser, args)

@@ -129,6 +129,21 @@ class ModelContainer(nn.Module):
         """The pipeline's ``prepare_conditions`` for one micro-batch (frozen encoders: no grad)."""
         return self._conditioned_pipeline().prepare_conditions(self, batch)
 
+    def validation_loss(self, batch: Mapping[str, Any], rng: SampleRNG, num_timesteps: int) -> torch.Tensor:
+        """Per-sample loss ``[B]`` of a held-out batch at ``num_timesteps`` fixed timesteps and noise
+        from ``rng`` (``training.validation.data_path``): the pipeline's ``validation_loss``."""
+        if not self.has_validation_loss:
+            raise TypeError(
+                f"{type(self).__name__}'s pipeline {type(self.pipeline).__name__} has no validation_loss(container, "
+                "batch, rng, num_timesteps) (mm_pipelines.FlowMatchT2VPipeline has one)"
+            )
+        return self.pipeline.validation_loss(self, batch, rng, num_timesteps)
+
+    @property
+    def has_validation_loss(self) -> bool:
+        """Whether the pipeline computes a held-out loss at fixed timesteps (:meth:`validation_loss`)."""
+        return callable(getattr(self.pipeline, "validation_loss", None))
+
     @property
     def encodes_conditions(self) -> bool:
         """Whether the pipeline separates condition encoding from the rest (``features.condition_mbs``)."""

@@ -24,6 +24,7 @@ from mm_parallel import clip_grad_norm_, set_gradient_sync
 from mm_pipelines import SampleRNG
 from torch import nn
 
+from mm_trainer.ema import ParameterEMA
 from mm_trainer.metrics import MetricsLogger, device_peak_flops, peak_memory_bytes
 from mm_trainer.rng import seed_everything
 from mm_trainer.stop_signals import StopSignals
@@ -52,11 +53,15 @@ class StepResult:
 class TrainEngine:
     """Runs optimizer steps with gradient accumulation, clipping, logging, checkpoints and stop saves.
 
+    ``validate_fn(step)`` runs after every step on every rank (``training.validation``: it decides
+    whether the step is due); what it returns (``val_loss``) joins that step's metrics record.
+
     ``dp_group`` is the data-parallel group (loss averaged, counters summed over it). With context
     parallelism each CP rank has its own data-parallel group; ``cp_rank`` / ``cp_size`` place this
     rank's values so that the step's single all-reduce, over all ranks, still sums each data-parallel
     group apart while a stop request (SIGTERM / SIGINT, :mod:`mm_trainer.stop_signals`) reaches every
-    rank, including the other CP ranks of the same data-parallel rank.
+    rank, including the other CP ranks of the same data-parallel rank. ``ema`` (a
+    :class:`mm_trainer.ParameterEMA`) is updated after every optimizer step that changed the weights.
     """
 
     def __init__(
@@ -72,13 +77,15 @@ class TrainEngine:
         cp_rank: int = 0,
         cp_size: int = 1,
         save_fn: Callable[[int], None] | None = None,
+        validate_fn: Callable[[int], dict[str, float]] | None = None,
         metrics: MetricsLogger | None = None,
         profilers: tuple[Any, ...] = (),
         peak_flops: float | None = None,
+        ema: ParameterEMA | None = None,
     ) -> None:
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
         self.batches, self.training, self.device = batches, training, device
-        self.dp_group, self.save_fn = dp_group, save_fn
+        self.dp_group, self.save_fn, self.ema, self.validate_fn = dp_group, save_fn, ema, validate_fn
         self.cp_rank, self.cp_size = cp_rank, cp_size
         _check_layout(dp_group, cp_rank, cp_size)
         self.metrics = metrics or MetricsLogger(total_steps=training.train_iters, enabled=False)
@@ -107,8 +114,9 @@ class TrainEngine:
                     prof.step_end(iteration)
                 iteration += 1
                 self.metrics.advance()
-                if iteration % training.log_interval == 0 or iteration == training.train_iters:
-                    self.metrics.log(iteration, self._metrics(result, elapsed))
+                validation = self.validate_fn(iteration) if self.validate_fn else {}
+                if validation or iteration % training.log_interval == 0 or iteration == training.train_iters:
+                    self.metrics.log(iteration, {**self._metrics(result, elapsed), **validation})
                 due = iteration == training.train_iters or (
                     training.save_interval and iteration % training.save_interval == 0
                 )
@@ -149,6 +157,8 @@ class TrainEngine:
         skipped = not finite
         if finite:
             self.optimizer.step()
+            if self.ema is not None:  # a skipped step changed no weight: the average stays too
+                self.ema.update()
             self.nonfinite_in_a_row = 0
         else:
             self._handle_nonfinite(loss, float(grad_norm))

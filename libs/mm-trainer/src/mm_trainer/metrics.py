@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import json
 import os
 import resource
@@ -51,6 +52,12 @@ def peak_memory_bytes(device_type: str) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def tensorboard_enabled(setting: bool | None) -> bool:
+    """``training.tensorboard``: true / false as set; None (the default) = whether the ``tensorboard``
+    package is installed."""
+    return setting if setting is not None else importlib.util.find_spec("tensorboard") is not None
+
+
 def format_log_line(step: int, total_steps: int, record: Mapping[str, Any], eta_s: float | None) -> str:
     """One plain console line for a log step: step, loss, lr, grad norm, step time, samples/s, ETA.
 
@@ -73,6 +80,8 @@ class MetricsLogger:
     Only rank 0 writes; other ranks hold a disabled logger so that call sites stay simple. A run that
     starts at ``start_step`` (a resume) first drops the records of later steps from ``metrics.jsonl``
     (and purges them from TensorBoard): the run writes them again, and readers see each step once.
+    TensorBoard events go to ``<log_dir>/tensorboard`` when ``tensorboard`` is true, or None with the
+    package installed (:func:`tensorboard_enabled`).
     """
 
     def __init__(
@@ -81,7 +90,7 @@ class MetricsLogger:
         total_steps: int,
         start_step: int = 0,
         log_dir: str | os.PathLike | None = None,
-        tensorboard: bool = False,
+        tensorboard: bool | None = None,
         enabled: bool = True,
     ) -> None:
         self.enabled = enabled
@@ -95,12 +104,14 @@ class MetricsLogger:
             path = Path(log_dir) / "metrics.jsonl"
             _drop_records_after(path, start_step)
             self._jsonl = open(path, "a", buffering=1)  # noqa: SIM115
-            if tensorboard:
+            if tensorboard_enabled(tensorboard):
                 try:
                     from torch.utils.tensorboard import SummaryWriter
                 except ImportError as exc:
                     raise ImportError(
-                        "training.tensorboard is on but tensorboard is not installed (pip install 'mm-trainer[tensorboard]')"
+                        f"training.tensorboard is {'on' if tensorboard else 'unset (on when installed)'} but "
+                        f"torch.utils.tensorboard cannot import tensorboard ({exc}): pip install "
+                        "'mm-trainer[tensorboard]', or set training.tensorboard: false"
                     ) from exc
                 self._tb = SummaryWriter(
                     log_dir=str(Path(log_dir) / "tensorboard"), purge_step=start_step + 1
@@ -136,6 +147,14 @@ class MetricsLogger:
             print(
                 format_log_line(step, self.total_steps, record, self._eta(step)), file=sys.stderr, flush=True
             )
+
+    def add_video(self, tag: str, video: torch.Tensor, step: int) -> None:
+        """Log a clip ``[3, F, H, W]`` in ``[-1, 1]`` to TensorBoard (when on) as its frames, an image
+        strip (``add_video`` would need moviepy)."""
+        if self._tb is None:
+            return
+        frames = ((video.detach().float().cpu().transpose(0, 1) + 1) / 2).clamp(0, 1)  # [F, 3, H, W]
+        self._tb.add_images(tag, frames, step)
 
     def _eta(self, step: int) -> float | None:
         """Seconds left at the mean step time since this logger started (None before the first step)."""

@@ -5,11 +5,28 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from mm_checkpoint import checkpoint_info
 from mm_config import TrainConfig, load_config
 
 RUN_CONFIG_NAME = "config.yaml"
+
+OFFLINE_LAYOUT = (
+    "parallel.ulysses_parallel_size=1",
+    "parallel.ring_attention_size=1",
+    "parallel.data_parallel_size=1",
+    "parallel.fully_shard_parallel_size=auto",
+)
+"""Overrides that make a training config valid as one process: the layout is no concern of offline tools."""
+
+
+def load_offline_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> TrainConfig:
+    """A user's training config for a tool that runs outside training (e.g. an encoder cache's
+    preprocess, sharded by ``RANK`` alone): validated as one process, whatever its parallel layout."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no config at {path}")
+    return load_config(path, [*overrides, *OFFLINE_LAYOUT], world_size=1)
 
 
 def load_run_config(checkpoint_root: str | os.PathLike, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -26,3 +43,16 @@ def load_run_config(checkpoint_root: str | os.PathLike, overrides: Sequence[str]
             f"{path} not found: a training run writes its resolved config next to its checkpoints"
         )
     return load_config(path, list(overrides), world_size=int(checkpoint_info(root)["world_size"]))
+
+
+def preprocess_section(config: TrainConfig, *, dataset_id: str, schema: Any, tool: str) -> Any:
+    """``data.dataset.preprocess`` of a config that trains from the encoder cache ``dataset_id`` (in
+    ``data.data_path``), validated by ``schema`` (a pydantic model); what ``tool`` needs, or a clear error."""
+    raw = (config.data.dataset or {}).get("preprocess")
+    if config.data.dataset_id != dataset_id or not raw or not config.data.data_path:
+        keys = ", ".join(getattr(schema, "model_fields", {}))
+        raise ValueError(
+            f"{tool} needs data.dataset_id: {dataset_id}, data.data_path (the cache folder) and "
+            f"data.dataset.preprocess {{{keys}}}"
+        )
+    return schema.model_validate(raw)

@@ -12,13 +12,16 @@ from typing import Any
 from mm_checkpoint import CheckpointError, latest_iteration
 from mm_checkpoint.layout import iteration_dir_name
 
+from mm_trainer.metrics import tensorboard_enabled
+
 
 def _metrics_paths(training: Any) -> str:
     log_dir = training.log_dir or training.save
     if not log_dir:
         return "console only (set training.save or training.log_dir for metrics.jsonl)"
     out = str(Path(log_dir) / "metrics.jsonl")
-    return out + (f" + TensorBoard {Path(log_dir) / 'tensorboard'}" if training.tensorboard else "")
+    shown = tensorboard_enabled(training.tensorboard)
+    return out + (f" + TensorBoard {Path(log_dir) / 'tensorboard'}" if shown else "")
 
 
 def start_lines(training: Any, *, resume_from: str | Path | None, start_iteration: int) -> list[str]:

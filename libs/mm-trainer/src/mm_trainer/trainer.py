@@ -7,7 +7,9 @@ config (the config check, paths included) -> init distributed + ParallelState ->
  -> FSDP2 plan                                                       # DTensor layout on meta
  -> materialize (to_empty) + load weights                            # AFTER fully_shard
  -> random init only for sub-models that loaded nothing; LoRA adapters initialized (B = 0)
+ -> EMA of the trainable parameters (training.ema; on their shards)
  -> optimizer, lr scheduler, batches (+ conditions ahead: features.condition_mbs), checkpointer (resume)
+ -> validator (training.validation: the model's sample / validation_loss hooks, held-out data)
  -> TrainEngine.train
 """
 
@@ -37,6 +39,7 @@ from mm_trainer.base_model import init_module_weights, load_module_weights
 from mm_trainer.batches import BatchStream, build_batch_stream
 from mm_trainer.conditions import ConditionStream
 from mm_trainer.container import ModelContainer, ModelContainerHub
+from mm_trainer.ema import ParameterEMA
 from mm_trainer.engine import TrainEngine
 from mm_trainer.features import apply_features, feature_plans
 from mm_trainer.lora import inject_lora
@@ -49,6 +52,7 @@ from mm_trainer.regional_compile import check_compile
 from mm_trainer.rng import seed_everything
 from mm_trainer.run_config import RUN_CONFIG_NAME
 from mm_trainer.run_dir import open_run_directory
+from mm_trainer.validation import Validator
 from mm_trainer.weight_staging import stage_model_weights
 
 logger = logging.getLogger("mm_trainer")
@@ -86,6 +90,8 @@ class Trainer:
         if config.training.deterministic:
             torch.use_deterministic_algorithms(True)
         self.model = self._build_model()
+        ema = config.training.ema
+        self.ema = ParameterEMA(self.model, decay=ema.decay) if ema is not None else None
         # No reseeding by rank: training draws are keyed by (seed, step, sample), see TrainEngine.
         self.optimizer = build_optimizer(
             self.model,
@@ -122,6 +128,7 @@ class Trainer:
             )
         self.checkpointer = self._checkpointer(config.training.save) if config.training.save else None
         self.start_iteration = self._resume() if self.run_dir.resume_from else 0
+        self.validator = self._validator() if config.training.validation else None
 
     # ------------------------------------------------------------ building
     def _build_model(self) -> nn.Module:
@@ -164,6 +171,21 @@ class Trainer:
             _log_rank0(line)
         return model
 
+    def _validator(self) -> Validator:
+        cfg, ps = self.config, self.parallel_state
+        return Validator(
+            self.model,
+            cfg.training.validation,
+            data=cfg.data,
+            seed=cfg.training.seed,
+            out_dir=cfg.training.log_dir or cfg.training.save,
+            device=self.device,
+            dp_rank=ps.dp_rank,
+            dp_size=ps.dp_size,
+            dp_group=ps.dp_group,
+            write=self.rank == 0,
+        )
+
     def _materialize_and_load(self, name: str, module: nn.Module, args: Any, restored: bool) -> None:
         was_meta = any(p.is_meta for p in module.parameters())
         if was_meta:
@@ -182,12 +204,14 @@ class Trainer:
 
     # ------------------------------------------------------------- running
     def state(self) -> dict[str, Any]:
-        """What a checkpoint holds: model, optimizer, scheduler and the data position. All of it loads
-        at any layout; no RNG state is needed, since every draw is keyed by (seed, step, sample)."""
+        """What a checkpoint holds: model, optimizer, scheduler, the EMA (``training.ema``) and the data
+        position. All of it loads at any layout; no RNG state is needed, since every draw is keyed by
+        (seed, step, sample)."""
         return {
             "model": self.model,
             "optimizer": self.optimizer,
             "lr_scheduler": self.lr_scheduler,
+            "ema": self.ema,
             "dataloader": self.batches,
         }
 
@@ -222,24 +246,28 @@ class Trainer:
         """Run the training loop; returns the last completed iteration."""
         cfg = self.config
         log_dir = cfg.training.log_dir or cfg.training.save
+        metrics = MetricsLogger(
+            total_steps=cfg.training.train_iters,
+            start_step=self.start_iteration,
+            log_dir=log_dir,
+            tensorboard=cfg.training.tensorboard,
+            enabled=self.rank == 0,
+        )
+        validator = self.validator
         engine = TrainEngine(
             model=self.model,
             optimizer=self.optimizer,
             lr_scheduler=self.lr_scheduler,
             batches=self.batches,
             training=cfg.training,
+            ema=self.ema,
             device=self.device,
             dp_group=self.parallel_state.dp_group,
             cp_rank=self.parallel_state.cp_rank,
             cp_size=self.parallel_state.cp_size,
             save_fn=self.save if self.checkpointer else None,
-            metrics=MetricsLogger(
-                total_steps=cfg.training.train_iters,
-                start_step=self.start_iteration,
-                log_dir=log_dir,
-                tensorboard=cfg.training.tensorboard,
-                enabled=self.rank == 0,
-            ),
+            validate_fn=(lambda step: validator.run(step, metrics)) if validator else None,
+            metrics=metrics,
             profilers=self._profilers(log_dir),
             peak_flops=cfg.training.peak_flops,
         )
