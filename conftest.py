@@ -184,7 +184,7 @@ def pickle_payload() -> Callable[[Any], Any]:
 @pytest.fixture(scope="session")
 def fsdp2_root_outputs() -> Callable[..., list[bool]]:
     """``fsdp2_root_outputs(build, forward, blocks="blocks")``: on one gloo rank, ``build()`` with each
-    module of ``model.<blocks>`` and the root wrapped by FSDP2, ``forward(model)`` run with warnings as
+    module of ``model.<blocks>`` (a dotted path) and the root wrapped by FSDP2, ``forward(model)`` run with warnings as
     errors; returns, per tensor output, whether it requires grad and is no view."""
 
     def run(build: Callable[[], Any], forward: Callable[[Any], Any], blocks: str = "blocks") -> list[bool]:
@@ -195,7 +195,7 @@ def fsdp2_root_outputs() -> Callable[..., list[bool]]:
             from torch.distributed.fsdp import fully_shard
 
             model = build()
-            for block in getattr(model, blocks):
+            for block in model.get_submodule(blocks):
                 fully_shard(block)
             fully_shard(model)
             with warnings.catch_warnings():

@@ -1,4 +1,5 @@
-"""The qwen2_5_vl trainer model: loading, packing parity, freeze groups, refused context parallelism."""
+"""The qwen2_5_vl trainer model: loading, packing parity, freeze groups, refused context parallelism,
+no view from its FSDP2 root."""
 
 from __future__ import annotations
 
@@ -76,3 +77,10 @@ def test_context_parallelism_is_refused_with_the_reason(tiny_model):
 
     with pytest.raises(ValueError, match="transformers attention interface cannot split the sequence"):
         tiny_model().setup_context_parallel(SimpleNamespace(cp_size=2))
+
+
+def test_fsdp2_root_forward_returns_no_view_and_warns_nothing(tiny_dataset, tiny_model, fsdp2_root_outputs):
+    # images and videos: upstream passes the media encoders' outputs (per-sample views) through
+    batch = batch_of(tiny_dataset(), range(len(tiny_dataset())), packing=False)
+    forward = lambda model: model(**batch).to_tuple()  # noqa: E731
+    assert fsdp2_root_outputs(tiny_model, forward, blocks="model.language_model.layers") == [True, True]

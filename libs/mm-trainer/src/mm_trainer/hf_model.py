@@ -18,6 +18,7 @@ of ``config.json``. Apps register their own subclasses for what is model-specifi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -87,6 +88,24 @@ def load_hf_config(args: Any, config_class: Any) -> Any:
     return config
 
 
+def _without_views(output: Any) -> Any:
+    """Upstream's output with no tensor that is a view, where FSDP2 looks for them.
+
+    This module is an FSDP2 root: torch registers its pre-backward hook on every grad tensor of the
+    output, nested outputs included, and an in-place op on a view would drop it (torch warns "returned a
+    view tensor"). Upstream's ``lm_head`` on ``[B, L, C]`` returns a view of its 2-D matmul: logits are
+    copied (one logits-sized tensor). Multimodal outputs also pass the media encoders' outputs through
+    (``image_outputs``, ``video_outputs``: per-sample features split from one tensor, views); nothing
+    reads them here, so they are left out rather than copied.
+    """
+    kept = {
+        key: value.clone() if isinstance(value, torch.Tensor) and value._base is not None else value
+        for key, value in output.items()
+        if not dataclasses.is_dataclass(value)
+    }
+    return type(output)(**kept)
+
+
 class HFModel(BaseModel):
     """Mixin: ``class MyVLM(HFModel, UpstreamForConditionalGeneration)``; see the module docstring."""
 
@@ -149,16 +168,11 @@ class HFModel(BaseModel):
     def forward(self, num_samples: torch.Tensor | None = None, **batch: Any) -> Any:
         """Upstream forward without a KV cache; ``.loss`` is the mean next-token loss over labels != -100.
 
-        No output tensor is a view: upstream's ``lm_head`` on ``[B, L, C]`` returns a view of its 2-D
-        matmul, and this module is an FSDP2 root, whose pre-backward hook an in-place op on a view would
-        drop (torch warns "returned a view tensor"). The copy costs one logits-sized tensor.
+        No output tensor is a view (see :func:`_without_views`).
         """
         if "labels" not in batch:
             raise ValueError(f"{type(self).__name__}: the batch has no labels (keys: {sorted(batch)})")
-        output = super().forward(**batch, use_cache=False)
-        for key, value in output.items():
-            if isinstance(value, torch.Tensor) and value._base is not None:
-                output[key] = value.clone()
+        output = _without_views(super().forward(**batch, use_cache=False))
         mask = batch.get("attention_mask")
         tokens = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
         samples = int(num_samples) if num_samples is not None else int(batch["input_ids"].shape[0])
