@@ -44,9 +44,11 @@ ALLOWED_WARNINGS: tuple[AllowedWarning, ...] = (
     AllowedWarning(
         r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed",
         UserWarning,
-        r"torch\._dynamo",
-        "torch 2.13's dynamo probes .grad of non-leaf tensors while tracing and hides the warning through "
-        "warnings.showwarning (torch._logging.hide_warnings), which an 'error' filter never reaches",
+        r"(torch\._dynamo\.variables\.builder|torch\._subclasses\.meta_utils)$",
+        "torch 2.13's dynamo probes .grad of non-leaf tensors while tracing (safe_has_grad in "
+        "_dynamo.variables.builder, safe_grad in _subclasses.meta_utils: the warning names the probe's "
+        "module) and hides the warning through warnings.showwarning (torch._logging.hide_warnings), "
+        "which an 'error' filter never reaches",
     ),
 )
 

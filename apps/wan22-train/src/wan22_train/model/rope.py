@@ -65,9 +65,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     One complex multiply (x_2j + i x_2j+1) * (cos + i sin) in the promoted dtype of x and the
     tables, at least fp32 (complex bf16 does not exist; FSDP's mixed precision casts the tables to
     bf16 with the block inputs): the same arithmetic as the real-valued form, in one pass forward
-    and backward instead of six.
+    and backward instead of six. Under torch.compile the real-valued form: inductor generates no code
+    for complex operators (it falls back to eager kernels and warns) and fuses the real form into one
+    kernel anyway.
     """
     dtype = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), torch.float32)
+    if torch.compiler.is_compiling():
+        real, imag = x.to(dtype).unflatten(-1, (-1, 2)).unbind(-1)
+        cos, sin = cos.to(dtype), sin.to(dtype)
+        rotated = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1)
+        return rotated.flatten(-2).to(x.dtype)
     pairs = torch.view_as_complex(x.to(dtype).unflatten(-1, (-1, 2)).contiguous())
     rotated = torch.view_as_real(pairs * torch.complex(cos.to(dtype), sin.to(dtype)))
     return rotated.flatten(-2).to(x.dtype)
