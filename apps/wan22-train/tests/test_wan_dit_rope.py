@@ -48,3 +48,11 @@ def test_bf16_inputs_and_tables_rotate_in_fp32_and_come_back_bf16():
 def test_grid_beyond_max_seq_len_is_rejected():
     with pytest.raises(ValueError, match="rope_max_seq_len=8"):
         rope_cos_sin((2, 9, 4), 16, max_seq_len=8)
+
+
+def test_compiled_rope_gives_the_eager_result():
+    # inductor has no complex codegen: under torch.compile apply_rope rotates the pairs in real arithmetic
+    cos, sin = rope_cos_sin((2, 2, 2), 16)
+    x = torch.randn(1, 8, 2, 16)
+    compiled = torch.compile(apply_rope, backend="aot_eager", fullgraph=True)
+    assert torch.allclose(compiled(x, cos, sin), apply_rope(x, cos, sin), atol=1e-6)
