@@ -52,6 +52,19 @@ def peak_memory_bytes(device_type: str) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _summary_writer_class(setting: bool | None) -> type:
+    """torch's ``SummaryWriter``; a clear error naming the extra when tensorboard is missing."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        raise ImportError(
+            f"training.tensorboard is {'on' if setting else 'unset (on when installed)'} but "
+            f"torch.utils.tensorboard cannot import tensorboard ({exc}): pip install "
+            "'mm-trainer[tensorboard]', or set training.tensorboard: false"
+        ) from exc
+    return SummaryWriter
+
+
 def tensorboard_enabled(setting: bool | None) -> bool:
     """``training.tensorboard``: true / false as set; None (the default) = whether the ``tensorboard``
     package is installed."""
@@ -100,22 +113,14 @@ class MetricsLogger:
         if not enabled:
             return
         if log_dir is not None:
+            # the TensorBoard check comes first: a refused run leaves no open metrics file behind
+            writer = _summary_writer_class(tensorboard) if tensorboard_enabled(tensorboard) else None
             Path(log_dir).mkdir(parents=True, exist_ok=True)
             path = Path(log_dir) / "metrics.jsonl"
             _drop_records_after(path, start_step)
             self._jsonl = open(path, "a", buffering=1)  # noqa: SIM115
-            if tensorboard_enabled(tensorboard):
-                try:
-                    from torch.utils.tensorboard import SummaryWriter
-                except ImportError as exc:
-                    raise ImportError(
-                        f"training.tensorboard is {'on' if tensorboard else 'unset (on when installed)'} but "
-                        f"torch.utils.tensorboard cannot import tensorboard ({exc}): pip install "
-                        "'mm-trainer[tensorboard]', or set training.tensorboard: false"
-                    ) from exc
-                self._tb = SummaryWriter(
-                    log_dir=str(Path(log_dir) / "tensorboard"), purge_step=start_step + 1
-                )
+            if writer is not None:
+                self._tb = writer(log_dir=str(Path(log_dir) / "tensorboard"), purge_step=start_step + 1)
         self.total_steps, self._start = total_steps, (start_step, time.monotonic())
         if not _is_terminal(sys.stderr):
             return  # plain lines from log()
