@@ -1,4 +1,5 @@
-"""The Wan pipeline's noising, target, weights and expert ranges, against DESIGN.md's formulas."""
+"""The Wan pipeline's noising, target, weights and expert ranges, against the formulas of docs/DESIGN.md
+"The flow-match grid" and "Wan2.2 expert split"."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Wan flow-match sigma grid is a numeric contract (DESIGN.md "Pipelines")."""
+"""The Wan flow-match sigma grid is a numeric contract (docs/DESIGN.md "The flow-match grid")."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from mm_pipelines import FlowMatchScheduler
 
 
 def reference_grid(n: int, shift: float, sigma_min: float, sigma_max: float = 1.0, extra: bool = False):
-    """Independent python-float grid: (sigmas, timesteps, weights) per DESIGN.md."""
+    """Independent python-float grid: (sigmas, timesteps, weights) per docs/DESIGN.md "The flow-match grid"."""
     points = n + 1 if extra else n
     base = [sigma_max + (sigma_min - sigma_max) * i / (points - 1) for i in range(points)][:n]
     sigmas = [shift * s / (1 + (shift - 1) * s) for s in base]

@@ -20,7 +20,8 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
     """``FlowMatchT2VPipeline`` that tokenizes ``prompt`` strings with the text encoder's tokenizer.
 
     Options (YAML ``model.pipeline``): ``task`` (t2v | i2v | ti2v), ``expert`` (high_noise |
-    low_noise | all | both: the A14B timestep split of DESIGN.md, the whole range for TI2V-5B, or
+    low_noise | all | both: the A14B timestep split of docs/DESIGN.md
+    "Wan2.2 expert split", the whole range for TI2V-5B, or
     both A14B experts in one run: sub-models ``predictor`` (high noise) and ``predictor_low``; the grid
     index is drawn once per optimizer step from the step's key (``SampleRNG``), so every micro-batch
     and rank of a step trains the same expert, at any layout and without a broadcast),

@@ -1,6 +1,6 @@
 """Wan flow-match scheduler: the training sigma grid, timestep sampling, noising, target, weighting.
 
-The grid is a numeric contract (DESIGN.md "Pipelines"); it is not diffusers'
+The grid is a numeric contract (docs/DESIGN.md "The flow-match grid"); it is not diffusers'
 ``FlowMatchEulerDiscreteScheduler`` grid (the endpoint convention differs):
 
     s      = linspace(sigma_max, sigma_min, N)            (N+1 points, last dropped, with extra_one_step)

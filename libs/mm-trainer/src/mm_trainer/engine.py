@@ -1,4 +1,5 @@
-"""TrainEngine: the training loop. It assumes three things of a model (DESIGN.md):
+"""TrainEngine: the training loop. It assumes three things of a model (docs/DESIGN.md
+"The model contract"):
 ``model(**batch)`` returns an object with ``.loss``; gradient sync is FSDP's;
 checkpoints go through ``state_dict()`` / ``load_state_dict()``.
 

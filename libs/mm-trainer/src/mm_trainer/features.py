@@ -5,7 +5,7 @@ runs inside ``module.__call__`` and therefore inside the FSDP2 unit's
 pre/post-forward hooks (all-gather before, reshard after). In backward, FSDP's
 pre-backward hook gathers the unit's parameters before autograd unpacks the
 saved tensors that trigger recomputation. The trainer applies features before
-``fully_shard`` (DESIGN.md build order) so that this placement never depends on
+``fully_shard`` (docs/DESIGN.md "Build order") so that this placement never depends on
 how a torch version installs its hooks.
 
 A module in both plans gets both, composed: offload wraps recompute. The checkpoint keeps only
@@ -122,7 +122,7 @@ def plan_features(
 
 
 def apply_features(model: nn.Module, **plans: Any) -> FeaturesReport:
-    """Wrap modules matched by the plan patterns (DESIGN.md syntax). Call before ``apply_fsdp_plan``.
+    """Wrap modules matched by the plan patterns (docs/DESIGN.md "Pattern syntax"). Call before ``apply_fsdp_plan``.
 
     Keywords as :func:`plan_features`. Compile wraps first, then recompute, then offload, so that on
     a module matched by several plans each wraps the one before (see the module docstring).

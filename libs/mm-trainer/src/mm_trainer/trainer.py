@@ -1,4 +1,4 @@
-"""Trainer: assembles a run in the build order of DESIGN.md.
+"""Trainer: assembles a run in the order of docs/DESIGN.md "Build order".
 
 config (the config check, paths included) -> init distributed + ParallelState -> import plugins
  -> build model (ModelHub / ModelContainerHub; meta where asked)
