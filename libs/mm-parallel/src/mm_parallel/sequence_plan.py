@@ -68,6 +68,7 @@ class SequenceParallelPlan:
         self.layout: Layout = layout
         #: Real token count of each stream's last split (padding excluded).
         self.lengths: dict[str, int] = {}
+        self._key_lens: dict[str, int | None] = {}
 
     @classmethod
     def from_parallel_state(
@@ -108,13 +109,15 @@ class SequenceParallelPlan:
 
     def key_len(self, stream: str = TOKENS) -> int | None:
         """The real token count of ``stream``'s last split when it was padded, else None."""
-        length = self.lengths.get(stream)
-        return None if length is None or length == self.padded_length(length) else length
+        return self._key_lens.get(stream)
 
     # ------------------------------------------------------- split / gather
     def split(self, x: Tensor, dim: int, stream: str = TOKENS) -> Tensor:
         """This rank's zero-padded share of the full ``stream`` tensor ``x`` along ``dim``."""
-        self.lengths[stream] = x.size(dim)
+        length = x.size(dim)
+        self.lengths[stream] = length
+        # set here, outside any compiled block: attention only looks it up
+        self._key_lens[stream] = None if length == self.padded_length(length) else length
         return split_for_usp(x, dim, self.ulysses_group, self.ring_group, self.layout, pad=True)
 
     def gather(self, x: Tensor, dim: int, length: int) -> Tensor:
@@ -151,7 +154,7 @@ class SequenceParallelPlan:
             self.ring_group,
             causal,
             self.layout,
-            key_len=self.key_len(key_stream),
+            key_len=self._key_lens.get(key_stream),
         )
 
     def __repr__(self) -> str:
