@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from wan22_train.model import WanDiT, WanDiTConfig, sdpa_attention
+from wan22_train.model import WanDiT, WanDiTConfig, load_wan_dit, save_wan_dit, sdpa_attention
 
 TINY = WanDiTConfig(
     dim=64, num_heads=4, ffn_dim=96, text_dim=24, freq_dim=32, num_layers=2, rope_max_seq_len=64
@@ -102,10 +102,10 @@ def test_init_weights_materializes_a_meta_model_with_a_zero_head():
     assert model(*_inputs()).abs().max() == 0  # Wan starts from a zero output projection
 
 
-def test_from_pretrained_names_missing_and_unexpected_weights(tmp_path):
+def test_load_wan_dit_names_missing_and_unexpected_weights(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    WanDiT(TINY).save_pretrained(tmp_path)
+    save_wan_dit(WanDiT(TINY), tmp_path)
     state = load_file(tmp_path / "model.safetensors")
     state["blocks.0.self_attn.qq.weight"] = state.pop("blocks.0.self_attn.q.weight")
     save_file(state, tmp_path / "model.safetensors")
@@ -115,4 +115,9 @@ def test_from_pretrained_names_missing_and_unexpected_weights(tmp_path):
         CheckpointLoadError,
         match=r"(?s)missing: \['blocks\.0\.self_attn\.q\.weight'\].*unexpected: \['blocks\.0\.self_attn\.qq\.weight'\]",
     ):
-        WanDiT.from_pretrained(tmp_path)
+        load_wan_dit(tmp_path)
+
+
+def test_the_model_class_holds_no_weight_io():
+    # weights on disk: wan22_train.model.weights; the trainer's from_pretrained(args) is WanPredictor's alone
+    assert not {"from_pretrained", "save_pretrained"} & set(vars(WanDiT))

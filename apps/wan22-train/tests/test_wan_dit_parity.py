@@ -8,7 +8,7 @@ import pytest
 import torch
 from diffusers import WanTransformer3DModel
 from wan22_train.key_maps import native_to_diffusers
-from wan22_train.model import WanDiT
+from wan22_train.model import load_wan_dit, save_wan_dit
 
 ATOL = 1e-5
 
@@ -25,7 +25,7 @@ def _rel_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
 @pytest.mark.parametrize("kind", ["t2v", "i2v", "ti2v"])
 def test_forward_matches_diffusers(kind, diffusers_wan, wan_inputs):
     reference, folder = diffusers_wan(kind)
-    model = WanDiT.from_pretrained(folder).eval()
+    model = load_wan_dit(folder).eval()
     inputs = wan_inputs(reference.config.in_channels)
     with torch.no_grad():
         expected = reference(*inputs, return_dict=False)[0]
@@ -38,7 +38,7 @@ def test_forward_matches_diffusers(kind, diffusers_wan, wan_inputs):
 @pytest.mark.parametrize("kind", ["t2v", "i2v"])
 def test_input_and_weight_gradients_match_diffusers(kind, diffusers_wan, wan_inputs):
     reference, folder = diffusers_wan(kind)
-    model = WanDiT.from_pretrained(folder)
+    model = load_wan_dit(folder)
     hidden, timestep, text = wan_inputs(reference.config.in_channels)
     gen = torch.Generator().manual_seed(5)
     weights = torch.randn(2, reference.config.out_channels, *hidden.shape[2:], generator=gen)
@@ -63,7 +63,7 @@ def test_input_and_weight_gradients_match_diffusers(kind, diffusers_wan, wan_inp
 def test_per_token_timestep_matches_diffusers(diffusers_wan, wan_inputs):
     """TI2V conditions the first frame by giving its tokens timestep 0: timestep is [B, tokens]."""
     reference, folder = diffusers_wan("ti2v")
-    model = WanDiT.from_pretrained(folder).eval()
+    model = load_wan_dit(folder).eval()
     hidden, timestep, text = wan_inputs(48)
     tokens = (hidden.shape[2] // 1) * (hidden.shape[3] // 2) * (hidden.shape[4] // 2)
     per_token = timestep[:, None].expand(-1, tokens).clone()
@@ -79,7 +79,7 @@ def test_per_token_timestep_matches_diffusers(diffusers_wan, wan_inputs):
 def test_sharded_diffusers_folder_loads(diffusers_wan, wan_inputs):
     reference, folder = diffusers_wan("t2v", max_shard_size="40KB")
     assert (folder / "diffusion_pytorch_model.safetensors.index.json").is_file()
-    model = WanDiT.from_pretrained(folder).eval()
+    model = load_wan_dit(folder).eval()
     inputs = wan_inputs(16)
     with torch.no_grad():
         assert _max_diff(model(*inputs), reference(*inputs, return_dict=False)[0]) < ATOL
@@ -88,8 +88,8 @@ def test_sharded_diffusers_folder_loads(diffusers_wan, wan_inputs):
 @pytest.mark.parametrize("kind", ["t2v", "i2v"])
 def test_export_to_diffusers_loads_in_diffusers_to_same_outputs(kind, diffusers_wan, wan_inputs, tmp_path):
     reference, folder = diffusers_wan(kind)
-    model = WanDiT.from_pretrained(folder).eval()
-    model.save_pretrained(tmp_path / "export", layout="diffusers")
+    model = load_wan_dit(folder).eval()
+    save_wan_dit(model, tmp_path / "export", layout="diffusers")
     exported = WanTransformer3DModel.from_pretrained(tmp_path / "export").eval()
     inputs = wan_inputs(reference.config.in_channels)
     with torch.no_grad():
@@ -105,11 +105,11 @@ def test_export_to_diffusers_loads_in_diffusers_to_same_outputs(kind, diffusers_
 
 def test_native_folder_round_trips(diffusers_wan, wan_inputs, tmp_path):
     _, folder = diffusers_wan("i2v")
-    model = WanDiT.from_pretrained(folder).eval()
-    model.save_pretrained(tmp_path / "native")
+    model = load_wan_dit(folder).eval()
+    save_wan_dit(model, tmp_path / "native")
     config = json.loads((tmp_path / "native" / "config.json").read_text())
     assert config["dim"] == 64 and config["in_dim"] == 36 and config["model_type"] == "i2v"
-    reloaded = WanDiT.from_pretrained(tmp_path / "native").eval()
+    reloaded = load_wan_dit(tmp_path / "native").eval()
     inputs = wan_inputs(36)
     with torch.no_grad():
         assert torch.equal(reloaded(*inputs), model(*inputs))
@@ -117,7 +117,7 @@ def test_native_folder_round_trips(diffusers_wan, wan_inputs, tmp_path):
 
 def test_bf16_forward_tracks_diffusers_bf16(diffusers_wan, wan_inputs):
     reference, folder = diffusers_wan("t2v")
-    model = WanDiT.from_pretrained(folder, dtype=torch.bfloat16).eval()
+    model = load_wan_dit(folder, dtype=torch.bfloat16).eval()
     reference = reference.to(torch.bfloat16)
     hidden, timestep, text = wan_inputs(16)
     with torch.no_grad():

@@ -12,7 +12,15 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from mm_parallel import gather_for_usp, split_for_usp, split_sequence, usp_attention, usp_padded_length
+from mm_parallel import (
+    ParallelState,
+    SequenceParallelPlan,
+    gather_for_usp,
+    split_for_usp,
+    split_sequence,
+    usp_attention,
+    usp_padded_length,
+)
 from torch.distributed.device_mesh import init_device_mesh
 
 B, H, D = 2, 4, 8
@@ -95,7 +103,38 @@ def _usp_worker(rank: int, world: int) -> dict[str, float | bool]:
     ug, rg = groups["u2r2"]
     same = torch.equal(split_for_usp(x, 1, ug, rg, "contiguous"), split_sequence(x, 1, dist.group.WORLD))
     report["contiguous-usp-equals-ring-major-cp-split"] = same
+    state = ParallelState(world_size=world, ulysses=2, ring=2)
+    for layout, length in itertools.product(("contiguous", "zigzag"), (29, 32)):
+        report.update(_plan_case(state, layout, length))
     return report
+
+
+def _plan_case(state: ParallelState, layout: str, length: int) -> dict[str, float | bool]:
+    """``SequenceParallelPlan`` over the state's groups: the split is ``split_for_usp(pad=True)``,
+    the valid mask the split of an all-True mask, attention over the real keys only."""
+    plan = SequenceParallelPlan.from_parallel_state(state, layout)
+    ug, rg = state.ulysses_group, state.ring_group
+    gen = torch.Generator().manual_seed(length)
+    q, k, v = (torch.randn(B, length, H, D, generator=gen, dtype=torch.float64) for _ in range(3))
+    local = [plan.split(t, 1) for t in (q, k, v)]
+    valid = plan.valid_mask()
+    expected = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v))).transpose(1, 2)
+    out = plan.attention(*local)
+    tag = f"plan-{layout}-L{length}"
+    return {
+        f"{tag}-split": torch.equal(local[0], split_for_usp(q, 1, ug, rg, layout, pad=True)),
+        f"{tag}-valid-mask": torch.equal(
+            valid, split_for_usp(torch.ones(length, dtype=torch.bool), 0, ug, rg, layout, pad=True)
+        ),
+        f"{tag}-key-len": plan.key_len() == (None if length == plan.padded_length(length) else length),
+        f"{tag}-attention": (out[:, valid] - split_for_usp(expected, 1, ug, rg, layout, pad=True)[:, valid])
+        .abs()
+        .max()
+        .item(),
+        f"{tag}-gather": torch.equal(
+            plan.gather(out, 1, length), gather_for_usp(out, 1, ug, rg, layout, seq_len=length)
+        ),
+    }
 
 
 _REPORTS: dict[str, float | bool] = {}
@@ -126,6 +165,26 @@ def test_split_for_usp_then_gather_for_usp_is_bit_exact(distributed) -> None:  #
 @pytest.mark.slow
 def test_contiguous_usp_split_equals_split_over_ring_major_cp_group(distributed) -> None:  # noqa: ANN001
     assert _reports(distributed)["contiguous-usp-equals-ring-major-cp-split"] is True
+
+
+@pytest.mark.slow
+def test_sequence_parallel_plan_splits_masks_and_gathers_like_the_usp_functions(distributed) -> None:  # noqa: ANN001
+    checks = {
+        k: v
+        for k, v in _reports(distributed).items()
+        if k.startswith("plan-") and not k.endswith("-attention")
+    }
+    assert len(checks) == 2 * 2 * 4
+    assert [k for k, ok in checks.items() if not ok] == []
+
+
+@pytest.mark.slow
+def test_sequence_parallel_plan_attention_over_padded_keys_matches_full_sdpa(distributed) -> None:  # noqa: ANN001
+    errors = {
+        k: v for k, v in _reports(distributed).items() if k.startswith("plan-") and k.endswith("-attention")
+    }
+    assert len(errors) == 4
+    assert max(errors.values()) < TOL[torch.float64]
 
 
 def test_usp_attention_without_groups_is_plain_attention() -> None:

@@ -1,7 +1,8 @@
 """Sequence parallelism (Ulysses, Ring, or both: USP) for diffusers' ``LTX2VideoTransformer3DModel``.
 
 The upstream model is kept intact; it is patched, not copied. Two small pieces make it sequence
-parallel over the context-parallel group (``ring x ulysses`` ranks):
+parallel over the context-parallel group (``ring x ulysses`` ranks), both driven by one
+:class:`mm_parallel.SequenceParallelPlan` (streams ``"video"`` and ``"audio"``):
 
 1. :func:`sequence_parallel_forward` splits the inputs that carry tokens along the sequence
    dimension before the upstream ``forward`` runs (:func:`mm_parallel.split_for_usp`, contiguous
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,9 +35,8 @@ from diffusers.models.transformers.transformer_ltx2 import (
     apply_interleaved_rotary_emb,
     apply_split_rotary_emb,
 )
-from mm_parallel import gather_for_usp, split_for_usp, usp_attention
+from mm_parallel import SequenceParallelPlan
 from torch import Tensor, nn
-from torch.distributed import ProcessGroup
 
 #: Attention modules of one ``LTX2VideoTransformerBlock`` whose keys come from a split stream,
 #: with the stream their keys/values belong to. ``attn2`` / ``audio_attn2`` (text) stay upstream.
@@ -55,25 +54,6 @@ UNSUPPORTED_INPUTS = ("video_self_attention_mask", "spatio_temporal_guidance_blo
 LAYOUT = "contiguous"
 
 
-@dataclass
-class SequenceParallelState:
-    """The two context-parallel groups (None = that dimension is off), their total size, and, per
-    forward, each stream's real token count when it was padded (None = no padding)."""
-
-    ulysses_group: ProcessGroup | None
-    ring_group: ProcessGroup | None
-    size: int
-    key_len: dict[str, int | None] = field(default_factory=dict)
-
-    def split(self, x: Tensor, dim: int) -> Tensor:
-        """This rank's zero-padded share of a full token stream along ``dim``."""
-        return split_for_usp(x, dim, self.ulysses_group, self.ring_group, LAYOUT, pad=True)
-
-    def gather(self, x: Tensor, dim: int, length: int) -> Tensor:
-        """The full stream of ``length`` tokens on every rank (padding dropped)."""
-        return gather_for_usp(x, dim, self.ulysses_group, self.ring_group, LAYOUT, seq_len=length)
-
-
 class SequenceParallelAttnProcessor:
     """``LTX2AudioVideoAttnProcessor`` with its attention computed by :func:`mm_parallel.usp_attention`.
 
@@ -81,8 +61,8 @@ class SequenceParallelAttnProcessor:
     tokens; only the attention itself communicates.
     """
 
-    def __init__(self, state: SequenceParallelState, key_stream: str) -> None:
-        self.state = state
+    def __init__(self, plan: SequenceParallelPlan, key_stream: str) -> None:
+        self.plan = plan
         self.key_stream = key_stream
 
     def __call__(
@@ -116,11 +96,7 @@ class SequenceParallelAttnProcessor:
             key = rotate(key, key_rotary_emb if key_rotary_emb is not None else query_rotary_emb)
         # 3. USP attention (Ulysses all-to-all, then the ring): [B, S_local, H, D] in and out
         query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
-        state = self.state
-        out = usp_attention(
-            query, key, value, state.ulysses_group, state.ring_group, causal=False, layout=LAYOUT,
-            key_len=state.key_len.get(self.key_stream),
-        ).to(query.dtype)  # fmt: skip
+        out = self.plan.attention(query, key, value, key_stream=self.key_stream).to(query.dtype)
         # 4. Optional per-head gate, output projection
         if gate_logits is not None:
             out = out * (2.0 * torch.sigmoid(gate_logits)).unsqueeze(-1)
@@ -128,26 +104,21 @@ class SequenceParallelAttnProcessor:
         return attn.to_out[1](out)
 
 
-def install_attention_processors(blocks: nn.ModuleList, state: SequenceParallelState) -> int:
+def install_attention_processors(blocks: nn.ModuleList, plan: SequenceParallelPlan) -> int:
     """Set :class:`SequenceParallelAttnProcessor` on the sequence-parallel attentions of every block;
     return the count."""
     count = 0
     for block in blocks:
         for name, stream in SEQUENCE_PARALLEL_ATTENTIONS.items():
-            getattr(block, name).set_processor(SequenceParallelAttnProcessor(state, stream))
+            getattr(block, name).set_processor(SequenceParallelAttnProcessor(plan, stream))
             count += 1
     return count
-
-
-def _real_length(length: int, state: SequenceParallelState) -> int | None:
-    """A stream's real token count when the split pads it (None when it splits evenly)."""
-    return None if length % state.size == 0 else length
 
 
 def sequence_parallel_forward(
     model: nn.Module,
     upstream_forward: Callable[..., Any],
-    state: SequenceParallelState,
+    plan: SequenceParallelPlan,
     *args: Any,
     **kwargs: Any,
 ) -> Any:
@@ -171,24 +142,27 @@ def sequence_parallel_forward(
         )
     if a.get("audio_coords") is None:
         a["audio_coords"] = model.audio_rope.prepare_audio_coords(batch, a["audio_num_frames"], audio.device)
-    state.key_len = {"video": _real_length(video_len, state), "audio": _real_length(audio_len, state)}
 
-    # 2. Token streams, their positions and their per-token inputs.
-    split = state.split
-    a["hidden_states"], a["audio_hidden_states"] = split(video, 1), split(audio, 1)
-    a["video_coords"], a["audio_coords"] = split(a["video_coords"], 2), split(a["audio_coords"], 2)
-    for key, length in (
-        ("timestep", video_len),
-        ("audio_timestep", audio_len),
-        ("video_keyframes_mask", video_len),
+    # 2. Token streams, their positions and their per-token inputs (each split remembers its
+    #    stream's real length for the attention over it).
+    split = plan.split
+    a["hidden_states"], a["audio_hidden_states"] = split(video, 1, "video"), split(audio, 1, "audio")
+    a["video_coords"], a["audio_coords"] = (
+        split(a["video_coords"], 2, "video"),
+        split(a["audio_coords"], 2, "audio"),
+    )
+    for key, stream, length in (
+        ("timestep", "video", video_len),
+        ("audio_timestep", "audio", audio_len),
+        ("video_keyframes_mask", "video", video_len),
     ):
         value = a.get(key)
         if isinstance(value, Tensor) and value.dim() >= 2 and value.size(1) == length and length > 1:
-            a[key] = split(value, 1)
+            a[key] = split(value, 1, stream)
     return_dict = a.pop("return_dict", True)
     video_out, audio_out = upstream_forward(**a, return_dict=False)
     # 3. Full outputs on every rank (padding dropped).
-    video_out, audio_out = _full(video_out, video_len, state), _full(audio_out, audio_len, state)
+    video_out, audio_out = _full(video_out, video_len, plan), _full(audio_out, audio_len, plan)
     if not return_dict:
         return video_out, audio_out
     from diffusers.models.transformers.transformer_ltx2 import AudioVisualModelOutput
@@ -196,7 +170,7 @@ def sequence_parallel_forward(
     return AudioVisualModelOutput(sample=video_out, audio_sample=audio_out)
 
 
-def _full(x: Tensor, length: int, state: SequenceParallelState) -> Tensor:
+def _full(x: Tensor, length: int, plan: SequenceParallelPlan) -> Tensor:
     """Full sequence of ``x`` on every rank; a padded one is cut to ``length`` (a copy, not a view)."""
-    full = state.gather(x, 1, length)
-    return full if x.size(1) * state.size == length else full.clone()
+    full = plan.gather(x, 1, length)
+    return full if x.size(1) * plan.size == length else full.clone()

@@ -18,15 +18,11 @@ from typing import Any
 
 import torch
 from diffusers import LTX2VideoTransformer3DModel
-from mm_parallel import ParallelState
+from mm_parallel import ParallelState, SequenceParallelPlan
 from mm_trainer import BaseModel, model_register
 from torch import nn
 
-from ltx2_train.context_parallel import (
-    SequenceParallelState,
-    install_attention_processors,
-    sequence_parallel_forward,
-)
+from ltx2_train.context_parallel import LAYOUT, install_attention_processors, sequence_parallel_forward
 
 INIT_KEYS = frozenset(inspect.signature(LTX2VideoTransformer3DModel.__init__).parameters) - {"self"}
 #: The attentions of one ``LTX2VideoTransformerBlock``: (query stream, key/value stream).
@@ -78,7 +74,7 @@ class LTX2Predictor(BaseModel, LTX2VideoTransformer3DModel):
     """
 
     _supports_gradient_checkpointing = False
-    _sequence_parallel: SequenceParallelState | None = None
+    _sequence_parallel: SequenceParallelPlan | None = None
 
     @classmethod
     def _from_config(cls, args: Any) -> LTX2Predictor:
@@ -136,25 +132,12 @@ class LTX2Predictor(BaseModel, LTX2VideoTransformer3DModel):
     @property
     def sequence_multiple(self) -> int:
         """Token counts that need no padding under sequence parallelism are multiples of this."""
-        return self._sequence_parallel.size if self._sequence_parallel else 1
+        return self._sequence_parallel.multiple if self._sequence_parallel else 1
 
     def setup_context_parallel(self, parallel_state: ParallelState) -> None:
         """Sequence parallelism over the video and audio token streams (text replicated): Ulysses,
-        Ring, or both (USP). Ulysses needs the head counts divisible by its size."""
-        size = parallel_state.ulysses_size
-        for what, heads in (
-            ("num_attention_heads", self.config.num_attention_heads),
-            ("audio_num_attention_heads", self.config.audio_num_attention_heads),
-        ):
-            if heads % size:
-                raise ValueError(
-                    f"parallel.ulysses_parallel_size={size} must divide model.config.{what}={heads}"
-                )
-        self._sequence_parallel = SequenceParallelState(
-            ulysses_group=parallel_state.ulysses_group if size > 1 else None,
-            ring_group=parallel_state.ring_group if parallel_state.ring_size > 1 else None,
-            size=size * parallel_state.ring_size,
-        )
+        Ring, or both (USP), through :class:`mm_parallel.SequenceParallelPlan`."""
+        self._sequence_parallel = SequenceParallelPlan.from_parallel_state(parallel_state, LAYOUT)
         install_attention_processors(self.transformer_blocks, self._sequence_parallel)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

@@ -7,9 +7,10 @@ from typing import Any
 
 import torch
 from mm_parallel import parse_dtype
-from mm_pipelines import EXPERT_BOUNDARIES, WAN22_RECIPE_GRID, FlowMatchScheduler, FlowMatchT2VPipeline
+from mm_pipelines import FlowMatchT2VPipeline
 
-from wan22_train.config_schema import EXPERTS, SCHEDULER_KEYS
+from wan22_train.config_schema import SCHEDULER_KEYS
+from wan22_train.experts import expert_scheduler, handover_index, handover_timestep
 
 LOW_NOISE_ROLE = "predictor_low"
 #: The frozen other A14B expert of a one-expert run, for sampling validation clips only.
@@ -40,33 +41,27 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
         sched_kwargs = {k: options.pop(k) for k in SCHEDULER_KEYS if k in options}
         if options:
             raise ValueError(f"model.pipeline: unknown Wan pipeline options {sorted(options)}")
-        if expert not in EXPERTS:
-            raise ValueError(f"model.pipeline.expert={expert!r}: expected one of {list(EXPERTS)}")
-        scheduler = _expert_scheduler(expert, task, boundary, sched_kwargs)
+        scheduler = expert_scheduler(expert, task, boundary, **sched_kwargs)
         timesteps_per = "step" if expert == "both" else "sample"
         pipeline = cls(scheduler, task=task, predict_dtype=predict_dtype, timesteps_per=timesteps_per)
-        pipeline.expert = expert
+        pipeline.expert, pipeline.boundary = expert, boundary
         if expert == "both":
-            split = boundary if boundary is not None else EXPERT_BOUNDARIES["i2v" if task == "i2v" else "t2v"]
-            pipeline.boundary_index = round(split * scheduler.num_train_timesteps)
+            pipeline.boundary_index = handover_index(scheduler, task, boundary)
         return pipeline
 
     #: Grid index where the low-noise expert takes over (``expert: both`` only).
     boundary_index: int | None = None
     #: ``model.pipeline.expert``: high_noise | low_noise | all | both.
     expert: str = "all"
+    #: ``model.pipeline.boundary``: the expert split as a fraction of the grid (None: the task's).
+    boundary: float | None = None
 
     def boundary_timestep(self) -> float:
-        """The timestep where the low-noise A14B expert takes over from the high-noise one: the
-        grid's split (``expert: both``) or the edge of the one expert's training range."""
-        if self.boundary_index is not None:
-            index = self.boundary_index
-        elif self.expert in ("high_noise", "low_noise"):
-            low, high = self.scheduler.index_range
-            index = high if self.expert == "high_noise" else low
-        else:
+        """The timestep where the low-noise A14B expert takes over from the high-noise one (the
+        edge of a one-expert run's training range, or the ``expert: both`` routing split)."""
+        if self.expert == "all":
             raise ValueError(f"model.pipeline.expert={self.expert!r} has no expert boundary")
-        return float(self.scheduler.timesteps[index])
+        return handover_timestep(self.scheduler, self.task, self.boundary)
 
     def predict(self, container: Any, noised: dict[str, Any]) -> torch.Tensor:
         """TI2V: per-token timesteps, 0 on the clean first frame (as Wan2.2 TI2V-5B trains).
@@ -112,17 +107,6 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
             device = _device_of(batch)
             batch = {**batch, **encoder.tokenize(batch["prompt"], device)}
         return super().encode_prompt(container, batch)
-
-
-def _expert_scheduler(expert: str, task: str, boundary: float | None, kwargs: dict) -> FlowMatchScheduler:
-    if expert == "all":
-        return FlowMatchScheduler(**kwargs)
-    if expert == "both":
-        return FlowMatchScheduler(**{**WAN22_RECIPE_GRID, **kwargs})
-    if boundary is None:
-        return FlowMatchScheduler.for_expert(expert, task="i2v" if task == "i2v" else "t2v", **kwargs)
-    lo, hi = (0.0, boundary) if expert == "high_noise" else (boundary, 1.0)
-    return FlowMatchScheduler(**{**WAN22_RECIPE_GRID, **kwargs}, min_boundary=lo, max_boundary=hi)
 
 
 def _device_of(batch: Mapping[str, Any]) -> torch.device:

@@ -6,8 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-import torch
-from mm_parallel import ParallelState, gather_for_usp, split_for_usp, usp_attention, usp_padded_length
+from mm_parallel import ParallelState, SequenceParallelPlan
 from mm_trainer import BaseModel, model_register
 
 from wan22_train.model import WanDiT, WanDiTConfig
@@ -70,32 +69,7 @@ class WanPredictor(BaseModel, WanDiT):
 
         A token count that does not split evenly is zero-padded at the end; self-attention is told
         the real token count (ring blocks are cut to their real keys) and the gather drops the
-        padded outputs.
+        padded outputs (:class:`mm_parallel.SequenceParallelPlan`, zigzag ring layout).
         """
-        if self.config.num_heads % parallel_state.ulysses_size:
-            raise ValueError(
-                f"parallel.ulysses_parallel_size={parallel_state.ulysses_size} must divide the predictor's "
-                f"num_heads={self.config.num_heads}"
-            )
-        plan = USPSequencePlan(parallel_state.ulysses_group, parallel_state.ring_group)
+        plan = SequenceParallelPlan.from_parallel_state(parallel_state, layout="zigzag")
         self.enable_context_parallel(plan.split, plan.gather, plan.attention)
-
-
-class USPSequencePlan:
-    """The split / gather / attention callables of one model, sharing the current forward's padding."""
-
-    def __init__(self, ulysses_group: Any, ring_group: Any) -> None:
-        self.ulysses_group, self.ring_group = ulysses_group, ring_group
-        self.key_len: int | None = None
-
-    def split(self, x: torch.Tensor, dim: int) -> torch.Tensor:
-        if dim == 1:  # the token sequence [B, S, ...]: remember its real length when it gets padded
-            padded = usp_padded_length(x.shape[1], self.ulysses_group, self.ring_group)
-            self.key_len = None if padded == x.shape[1] else x.shape[1]
-        return split_for_usp(x, dim, self.ulysses_group, self.ring_group, pad=True)
-
-    def gather(self, x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
-        return gather_for_usp(x, dim, self.ulysses_group, self.ring_group, seq_len=size)
-
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return usp_attention(q, k, v, self.ulysses_group, self.ring_group, key_len=self.key_len)

@@ -12,7 +12,8 @@ from mm_data import write_video
 from mm_pipelines import FlowMatchScheduler, masked_text_embeddings
 from mm_trainer import ModelContainer, ModelHub, freeze, import_plugins, inject_lora
 
-from wan22_train.pipeline import LOW_NOISE_ROLE, Wan22Pipeline
+from wan22_train.experts import boundary_timestep
+from wan22_train.pipeline import LOW_NOISE_ROLE
 from wan22_train.predictor import WanPredictor
 from wan22_train.text_encoder import UMT5TextEncoder
 from wan22_train.vae import WanVideoVAE
@@ -42,10 +43,10 @@ def load_for_sampling(config: TrainConfig, checkpoint: str | Path) -> dict[str, 
     inject_lora(holder, {name: subs[name].lora for name in trained})
     DistributedCheckpointer(checkpoint).load({"model": holder})
     if LOW_NOISE_ROLE in trained:
-        pipeline = Wan22Pipeline.from_options(config.model.pipeline or {})
-        if pipeline.boundary_index is None:
+        options = config.model.pipeline or {}
+        if options.get("expert") != "both":
             raise ValueError(f"the config has {LOW_NOISE_ROLE!r} but model.pipeline.expert is not 'both'")
-        modules["boundary_timestep"] = pipeline.boundary_timestep()
+        modules["boundary_timestep"] = boundary_timestep(options)
     return modules
 
 

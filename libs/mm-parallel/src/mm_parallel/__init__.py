@@ -49,6 +49,7 @@ from mm_parallel.sequence import (
     split_sequence,
     usp_padded_length,
 )
+from mm_parallel.sequence_plan import SequenceParallelPlan
 from mm_parallel.ulysses import ulysses_attention
 from mm_parallel.usp import usp_attention
 
@@ -57,6 +58,7 @@ __all__ = [
     "AttentionBackend",
     "AttentionChoice",
     "BlockShape",
+    "SequenceParallelPlan",
     "attention",
     "available_backends",
     "block_step_bytes",

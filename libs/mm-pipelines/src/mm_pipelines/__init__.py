@@ -12,9 +12,8 @@ from .conditioning import (
 from .container import TrainabilityAware, call_role, get_submodule, is_trainable
 from .flow_match_scheduler import (
     DEFAULT_SIGMA_MIN,
-    EXPERT_BOUNDARIES,
-    WAN22_RECIPE_GRID,
     FlowMatchScheduler,
+    boundary_index,
     shift_sigmas,
 )
 from .flow_match_t2v import FlowMatchT2VPipeline
@@ -25,8 +24,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_SIGMA_MIN",
-    "EXPERT_BOUNDARIES",
-    "WAN22_RECIPE_GRID",
     "FlowMatchScheduler",
     "FlowMatchT2VPipeline",
     "GenerativePipelineBase",
@@ -34,6 +31,7 @@ __all__ = [
     "SampleRNG",
     "TrainabilityAware",
     "as_tensor_output",
+    "boundary_index",
     "call_role",
     "first_frame_mask",
     "first_frame_video",

@@ -24,20 +24,17 @@ from .keyed_random import SampleRNG
 
 DEFAULT_SIGMA_MIN = 0.003 / 1.002
 
-# Wan2.2 A14B expert split, as a fraction of the grid: the high-noise expert trains on
-# indices [0, b*N) (large t), the low-noise expert on [b*N, N).
-EXPERT_BOUNDARIES: dict[str, float] = {"t2v": 0.417, "i2v": 0.358}
-# The published Wan2.2 training recipe grid the boundaries were chosen for (t >= 875 / 900).
-WAN22_RECIPE_GRID: dict[str, float | bool] = {"shift": 5.0, "sigma_min": 0.0, "extra_one_step": True}
-
 
 def shift_sigmas(sigmas: torch.Tensor, shift: float) -> torch.Tensor:
     """Apply the flow-match time shift ``shift * s / (1 + (shift - 1) * s)``."""
     return shift * sigmas / (1.0 + (shift - 1.0) * sigmas)
 
 
-def _boundary_index(boundary: float, num_train_timesteps: int) -> int:
-    """Grid index of a fractional boundary (tolerant to float noise such as 0.417 * 1000)."""
+def boundary_index(boundary: float, num_train_timesteps: int) -> int:
+    """Grid index of a boundary given as a fraction of the grid: ``floor(boundary * N)``, tolerant to
+    float noise (``0.417 * 1000`` is 416.99999999999994 -> 417). A boundary between two grid points
+    goes to the lower one. The training range ``[min_boundary, max_boundary)`` is cut here, and so
+    must be anything else that splits the grid at a boundary (e.g. routing between models)."""
     return math.floor(boundary * num_train_timesteps + 1e-9)
 
 
@@ -53,11 +50,11 @@ class FlowMatchScheduler:
 
     Args:
         num_train_timesteps: grid size N; timesteps are ``N * sigma``.
-        shift: time shift (> 0); 3.0 is Wan's default, 5.0 the published Wan2.2 training recipe.
+        shift: time shift (> 0); 3.0 is Wan's default.
         sigma_min: smallest unshifted sigma, in ``[0, sigma_max)``.
         sigma_max: largest unshifted sigma, in ``(sigma_min, 1]``.
         extra_one_step: take N+1 linspace points and drop the last.
-        min_boundary: lower end of the sampled index range as a fraction of N.
+        min_boundary: lower end of the sampled index range as a fraction of N (:func:`boundary_index`).
         max_boundary: upper end (exclusive) of the sampled index range as a fraction of N.
         weighting: apply the Gaussian-in-t loss weight (``False`` -> weight 1).
     """
@@ -90,32 +87,9 @@ class FlowMatchScheduler:
         self.sigmas = grid.float()
         self.timesteps = self.timesteps64.float()
         self.weights = self.weights64.float()
-        self.index_range = (_boundary_index(min_boundary, n), _boundary_index(max_boundary, n))
+        self.index_range = (boundary_index(min_boundary, n), boundary_index(max_boundary, n))
         self.inference_sigmas: torch.Tensor | None = None
         self.inference_timesteps: torch.Tensor | None = None
-
-    @classmethod
-    def for_expert(
-        cls, expert: Literal["high_noise", "low_noise"], task: Literal["t2v", "i2v"] = "t2v", **kwargs
-    ) -> FlowMatchScheduler:
-        """Scheduler for one Wan2.2 A14B expert run.
-
-        The high-noise expert trains on grid indices ``[0, b*N)`` (large t), the low-noise one
-        on ``[b*N, N)``, with ``b = 0.417`` (t2v, t >= 875) or ``0.358`` (i2v, t >= 900).
-        The grid defaults to the published recipe (shift 5, sigma_min 0, extra_one_step) for
-        which those t thresholds hold; any constructor argument in ``kwargs`` overrides it.
-        """
-        if task not in EXPERT_BOUNDARIES:
-            raise ValueError(f"for_expert: task={task!r} is not one of {sorted(EXPERT_BOUNDARIES)}")
-        if expert not in ("high_noise", "low_noise"):
-            raise ValueError(f"for_expert: expert={expert!r} is not one of ['high_noise', 'low_noise']")
-        for key in ("min_boundary", "max_boundary"):
-            if key in kwargs:
-                raise ValueError(f"for_expert: {key} is set by the expert; got {key}={kwargs[key]!r}")
-        b = EXPERT_BOUNDARIES[task]
-        bounds = (0.0, b) if expert == "high_noise" else (b, 1.0)
-        args = {**WAN22_RECIPE_GRID, **kwargs}
-        return cls(min_boundary=bounds[0], max_boundary=bounds[1], **args)
 
     # ----------------------------------------------------------------- training
     def sample_indices(
@@ -259,7 +233,7 @@ def _validate(n: int, shift: float, smin: float, smax: float, bmin: float, bmax:
             f"FlowMatchScheduler: need 0 <= min_boundary < max_boundary <= 1, "
             f"got min_boundary={bmin!r}, max_boundary={bmax!r}"
         )
-    if _boundary_index(bmin, n) >= _boundary_index(bmax, n):
+    if boundary_index(bmin, n) >= boundary_index(bmax, n):
         raise ValueError(
             f"FlowMatchScheduler: boundaries [{bmin}, {bmax}) select no grid index for num_train_timesteps={n}"
         )

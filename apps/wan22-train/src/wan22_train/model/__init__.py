@@ -1,4 +1,4 @@
-"""Native Wan2.x DiT: config, model, 3-D RoPE."""
+"""Native Wan2.x DiT: config, model, 3-D RoPE, weights on disk."""
 
 from .config import WanDiTConfig, is_diffusers_config
 from .rope import apply_rope, rope_axis_dims, rope_cos_sin
@@ -13,6 +13,7 @@ from .wan_dit import (
     sdpa_attention,
     timestep_sinusoid,
 )
+from .weights import load_wan_dit, save_wan_dit
 
 __all__ = [
     "AttentionFn",
@@ -25,8 +26,10 @@ __all__ = [
     "WanHead",
     "apply_rope",
     "is_diffusers_config",
+    "load_wan_dit",
     "rope_axis_dims",
     "rope_cos_sin",
+    "save_wan_dit",
     "sdpa_attention",
     "timestep_sinusoid",
 ]

@@ -7,15 +7,13 @@ positional order); state-dict keys follow the official release (`self_attn.q`, `
 Parallelism stays outside this file: self-attention goes through one seam, `WanDiT.attention_fn`
 (q, k, v in [B, S, H, D] -> [B, S, H, D]), and `enable_context_parallel` installs the callables that split
 the token sequence after patch embedding (RoPE tables and per-token timesteps alike) and gather it
-before unpatchify. Cross-attention always sees the full text.
+before unpatchify. Cross-attention always sees the full text. Weights on disk: `weights.py`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -286,41 +284,3 @@ class WanDiT(nn.Module):
         x = x.reshape(b, *grid, pt, ph, pw, self.config.out_dim)
         x = x.permute(0, 7, 1, 4, 2, 5, 3, 6)  # x: B, C, f, pt, h, ph, w, pw
         return x.reshape(b, self.config.out_dim, f, h, w)
-
-    # ------------------------------------------------------------ weights IO
-    @classmethod
-    def from_pretrained(
-        cls, path: str | Path, *, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
-    ) -> WanDiT:
-        """Load a diffusers `WanTransformer3DModel` folder or a native Wan folder (config.json + safetensors).
-
-        Weights go through mm-checkpoint with the `wan2_2` key map (diffusers keys renamed, native
-        keys unchanged); every parameter must be present with its shape.
-        """
-        from mm_checkpoint import load_checkpoint_with_conversion
-
-        config = WanDiTConfig.from_file(Path(path) / "config.json")
-        with torch.device("meta"):
-            model = cls(config)
-        model.to_empty(device=device)
-        load_checkpoint_with_conversion(model, path, model_type="wan2_2", strict=True)
-        return model.to(dtype) if dtype is not None else model
-
-    def save_pretrained(self, path: str | Path, *, layout: str = "native") -> None:
-        """Write config.json + one safetensors file in the `native` or `diffusers` layout."""
-        from safetensors.torch import save_file
-
-        from ..key_maps import native_to_diffusers
-
-        if layout not in ("native", "diffusers"):
-            raise ValueError(f"layout={layout!r}: expected 'native' or 'diffusers'")
-        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
-        if layout == "diffusers":
-            config, state = self.config.to_diffusers(), native_to_diffusers(state)
-            name = "diffusion_pytorch_model.safetensors"
-        else:
-            config, name = self.config.to_native(), "model.safetensors"
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        save_file(state, str(path / name))

@@ -1,0 +1,164 @@
+"""The sequence-parallel plan of one model: split its token streams, attend over them, gather them back.
+
+A model that runs sequence parallel (context parallel) over Ulysses x Ring (USP) needs three
+callables that share one forward's state:
+
+1. ``split(x, dim, stream)`` before the blocks: this rank's share of a full token stream
+   (:func:`~mm_parallel.split_for_usp`, the end zero-padded to :meth:`SequenceParallelPlan.padded_length`).
+   The split remembers the stream's real token count; every tensor of one stream (tokens, RoPE
+   tables, per-token timesteps) is split through it.
+2. ``attention(q, k, v, key_stream=...)`` inside the blocks: :func:`~mm_parallel.usp_attention`,
+   told the key stream's real token count (``key_len``) when the split padded it, so ring blocks
+   are cut to their real keys and no mask is gathered.
+3. ``gather(x, dim, length)`` after the blocks: :func:`~mm_parallel.gather_for_usp`, padding dropped.
+
+:meth:`SequenceParallelPlan.valid_mask` gives this rank's ``[S_local]`` mask of real tokens (True)
+for the last split of a stream, for per-token work on the shards (a local loss, a kernel that takes
+a key padding mask). Split and gather are the exact adjoints of :mod:`mm_parallel.sequence`, so the
+mean of the per-rank gradients over the context-parallel group is the one-process gradient.
+
+Heads must divide by the Ulysses size: the config check says so before a run, and the Ulysses
+all-to-all (:func:`mm_parallel.ulysses.check_heads_divisible`) at the first attention.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.distributed import ProcessGroup
+
+from mm_parallel._comm import group_rank, group_size
+from mm_parallel.parallel_state import ParallelState
+from mm_parallel.sequence import (
+    Layout,
+    _check_layout,
+    gather_for_usp,
+    real_token_counts,
+    split_for_usp,
+    usp_padded_length,
+)
+from mm_parallel.usp import usp_attention
+
+#: The stream name of a model with one token sequence.
+TOKENS = "tokens"
+
+
+class SequenceParallelPlan:
+    """Split / attention / gather of a model's token streams over the Ulysses and Ring groups.
+
+    Args:
+        ulysses_group: the Ulysses (all-to-all over heads) group; ``None`` or size 1 = off.
+        ring_group: the Ring (KV passed around) group; ``None`` or size 1 = off.
+        layout: the ring split layout (``"zigzag"`` balances causal work; ``"contiguous"`` keeps a
+            rank's tokens in one piece).
+
+    With both groups off every method is the identity / plain attention, so a model can always
+    call the plan.
+    """
+
+    def __init__(
+        self,
+        ulysses_group: ProcessGroup | None = None,
+        ring_group: ProcessGroup | None = None,
+        layout: Layout = "contiguous",
+    ) -> None:
+        _check_layout(layout)
+        self.ulysses_group = ulysses_group if group_size(ulysses_group) > 1 else None
+        self.ring_group = ring_group if group_size(ring_group) > 1 else None
+        self.layout: Layout = layout
+        #: Real token count of each stream's last split (padding excluded).
+        self.lengths: dict[str, int] = {}
+        self._key_lens: dict[str, int | None] = {}
+
+    @classmethod
+    def from_parallel_state(
+        cls, parallel_state: ParallelState, layout: Layout = "contiguous"
+    ) -> SequenceParallelPlan:
+        """The plan over ``parallel_state``'s Ulysses and Ring groups."""
+        ulysses = parallel_state.ulysses_group if parallel_state.ulysses_size > 1 else None
+        ring = parallel_state.ring_group if parallel_state.ring_size > 1 else None
+        return cls(ulysses, ring, layout)
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def ulysses_size(self) -> int:
+        return group_size(self.ulysses_group)
+
+    @property
+    def ring_size(self) -> int:
+        return group_size(self.ring_group)
+
+    @property
+    def size(self) -> int:
+        """Ranks a sequence is split over (ulysses x ring)."""
+        return self.ulysses_size * self.ring_size
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the sequence is split at all (``size > 1``)."""
+        return self.size > 1
+
+    @property
+    def multiple(self) -> int:
+        """Token counts that split without padding are the multiples of this."""
+        return usp_padded_length(1, self.ulysses_group, self.ring_group, self.layout)
+
+    def padded_length(self, length: int) -> int:
+        """The length a stream of ``length`` tokens has after the split's zero padding."""
+        return usp_padded_length(length, self.ulysses_group, self.ring_group, self.layout)
+
+    def key_len(self, stream: str = TOKENS) -> int | None:
+        """The real token count of ``stream``'s last split when it was padded, else None."""
+        return self._key_lens.get(stream)
+
+    # ------------------------------------------------------- split / gather
+    def split(self, x: Tensor, dim: int, stream: str = TOKENS) -> Tensor:
+        """This rank's zero-padded share of the full ``stream`` tensor ``x`` along ``dim``."""
+        length = x.size(dim)
+        self.lengths[stream] = length
+        # set here, outside any compiled block: attention only looks it up
+        self._key_lens[stream] = None if length == self.padded_length(length) else length
+        return split_for_usp(x, dim, self.ulysses_group, self.ring_group, self.layout, pad=True)
+
+    def gather(self, x: Tensor, dim: int, length: int) -> Tensor:
+        """The full tensor along ``dim`` on every rank, ``length`` long (the split's padding dropped)."""
+        return gather_for_usp(x, dim, self.ulysses_group, self.ring_group, self.layout, seq_len=length)
+
+    def valid_mask(self, stream: str = TOKENS, device: torch.device | str | None = None) -> Tensor:
+        """``[S_local]`` bool: which of this rank's tokens of ``stream``'s last split are real.
+
+        A rank's real tokens are its first ones in both layouts (the padding is the end of the
+        full sequence), so the mask is a prefix: host arithmetic, no communication.
+        """
+        if stream not in self.lengths:
+            raise KeyError(f"SequenceParallelPlan.valid_mask: stream {stream!r} was not split yet")
+        length = self.lengths[stream]
+        ring_local = self.padded_length(length) // self.ring_size
+        ring_real = real_token_counts(length, ring_local, self.ring_size, self.layout)[
+            group_rank(self.ring_group)
+        ]
+        local = ring_local // self.ulysses_size
+        counts = real_token_counts(ring_real, local, self.ulysses_size, "contiguous")
+        return torch.arange(local, device=device) < counts[group_rank(self.ulysses_group)]
+
+    # ---------------------------------------------------------------- attention
+    def attention(
+        self, q: Tensor, k: Tensor, v: Tensor, *, key_stream: str = TOKENS, causal: bool = False
+    ) -> Tensor:
+        """USP attention of local ``[B, S_local, H, D]`` queries over the split ``key_stream``."""
+        return usp_attention(
+            q,
+            k,
+            v,
+            self.ulysses_group,
+            self.ring_group,
+            causal,
+            self.layout,
+            key_len=self._key_lens.get(key_stream),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"SequenceParallelPlan(ulysses={self.ulysses_size}, ring={self.ring_size}, "
+            f"layout={self.layout!r})"
+        )
