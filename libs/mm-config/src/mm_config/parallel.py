@@ -1,5 +1,9 @@
 """``parallel``: world layout (FSDP shard/replicate, Ulysses x Ring context parallel) and the FSDP2 plan.
 
+The FSDP plan sections mirror ``mm_parallel.FSDPPlan`` / ``SubPlan`` field for field (same
+defaults, same accepted values; mm-trainer's ``fsdp_plan_from_config`` converts, and its parity test
+keeps the two equal).
+
 Mesh layout (outer to inner): ``dp_replicate x dp_shard x cp`` with ``cp = ulysses x ring``.
 FSDP shards parameters over ``dp_shard x cp`` (context-parallel ranks hold different tokens of
 the same samples, so they can share parameter shards), so
@@ -64,15 +68,24 @@ class FSDPPlanConfig(ConfigModel):
     cpu_offload: bool = False
     """Keep sharded parameters, gradients and optimizer state on the host (CPUOffloadPolicy)."""
     num_to_forward_prefetch: int = Field(default=0, ge=0)
-    """How many following units of the same sub-model to all-gather ahead in forward."""
+    """How many following units of the same sub-model to all-gather ahead in forward (explicit
+    prefetch); 0 leaves FSDP2's implicit prefetching alone."""
     num_to_backward_prefetch: int = Field(default=0, ge=0)
-    """How many preceding units of the same sub-model to all-gather ahead in backward."""
-    cross_submodel_prefetch: list[str] = []
+    """How many preceding units of the same sub-model to all-gather ahead in backward (explicit
+    prefetch); 0 leaves FSDP2's implicit prefetching alone."""
+    cross_submodel_prefetch: list[Annotated[str, Field(min_length=1)]] = []
     """Sub-models in the order the pipeline runs them every micro-step (``[text_encoder, predictor]``):
     each one's last FSDP unit starts the all-gather of the next one's first unit, so the next
     sub-model's parameters arrive while the current one computes (from the second step on)."""
     sub_plans: dict[str, SubPlanConfig] = {}
     """Per-sub-model overrides keyed by sub-model name (``text_encoder: {shard_size: 4}``)."""
+
+    @field_validator("cross_submodel_prefetch")
+    @classmethod
+    def _each_sub_model_once(cls, order: list[str]) -> list[str]:
+        if len(set(order)) != len(order):
+            raise ValueError("names a sub-model twice")
+        return order
 
 
 class ParallelConfig(ConfigModel):

@@ -216,10 +216,6 @@ def _submodel_problems(cfg: TrainConfig) -> list[Problem]:
             out.append(
                 Problem(loc, f"not a sub-model; {suggest(name, subs, 'sub-model')}", name, deps=model_deps)
             )
-    if len(set(order)) != len(order):
-        out.append(
-            Problem(("parallel", "fsdp_plan", "cross_submodel_prefetch"), "names a sub-model twice", order)
-        )
     if cfg.model.is_container:
         out += _pattern_head_problems(cfg, set(subs))
     return out

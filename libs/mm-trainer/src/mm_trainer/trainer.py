@@ -24,7 +24,6 @@ import torch.distributed as dist
 from mm_checkpoint import DistributedCheckpointer, materialize_meta
 from mm_config import TrainConfig, dump_config
 from mm_parallel import (
-    FSDPPlan,
     NodeLayout,
     ParallelState,
     apply_fsdp_plan,
@@ -42,6 +41,7 @@ from mm_trainer.container import ModelContainer, ModelContainerHub
 from mm_trainer.ema import ParameterEMA
 from mm_trainer.engine import TrainEngine
 from mm_trainer.features import apply_features, feature_plans
+from mm_trainer.fsdp_plan_config import fsdp_plan_from_config
 from mm_trainer.lora import inject_lora
 from mm_trainer.metrics import MetricsLogger
 from mm_trainer.optim import build_lr_scheduler, build_optimizer
@@ -153,7 +153,7 @@ class Trainer:
         for line in apply_features(model, **feature_plans(cfg.features)).lines():
             _log_rank0(f"features: {line}")
         self.fsdp_report = apply_fsdp_plan(
-            model, FSDPPlan.from_dict(cfg.parallel.fsdp_plan.model_dump()), self.parallel_state
+            model, fsdp_plan_from_config(cfg.parallel.fsdp_plan), self.parallel_state
         )
         for source, target in self.fsdp_report.cross_submodel_prefetch.items():
             _log_rank0(f"cross-sub-model prefetch: {source} gathers {target} (from step 2)")
