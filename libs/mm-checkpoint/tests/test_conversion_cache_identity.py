@@ -16,7 +16,7 @@ from mm_checkpoint import (
     load_checkpoint_with_conversion,
     register_weight_transform,
 )
-from mm_checkpoint.key_maps import WEIGHT_TRANSFORM_PIPELINES
+from mm_checkpoint.key_map_registry import WEIGHT_TRANSFORM_PIPELINES
 from safetensors.torch import save_file
 from torch import nn
 
