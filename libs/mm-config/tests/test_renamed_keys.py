@@ -16,6 +16,7 @@ def _nested(dotted: str, value: object) -> dict:
 CASES = [
     ("model.dcp_cache_dir", "/cache", "checkpoint_conversion_dir"),
     ("model.dcp_conversion_dir", "/cache", "checkpoint_conversion_dir"),
+    ("parallel.data_parallel_size", 1, "replicate_parallel_size"),
 ]
 
 

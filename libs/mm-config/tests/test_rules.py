@@ -37,22 +37,24 @@ def test_an_unknown_attention_backend_lists_the_kernels(load_error, problem_at):
     assert "'flash_attn'" in problem_at(err, "parallel.attention_backend")
 
 
-def test_data_parallel_size_must_divide_world_size(load_error, problem_at):
-    err = load_error({"parallel": {"data_parallel_size": 3}}, world_size=8)
-    assert "must divide the world size 8 (8 % 3 = 2)" in problem_at(err, "parallel.data_parallel_size")
+def test_replicate_parallel_size_must_divide_world_size(load_error, problem_at):
+    err = load_error({"parallel": {"replicate_parallel_size": 3}}, world_size=8)
+    assert "must divide the world size 8 (8 % 3 = 2)" in problem_at(err, "parallel.replicate_parallel_size")
 
 
 def test_explicit_shard_degree_times_replicas_must_equal_world_size(load_error, problem_at):
-    err = load_error({"parallel": {"fully_shard_parallel_size": 2, "data_parallel_size": 2}}, world_size=8)
+    err = load_error(
+        {"parallel": {"fully_shard_parallel_size": 2, "replicate_parallel_size": 2}}, world_size=8
+    )
     msg = problem_at(err, "parallel.fully_shard_parallel_size")
-    assert "data_parallel_size (2) x fully_shard_parallel_size (2) = 4, expected the world size 8" in msg
+    assert "replicate_parallel_size (2) x fully_shard_parallel_size (2) = 4, expected the world size 8" in msg
     assert "'auto' = 4" in msg
 
 
 def test_shard_group_must_contain_whole_context_parallel_groups(load_error, problem_at):
-    err = load_error({"parallel": {"data_parallel_size": 4, "ulysses_parallel_size": 4}}, world_size=8)
+    err = load_error({"parallel": {"replicate_parallel_size": 4, "ulysses_parallel_size": 4}}, world_size=8)
     assert (
-        "FSDP shard group 2 (world 8 / data_parallel_size 4) must be a multiple of ulysses x ring = 4"
+        "FSDP shard group 2 (world 8 / replicate_parallel_size 4) must be a multiple of ulysses x ring = 4"
         in problem_at(err, "parallel.fully_shard_parallel_size")
     )
 

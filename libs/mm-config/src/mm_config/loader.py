@@ -151,7 +151,7 @@ def validate_config(
     """Validate raw config data for ``world_size`` (None: ``$WORLD_SIZE`` or 1); raise one :class:`ConfigError`.
 
     ``ranks_per_node`` (None: ``$LOCAL_WORLD_SIZE`` under a launcher of this world size, else all on
-    one node) resolves ``parallel.data_parallel_size: auto`` (one HSDP replica per node).
+    one node) resolves ``parallel.replicate_parallel_size: auto`` (one HSDP replica per node).
 
     With ``check_paths`` every path the run reads (``from_pretrained``, ``checkpoint_path``,
     ``data.data_path``, ``data.data_root``, ``training.load`` and the paths plugin schemas declare as

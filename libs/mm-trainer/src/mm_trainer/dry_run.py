@@ -46,7 +46,7 @@ def dry_run(config: TrainConfig, *, world_size: int, ranks_per_node: int | None 
     features = plan_features(model, **feature_plans(config.features)).lines() or ["none"]
     plan = fsdp_plan_from_config(config.parallel.fsdp_plan)
     p = config.parallel
-    explanation = explain_fsdp_plan(model, plan, world_size, dp_replicate=int(p.data_parallel_size))
+    explanation = explain_fsdp_plan(model, plan, world_size, dp_replicate=int(p.replicate_parallel_size))
     nodes = NodeLayout(world_size, context_ranks_per_node({"ranks_per_node": ranks_per_node}, world_size))
     lines = [str(explanation), *(f"features: {line}" for line in features)]
     return "\n".join(lines) + f"\n\n{describe_layout(p, nodes)}"
@@ -56,7 +56,7 @@ def describe_layout(parallel: ParallelConfig, nodes: NodeLayout) -> str:
     """The groups of a resolved ``parallel`` section (mesh and sub-plans) and the nodes each spans."""
     state = ParallelState(
         world_size=nodes.world_size,
-        dp_replicate=int(parallel.data_parallel_size),
+        dp_replicate=int(parallel.replicate_parallel_size),
         ulysses=parallel.ulysses_parallel_size,
         ring=parallel.ring_attention_size,
         device_type="cpu",

@@ -69,7 +69,7 @@ class Trainer:
         parallel = config.parallel
         self.parallel_state = ParallelState(
             world_size=self.world_size,
-            dp_replicate=parallel.data_parallel_size,
+            dp_replicate=parallel.replicate_parallel_size,
             ulysses=parallel.ulysses_parallel_size,
             ring=parallel.ring_attention_size,
             device_type=device_type,
