@@ -84,7 +84,7 @@ def test_tools_defaults_are_disabled():
 def test_features_defaults():
     f = FeaturesConfig()
     assert f.recompute_plan.apply_modules == [] and f.activation_offload_plan.apply_modules == []
-    assert f.condition_mbs == 1
+    assert f.condition_micro_steps == 1
     assert (f.recompute_plan.policy, f.recompute_plan.every) == ("full", 1)
     assert f.compile.apply_modules == [] and (f.compile.backend, f.compile.mode) == ("inductor", "default")
 

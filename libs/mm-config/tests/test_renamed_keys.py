@@ -17,6 +17,7 @@ CASES = [
     ("model.dcp_cache_dir", "/cache", "checkpoint_conversion_dir"),
     ("model.dcp_conversion_dir", "/cache", "checkpoint_conversion_dir"),
     ("parallel.data_parallel_size", 1, "replicate_parallel_size"),
+    ("features.condition_mbs", 2, "condition_micro_steps"),
 ]
 
 

@@ -110,6 +110,7 @@ RENAMED_KEYS: dict[str, str] = {
     "dcp_cache_dir": "checkpoint_conversion_dir",
     "dcp_conversion_dir": "checkpoint_conversion_dir",
     "data_parallel_size": "replicate_parallel_size",
+    "condition_mbs": "condition_micro_steps",
 }
 """Config keys that were renamed -> their new name; an old key is refused with a message naming the new one."""
 

@@ -320,11 +320,11 @@ def _batch_and_heads_problems(cfg: TrainConfig, world: int) -> list[Problem]:
                 ),
             )
         )
-    mbs = cfg.features.condition_mbs
+    mbs = cfg.features.condition_micro_steps
     if mbs > 1 and mbs % p.cp_size:  # 1 = off: every rank encodes its own micro-batch
         out.append(
             Problem(
-                ("features", "condition_mbs"),
+                ("features", "condition_micro_steps"),
                 f"must be a multiple of ulysses x ring = {p.cp_size}: the ranks of a context-parallel "
                 "group take turns encoding the micro-batches' conditions",
                 mbs,

@@ -8,7 +8,7 @@ config (the config check, paths included) -> init distributed + ParallelState ->
  -> materialize (to_empty) + load weights                            # AFTER fully_shard
  -> random init only for sub-models that loaded nothing; LoRA adapters initialized (B = 0)
  -> EMA of the trainable parameters (training.ema; on their shards)
- -> optimizer, lr scheduler, batches (+ conditions ahead: features.condition_mbs), checkpointer (resume)
+ -> optimizer, lr scheduler, batches (+ conditions ahead: features.condition_micro_steps), checkpointer (resume)
  -> validator (training.validation: the model's sample / validation_loss hooks, held-out data)
  -> TrainEngine.train
 """
@@ -117,12 +117,12 @@ class Trainer:
             dp_size=self.parallel_state.dp_size,
             seed=config.training.seed,
         )
-        if config.features.condition_mbs > 1:
+        if config.features.condition_micro_steps > 1:
             ps = self.parallel_state
             self.batches = ConditionStream(
                 self.batches,
                 self.model.encode_conditions,
-                micro_steps=config.features.condition_mbs,
+                micro_steps=config.features.condition_micro_steps,
                 device=self.device,
                 cp_group=ps.cp_group if ps.cp_enabled else None,
             )
@@ -141,9 +141,9 @@ class Trainer:
             stage_model_weights(cfg.model, cfg.training.stage_dir) if cfg.training.stage_dir else cfg.model
         )
         model = ModelContainerHub.build(model_cfg, device=self.device, trainable=trainable)
-        if cfg.features.condition_mbs > 1 and not model.encodes_conditions:
+        if cfg.features.condition_micro_steps > 1 and not model.encodes_conditions:
             raise ValueError(
-                f"features.condition_mbs={cfg.features.condition_mbs} needs a pipeline that encodes conditions "
+                f"features.condition_micro_steps={cfg.features.condition_micro_steps} needs a pipeline that encodes conditions "
                 f"separately (prepare_conditions + train_on_conditions, mm_pipelines.GenerativePipelineBase); "
                 f"{type(model).__name__} has pipeline {type(model.pipeline).__name__}. Set it to 1"
             )
