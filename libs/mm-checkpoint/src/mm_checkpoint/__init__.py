@@ -32,7 +32,7 @@ _EXPORTS: dict[str, str] = {
     "sniff_format": "formats",
     "summarize": "inspection",
     "verify_checkpoints": "inspection",
-    "WEIGHT_TRANSFORM_PIPELINES": "key_map_registry",
+    "KEY_MAP_REGISTRY": "key_map_registry",
     "ConcatRule": "key_maps",
     "KeyMapTransform": "key_maps",
     "KeyPlan": "key_maps",

@@ -131,7 +131,7 @@ def load_checkpoint_with_conversion(
     ``fmt`` is sniffed when ``auto``. A declared ``dcp`` with a non-DCP ``path`` triggers the online
     conversion: the source is loaded, saved as DCP iteration 0 under ``conversion_dir`` (reused by later
     calls), and loaded back from there. Meta tensors are materialized on ``device`` (default: inferred)
-    first. ``model_type`` selects a key map from ``WEIGHT_TRANSFORM_PIPELINES`` for safetensors sources.
+    first. ``model_type`` selects a key map from ``KEY_MAP_REGISTRY`` for safetensors sources.
 
     Raises:
         CheckpointLoadError: ``strict`` and keys are missing, unexpected or shape-mismatched.

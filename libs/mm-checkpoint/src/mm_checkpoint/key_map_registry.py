@@ -16,7 +16,7 @@ from .errors import KeyMapError
 from .key_maps import IDENTITY, WeightTransform
 from .model_key_maps import builtin_key_map, builtin_model_types
 
-WEIGHT_TRANSFORM_PIPELINES: dict[str, WeightTransform] = {}
+KEY_MAP_REGISTRY: dict[str, WeightTransform] = {}
 """Registered key maps by model type (the shipped tables join on first use, applications add theirs)."""
 
 
@@ -35,12 +35,12 @@ def register_weight_transform(
         instance = obj() if isinstance(obj, type) else obj
         if not isinstance(instance, WeightTransform):
             raise KeyMapError(f"weight transform {name!r} must implement plan_load/plan_export, got {obj!r}")
-        taken = WEIGHT_TRANSFORM_PIPELINES.get(name)
+        taken = KEY_MAP_REGISTRY.get(name)
         if taken is not None and not overwrite and taken != instance:
             raise KeyMapError(
                 f"weight transform {name!r} is already registered; pass overwrite=True to replace it"
             )
-        WEIGHT_TRANSFORM_PIPELINES[name] = instance
+        KEY_MAP_REGISTRY[name] = instance
         return obj
 
     return _register if transform is None else _register(transform)
@@ -57,7 +57,7 @@ def load_entry_point_transforms() -> None:
     """
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         obj = ep.load()
-        if ep.name not in WEIGHT_TRANSFORM_PIPELINES and not isinstance(obj, types.ModuleType):
+        if ep.name not in KEY_MAP_REGISTRY and not isinstance(obj, types.ModuleType):
             register_weight_transform(ep.name, obj)
 
 
@@ -65,7 +65,7 @@ def known_model_types() -> list[str]:
     """Every model type :func:`get_weight_transform` can resolve: registered, shipped with mm-checkpoint
     (:mod:`.model_key_maps`) or advertised under the entry-point group (not imported here)."""
     advertised = {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
-    return sorted(set(WEIGHT_TRANSFORM_PIPELINES) | set(builtin_model_types()) | advertised)
+    return sorted(set(KEY_MAP_REGISTRY) | set(builtin_model_types()) | advertised)
 
 
 def get_weight_transform(model_type: str | None) -> WeightTransform:
@@ -77,13 +77,13 @@ def get_weight_transform(model_type: str | None) -> WeightTransform:
     """
     if model_type is None:
         return IDENTITY
-    if model_type not in WEIGHT_TRANSFORM_PIPELINES:
+    if model_type not in KEY_MAP_REGISTRY:
         if model_type in builtin_model_types():
             register_weight_transform(model_type, builtin_key_map(model_type))
         else:
             load_entry_point_transforms()
     try:
-        return WEIGHT_TRANSFORM_PIPELINES[model_type]
+        return KEY_MAP_REGISTRY[model_type]
     except KeyError:
         raise KeyMapError(
             f"no weight transform registered as {model_type!r}; known model types: {known_model_types()} "

@@ -24,7 +24,7 @@ class BaseModel:
     (``model.models.<name>`` of the YAML), never the whole config tree.
     """
 
-    #: Name of a key map registered in ``mm_checkpoint.WEIGHT_TRANSFORM_PIPELINES``.
+    #: Name of a key map registered in ``mm_checkpoint.KEY_MAP_REGISTRY``.
     weight_transform_model_type: str | None = None
     #: Set once real weights are in the module; the trainer never randomly initializes it then.
     _weights_loaded: bool = False
