@@ -70,7 +70,7 @@ def trained_predictor(ckpt: Path) -> torch.nn.Module:
     flat = ckpt.parent / "flat.pt"
     dcp_to_torch_save(ckpt, flat)
     state = torch.load(flat, weights_only=False)["model"]
-    model = LTX2Predictor._from_config(SimpleNamespace(config=dict(TINY_TRANSFORMER), from_pretrained=None))
+    model = LTX2Predictor.build_from_config(SimpleNamespace(config=dict(TINY_TRANSFORMER), from_pretrained=None))
     model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
     return model.eval()
 

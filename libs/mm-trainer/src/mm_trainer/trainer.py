@@ -190,12 +190,12 @@ class Trainer:
         was_meta = any(p.is_meta for p in module.parameters())
         if was_meta:
             _materialize(name, module, self.device)
-        if restored or getattr(module, "_weights_loaded", False):
+        if restored or getattr(module, "weights_loaded", False):
             return
         setup = getattr(module, "setup_weights", None)
         report = setup(args) if callable(setup) else load_module_weights(module, args)
         if report is not None:
-            module._weights_loaded = True
+            module.weights_loaded = True
             return
         if was_meta:
             _log_rank0(f"model.models.{name}: no weights source; random initialization")
