@@ -1,4 +1,4 @@
-"""`ConditionStream` (features.condition_mbs): conditions encoded N micro-steps ahead, one encoder run per
+"""`ConditionStream` (features.condition_micro_steps): conditions encoded N micro-steps ahead, one encoder run per
 micro-batch inside a context-parallel group, and a saved position that resumes exactly."""
 
 from __future__ import annotations

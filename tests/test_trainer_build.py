@@ -114,9 +114,11 @@ def test_frozen_submodels_stay_bitwise_and_in_eval_and_only_the_predictor_is_che
     assert list((ckpt / "tensorboard").glob("events.out.tfevents.*"))
 
 
-def test_condition_mbs_without_a_pipeline_that_separates_encoding_is_refused_at_build(distributed, toy_yaml):
+def test_condition_micro_steps_without_a_pipeline_that_separates_encoding_is_refused_at_build(
+    distributed, toy_yaml
+):
     config = toy_yaml(
-        model={"container_id": None}, features={"condition_mbs": 2}
+        model={"container_id": None}, features={"condition_micro_steps": 2}
     )  # plain container: no pipeline
 
     def body(rank, world_size):
@@ -127,7 +129,7 @@ def test_condition_mbs_without_a_pipeline_that_separates_encoding_is_refused_at_
         return "no error"
 
     (message,) = distributed(body, 1)
-    assert "features.condition_mbs=2 needs a pipeline that encodes conditions separately" in message
+    assert "features.condition_micro_steps=2 needs a pipeline that encodes conditions separately" in message
 
 
 def test_a_ring_run_logs_its_attention_kernel_and_why_before_building(distributed, toy_yaml):

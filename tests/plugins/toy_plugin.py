@@ -29,12 +29,12 @@ class ToyEncoder(BaseModel, nn.Module):
         self.norm = nn.LayerNorm(cond_dim)
 
     @classmethod
-    def _from_config(cls, args: Any) -> ToyEncoder:
+    def build_from_config(cls, args: Any) -> ToyEncoder:
         return cls(**args.config)
 
     @classmethod
     def from_pretrained(cls, args: Any) -> ToyEncoder:
-        model = cls._from_config(args)
+        model = cls.build_from_config(args)
         model.setup_weights(args)
         return model
 
@@ -63,12 +63,12 @@ class ToyPredictor(BaseModel, nn.Module):
         self.head = nn.Linear(hidden, dim)
 
     @classmethod
-    def _from_config(cls, args: Any) -> ToyPredictor:
+    def build_from_config(cls, args: Any) -> ToyPredictor:
         return cls(**args.config)
 
     @classmethod
     def from_pretrained(cls, args: Any) -> ToyPredictor:
-        model = cls._from_config(args)
+        model = cls.build_from_config(args)
         model.setup_weights(args)
         return model
 

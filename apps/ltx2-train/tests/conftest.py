@@ -58,7 +58,7 @@ def tiny_predictor():
 
     def make(seed: int = 0) -> torch.nn.Module:
         torch.manual_seed(seed)
-        model = LTX2Predictor._from_config(
+        model = LTX2Predictor.build_from_config(
             SimpleNamespace(config=dict(TINY_TRANSFORMER), from_pretrained=None)
         )
         return perturbed(model, seed)

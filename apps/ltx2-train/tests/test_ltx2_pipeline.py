@@ -136,7 +136,7 @@ def test_training_flops_match_torch_flop_counter_of_forward_and_backward(cross_m
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    model = LTX2Predictor._from_config(SimpleNamespace(config=FLOPS_TRANSFORMER, from_pretrained=None))
+    model = LTX2Predictor.build_from_config(SimpleNamespace(config=FLOPS_TRANSFORMER, from_pretrained=None))
     (f, h, w), audio, text = (4, 8, 8), 24, 6
     inputs = dict(
         hidden_states=torch.randn(1, f * h * w, 8), audio_hidden_states=torch.randn(1, audio, 16),

@@ -1,5 +1,5 @@
 """Tiny LTX-2 end to end on 2 gloo processes (FSDP2 + Ulysses 2, audio on): train, resume (also at world 1),
-export; MFU, condition_mbs and ring attention against the same reference run.
+export; MFU, condition_micro_steps and ring attention against the same reference run.
 
 The reference run is the one real ``torchrun -m ltx2_train`` launch of this app's tests (the console
 entry and launcher path); every other run is ``ltx2-train``'s ``main`` on forked gloo ranks (the
@@ -70,7 +70,7 @@ def trained_predictor(ckpt: Path) -> torch.nn.Module:
     flat = ckpt.parent / "flat.pt"
     dcp_to_torch_save(ckpt, flat)
     state = torch.load(flat, weights_only=False)["model"]
-    model = LTX2Predictor._from_config(SimpleNamespace(config=dict(TINY_TRANSFORMER), from_pretrained=None))
+    model = LTX2Predictor.build_from_config(SimpleNamespace(config=dict(TINY_TRANSFORMER), from_pretrained=None))
     model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
     return model.eval()
 
@@ -128,10 +128,10 @@ def test_conditions_shared_across_the_ulysses_group_train_the_same_losses(
     reference, ltx2_train, tiny_cache, run_config, tmp_path
 ):
     # LTX-2's conditions mix tensors with plain values (the latent grid, the frame rate); the reference
-    # (condition_mbs 1) is the plain run
+    # (condition_micro_steps 1) is the plain run
     save = tmp_path / "ahead"
     config = run_config(tiny_cache, train_iters=6, save_interval=6, deterministic=True, save=str(save))
-    ltx2_train("--config", str(config), "features.condition_mbs=2", nproc=2)
+    ltx2_train("--config", str(config), "features.condition_micro_steps=2", nproc=2)
     ahead = losses(save)
     assert sorted(ahead) == list(range(1, 7))
     assert ahead == {step: reference.losses[step] for step in ahead}

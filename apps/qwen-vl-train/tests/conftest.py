@@ -23,8 +23,8 @@ def tiny_root(tmp_path_factory) -> Path:
 def model_args(root: Path, **overrides) -> SimpleNamespace:
     """A ``model`` section (single-model form) for the tiny folder."""
     base = dict(model_id="qwen2_5_vl", from_pretrained=str(root / "model"), checkpoint_path=None, meta_init=False,
-                dtype=None, config={}, load_format="auto", weight_transform=None, checkpoint_conversion_dir=None,
-                dcp_cache_dir=None, dcp_conversion_dir=None)  # fmt: skip
+                dtype=None, config={}, load_format="auto", weight_transform=None,
+                checkpoint_conversion_dir=None)  # fmt: skip
     return SimpleNamespace(**{**base, **overrides})
 
 

@@ -1,6 +1,6 @@
 """Where the tiny Wan2.2 run's conditions come from does not change its training (Ulysses 2, 2 ranks):
 
-- ``features.condition_mbs``: each rank of the context-parallel group VAE- and UMT5-encodes every other
+- ``features.condition_micro_steps``: each rank of the context-parallel group VAE- and UMT5-encodes every other
   micro-batch;
 - the encoder cache (``wan22-train preprocess`` + ``tiny_t2v_cached.yaml``): no encoder is loaded, the
   batches carry the cached latents and the caption embeddings drawn at train time.
@@ -50,7 +50,7 @@ def test_encoding_conditions_across_the_ulysses_group_gives_the_same_losses(
     tiny, online_losses, tmp_path, main_forked
 ):
     ahead = train(main_forked, "tiny_t2v.yaml", tmp_path / "ahead", *tiny_overrides(tiny),
-                  "data.dataset.frame_offset=start", *DRAWS, "features.condition_mbs=2")  # fmt: skip
+                  "data.dataset.frame_offset=start", *DRAWS, "features.condition_micro_steps=2")  # fmt: skip
     assert len(online_losses) == STEPS
     assert ahead == online_losses
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 from mm_config import ConfigError, load_config
-from mm_parallel import FSDPPlan, explain_fsdp_plan
+from mm_parallel import explain_fsdp_plan
+from mm_trainer import fsdp_plan_from_config
 from mm_trainer.dry_run import build_meta_model, dry_run
 from wan22_train.configs import config_path
 
@@ -26,7 +27,7 @@ def test_dry_run_of_the_a14b_high_expert_puts_14b_fp32_params_over_8_ranks():
     cfg = load_config(config_path("t2v_a14b_high.yaml"), world_size=8)
     model = build_meta_model(cfg)
     assert all(p.is_meta for p in model.parameters())
-    explanation = explain_fsdp_plan(model, FSDPPlan.from_dict(cfg.parallel.fsdp_plan.model_dump()), 8)
+    explanation = explain_fsdp_plan(model, fsdp_plan_from_config(cfg.parallel.fsdp_plan), 8)
     per_rank = explanation.sharded_bytes_by_owner()
     predictor_params = sum(p.numel() for p in model.predictor.parameters())
     assert predictor_params == pytest.approx(14.29e9, rel=0.005)
@@ -55,7 +56,7 @@ def test_dry_run_of_an_a14b_lora_puts_the_adapters_in_the_block_units_and_trains
     assert sum(trainable.values()) == 4 * per_block
     assert all(".lora_A.default." in n or ".lora_B.default." in n for n in trainable)
     assert {n.split(".")[1] for n in trainable} == {"0", "1", "2", "3"}
-    explanation = explain_fsdp_plan(model, FSDPPlan.from_dict(cfg.parallel.fsdp_plan.model_dump()), 8)
+    explanation = explain_fsdp_plan(model, fsdp_plan_from_config(cfg.parallel.fsdp_plan), 8)
     block = next(u for u in explanation.units if u.path == "predictor.blocks.0")
     assert sum(n for k, n in trainable.items() if k.startswith("blocks.0.")) == per_block
     assert block.numel == sum(p.numel() for p in model.predictor.blocks[0].parameters())  # base + adapters

@@ -24,7 +24,7 @@ def test_two_nodes_of_four_with_ulysses_2_keep_cp_and_shard_groups_inside_a_node
     assert rows["title"] == "nodes: 2 x 4 ranks (world 8)"
     assert rows["ulysses"].split()[:3] == ["ulysses", "2", "4"] and "inside a node" in rows["ulysses"]
     assert rows["shard"].split()[:3] == ["shard", "4", "2"] and "inside a node" in rows["shard"]
-    assert "crosses nodes (2)" in rows["replicate"]  # data_parallel_size: auto = one replica per node
+    assert "crosses nodes (2)" in rows["replicate"]  # replicate_parallel_size: auto = one replica per node
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 Each "node" is one ``torchrun --nnodes 2 --node-rank R --nproc-per-node 2`` process; both meet at one
 c10d rendezvous on localhost and run 2 gloo workers each (c10d numbers the nodes in the order they
-join; each node's workers get consecutive ranks). ``data_parallel_size: auto`` makes it HSDP
+join; each node's workers get consecutive ranks). ``replicate_parallel_size: auto`` makes it HSDP
 with the shard group inside a node (2 ranks) and the replicate group across the nodes. Its losses
 are those of the single-node world-4 FSDP run (rel 1e-5): the same 4 samples a step, whatever the
 layout. Node 1 is then killed mid-run (its agent and workers, SIGKILL); node 0 fails on its own, and
@@ -126,7 +126,7 @@ def runs(tmp_path_factory, distributed) -> dict:
     root = tmp_path_factory.mktemp("wan_two_nodes")
     tiny = make_tiny(root / "tiny")
 
-    def single_node(rank: int, world: int) -> int:  # one node of 4: data_parallel_size auto = 1, FSDP
+    def single_node(rank: int, world: int) -> int:  # one node of 4: replicate_parallel_size auto = 1, FSDP
         from wan22_train.cli import main
 
         return main(run_args(tiny, root / "single_node"))
@@ -170,7 +170,7 @@ def assert_same_steps(got: list[dict], expected: list[dict]) -> None:
 
 def test_two_nodes_run_hsdp_with_one_replica_per_node(runs):
     parallel = runs["config"]["parallel"]
-    assert (parallel["data_parallel_size"], parallel["fully_shard_parallel_size"]) == (2, 2)
+    assert (parallel["replicate_parallel_size"], parallel["fully_shard_parallel_size"]) == (2, 2)
     assert "replicate  2      2       crosses nodes (2)" in runs["restart_log"]
 
 

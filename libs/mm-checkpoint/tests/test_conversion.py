@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 from mm_checkpoint import (
+    KEY_MAP_REGISTRY,
     TRACKER_FILENAME,
-    WEIGHT_TRANSFORM_PIPELINES,
     CheckpointFormatError,
     KeyMapTransform,
     RenameRule,
@@ -105,7 +105,7 @@ def test_rename_table_applied_on_convert_and_inverted_on_export(
         out = export_checkpoint(tmp_path / "dcp", tmp_path / "back", to="diffusers", model_type="toy_vae")
         tiny.assert_same_state(tiny.vae(), AutoencoderKLWan.from_pretrained(out))
     finally:
-        WEIGHT_TRANSFORM_PIPELINES.pop("toy_vae")
+        KEY_MAP_REGISTRY.pop("toy_vae")
 
 
 def load_checkpoint_keys(path: Path) -> list[str]:

@@ -16,7 +16,7 @@ from mm_checkpoint import (
     load_checkpoint_with_conversion,
     register_weight_transform,
 )
-from mm_checkpoint.key_maps import WEIGHT_TRANSFORM_PIPELINES
+from mm_checkpoint.key_map_registry import KEY_MAP_REGISTRY
 from safetensors.torch import save_file
 from torch import nn
 
@@ -76,7 +76,7 @@ def test_a_source_with_other_tensors_is_reconverted(tmp_path: Path, caplog) -> N
         with caplog.at_level(logging.WARNING, logger="mm_checkpoint.conversion"):
             model, converted_from = _load(source, cache, model_type="strip_model")
     finally:
-        WEIGHT_TRANSFORM_PIPELINES.pop("strip_model")
+        KEY_MAP_REGISTRY.pop("strip_model")
     assert converted_from == str(source) and torch.equal(model.bias, torch.full((4,), 3.0))
     for reason in ("safetensors headers changed", "model type (key map) changed (None -> strip_model)"):
         assert reason in caplog.text

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from mm_checkpoint import (
-    WEIGHT_TRANSFORM_PIPELINES,
+    KEY_MAP_REGISTRY,
     ConcatRule,
     KeyMapError,
     KeyMapTransform,
@@ -116,7 +116,7 @@ def test_registry_registers_once_and_lists_names_on_miss() -> None:
         with pytest.raises(KeyMapError, match=f"'nope'.*{name}"):
             get_weight_transform("nope")
     finally:
-        WEIGHT_TRANSFORM_PIPELINES.pop(name)
+        KEY_MAP_REGISTRY.pop(name)
 
 
 def test_register_as_class_decorator() -> None:
@@ -126,6 +126,6 @@ def test_register_as_class_decorator() -> None:
             super().__init__([RenameRule(r"^x\.", "y.")])
 
     try:
-        assert isinstance(WEIGHT_TRANSFORM_PIPELINES["toy_decorated"], Toy)
+        assert isinstance(KEY_MAP_REGISTRY["toy_decorated"], Toy)
     finally:
-        WEIGHT_TRANSFORM_PIPELINES.pop("toy_decorated")
+        KEY_MAP_REGISTRY.pop("toy_decorated")

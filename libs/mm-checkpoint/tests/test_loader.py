@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 from mm_checkpoint import (
-    WEIGHT_TRANSFORM_PIPELINES,
+    KEY_MAP_REGISTRY,
     CheckpointLoadError,
     CheckpointNotFoundError,
     KeyMapTransform,
@@ -102,7 +102,7 @@ def test_registered_rename_table_maps_checkpoint_keys(tmp_path: Path, tiny: Any)
         assert report.complete
         tiny.assert_same_state(reference, model)
     finally:
-        WEIGHT_TRANSFORM_PIPELINES.pop("toy_loader")
+        KEY_MAP_REGISTRY.pop("toy_loader")
 
 
 def test_single_safetensors_file_path_loads(tmp_path: Path, tiny: Any) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from mm_checkpoint import (
-    WEIGHT_TRANSFORM_PIPELINES,
+    KEY_MAP_REGISTRY,
     CheckpointFormatError,
     DistributedCheckpointer,
     KeyMapTransform,
@@ -32,7 +32,7 @@ MAP = KeyMapTransform([RenameRule(r"^blocks\.(\d+)\.attn\.q\.", r"blocks.\1.q.")
 def key_map():
     register_weight_transform("lora_test_map", MAP)
     yield "lora_test_map"
-    WEIGHT_TRANSFORM_PIPELINES.pop("lora_test_map")
+    KEY_MAP_REGISTRY.pop("lora_test_map")
 
 
 def _module(params: dict[str, torch.Tensor]) -> nn.Module:

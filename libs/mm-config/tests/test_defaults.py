@@ -26,7 +26,11 @@ def test_empty_mapping_gives_all_defaults_resolved_for_world_1():
 
 def test_parallel_defaults():
     p = ParallelConfig()
-    assert (p.fully_shard_parallel_size, p.data_parallel_size, p.tensor_parallel_size) == ("auto", "auto", 1)
+    assert (p.fully_shard_parallel_size, p.replicate_parallel_size, p.tensor_parallel_size) == (
+        "auto",
+        "auto",
+        1,
+    )
     assert (p.ulysses_parallel_size, p.ring_attention_size, p.cp_size) == (1, 1, 1)
     assert p.fsdp_plan == FSDPPlanConfig()
 
@@ -80,7 +84,7 @@ def test_tools_defaults_are_disabled():
 def test_features_defaults():
     f = FeaturesConfig()
     assert f.recompute_plan.apply_modules == [] and f.activation_offload_plan.apply_modules == []
-    assert f.condition_mbs == 1
+    assert f.condition_micro_steps == 1
     assert (f.recompute_plan.policy, f.recompute_plan.every) == ("full", 1)
     assert f.compile.apply_modules == [] and (f.compile.backend, f.compile.mode) == ("inductor", "default")
 

@@ -25,11 +25,13 @@ from mm_config import ParallelConfig
         (8, 1, 2, 1, 8, 4),
     ],
 )
-def test_auto_resolves_shard_degree_and_data_parallel_size(load, world, replicate, ulysses, ring, shard, dp):
+def test_auto_resolves_shard_degree_and_replicate_parallel_size(
+    load, world, replicate, ulysses, ring, shard, dp
+):
     cfg = load(
         {
             "parallel": {
-                "data_parallel_size": replicate,
+                "replicate_parallel_size": replicate,
                 "ulysses_parallel_size": ulysses,
                 "ring_attention_size": ring,
             },
@@ -47,7 +49,7 @@ def test_auto_resolves_shard_degree_and_data_parallel_size(load, world, replicat
 
 
 def test_explicit_shard_degree_matching_the_world_is_kept(load):
-    cfg = load({"parallel": {"fully_shard_parallel_size": 4, "data_parallel_size": 2}}, world_size=8)
+    cfg = load({"parallel": {"fully_shard_parallel_size": 4, "replicate_parallel_size": 2}}, world_size=8)
     assert cfg.parallel.fully_shard_parallel_size == 4 and cfg.parallel.dp_size == 8
 
 
@@ -102,29 +104,31 @@ def test_global_batch_size_derives_gradient_accumulation_at_any_world_size(
         (8, 2, 1, 1, 4),
     ],
 )
-def test_auto_data_parallel_size_is_one_replica_per_node(
+def test_auto_replicate_parallel_size_is_one_replica_per_node(
     world, per_node, ulysses, ring, replicate, write_config
 ):
     from mm_config import load_config
 
     data = {"parallel": {"ulysses_parallel_size": ulysses, "ring_attention_size": ring}}
     p = load_config(write_config(data), world_size=world, ranks_per_node=per_node).parallel
-    assert p.data_parallel_size == replicate and p.fully_shard_parallel_size == world // replicate
+    assert p.replicate_parallel_size == replicate and p.fully_shard_parallel_size == world // replicate
 
 
-def test_auto_data_parallel_size_reads_the_launchers_ranks_per_node(load, monkeypatch):
+def test_auto_replicate_parallel_size_reads_the_launchers_ranks_per_node(load, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert load({"parallel": {}}, world_size=8).parallel.data_parallel_size == 2
+    assert load({"parallel": {}}, world_size=8).parallel.replicate_parallel_size == 2
     # LOCAL_WORLD_SIZE belongs to the launcher's world; a dry run for another world is one node
-    assert load({"parallel": {}}, world_size=16).parallel.data_parallel_size == 1
+    assert load({"parallel": {}}, world_size=16).parallel.replicate_parallel_size == 1
 
 
-def test_an_explicit_data_parallel_size_wins_over_the_node_layout(write_config):
+def test_an_explicit_replicate_parallel_size_wins_over_the_node_layout(write_config):
     from mm_config import load_config
 
-    cfg = load_config(write_config({"parallel": {"data_parallel_size": 1}}), world_size=8, ranks_per_node=4)
-    assert cfg.parallel.data_parallel_size == 1 and cfg.parallel.fully_shard_parallel_size == 8
+    cfg = load_config(
+        write_config({"parallel": {"replicate_parallel_size": 1}}), world_size=8, ranks_per_node=4
+    )
+    assert cfg.parallel.replicate_parallel_size == 1 and cfg.parallel.fully_shard_parallel_size == 8
 
 
 def test_ranks_per_node_that_do_not_divide_the_world_are_refused(write_config):
@@ -134,11 +138,13 @@ def test_ranks_per_node_that_do_not_divide_the_world_are_refused(write_config):
         load_config(write_config({"parallel": {}}), world_size=8, ranks_per_node=3)
 
 
-def test_auto_data_parallel_size_follows_an_explicit_shard_degree(write_config):
+def test_auto_replicate_parallel_size_follows_an_explicit_shard_degree(write_config):
     from mm_config import load_config
 
     data = {"parallel": {"fully_shard_parallel_size": 2}}
-    assert load_config(write_config(data), world_size=8, ranks_per_node=8).parallel.data_parallel_size == 4
+    assert (
+        load_config(write_config(data), world_size=8, ranks_per_node=8).parallel.replicate_parallel_size == 4
+    )
 
 
 def test_mm_config_check_resolves_for_the_ranks_per_node_given(write_config, capsys):
@@ -146,6 +152,6 @@ def test_mm_config_check_resolves_for_the_ranks_per_node_given(write_config, cap
 
     path = str(write_config({"parallel": {}}))
     assert main(["check", path, "--world-size", "8", "--nproc-per-node", "4", "--no-path-check"]) == 0
-    assert "data_parallel_size: 2" in capsys.readouterr().out
+    assert "replicate_parallel_size: 2" in capsys.readouterr().out
     assert main(["check", path, "--world-size", "8", "--nproc-per-node", "3", "--no-path-check"]) != 0
     assert "3 ranks per node do not divide the world size 8" in capsys.readouterr().err

@@ -37,22 +37,24 @@ def test_an_unknown_attention_backend_lists_the_kernels(load_error, problem_at):
     assert "'flash_attn'" in problem_at(err, "parallel.attention_backend")
 
 
-def test_data_parallel_size_must_divide_world_size(load_error, problem_at):
-    err = load_error({"parallel": {"data_parallel_size": 3}}, world_size=8)
-    assert "must divide the world size 8 (8 % 3 = 2)" in problem_at(err, "parallel.data_parallel_size")
+def test_replicate_parallel_size_must_divide_world_size(load_error, problem_at):
+    err = load_error({"parallel": {"replicate_parallel_size": 3}}, world_size=8)
+    assert "must divide the world size 8 (8 % 3 = 2)" in problem_at(err, "parallel.replicate_parallel_size")
 
 
 def test_explicit_shard_degree_times_replicas_must_equal_world_size(load_error, problem_at):
-    err = load_error({"parallel": {"fully_shard_parallel_size": 2, "data_parallel_size": 2}}, world_size=8)
+    err = load_error(
+        {"parallel": {"fully_shard_parallel_size": 2, "replicate_parallel_size": 2}}, world_size=8
+    )
     msg = problem_at(err, "parallel.fully_shard_parallel_size")
-    assert "data_parallel_size (2) x fully_shard_parallel_size (2) = 4, expected the world size 8" in msg
+    assert "replicate_parallel_size (2) x fully_shard_parallel_size (2) = 4, expected the world size 8" in msg
     assert "'auto' = 4" in msg
 
 
 def test_shard_group_must_contain_whole_context_parallel_groups(load_error, problem_at):
-    err = load_error({"parallel": {"data_parallel_size": 4, "ulysses_parallel_size": 4}}, world_size=8)
+    err = load_error({"parallel": {"replicate_parallel_size": 4, "ulysses_parallel_size": 4}}, world_size=8)
     assert (
-        "FSDP shard group 2 (world 8 / data_parallel_size 4) must be a multiple of ulysses x ring = 4"
+        "FSDP shard group 2 (world 8 / replicate_parallel_size 4) must be a multiple of ulysses x ring = 4"
         in problem_at(err, "parallel.fully_shard_parallel_size")
     )
 
@@ -306,30 +308,32 @@ def test_cross_submodel_prefetch_must_not_repeat_a_sub_model(load_error, problem
     assert "names a sub-model twice" in problem_at(err, "parallel.fsdp_plan.cross_submodel_prefetch")
 
 
-def test_condition_mbs_must_be_positive(load_error, problem_at):
-    err = load_error({"features": {"condition_mbs": 0}})
-    assert "expected greater than or equal to 1" in problem_at(err, "features.condition_mbs")
+def test_condition_micro_steps_must_be_positive(load_error, problem_at):
+    err = load_error({"features": {"condition_micro_steps": 0}})
+    assert "expected greater than or equal to 1" in problem_at(err, "features.condition_micro_steps")
 
 
-def test_condition_mbs_must_be_a_multiple_of_the_context_parallel_size(load_error, problem_at):
+def test_condition_micro_steps_must_be_a_multiple_of_the_context_parallel_size(load_error, problem_at):
     err = load_error(
         {
             "parallel": {"ulysses_parallel_size": 2, "ring_attention_size": 2},
-            "features": {"condition_mbs": 6},
+            "features": {"condition_micro_steps": 6},
         },
         world_size=4,
     )
-    assert "must be a multiple of ulysses x ring = 4" in problem_at(err, "features.condition_mbs")
+    assert "must be a multiple of ulysses x ring = 4" in problem_at(err, "features.condition_micro_steps")
 
 
-def test_condition_mbs_equal_to_the_context_parallel_size_is_accepted(load):
-    cfg = load({"parallel": {"ulysses_parallel_size": 2}, "features": {"condition_mbs": 2}}, world_size=2)
-    assert cfg.features.condition_mbs == 2
+def test_condition_micro_steps_equal_to_the_context_parallel_size_is_accepted(load):
+    cfg = load(
+        {"parallel": {"ulysses_parallel_size": 2}, "features": {"condition_micro_steps": 2}}, world_size=2
+    )
+    assert cfg.features.condition_micro_steps == 2
 
 
-def test_condition_mbs_1_means_off_and_fits_any_context_parallel_size(load):
+def test_condition_micro_steps_1_means_off_and_fits_any_context_parallel_size(load):
     cfg = load({"parallel": {"ulysses_parallel_size": 2}}, world_size=2)
-    assert cfg.features.condition_mbs == 1
+    assert cfg.features.condition_micro_steps == 1
 
 
 # --- file level -------------------------------------------------------------------------------
@@ -347,8 +351,9 @@ def test_unknown_nested_key_suggests_the_closest(load_error, problem_at):
 
 def test_unknown_key_without_close_match_lists_valid_keys(load_error, problem_at):
     err = load_error({"features": {"zzz": 1}})
-    assert "expected one of: activation_offload_plan, compile, condition_mbs, recompute_plan" in problem_at(
-        err, "features.zzz"
+    assert (
+        "expected one of: activation_offload_plan, compile, condition_micro_steps, recompute_plan"
+        in problem_at(err, "features.zzz")
     )
 
 

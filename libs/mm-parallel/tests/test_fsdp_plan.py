@@ -17,14 +17,14 @@ def test_from_dict_parses_dtype_strings_and_sub_plans() -> None:
             "sub_plans": {
                 "text_encoder": {"shard_size": 4},
                 "ae": {"enabled": False},
-                "predictor": {"shard_size": -1},
+                "predictor": {"shard_size": None},
             },
         }
     )
     assert (plan.param_dtype, plan.reduce_dtype, plan.output_dtype) == (torch.bfloat16, torch.float32, None)
     assert plan.sub_plans["text_encoder"] == SubPlan(shard_size=4)
     assert plan.sub_plans["ae"].enabled is False
-    assert plan.sub_plans["predictor"].shard_size is None  # -1 = the global mesh
+    assert plan.sub_plans["predictor"].shard_size is None  # null = the global mesh
     assert plan.effective_reshard("text_encoder") is True
 
 
@@ -51,6 +51,12 @@ def test_sub_plan_overrides_reshard_and_offload() -> None:
             r"sub_plans\.te: unknown key 'shard'; did you mean 'shard_size'",
         ),
         ({"sub_plans": {"te": {"shard_size": 0}}}, r"sub_plans\.te\.shard_size: expected a positive integer"),
+        (
+            {"sub_plans": {"te": {"shard_size": -1}}},
+            r"sub_plans\.te\.shard_size: expected a positive integer or null",
+        ),
+        ({"reshard_after_forward": 2}, r"reshard_after_forward: expected bool, got 2"),
+        ({"apply_modules": ["blocks.{x}"]}, r"apply_modules\[0\]: pattern 'blocks\.\{x\}': bad brace group"),
         ({"cpu_offload": "yes"}, r"cpu_offload: expected bool"),
     ],
 )

@@ -23,8 +23,8 @@ def tiny_lm(tmp_path_factory):
 
 def section(path, **overrides):
     base = dict(model_id="my_lm", from_pretrained=str(path), checkpoint_path=None, meta_init=False, dtype=None,
-                config={}, load_format="auto", weight_transform=None, checkpoint_conversion_dir=None,
-                dcp_cache_dir=None, dcp_conversion_dir=None)  # fmt: skip
+                config={}, load_format="auto", weight_transform=None,
+                checkpoint_conversion_dir=None)  # fmt: skip
     return SimpleNamespace(**{**base, **overrides})
 
 

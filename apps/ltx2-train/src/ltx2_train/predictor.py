@@ -77,12 +77,12 @@ class LTX2Predictor(BaseModel, LTX2VideoTransformer3DModel):
     _sequence_parallel: SequenceParallelPlan | None = None
 
     @classmethod
-    def _from_config(cls, args: Any) -> LTX2Predictor:
+    def build_from_config(cls, args: Any) -> LTX2Predictor:
         return cls(**transformer_config(args))
 
     @classmethod
     def from_pretrained(cls, args: Any) -> LTX2Predictor:  # type: ignore[override]
-        model = cls._from_config(args)
+        model = cls.build_from_config(args)
         model.setup_weights(args)
         return model
 

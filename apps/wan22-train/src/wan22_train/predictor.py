@@ -39,12 +39,12 @@ class WanPredictor(BaseModel, WanDiT):
     weight_transform_model_type = "wan2_2"
 
     @classmethod
-    def _from_config(cls, args: Any) -> WanPredictor:
+    def build_from_config(cls, args: Any) -> WanPredictor:
         return cls(predictor_config(args))
 
     @classmethod
     def from_pretrained(cls, args: Any) -> WanPredictor:
-        model = cls._from_config(args)
+        model = cls.build_from_config(args)
         model.setup_weights(args)
         return model
 

@@ -34,7 +34,7 @@ def load_for_sampling(config: TrainConfig, checkpoint: str | Path) -> dict[str, 
     modules: dict[str, Any] = {}
     for name, args in subs.items():
         if name in trained:
-            module = WanPredictor.from_pretrained(args) if args.lora else WanPredictor._from_config(args)
+            module = WanPredictor.from_pretrained(args) if args.lora else WanPredictor.build_from_config(args)
         else:
             module = ModelHub.build(args, meta_init=False)
         freeze(module)

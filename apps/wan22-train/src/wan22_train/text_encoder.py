@@ -22,7 +22,7 @@ class UMT5TextEncoder(BaseModel, UMT5EncoderModel):
     text_len: int = 512
 
     @classmethod
-    def _from_config(cls, args: Any) -> UMT5TextEncoder:
+    def build_from_config(cls, args: Any) -> UMT5TextEncoder:
         options = dict(args.config or {})
         text_len = options.pop("text_len", 512)
         tokenizer_path = options.pop("tokenizer", None) or args.from_pretrained
@@ -38,7 +38,7 @@ class UMT5TextEncoder(BaseModel, UMT5EncoderModel):
 
     @classmethod
     def from_pretrained(cls, args: Any) -> UMT5TextEncoder:  # type: ignore[override]
-        model = cls._from_config(args)
+        model = cls.build_from_config(args)
         model.setup_weights(args)
         return model
 

@@ -37,7 +37,7 @@ class WanVideoVAE(BaseModel, nn.Module):
         return cls(AutoencoderKLWan.from_pretrained(args.from_pretrained, **(args.config or {})))
 
     @classmethod
-    def _from_config(cls, args: Any) -> WanVideoVAE:
+    def build_from_config(cls, args: Any) -> WanVideoVAE:
         """Structure only: the source's ``config.json``, else ``args.config`` (AutoencoderKLWan kwargs)."""
         source = Path(args.from_pretrained or "")
         if (source / "config.json").is_file():
@@ -45,12 +45,12 @@ class WanVideoVAE(BaseModel, nn.Module):
         return cls(AutoencoderKLWan(**(args.config or {})))
 
     def setup_weights(self, args: Any) -> LoadReport | None:
-        """Load the diffusers VAE weights into ``self.vae`` (only when built by ``_from_config``)."""
-        if self._weights_loaded:
+        """Load the diffusers VAE weights into ``self.vae`` (only when built by ``build_from_config``)."""
+        if self.weights_loaded:
             return None  # from_pretrained loaded them already
         report = load_module_weights(self.vae, args)
         if report is not None:
-            self._weights_loaded = True
+            self.weights_loaded = True
         return report
 
     @property

@@ -1,5 +1,9 @@
 """Conversion of safetensors checkpoints to DCP: online (through a loaded model, with a reusable cache)
-and offline (file to file, streaming one tensor at a time)."""
+and offline (file to file, streaming one tensor at a time).
+
+The online step loads the source with :mod:`.loader` and re-saves it with :mod:`.checkpointer`, so it
+and its entry point :func:`load_checkpoint_with_conversion` live here; :mod:`.loader` only loads and
+imports nothing from this module."""
 
 from __future__ import annotations
 
@@ -18,9 +22,12 @@ from torch import nn
 from .checkpointer import INFO_FILENAME, DistributedCheckpointer
 from .dcp_io import save_lazy_dcp
 from .errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError
-from .formats import sniff_format
-from .key_maps import KeyPlan, apply_plan, get_weight_transform, planned_shape_dtype
+from .formats import resolve_load_format, sniff_format
+from .key_map_registry import get_weight_transform
+from .key_maps import KeyPlan, apply_plan, planned_shape_dtype
 from .layout import iteration_dir_name, looks_like_dcp_checkpoint_dir, resolve_dcp_dir, write_tracker
+from .loader import LoadReport, load_dcp_weights_into, load_safetensors_into
+from .module_state import materialize_meta
 from .runtime import barrier, get_rank, on_rank0, progress
 from .safetensors_io import SafetensorsReader, TensorInfo
 from .source_identity import identity_change, source_identity
@@ -101,14 +108,52 @@ def ensure_dcp_cache(
         return Path(conversion_dir), None
     if get_rank() == 0:
         logger.warning("converting %s to DCP in %s: %s", path, conversion_dir, reason)
-    from .loader import load_safetensors_into
-
     source_format = sniff_format(path)
     if source_format == "dcp":  # pragma: no cover - excluded above
         raise CheckpointFormatError(f"{path} is already DCP")
     load_safetensors_into(model, path, get_weight_transform(model_type), source_format).raise_if_incomplete()
     save_model_as_dcp(model, conversion_dir, side_files_from=path, source=identity)
     return Path(conversion_dir), str(path)
+
+
+def load_checkpoint_with_conversion(
+    model: nn.Module,
+    path: str | os.PathLike,
+    fmt: str | None = "auto",
+    model_type: str | None = None,
+    strict: bool = True,
+    conversion_dir: str | os.PathLike | None = None,
+    *,
+    device: torch.device | str | None = None,
+) -> LoadReport:
+    """Load weights at ``path`` into ``model`` (plain, meta or FSDP2-sharded), converting keys as registered.
+
+    ``fmt`` is sniffed when ``auto``. A declared ``dcp`` with a non-DCP ``path`` triggers the online
+    conversion: the source is loaded, saved as DCP iteration 0 under ``conversion_dir`` (reused by later
+    calls), and loaded back from there. Meta tensors are materialized on ``device`` (default: inferred)
+    first. ``model_type`` selects a key map from ``KEY_MAP_REGISTRY`` for safetensors sources.
+
+    Raises:
+        CheckpointLoadError: ``strict`` and keys are missing, unexpected or shape-mismatched.
+        CheckpointFormatError / CheckpointNotFoundError: bad path or format, naming what was found.
+    """
+    resolved = resolve_load_format(path, fmt)
+    uninitialized = materialize_meta(model, device)
+    converted_from = None
+    if resolved == "dcp":
+        dcp_path, converted_from = ensure_dcp_cache(model, path, conversion_dir, model_type=model_type)
+        report = load_dcp_weights_into(model, dcp_path)
+    else:
+        report = load_safetensors_into(model, path, get_weight_transform(model_type), resolved)
+    report.uninitialized_buffers = uninitialized
+    report.converted_from = converted_from
+    if uninitialized:
+        logger.warning(
+            "non-persistent buffers left uninitialized after meta materialization: %s", uninitialized
+        )
+    if strict:
+        report.raise_if_incomplete()
+    return report
 
 
 def _cache_decision(
@@ -154,8 +199,6 @@ def convert_to_dcp(
     Tensors are renamed by the ``model_type`` key map (if any) and streamed one at a time, so memory
     stays at about one tensor. Returns the iteration directory.
     """
-    from .formats import resolve_load_format
-
     fmt = resolve_load_format(src, src_format)
     if fmt == "dcp":
         raise CheckpointFormatError(f"{src} is already a DCP checkpoint; nothing to convert")

@@ -15,7 +15,8 @@ from .conversion import copy_side_files
 from .dcp_io import DcpReader
 from .errors import CheckpointFormatError, ContainerCheckpointError
 from .formats import DIFFUSERS_WEIGHTS_PREFIX, HF_WEIGHTS_PREFIX, normalize_format
-from .key_maps import KeyPlan, apply_plan, get_weight_transform, known_model_types, planned_shape_dtype
+from .key_map_registry import get_weight_transform, known_model_types
+from .key_maps import KeyPlan, apply_plan, planned_shape_dtype
 from .layout import resolve_dcp_dir
 from .runtime import barrier, get_rank, progress
 from .safetensors_io import (

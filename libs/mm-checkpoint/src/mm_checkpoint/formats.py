@@ -99,7 +99,7 @@ def sniff_format(path: str | os.PathLike) -> Format:
         return found
     hint = ""
     if p.is_dir() and (p / "model_index.json").is_file():
-        from .key_maps import known_model_types
+        from .key_map_registry import known_model_types
 
         folders = sorted(c.name for c in p.iterdir() if c.is_dir())
         components = [c for c in folders if sniff_safetensors_format(p / c)] or folders

@@ -10,7 +10,8 @@ import torch
 
 from .dcp_io import DcpReader
 from .formats import resolve_load_format
-from .key_maps import KeyPlan, apply_plan, get_weight_transform
+from .key_map_registry import get_weight_transform
+from .key_maps import KeyPlan, apply_plan
 from .layout import resolve_dcp_dir
 from .runtime import progress
 from .safetensors_io import PACKED_DTYPE_BITS, SafetensorsReader

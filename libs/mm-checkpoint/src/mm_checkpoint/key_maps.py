@@ -11,13 +11,12 @@ applies (so swaps such as ``norm2 <-> norm3`` are expressible), unmatched keys p
 Inverses are derived from the table: a pattern made of literal text and capturing groups (plus
 ``^``/``$`` anchors) inverts automatically; anything else needs an explicit inverse. This module
 holds no model knowledge: the tables of the supported models ship as data (:mod:`.model_key_maps`),
-other applications register theirs with :func:`register_weight_transform`.
+other applications register theirs with :func:`.key_map_registry.register_weight_transform`.
 """
 
 from __future__ import annotations
 
 import re
-import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -508,87 +507,3 @@ def planned_shape_dtype(
 
 IDENTITY = KeyMapTransform(())
 """The transform used when no ``model_type`` is given."""
-
-# --------------------------------------------------------------------------- registry
-
-WEIGHT_TRANSFORM_PIPELINES: dict[str, WeightTransform] = {}
-"""Registered key maps by model type (the shipped tables join on first use, applications add theirs)."""
-
-
-def register_weight_transform(
-    name: str, transform: WeightTransform | None = None, *, overwrite: bool = False
-) -> Any:
-    """Register ``transform`` under ``name``; usable as a decorator on a zero-argument class.
-
-    Raises:
-        KeyMapError: ``name`` is taken by a different transform (unless ``overwrite``; re-registering an
-            equal table, e.g. when a plugin module is imported twice, is a no-op) or the object lacks
-            plan_load/plan_export.
-    """
-
-    def _register(obj: Any) -> Any:
-        instance = obj() if isinstance(obj, type) else obj
-        if not isinstance(instance, WeightTransform):
-            raise KeyMapError(f"weight transform {name!r} must implement plan_load/plan_export, got {obj!r}")
-        taken = WEIGHT_TRANSFORM_PIPELINES.get(name)
-        if taken is not None and not overwrite and taken != instance:
-            raise KeyMapError(
-                f"weight transform {name!r} is already registered; pass overwrite=True to replace it"
-            )
-        WEIGHT_TRANSFORM_PIPELINES[name] = instance
-        return obj
-
-    return _register if transform is None else _register(transform)
-
-
-ENTRY_POINT_GROUP = "mm_checkpoint.weight_transforms"
-
-
-def load_entry_point_transforms() -> None:
-    """Import plugins advertising key maps under the ``mm_checkpoint.weight_transforms`` entry-point group.
-
-    An entry point may name a module (importing it registers its tables) or a transform object/class,
-    registered under the entry point's name.
-    """
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        obj = ep.load()
-        if ep.name not in WEIGHT_TRANSFORM_PIPELINES and not isinstance(obj, types.ModuleType):
-            register_weight_transform(ep.name, obj)
-
-
-def known_model_types() -> list[str]:
-    """Every model type :func:`get_weight_transform` can resolve: registered, shipped with mm-checkpoint
-    (:mod:`.model_key_maps`) or advertised under the entry-point group (not imported here)."""
-    from importlib.metadata import entry_points
-
-    from .model_key_maps import builtin_model_types
-
-    advertised = {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
-    return sorted(set(WEIGHT_TRANSFORM_PIPELINES) | set(builtin_model_types()) | advertised)
-
-
-def get_weight_transform(model_type: str | None) -> WeightTransform:
-    """The transform registered as ``model_type`` (a shipped table registers itself on first use),
-    :data:`IDENTITY` for None.
-
-    Raises:
-        KeyMapError: unknown name, listing the known ones.
-    """
-    if model_type is None:
-        return IDENTITY
-    if model_type not in WEIGHT_TRANSFORM_PIPELINES:
-        from .model_key_maps import builtin_key_map, builtin_model_types
-
-        if model_type in builtin_model_types():
-            register_weight_transform(model_type, builtin_key_map(model_type))
-        else:
-            load_entry_point_transforms()
-    try:
-        return WEIGHT_TRANSFORM_PIPELINES[model_type]
-    except KeyError:
-        raise KeyMapError(
-            f"no weight transform registered as {model_type!r}; known model types: {known_model_types()} "
-            f"(or import the plugin that registers it)"
-        ) from None

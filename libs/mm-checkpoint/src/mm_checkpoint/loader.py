@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,14 +11,11 @@ from torch import nn
 
 from .dcp_io import DcpReader, load_dcp_into
 from .errors import CheckpointLoadError
-from .formats import resolve_load_format
-from .key_maps import WeightTransform, apply_plan, get_weight_transform
+from .key_maps import WeightTransform, apply_plan
 from .layout import resolve_dcp_dir
-from .module_state import Target, assign_local, checkpoint_targets, local_index, materialize_meta
+from .module_state import Target, assign_local, checkpoint_targets, local_index
 from .runtime import progress
 from .safetensors_io import SafetensorsReader
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -134,45 +130,3 @@ def load_dcp_weights_into(model: nn.Module, path: str | os.PathLike) -> LoadRepo
             state[key] = target.detach()
     load_dcp_into(state, dcp_dir, reader.prefix)
     return _finish(report, targets, set(reader.keys()))
-
-
-def load_checkpoint_with_conversion(
-    model: nn.Module,
-    path: str | os.PathLike,
-    fmt: str | None = "auto",
-    model_type: str | None = None,
-    strict: bool = True,
-    conversion_dir: str | os.PathLike | None = None,
-    *,
-    device: torch.device | str | None = None,
-) -> LoadReport:
-    """Load weights at ``path`` into ``model`` (plain, meta or FSDP2-sharded), converting keys as registered.
-
-    ``fmt`` is sniffed when ``auto``. A declared ``dcp`` with a non-DCP ``path`` triggers the online
-    conversion: the source is loaded, saved as DCP iteration 0 under ``conversion_dir`` (reused by later
-    calls), and loaded back from there. Meta tensors are materialized on ``device`` (default: inferred)
-    first. ``model_type`` selects a key map from ``WEIGHT_TRANSFORM_PIPELINES`` for safetensors sources.
-
-    Raises:
-        CheckpointLoadError: ``strict`` and keys are missing, unexpected or shape-mismatched.
-        CheckpointFormatError / CheckpointNotFoundError: bad path or format, naming what was found.
-    """
-    resolved = resolve_load_format(path, fmt)
-    uninitialized = materialize_meta(model, device)
-    converted_from = None
-    if resolved == "dcp":
-        from .conversion import ensure_dcp_cache
-
-        dcp_path, converted_from = ensure_dcp_cache(model, path, conversion_dir, model_type=model_type)
-        report = load_dcp_weights_into(model, dcp_path)
-    else:
-        report = load_safetensors_into(model, path, get_weight_transform(model_type), resolved)
-    report.uninitialized_buffers = uninitialized
-    report.converted_from = converted_from
-    if uninitialized:
-        logger.warning(
-            "non-persistent buffers left uninitialized after meta materialization: %s", uninitialized
-        )
-    if strict:
-        report.raise_if_incomplete()
-    return report

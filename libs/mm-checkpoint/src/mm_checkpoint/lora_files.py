@@ -31,7 +31,8 @@ from .dcp_io import DcpReader
 from .errors import CheckpointFormatError
 from .export import SubmoduleReader, _copy_config, _export
 from .formats import normalize_format, resolve_load_format
-from .key_maps import apply_plan, get_weight_transform, planned_shape_dtype
+from .key_map_registry import get_weight_transform
+from .key_maps import apply_plan, planned_shape_dtype
 from .layout import resolve_dcp_dir
 from .runtime import barrier, get_rank
 from .safetensors_io import SafetensorsReader, TensorInfo, parse_size, save_safetensors

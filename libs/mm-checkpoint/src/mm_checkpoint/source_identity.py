@@ -16,7 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .key_maps import WeightTransform, get_weight_transform
+from .key_map_registry import get_weight_transform
+from .key_maps import WeightTransform
 from .safetensors_io import SafetensorsReader, read_header_bytes, weight_files
 
 IDENTITY_VERSION = 1

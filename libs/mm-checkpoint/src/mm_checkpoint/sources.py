@@ -6,11 +6,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import CheckpointFormatError
 from .formats import normalize_format
-from .layout import looks_like_dcp_checkpoint_dir
 
-_CONVERSION_DIR_KEYS = ("checkpoint_conversion_dir", "dcp_cache_dir", "dcp_conversion_dir", "checkpoint_path")
-_FORMAT_KEYS = ("load_format", "checkpoint_format")
+RENAMED_SOURCE_KEYS = {
+    "dcp_cache_dir": "checkpoint_conversion_dir",
+    "dcp_conversion_dir": "checkpoint_conversion_dir",
+    "checkpoint_format": "load_format",
+}
+"""Keys an older config used -> the key that replaced them; a config that sets one is refused."""
 
 
 @dataclass(frozen=True)
@@ -34,39 +38,20 @@ def _get(cfg: Any, key: str) -> Any:
     return getattr(cfg, key, None)
 
 
-def _first(cfg: Any, keys: tuple[str, ...]) -> Any:
-    for key in keys:
-        value = _get(cfg, key)
-        if value not in (None, ""):
-            return value
-    return None
-
-
 def resolve_checkpoint_source(model_cfg: Mapping[str, Any] | Any) -> CheckpointSource:
     """Resolve a sub-model config (mapping or attribute object) to a :class:`CheckpointSource`.
 
     Rules: ``checkpoint_path`` wins over ``from_pretrained``; the declared format is ``load_format``
-    (or ``checkpoint_format``); the conversion dir is the first set of ``checkpoint_conversion_dir``,
-    ``dcp_cache_dir``, ``dcp_conversion_dir``, ``checkpoint_path``. When the declared format is ``dcp``,
-    no explicit conversion dir is set, ``checkpoint_path`` is not DCP yet and ``from_pretrained`` is set,
-    ``checkpoint_path`` serves as the conversion cache and ``from_pretrained`` as the source.
+    (normalized here, the one place a config's format is); the conversion cache is
+    ``checkpoint_conversion_dir``, the only key that names it.
     """
-    checkpoint_path = _get(model_cfg, "checkpoint_path") or None
-    from_pretrained = _get(model_cfg, "from_pretrained") or None
-    declared = normalize_format(_first(model_cfg, _FORMAT_KEYS))
-    conversion_dir = _first(model_cfg, _CONVERSION_DIR_KEYS)
-    path = checkpoint_path or from_pretrained
-    explicit_cache = _first(model_cfg, _CONVERSION_DIR_KEYS[:3]) is not None
-    if (
-        declared == "dcp"
-        and checkpoint_path
-        and from_pretrained
-        and not explicit_cache
-        and not looks_like_dcp_checkpoint_dir(checkpoint_path)
-    ):
-        path = from_pretrained
+    for old, new in RENAMED_SOURCE_KEYS.items():
+        if _get(model_cfg, old) is not None:
+            raise CheckpointFormatError(f"{old} was renamed: set {new} instead")
+    path = _get(model_cfg, "checkpoint_path") or _get(model_cfg, "from_pretrained") or None
+    conversion_dir = _get(model_cfg, "checkpoint_conversion_dir") or None
     return CheckpointSource(
         path=str(path) if path is not None else None,
-        declared_format=declared,
+        declared_format=normalize_format(_get(model_cfg, "load_format")),
         conversion_dir=str(conversion_dir) if conversion_dir is not None else None,
     )

@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--nproc-per-node",
         type=int,
         default=None,
-        help="ranks per node, for data_parallel_size: auto (default: $LOCAL_WORLD_SIZE, else one node)",
+        help="ranks per node, for replicate_parallel_size: auto (default: $LOCAL_WORLD_SIZE, else one node)",
     )
     check.add_argument(
         "--no-plugins",

@@ -106,6 +106,20 @@ def suggest(name: str, candidates: Iterable[str], what: str = "key") -> str:
     return f"expected one of: {', '.join(candidates)}"
 
 
+RENAMED_KEYS: dict[str, str] = {
+    "dcp_cache_dir": "checkpoint_conversion_dir",
+    "dcp_conversion_dir": "checkpoint_conversion_dir",
+    "data_parallel_size": "replicate_parallel_size",
+    "condition_mbs": "condition_micro_steps",
+}
+"""Config keys that were renamed -> their new name; an old key is refused with a message naming the new one."""
+
+
+def _renamed(name: str, allowed: Iterable[str]) -> str | None:
+    new = RENAMED_KEYS.get(name)
+    return f"renamed: use `{new}`" if new in allowed else None
+
+
 def problems_from_validation_error(err: ValidationError, schema: type[BaseModel]) -> list[Problem]:
     """Translate pydantic's errors into :class:`Problem` s with YAML paths and suggestions."""
     problems: list[Problem] = []
@@ -116,7 +130,9 @@ def problems_from_validation_error(err: ValidationError, schema: type[BaseModel]
             problems += [p.prefixed(loc) for p in inner.problems]
         elif e["type"] == "extra_forbidden":
             names = field_names_at(schema, loc[:-1])
-            problems.append(Problem(loc, f"unknown key; {suggest(str(loc[-1]), names)}"))
+            problems.append(
+                Problem(loc, f"unknown key; {_renamed(str(loc[-1]), names) or suggest(str(loc[-1]), names)}")
+            )
         else:
             value = NO_VALUE if e["type"] == "missing" else e.get("input", NO_VALUE)
             problems.append(Problem(loc, _expectation(e["msg"]), value))

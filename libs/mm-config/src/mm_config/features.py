@@ -53,7 +53,7 @@ class FeaturesConfig(ConfigModel):
     """``torch.compile`` of the matched modules (regional compilation, e.g. ``predictor.blocks.{*}``)."""
     activation_offload_plan: ModulePlanConfig = ModulePlanConfig()
     """Move activations saved by the matched modules to host memory until backward."""
-    condition_mbs: int = Field(default=1, ge=1)
+    condition_micro_steps: int = Field(default=1, ge=1)
     """Encode VAE/text conditions for this many micro-steps ahead and consume them slot by slot.
 
     Inside a context-parallel group (whose ranks see the same micro-batches) each rank encodes

@@ -6,13 +6,13 @@ import copy
 import importlib
 import re
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from . import __version__
 from .errors import ConfigError, Loc, Problem, format_loc, problems_from_validation_error
 from .model import _SINGLE_KEYS
 from .registry import load_schema_entry_points
@@ -151,7 +151,7 @@ def validate_config(
     """Validate raw config data for ``world_size`` (None: ``$WORLD_SIZE`` or 1); raise one :class:`ConfigError`.
 
     ``ranks_per_node`` (None: ``$LOCAL_WORLD_SIZE`` under a launcher of this world size, else all on
-    one node) resolves ``parallel.data_parallel_size: auto`` (one HSDP replica per node).
+    one node) resolves ``parallel.replicate_parallel_size: auto`` (one HSDP replica per node).
 
     With ``check_paths`` every path the run reads (``from_pretrained``, ``checkpoint_path``,
     ``data.data_path``, ``data.data_root``, ``training.load`` and the paths plugin schemas declare as
@@ -260,7 +260,7 @@ def config_to_data(cfg: TrainConfig) -> dict[str, Any]:
 def config_to_yaml(cfg: TrainConfig) -> str:
     """The resolved config as YAML text (every key, defaults included)."""
     header = (
-        f"# Resolved by mm-config {__version__} for world size {cfg.parallel.world_size}; "
+        f"# Resolved by mm-config {version('mm-config')} for world size {cfg.parallel.world_size}; "
         "load it with mm_config.load_config.\n"
     )
     return header + yaml.safe_dump(config_to_data(cfg), sort_keys=False, allow_unicode=True)

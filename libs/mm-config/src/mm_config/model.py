@@ -29,11 +29,8 @@ class SubModelConfig(ConfigModel):
     checkpoint_path: InputPath | None = None
     """Weights to load instead of ``from_pretrained`` (wins over it)."""
     checkpoint_conversion_dir: str | None = None
-    """Cache directory for online conversion to DCP (highest priority of the cache dirs)."""
-    dcp_cache_dir: str | None = None
-    """Alternative name of the DCP conversion cache directory (second priority)."""
-    dcp_conversion_dir: str | None = None
-    """Alternative name of the DCP conversion cache directory (third priority)."""
+    """Cache directory of the online conversion to DCP (``load_format: dcp`` with a safetensors source);
+    the only key that names it."""
     meta_init: bool = False
     """Build on the meta device; parameters are materialized only after FSDP sharding."""
     dtype: DType = None

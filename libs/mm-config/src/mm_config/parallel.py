@@ -1,9 +1,13 @@
 """``parallel``: world layout (FSDP shard/replicate, Ulysses x Ring context parallel) and the FSDP2 plan.
 
+The FSDP plan sections mirror ``mm_parallel.FSDPPlan`` / ``SubPlan`` field for field (same
+defaults, same accepted values; mm-trainer's ``fsdp_plan_from_config`` converts, and its parity test
+keeps the two equal).
+
 Mesh layout (outer to inner): ``dp_replicate x dp_shard x cp`` with ``cp = ulysses x ring``.
 FSDP shards parameters over ``dp_shard x cp`` (context-parallel ranks hold different tokens of
 the same samples, so they can share parameter shards), so
-``fully_shard_parallel_size = world_size / data_parallel_size``; the data-parallel size seen by
+``fully_shard_parallel_size = world_size / replicate_parallel_size``; the data-parallel size seen by
 the sampler is ``world_size / cp`` (all ranks of a CP group read the same sample).
 """
 
@@ -64,24 +68,34 @@ class FSDPPlanConfig(ConfigModel):
     cpu_offload: bool = False
     """Keep sharded parameters, gradients and optimizer state on the host (CPUOffloadPolicy)."""
     num_to_forward_prefetch: int = Field(default=0, ge=0)
-    """How many following units of the same sub-model to all-gather ahead in forward."""
+    """How many following units of the same sub-model to all-gather ahead in forward (explicit
+    prefetch); 0 leaves FSDP2's implicit prefetching alone."""
     num_to_backward_prefetch: int = Field(default=0, ge=0)
-    """How many preceding units of the same sub-model to all-gather ahead in backward."""
-    cross_submodel_prefetch: list[str] = []
+    """How many preceding units of the same sub-model to all-gather ahead in backward (explicit
+    prefetch); 0 leaves FSDP2's implicit prefetching alone."""
+    cross_submodel_prefetch: list[Annotated[str, Field(min_length=1)]] = []
     """Sub-models in the order the pipeline runs them every micro-step (``[text_encoder, predictor]``):
     each one's last FSDP unit starts the all-gather of the next one's first unit, so the next
     sub-model's parameters arrive while the current one computes (from the second step on)."""
     sub_plans: dict[str, SubPlanConfig] = {}
     """Per-sub-model overrides keyed by sub-model name (``text_encoder: {shard_size: 4}``)."""
 
+    @field_validator("cross_submodel_prefetch")
+    @classmethod
+    def _each_sub_model_once(cls, order: list[str]) -> list[str]:
+        if len(set(order)) != len(order):
+            raise ValueError("names a sub-model twice")
+        return order
+
 
 class ParallelConfig(ConfigModel):
     """The ``parallel`` section. After validation every size is resolved to an integer."""
 
     fully_shard_parallel_size: AutoInt = "auto"
-    """FSDP shard degree (``dp_shard x cp``); ``auto`` = world_size / data_parallel_size."""
-    data_parallel_size: AutoInt = "auto"
-    """Replicate degree (HSDP replicas of the sharded model); 1 = plain FSDP over every rank. ``auto`` =
+    """FSDP shard degree (``dp_shard x cp``); ``auto`` = world_size / replicate_parallel_size."""
+    replicate_parallel_size: AutoInt = "auto"
+    """Replicate degree (HSDP replicas of the sharded model; was ``data_parallel_size``, which the
+    sampler's data-parallel size ``dp_size`` = world / cp is not); 1 = plain FSDP over every rank. ``auto`` =
     one replica per node: world / lcm(ranks per node, ulysses x ring), so plain FSDP on one node, and
     across nodes HSDP whose shard groups and context-parallel groups stay inside a node while only the
     gradient all-reduce crosses nodes. Ranks per node: ``$LOCAL_WORLD_SIZE`` (torchrun's
@@ -116,9 +130,9 @@ class ParallelConfig(ConfigModel):
 
     @property
     def world_size(self) -> int:
-        """World size this section was resolved for (``data_parallel_size * fully_shard_parallel_size``)."""
+        """World size this section was resolved for (``replicate_parallel_size * fully_shard_parallel_size``)."""
         shard = self._resolved_shard()
-        return int(self.data_parallel_size) * shard
+        return int(self.replicate_parallel_size) * shard
 
     @property
     def dp_size(self) -> int:
@@ -131,7 +145,7 @@ class ParallelConfig(ConfigModel):
         return self._resolved_shard() // self.cp_size
 
     def _resolved_shard(self) -> int:
-        for key in ("fully_shard_parallel_size", "data_parallel_size"):
+        for key in ("fully_shard_parallel_size", "replicate_parallel_size"):
             if getattr(self, key) == "auto":
                 raise ValueError(f"parallel.{key} is 'auto'; validate via TrainConfig to resolve it")
         return int(self.fully_shard_parallel_size)

@@ -1,7 +1,7 @@
 """``TrainConfig``: the six sections and the rules that tie them together.
 
 Cross-section rules live in one ``model_validator(mode="after")``; it also resolves the derived
-values (``data_parallel_size`` / ``fully_shard_parallel_size: auto``, ``global_batch_size`` or
+values (``replicate_parallel_size`` / ``fully_shard_parallel_size: auto``, ``global_batch_size`` or
 ``gradient_accumulation_steps``, ``trainable_submodels``) for the world size given in the validation
 context (``{"world_size": n}``), else ``$WORLD_SIZE``, else 1, and the ranks per node given there
 (``{"ranks_per_node": m}``), else ``$LOCAL_WORLD_SIZE``, else the world size (one node).
@@ -28,7 +28,7 @@ from .training import TrainingConfig
 _HEAD_KEYS = ("num_heads", "num_attention_heads")
 _ULYSSES: Loc = ("parallel", "ulysses_parallel_size")
 _RING: Loc = ("parallel", "ring_attention_size")
-_DP: Loc = ("parallel", "data_parallel_size")
+_DP: Loc = ("parallel", "replicate_parallel_size")
 _SHARD: Loc = ("parallel", "fully_shard_parallel_size")
 _KERNEL: Loc = ("parallel", "attention_backend")
 
@@ -53,12 +53,12 @@ class TrainConfig(ConfigModel):
     def _cross_section_rules(self, info: ValidationInfo) -> TrainConfig:
         world = context_world_size(info.context)
         p = self.parallel
-        if p.data_parallel_size == "auto" and p.fully_shard_parallel_size != "auto":
-            p.data_parallel_size = max(
+        if p.replicate_parallel_size == "auto" and p.fully_shard_parallel_size != "auto":
+            p.replicate_parallel_size = max(
                 1, world // int(p.fully_shard_parallel_size)
             )  # the shard degree decides
-        elif p.data_parallel_size == "auto":
-            p.data_parallel_size = replicas_across_nodes(
+        elif p.replicate_parallel_size == "auto":
+            p.replicate_parallel_size = replicas_across_nodes(
                 world, context_ranks_per_node(info.context, world), p.cp_size
             )
         problems = _layout_problems(self.parallel, world)
@@ -72,7 +72,7 @@ class TrainConfig(ConfigModel):
 
     def _resolve(self, world: int) -> None:
         p, t = self.parallel, self.training
-        p.fully_shard_parallel_size = world // p.data_parallel_size
+        p.fully_shard_parallel_size = world // p.replicate_parallel_size
         dp = world // p.cp_size
         if t.gradient_accumulation_steps is None:  # Megatron's convention: derived from the global batch
             per_step = t.micro_batch_size * dp
@@ -110,7 +110,7 @@ def context_ranks_per_node(context: object, world: int) -> int:
 
 
 def replicas_across_nodes(world: int, ranks_per_node: int, cp: int) -> int:
-    """``data_parallel_size: auto``: one HSDP replica per group of nodes just large enough to hold whole
+    """``replicate_parallel_size: auto``: one HSDP replica per group of nodes just large enough to hold whole
     context-parallel groups, ``world / lcm(ranks_per_node, cp)`` (1 where ``cp`` does not divide the
     world: that is reported as the error it is)."""
     group = math.lcm(ranks_per_node, cp)
@@ -119,7 +119,7 @@ def replicas_across_nodes(world: int, ranks_per_node: int, cp: int) -> int:
 
 def _layout_problems(p: ParallelConfig, world: int) -> list[Problem]:
     out: list[Problem] = []
-    cp, dp = p.cp_size, p.data_parallel_size
+    cp, dp = p.cp_size, p.replicate_parallel_size
     if world % cp:
         at, other = (_RING, _ULYSSES) if p.ulysses_parallel_size == 1 else (_ULYSSES, _RING)
         out.append(
@@ -139,7 +139,7 @@ def _layout_problems(p: ParallelConfig, world: int) -> list[Problem]:
         out.append(
             Problem(
                 _SHARD,
-                f"data_parallel_size ({dp}) x fully_shard_parallel_size ({shard}) = "
+                f"replicate_parallel_size ({dp}) x fully_shard_parallel_size ({shard}) = "
                 f"{dp * shard}, expected the world size {world} (or 'auto' = {world // dp})",
                 shard,
                 deps=(_DP,),
@@ -149,7 +149,7 @@ def _layout_problems(p: ParallelConfig, world: int) -> list[Problem]:
         out.append(
             Problem(
                 _SHARD,
-                f"FSDP shard group {world // dp} (world {world} / data_parallel_size {dp}) "
+                f"FSDP shard group {world // dp} (world {world} / replicate_parallel_size {dp}) "
                 f"must be a multiple of ulysses x ring = {cp}: context-parallel ranks belong to "
                 "the shard group",
                 shard,
@@ -216,10 +216,6 @@ def _submodel_problems(cfg: TrainConfig) -> list[Problem]:
             out.append(
                 Problem(loc, f"not a sub-model; {suggest(name, subs, 'sub-model')}", name, deps=model_deps)
             )
-    if len(set(order)) != len(order):
-        out.append(
-            Problem(("parallel", "fsdp_plan", "cross_submodel_prefetch"), "names a sub-model twice", order)
-        )
     if cfg.model.is_container:
         out += _pattern_head_problems(cfg, set(subs))
     return out
@@ -324,11 +320,11 @@ def _batch_and_heads_problems(cfg: TrainConfig, world: int) -> list[Problem]:
                 ),
             )
         )
-    mbs = cfg.features.condition_mbs
+    mbs = cfg.features.condition_micro_steps
     if mbs > 1 and mbs % p.cp_size:  # 1 = off: every rank encodes its own micro-batch
         out.append(
             Problem(
-                ("features", "condition_mbs"),
+                ("features", "condition_micro_steps"),
                 f"must be a multiple of ulysses x ring = {p.cp_size}: the ranks of a context-parallel "
                 "group take turns encoding the micro-batches' conditions",
                 mbs,

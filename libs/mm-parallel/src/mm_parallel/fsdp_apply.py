@@ -27,7 +27,7 @@ class FSDPUnit:
     owner: str
     kind: str
     mesh_shape: tuple[int, ...]
-    reshard_after_forward: bool | int | None
+    reshard_after_forward: bool | None
     num_params: int
     numel: int
 
@@ -66,7 +66,7 @@ def _offload_policy(enabled: bool, device_type: str) -> OffloadPolicy:
     return CPUOffloadPolicy(pin_memory=device_type != "cpu") if enabled else OffloadPolicy()
 
 
-def _reshard_arg(plan: FSDPPlan, unit: UnitSpec, frozen: bool) -> bool | int | None:
+def _reshard_arg(plan: FSDPPlan, unit: UnitSpec, frozen: bool) -> bool | None:
     """Value passed to fully_shard: a trainable sub-model root keeps FSDP's automatic choice
     (no reshard after forward, backward needs the parameters at once)."""
     value = plan.effective_reshard(unit.owner)

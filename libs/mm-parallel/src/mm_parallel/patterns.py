@@ -6,7 +6,7 @@ Syntax (a pattern must match the whole dotted module path):
 - ``{a-b}`` one integer segment in the inclusive range a..b: ``blocks.{0-3}``;
 - ``*``     any characters, dots included: ``*.attn``;
 - ``?``     exactly one character;
-- anything else is literal.
+- anything else is literal; a brace outside ``{*}`` / ``{a-b}`` is an error.
 """
 
 from __future__ import annotations
@@ -46,7 +46,23 @@ def compile_pattern(pattern: str) -> tuple[re.Pattern[str], list[tuple[int, int]
             ranges.append((low, high))
         pos = token.end()
     parts.append(re.escape(pattern[pos:]))
+    literal = _TOKEN.sub("", pattern)
+    if "{" in literal or "}" in literal:
+        raise ValueError(
+            f"pattern {pattern!r}: bad brace group; expected {{*}} (one integer segment) or {{a-b}} "
+            "(inclusive integer range with a <= b)"
+        )
     return re.compile("".join(parts)), ranges
+
+
+def check_pattern(pattern: str, key: str) -> None:
+    """Raise ValueError naming ``key`` unless ``pattern`` is a non-empty, well-formed plan pattern."""
+    if not pattern or pattern != pattern.strip():
+        raise ValueError(f"{key}: expected a non-empty pattern without surrounding spaces, got {pattern!r}")
+    try:
+        compile_pattern(pattern)
+    except ValueError as err:
+        raise ValueError(f"{key}: {err}") from None
 
 
 def pattern_matches(pattern: str, path: str) -> bool:

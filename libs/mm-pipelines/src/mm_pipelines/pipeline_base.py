@@ -96,7 +96,7 @@ class GenerativePipelineBase:
         self, container: Any, conditions: dict[str, Any], rng: SampleRNG | None = None
     ) -> PipelineOutput:
         """Stages 2-4 on conditions from :meth:`prepare_conditions` (possibly encoded earlier or by
-        another rank: the trainer's ``features.condition_mbs``)."""
+        another rank: the trainer's ``features.condition_micro_steps``)."""
         noised = self.noising(conditions, rng)
         prediction = self.predict(container, noised)
         loss = self.compute_loss(prediction, noised)

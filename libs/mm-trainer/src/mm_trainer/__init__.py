@@ -10,6 +10,7 @@ from mm_trainer.conversation_data import conversation_dataset  # noqa: E402
 from mm_trainer.ema import ParameterEMA  # noqa: E402
 from mm_trainer.engine import NonFiniteLossError, TrainEngine  # noqa: E402
 from mm_trainer.features import FeaturesReport, apply_features, feature_plans, plan_features  # noqa: E402
+from mm_trainer.fsdp_plan_config import fsdp_plan_from_config  # noqa: E402
 from mm_trainer.hf_export import export_hf_model  # noqa: E402
 from mm_trainer.hf_model import HFModel, TransformersKeyRenaming, hf_model_class  # noqa: E402
 from mm_trainer.lora import LoraAdapters, LoraTargets, inject_lora  # noqa: E402
@@ -76,6 +77,7 @@ __all__ = [
     "data_register",
     "freeze",
     "hf_model_class",
+    "fsdp_plan_from_config",
     "import_plugins",
     "inject_lora",
     "init_module_weights",

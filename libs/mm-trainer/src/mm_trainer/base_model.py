@@ -1,7 +1,7 @@
 """BaseModel: the two-phase life cycle of a trainable or frozen sub-model.
 
 Phase 1 builds the structure (``from_pretrained`` with real weights, or
-``_from_config`` on the meta device). Phase 2, ``setup_weights``, loads weight
+``build_from_config`` on the meta device). Phase 2, ``setup_weights``, loads weight
 *content* after FSDP has laid out the shards, so that no rank ever holds the
 whole model. A model only supplies the hooks that are specific to it:
 ``post_load`` and ``weight_transform_model_type`` (the key map registered in
@@ -24,10 +24,13 @@ class BaseModel:
     (``model.models.<name>`` of the YAML), never the whole config tree.
     """
 
-    #: Name of a key map registered in ``mm_checkpoint.WEIGHT_TRANSFORM_PIPELINES``.
+    #: Name of a key map registered in ``mm_checkpoint.KEY_MAP_REGISTRY``.
     weight_transform_model_type: str | None = None
-    #: Set once real weights are in the module; the trainer never randomly initializes it then.
-    _weights_loaded: bool = False
+    #: Public contract: True once real weights are in the module. ``ModelHub.build`` sets it after
+    #: ``from_pretrained``, ``setup_weights`` after a load, the trainer after loading a module of
+    #: another class; a model that loads weights some other way sets it itself. The trainer never
+    #: loads or randomly initializes a module that has it set.
+    weights_loaded: bool = False
 
     @classmethod
     def from_pretrained(cls, args: Any) -> nn.Module:
@@ -35,9 +38,13 @@ class BaseModel:
         raise NotImplementedError(f"{cls.__name__} does not implement from_pretrained(args)")
 
     @classmethod
-    def _from_config(cls, args: Any) -> nn.Module:
-        """Build the module structure from ``args`` without loading weights (may run on meta)."""
-        raise NotImplementedError(f"{cls.__name__} does not implement _from_config(args)")
+    def build_from_config(cls, args: Any) -> nn.Module:
+        """Build the module structure from ``args`` without loading weights (may run on meta).
+
+        Public hook: ``ModelHub.build`` calls it under ``torch.device("meta")`` for ``meta_init`` and
+        when the section names no weights; a model's own ``from_pretrained`` usually calls it too.
+        """
+        raise NotImplementedError(f"{cls.__name__} does not implement build_from_config(args)")
 
     def setup_weights(self, args: Any) -> LoadReport | None:
         """Load weights named by ``args`` (checkpoint_path > from_pretrained); None when no source.
@@ -47,7 +54,7 @@ class BaseModel:
         """
         report = load_module_weights(self, args, model_type=self.weight_transform_model_type)  # type: ignore[arg-type]
         if report is not None:
-            self._weights_loaded = True
+            self.weights_loaded = True
             self.post_load()
         return report
 

@@ -1,13 +1,13 @@
-"""``features.condition_mbs``: conditions encoded for several micro-steps ahead, consumed one by one.
+"""``features.condition_micro_steps``: conditions encoded for several micro-steps ahead, consumed one by one.
 
-The ranks of a context-parallel group see the same micro-batches. With ``condition_mbs = N`` every
+The ranks of a context-parallel group see the same micro-batches. With ``condition_micro_steps = N`` every
 rank draws the next N micro-batches; micro-batch i is encoded only by the group's rank ``i % cp``,
 which then broadcasts its conditions to the others. The frozen VAE / text encoders thus run once
 per micro-batch instead of once per rank. All ranks first encode their own micro-batches (the same
 number each, so collectives of a sharded encoder stay in step) and only then exchange.
 
 The saved data position is the loader's after the last micro-batch actually trained on, exactly
-what the plain stream saves: a resume (at any ``condition_mbs``) re-reads the rest of the group.
+what the plain stream saves: a resume (at any ``condition_micro_steps``) re-reads the rest of the group.
 Conditions are a deterministic function of the batch (frozen encoders in eval, VAE mode), so
 nothing else needs saving.
 """
@@ -51,7 +51,7 @@ class ConditionStream:
         self.cp_size = dist.get_world_size(cp_group) if cp_group is not None else 1
         if micro_steps < 1 or micro_steps % self.cp_size:
             raise ValueError(
-                f"features.condition_mbs={micro_steps} must be a positive multiple of the context-parallel "
+                f"features.condition_micro_steps={micro_steps} must be a positive multiple of the context-parallel "
                 f"size {self.cp_size}"
             )
         self.batches, self.encode, self.micro_steps = batches, encode, micro_steps
@@ -93,9 +93,9 @@ class ConditionStream:
         grads = [k for k, v in conditions.items() if isinstance(v, torch.Tensor) and v.requires_grad]
         if grads:
             raise ValueError(
-                f"features.condition_mbs={self.micro_steps}: conditions {grads} require grad (a trainable "
+                f"features.condition_micro_steps={self.micro_steps}: conditions {grads} require grad (a trainable "
                 "condition encoder?); conditions encoded ahead or on another rank carry no autograd graph. "
-                "Freeze the encoders or set features.condition_mbs: 1"
+                "Freeze the encoders or set features.condition_micro_steps: 1"
             )
         return conditions
 

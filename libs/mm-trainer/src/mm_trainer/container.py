@@ -146,7 +146,7 @@ class ModelContainer(nn.Module):
 
     @property
     def encodes_conditions(self) -> bool:
-        """Whether the pipeline separates condition encoding from the rest (``features.condition_mbs``)."""
+        """Whether the pipeline separates condition encoding from the rest (``features.condition_micro_steps``)."""
         return all(
             callable(getattr(self.pipeline, name, None))
             for name in ("prepare_conditions", "train_on_conditions")
@@ -156,7 +156,7 @@ class ModelContainer(nn.Module):
         if not self.encodes_conditions:
             raise TypeError(
                 f"{type(self).__name__}'s pipeline {type(self.pipeline).__name__} has no prepare_conditions / "
-                "train_on_conditions (mm_pipelines.GenerativePipelineBase); features.condition_mbs needs both"
+                "train_on_conditions (mm_pipelines.GenerativePipelineBase); features.condition_micro_steps needs both"
             )
         return self.pipeline
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from mm_config import ParallelConfig, TrainConfig, context_ranks_per_node
 from mm_parallel import (
     GROUP_ROLES,
-    FSDPPlan,
     NodeLayout,
     ParallelState,
     describe_node_layout,
@@ -16,6 +15,7 @@ from mm_parallel import (
 
 from mm_trainer.container import ModelContainer, container_class, freeze
 from mm_trainer.features import feature_plans, plan_features
+from mm_trainer.fsdp_plan_config import fsdp_plan_from_config
 from mm_trainer.lora import inject_lora
 from mm_trainer.model_hub import ModelHub
 from mm_trainer.plugins import import_plugins
@@ -44,9 +44,9 @@ def dry_run(config: TrainConfig, *, world_size: int, ranks_per_node: int | None 
     resolved it, ``$LOCAL_WORLD_SIZE`` under a launcher, else one node)."""
     model = build_meta_model(config)
     features = plan_features(model, **feature_plans(config.features)).lines() or ["none"]
-    plan = FSDPPlan.from_dict(config.parallel.fsdp_plan.model_dump())
+    plan = fsdp_plan_from_config(config.parallel.fsdp_plan)
     p = config.parallel
-    explanation = explain_fsdp_plan(model, plan, world_size, dp_replicate=int(p.data_parallel_size))
+    explanation = explain_fsdp_plan(model, plan, world_size, dp_replicate=int(p.replicate_parallel_size))
     nodes = NodeLayout(world_size, context_ranks_per_node({"ranks_per_node": ranks_per_node}, world_size))
     lines = [str(explanation), *(f"features: {line}" for line in features)]
     return "\n".join(lines) + f"\n\n{describe_layout(p, nodes)}"
@@ -56,7 +56,7 @@ def describe_layout(parallel: ParallelConfig, nodes: NodeLayout) -> str:
     """The groups of a resolved ``parallel`` section (mesh and sub-plans) and the nodes each spans."""
     state = ParallelState(
         world_size=nodes.world_size,
-        dp_replicate=int(parallel.data_parallel_size),
+        dp_replicate=int(parallel.replicate_parallel_size),
         ulysses=parallel.ulysses_parallel_size,
         ring=parallel.ring_attention_size,
         device_type="cpu",

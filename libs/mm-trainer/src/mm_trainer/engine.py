@@ -292,7 +292,7 @@ def to_device(batch: Any, device: torch.device) -> Any:
 
 
 def _batch_size(batch: dict) -> int:
-    if isinstance(batch.get("conditions"), dict):  # encoded ahead (features.condition_mbs)
+    if isinstance(batch.get("conditions"), dict):  # encoded ahead (features.condition_micro_steps)
         batch = batch["conditions"]
     for value in batch.values():
         if isinstance(value, torch.Tensor) and value.ndim > 0:

@@ -114,14 +114,14 @@ class HFModel(BaseModel):
     module_groups: dict[str, tuple[str, ...]] = {}
 
     @classmethod
-    def _from_config(cls, args: Any) -> HFModel:
+    def build_from_config(cls, args: Any) -> HFModel:
         model = cls(load_hf_config(args, cls.config_class))
         model.freeze_groups(_options(args).freeze_groups)
         return model
 
     @classmethod
     def from_pretrained(cls, args: Any) -> HFModel:  # type: ignore[override]
-        model = cls._from_config(args)
+        model = cls.build_from_config(args)
         model.setup_weights(args)
         return model
 
@@ -271,8 +271,8 @@ class HFCausalLM:
     """Generic id: any transformers causal-LM / VLM class named by the config (no module groups)."""
 
     @classmethod
-    def _from_config(cls, args: Any) -> nn.Module:
-        return hf_model_class(hf_class(args))._from_config(args)
+    def build_from_config(cls, args: Any) -> nn.Module:
+        return hf_model_class(hf_class(args)).build_from_config(args)
 
     @classmethod
     def from_pretrained(cls, args: Any) -> nn.Module:

@@ -7,7 +7,7 @@ each layout (``torchrun`` on this host: gloo on CPU, or the real devices), print
 each, and the largest relative difference from the first layout; exit 1 past ``--tolerance``.
 
 A layout is ``WORLD[:key=value,...]`` with keys ``ulysses``, ``ring``, ``replicate`` (HSDP
-replicas, ``parallel.data_parallel_size``) and ``micro`` (``training.micro_batch_size``), e.g.
+replicas, ``parallel.replicate_parallel_size``) and ``micro`` (``training.micro_batch_size``), e.g.
 ``1``, ``2``, ``2:ulysses=2``, ``4:ulysses=2,micro=1``. The config must fix the global batch
 (``training.global_batch_size``, with ``gradient_accumulation_steps`` left out so it is derived per
 layout); layouts that would train different global batches are refused before anything runs.
@@ -31,7 +31,7 @@ from mm_config import ConfigError, load_config
 LAYOUT_KEYS = {
     "ulysses": "parallel.ulysses_parallel_size",
     "ring": "parallel.ring_attention_size",
-    "replicate": "parallel.data_parallel_size",
+    "replicate": "parallel.replicate_parallel_size",
     "micro": "training.micro_batch_size",
 }
 

@@ -32,7 +32,7 @@ class ModelHub:
         With ``meta_init`` the structure is created under ``torch.device("meta")``
         and weights are loaded later (after FSDP sharding) by ``setup_weights``.
         Without it, ``from_pretrained`` loads real weights now when a source is
-        given, else ``_from_config`` builds a randomly initialized module.
+        given, else ``build_from_config`` builds a randomly initialized module.
         """
         meta = bool(args.meta_init if meta_init is None else meta_init)
         model_id = args.model_id
@@ -52,12 +52,12 @@ class ModelHub:
 def _build_registered(cls: Any, args: Any, meta: bool) -> nn.Module:
     if meta:
         with torch.device("meta"):
-            return cls._from_config(args)
+            return cls.build_from_config(args)
     if args.from_pretrained or getattr(args, "checkpoint_path", None):
         model = cls.from_pretrained(args)
-        model._weights_loaded = True
+        model.weights_loaded = True
         return model
-    return cls._from_config(args)
+    return cls.build_from_config(args)
 
 
 def _is_transformers_dir(path: str) -> bool:

@@ -15,7 +15,7 @@ RUN_CONFIG_NAME = "config.yaml"
 OFFLINE_LAYOUT = (
     "parallel.ulysses_parallel_size=1",
     "parallel.ring_attention_size=1",
-    "parallel.data_parallel_size=1",
+    "parallel.replicate_parallel_size=1",
     "parallel.fully_shard_parallel_size=auto",
 )
 """Overrides that make a training config valid as one process: the layout is no concern of offline tools."""

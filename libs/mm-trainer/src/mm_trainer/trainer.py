@@ -8,7 +8,7 @@ config (the config check, paths included) -> init distributed + ParallelState ->
  -> materialize (to_empty) + load weights                            # AFTER fully_shard
  -> random init only for sub-models that loaded nothing; LoRA adapters initialized (B = 0)
  -> EMA of the trainable parameters (training.ema; on their shards)
- -> optimizer, lr scheduler, batches (+ conditions ahead: features.condition_mbs), checkpointer (resume)
+ -> optimizer, lr scheduler, batches (+ conditions ahead: features.condition_micro_steps), checkpointer (resume)
  -> validator (training.validation: the model's sample / validation_loss hooks, held-out data)
  -> TrainEngine.train
 """
@@ -24,7 +24,6 @@ import torch.distributed as dist
 from mm_checkpoint import DistributedCheckpointer, materialize_meta
 from mm_config import TrainConfig, dump_config
 from mm_parallel import (
-    FSDPPlan,
     NodeLayout,
     ParallelState,
     apply_fsdp_plan,
@@ -42,6 +41,7 @@ from mm_trainer.container import ModelContainer, ModelContainerHub
 from mm_trainer.ema import ParameterEMA
 from mm_trainer.engine import TrainEngine
 from mm_trainer.features import apply_features, feature_plans
+from mm_trainer.fsdp_plan_config import fsdp_plan_from_config
 from mm_trainer.lora import inject_lora
 from mm_trainer.metrics import MetricsLogger
 from mm_trainer.optim import build_lr_scheduler, build_optimizer
@@ -69,7 +69,7 @@ class Trainer:
         parallel = config.parallel
         self.parallel_state = ParallelState(
             world_size=self.world_size,
-            dp_replicate=parallel.data_parallel_size,
+            dp_replicate=parallel.replicate_parallel_size,
             ulysses=parallel.ulysses_parallel_size,
             ring=parallel.ring_attention_size,
             device_type=device_type,
@@ -117,12 +117,12 @@ class Trainer:
             dp_size=self.parallel_state.dp_size,
             seed=config.training.seed,
         )
-        if config.features.condition_mbs > 1:
+        if config.features.condition_micro_steps > 1:
             ps = self.parallel_state
             self.batches = ConditionStream(
                 self.batches,
                 self.model.encode_conditions,
-                micro_steps=config.features.condition_mbs,
+                micro_steps=config.features.condition_micro_steps,
                 device=self.device,
                 cp_group=ps.cp_group if ps.cp_enabled else None,
             )
@@ -141,9 +141,9 @@ class Trainer:
             stage_model_weights(cfg.model, cfg.training.stage_dir) if cfg.training.stage_dir else cfg.model
         )
         model = ModelContainerHub.build(model_cfg, device=self.device, trainable=trainable)
-        if cfg.features.condition_mbs > 1 and not model.encodes_conditions:
+        if cfg.features.condition_micro_steps > 1 and not model.encodes_conditions:
             raise ValueError(
-                f"features.condition_mbs={cfg.features.condition_mbs} needs a pipeline that encodes conditions "
+                f"features.condition_micro_steps={cfg.features.condition_micro_steps} needs a pipeline that encodes conditions "
                 f"separately (prepare_conditions + train_on_conditions, mm_pipelines.GenerativePipelineBase); "
                 f"{type(model).__name__} has pipeline {type(model.pipeline).__name__}. Set it to 1"
             )
@@ -153,7 +153,7 @@ class Trainer:
         for line in apply_features(model, **feature_plans(cfg.features)).lines():
             _log_rank0(f"features: {line}")
         self.fsdp_report = apply_fsdp_plan(
-            model, FSDPPlan.from_dict(cfg.parallel.fsdp_plan.model_dump()), self.parallel_state
+            model, fsdp_plan_from_config(cfg.parallel.fsdp_plan), self.parallel_state
         )
         for source, target in self.fsdp_report.cross_submodel_prefetch.items():
             _log_rank0(f"cross-sub-model prefetch: {source} gathers {target} (from step 2)")
@@ -190,12 +190,12 @@ class Trainer:
         was_meta = any(p.is_meta for p in module.parameters())
         if was_meta:
             _materialize(name, module, self.device)
-        if restored or getattr(module, "_weights_loaded", False):
+        if restored or getattr(module, "weights_loaded", False):
             return
         setup = getattr(module, "setup_weights", None)
         report = setup(args) if callable(setup) else load_module_weights(module, args)
         if report is not None:
-            module._weights_loaded = True
+            module.weights_loaded = True
             return
         if was_meta:
             _log_rank0(f"model.models.{name}: no weights source; random initialization")
