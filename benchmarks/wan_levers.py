@@ -14,10 +14,12 @@ the part a compiler can fuse; its ratio to eager's is the last column.
 
     hatch run python benchmarks/wan_levers.py                    # dim 512, 8 heads, 4 blocks, 4096 tokens
     hatch run python benchmarks/wan_levers.py --device cuda --dtype bfloat16 --grid 8 48 64
+    hatch run python benchmarks/wan_levers.py --recompute selective   # eager, no recompute + the selective pair
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from collections.abc import Callable
 
@@ -25,7 +27,7 @@ import torch
 from mm_config import install_warning_filters
 from mm_trainer import apply_features
 from wan22_train.model import WanDiT, WanDiTConfig
-from wan_step import MatmulSkeleton, Shape, _parse, _step_fn
+from wan_step import MatmulSkeleton, Shape, _parser, _step_fn
 
 BLOCKS = ["blocks.{*}"]
 VARIANTS = {
@@ -37,6 +39,29 @@ VARIANTS = {
     "compiled, full recompute": {"compile_modules": BLOCKS, "recompute_modules": BLOCKS},
 }  # fmt: skip
 BASE, SKELETON = "eager, no recompute", "matmul skeleton (floor)"
+RECOMPUTE = ("no", "selective", "full")
+
+
+def _parse() -> argparse.Namespace:
+    parser = _parser(__doc__)
+    parser.add_argument(
+        "--recompute",
+        nargs="+",
+        choices=RECOMPUTE,
+        default=list(RECOMPUTE),
+        help="recompute settings to measure, eager and compiled each (default all; the eager run "
+        "without recompute, the ratios' base, always runs); fewer settings compile fewer variants",
+    )
+    return parser.parse_args()
+
+
+def _variants(recompute: list[str]) -> dict[str, dict]:
+    """The variants a run measures: ``BASE`` and, per chosen recompute setting, eager and compiled."""
+    return {
+        name: plans
+        for name, plans in VARIANTS.items()
+        if name == BASE or any(name.endswith(f", {r} recompute") for r in recompute)
+    }
 
 
 def _peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
@@ -81,7 +106,7 @@ def main() -> None:
     target = torch.randn(hidden.shape, generator=gen).to(device, dtype)
     inputs = (hidden, torch.tensor([500.0], device=device), text)
     steps = {}
-    for name, plans in VARIANTS.items():
+    for name, plans in _variants(args.recompute).items():
         model = WanDiT(config)
         model.load_state_dict(weights)
         model = model.to(device, dtype).train()

@@ -38,10 +38,9 @@ from wan22_train.key_maps import diffusers_to_native
 from wan22_train.model import WanDiT, WanDiTConfig
 
 
-def _parse() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def _parser(doc: str | None = __doc__) -> argparse.ArgumentParser:
+    """The shape, device and timing options shared by the Wan step benchmarks."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--blocks", type=int, default=4)
@@ -60,7 +59,11 @@ def _parse() -> argparse.Namespace:
     parser.add_argument(
         "--dtype", default="float32", choices=("float32", "bfloat16"), help="parameters and inputs"
     )
-    return parser.parse_args()
+    return parser
+
+
+def _parse() -> argparse.Namespace:
+    return _parser().parse_args()
 
 
 @dataclass(frozen=True)

@@ -73,10 +73,12 @@ def test_lora_step_reports_full_and_lora_rows_of_one_config():
     assert rows["lora"][0] < rows["full"][0] and rows["lora"][2] < rows["full"][2]  # trainable, state MB
 
 
-@pytest.mark.slow  # a child interpreter that compiles three variants with inductor
-def test_wan_levers_prints_every_variant_as_ratios_to_eager():
+@pytest.mark.slow  # a child interpreter that compiles a variant with inductor
+def test_wan_levers_prints_the_chosen_variants_as_ratios_to_eager():
+    # one recompute setting: the base row and the selective pair (compiling every variant cost minutes
+    # of CI on a cold inductor cache; the three settings share one code path)
     small = ["--grid", "1", "4", "4", "--blocks", "1", "--dim", "64", "--heads", "2", "--ffn-dim", "128",
-             "--text-dim", "32", "--text-len", "8", "--repeats", "1"]  # fmt: skip
+             "--text-dim", "32", "--text-len", "8", "--repeats", "1", "--recompute", "selective"]  # fmt: skip
     out = subprocess.run(
         [sys.executable, "benchmarks/wan_levers.py", *small],
         cwd=REPO,
@@ -85,10 +87,9 @@ def test_wan_levers_prints_every_variant_as_ratios_to_eager():
         timeout=600,
         check=True,
     ).stdout
-    for variant in ("eager", "compiled"):
-        for recompute in ("no", "selective", "full"):
-            row = re.escape(f"{variant}, {recompute} recompute")
-            assert re.search(
-                rf"^{row}\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d{{3}}\s+\d+\s+\d+\.\d{{3}}", out, re.M
-            ), out
+    row = r"\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d{3}\s+\d+\s+\d+\.\d{3}"
+    for name in ("eager, no recompute", "eager, selective recompute", "compiled, selective recompute"):
+        assert re.search(rf"^{re.escape(name)}{row}", out, re.M), out
+    for name in ("compiled, no recompute", "eager, full recompute", "compiled, full recompute"):
+        assert name not in out, out
     assert re.search(r"^eager, no recompute\s+\S+\s+\S+\s+1\.000\s+\d+\s+1\.000", out, re.M), out
