@@ -60,20 +60,24 @@ def handover_index(scheduler: FlowMatchScheduler, task: str, boundary: float | N
     return boundary_index(expert_boundary(task, boundary), scheduler.num_train_timesteps)
 
 
-def handover_timestep(scheduler: FlowMatchScheduler, task: str, boundary: float | None = None) -> float:
-    """The timestep where the low-noise expert takes over: it denoises every ``t`` below this one."""
+def handover_timestep(
+    scheduler: FlowMatchScheduler, expert: str, task: str, boundary: float | None = None
+) -> float:
+    """The timestep where the low-noise expert takes over: it denoises every ``t`` below this one.
+
+    ``expert`` is ``model.pipeline.expert``; ``all`` trains one model and has no boundary (refused).
+    """
+    if expert == "all":
+        raise ValueError("model.pipeline.expert='all' trains one model: there is no expert boundary")
     return float(scheduler.timesteps[handover_index(scheduler, task, boundary)])
 
 
 def boundary_timestep(options: Mapping[str, Any]) -> float:
     """:func:`handover_timestep` of ``model.pipeline`` ``options`` (task, expert, boundary and the
     scheduler keys), for sampling with two experts: the scheduler is built, no pipeline."""
-    expert = options.get("expert", "all")
-    if expert == "all":
-        raise ValueError("model.pipeline.expert='all' trains one model: there is no expert boundary")
-    task, boundary = options.get("task", "t2v"), options.get("boundary")
+    expert, task, boundary = options.get("expert", "all"), options.get("task", "t2v"), options.get("boundary")
     grid = {key: options[key] for key in SCHEDULER_KEYS if key in options}
-    return handover_timestep(expert_scheduler(expert, task, boundary, **grid), task, boundary)
+    return handover_timestep(expert_scheduler(expert, task, boundary, **grid), expert, task, boundary)
 
 
 __all__ = [

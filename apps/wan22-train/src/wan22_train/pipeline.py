@@ -59,9 +59,7 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
     def boundary_timestep(self) -> float:
         """The timestep where the low-noise A14B expert takes over from the high-noise one (the
         edge of a one-expert run's training range, or the ``expert: both`` routing split)."""
-        if self.expert == "all":
-            raise ValueError(f"model.pipeline.expert={self.expert!r} has no expert boundary")
-        return handover_timestep(self.scheduler, self.task, self.boundary)
+        return handover_timestep(self.scheduler, self.expert, self.task, self.boundary)
 
     def predict(self, container: Any, noised: dict[str, Any]) -> torch.Tensor:
         """TI2V: per-token timesteps, 0 on the clean first frame (as Wan2.2 TI2V-5B trains).
