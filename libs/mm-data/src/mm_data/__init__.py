@@ -16,7 +16,9 @@ from .cached_dataset import CAPTION_KEY, CachedVideoTextDataset, caption_entries
 from .caption_tokenizer import write_caption_tokenizer
 from .captions import caption_candidates, draw_caption, sample_rng
 from .chat_template import IGNORE_INDEX, TEMPLATES, ChatTemplate, EncodedConversation, register_template
+from .clip_checks import caption_direction, moves_as_captioned, psnr, shape_centroids
 from .collate import collate_video_text
+from .contact_sheet import contact_sheet, contact_sheet_size, write_contact_sheet
 from .conversation import Conversation, ConversationColumns, ConversationError, Message, to_conversation
 from .conversation_dataset import ConversationDataset
 from .dataset import VideoTextDataset, to_video_tensor
@@ -82,9 +84,12 @@ __all__ = [
     "build_dataloader",
     "cache_dataset",
     "cache_file_name",
+    "caption_direction",
     "caption_vocabulary",
     "check_frame_rule",
     "collate_video_text",
+    "contact_sheet",
+    "contact_sheet_size",
     "decode_frames",
     "frame_index_from_colour",
     "frame_step",
@@ -93,15 +98,19 @@ __all__ = [
     "load_precomputed",
     "make_buckets",
     "make_synthetic_dataset",
+    "moves_as_captioned",
     "parse_buckets",
     "probe_video",
+    "psnr",
     "read_metadata",
     "register_template",
     "sample_frame_indices",
     "save_precomputed",
+    "shape_centroids",
     "to_conversation",
     "to_video_tensor",
     "write_caption_tokenizer",
+    "write_contact_sheet",
     "write_clip",
     "write_video",
 ]
