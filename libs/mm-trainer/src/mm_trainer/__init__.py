@@ -2,6 +2,16 @@
 
 __version__ = "0.1.0"
 
+from mm_trainer.autoencoder_fit import (  # noqa: E402
+    FIT_REPORT,
+    AutoencoderFit,
+    fit_autoencoder,
+    fit_report,
+    latent_statistics,
+    posterior_means,
+    reconstruct,
+    save_fitted,
+)
 from mm_trainer.base_model import BaseModel, init_module_weights, load_module_weights  # noqa: E402
 from mm_trainer.batches import BatchStream, build_batch_stream, build_dataset  # noqa: E402
 from mm_trainer.conditions import ConditionStream  # noqa: E402
@@ -39,7 +49,9 @@ __all__ = [
     "SAVED_OPS",
     "DATA_REGISTRY",
     "MODEL_REGISTRY",
+    "FIT_REPORT",
     "PEAK_FLOPS",
+    "AutoencoderFit",
     "BaseModel",
     "BatchStream",
     "ConditionStream",
@@ -75,12 +87,15 @@ __all__ = [
     "conversation_dataset",
     "export_hf_model",
     "data_register",
+    "fit_autoencoder",
+    "fit_report",
     "freeze",
     "hf_model_class",
     "fsdp_plan_from_config",
     "import_plugins",
     "inject_lora",
     "init_module_weights",
+    "latent_statistics",
     "load_module_weights",
     "load_offline_config",
     "load_run_config",
@@ -88,4 +103,7 @@ __all__ = [
     "model_register",
     "open_run_directory",
     "preflight",
+    "posterior_means",
+    "reconstruct",
+    "save_fitted",
 ]

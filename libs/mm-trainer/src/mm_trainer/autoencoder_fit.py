@@ -1,0 +1,136 @@
+"""Fit a small autoencoder (a diffusers VAE) to reconstruct a handful of samples, on one process.
+
+For tiny model sets: a randomly initialised VAE decodes anything to noise, so a predictor trained
+on its latents can never draw a recognisable clip. A short fit on the very samples the predictor will
+be trained on makes ``decode(encode(x))`` resemble ``x``.
+
+The model is any diffusers-style autoencoder: ``encode(x).latent_dist`` (a diagonal Gaussian with
+``mean``) and ``decode(z).sample``. The fit minimises ``MSE + L1`` of ``decode(mean)`` against the
+input with AdamW (cosine-decayed learning rate), mini-batches drawn from ``seed``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "FIT_REPORT",
+    "AutoencoderFit",
+    "fit_autoencoder",
+    "fit_report",
+    "latent_statistics",
+    "posterior_means",
+    "reconstruct",
+    "save_fitted",
+]
+
+#: The report a fitted model's folder carries; a folder without it is not complete.
+FIT_REPORT = "fit.json"
+
+
+@dataclass(frozen=True)
+class AutoencoderFit:
+    """What a fit did: steps, wall seconds and the last mini-batch loss (NaN after 0 steps)."""
+
+    steps: int
+    seconds: float
+    final_loss: float
+
+    def report(self, samples: int, **quality: float) -> dict[str, Any]:
+        """The ``fit.json`` body: the ``quality`` figures (rounded), steps, seconds, sample count."""
+        rounded = {name: round(value, 2) for name, value in quality.items()}
+        return {**rounded, "fit_steps": self.steps, "fit_seconds": round(self.seconds, 1), "samples": samples}
+
+
+def fit_autoencoder(
+    model: Any,
+    samples: torch.Tensor,
+    *,
+    steps: int,
+    lr: float = 3e-3,
+    batch_size: int = 2,
+    seed: int = 0,
+) -> AutoencoderFit:
+    """Train ``model`` (in place, left in eval mode) to reconstruct ``samples`` ``[N, ...]``; ``steps=0``
+    leaves it as it is.
+
+    Deterministic for a seed on one device: mini-batch indices come from a generator seeded with
+    ``seed``; the caller seeds the model's initialisation.
+    """
+    if steps < 0:
+        raise ValueError(f"fit_autoencoder: steps must be >= 0, got {steps}")
+    if samples.shape[0] < 1:
+        raise ValueError("fit_autoencoder: no samples")
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / max(steps, 1))))
+    model.train()
+    start = time.monotonic()
+    loss = torch.tensor(float("nan"))
+    for _ in range(steps):
+        index = torch.randint(0, samples.shape[0], (min(batch_size, samples.shape[0]),), generator=generator)
+        batch = samples[index]
+        error = _decode(model, _encode(model, batch)) - batch
+        loss = error.pow(2).mean() + error.abs().mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+    model.eval()
+    return AutoencoderFit(steps=steps, seconds=time.monotonic() - start, final_loss=float(loss.detach()))
+
+
+@torch.no_grad()
+def reconstruct(model: Any, samples: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
+    """``decode(encode(x).latent_dist.mode())`` of every sample, in mini-batches."""
+    return torch.cat([_decode(model, _encode(model, x)) for x in samples.split(batch_size)])
+
+
+@torch.no_grad()
+def posterior_means(model: Any, samples: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
+    """``encode(x).latent_dist.mean`` of every sample, in mini-batches."""
+    return torch.cat([_encode(model, x) for x in samples.split(batch_size)])
+
+
+def latent_statistics(latents: torch.Tensor, channel_dim: int = 1) -> tuple[list[float], list[float]]:
+    """Per-channel mean and standard deviation of ``latents`` over every other dim: the normalisation
+    that gives a predictor zero-mean, unit-variance latents."""
+    dims = [d for d in range(latents.ndim) if d != channel_dim % latents.ndim]
+    return latents.mean(dim=dims).tolist(), latents.std(dim=dims).clamp_min(1e-6).tolist()
+
+
+def _encode(model: Any, x: torch.Tensor) -> torch.Tensor:
+    return model.encode(x).latent_dist.mean
+
+
+def _decode(model: Any, z: torch.Tensor) -> torch.Tensor:
+    return model.decode(z).sample
+
+
+def save_fitted(model: Any, folder: str | Path, report: dict[str, Any]) -> Path:
+    """``model.save_pretrained`` into ``folder`` with ``report`` as its ``fit.json``, atomically: written
+    to ``<folder>.partial`` and renamed, so a killed run leaves no folder that looks complete."""
+    folder = Path(folder)
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
+    (partial / FIT_REPORT).write_text(json.dumps(report, indent=1) + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+    return folder
+
+
+def fit_report(folder: str | Path) -> dict[str, Any] | None:
+    """The ``fit.json`` of a folder written by :func:`save_fitted`, or None when there is none."""
+    path = Path(folder) / FIT_REPORT
+    if not (path.is_file() and (Path(folder) / "config.json").is_file()):
+        return None
+    return json.loads(path.read_text())

@@ -1,0 +1,76 @@
+"""fit_autoencoder: a short fit makes a diffusers-style autoencoder reconstruct its samples."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from mm_trainer import fit_autoencoder, fit_report, latent_statistics, posterior_means, reconstruct, save_fitted
+from torch import nn
+
+
+class TinyAutoencoder(nn.Module):
+    """encode(x).latent_dist.mean / decode(z).sample, the interface of diffusers' VAEs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc, self.dec = nn.Linear(8, 4), nn.Linear(4, 8)
+
+    def encode(self, x):
+        return SimpleNamespace(latent_dist=SimpleNamespace(mean=self.enc(x)))
+
+    def decode(self, z):
+        return SimpleNamespace(sample=self.dec(z))
+
+    def save_pretrained(self, folder):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        torch.save(self.state_dict(), folder / "weights.pt")
+
+
+def samples() -> torch.Tensor:
+    basis = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    return torch.randn(16, 4, generator=torch.Generator().manual_seed(1)) @ basis  # rank 4: reconstructible
+
+
+def test_a_fit_reduces_the_reconstruction_error_and_is_deterministic_for_a_seed():
+    x = samples()
+    errors, weights = [], []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = TinyAutoencoder()
+        before = (reconstruct(model, x) - x).pow(2).mean()
+        fit = fit_autoencoder(model, x, steps=300, lr=1e-2, batch_size=4, seed=3)
+        errors.append((reconstruct(model, x) - x).pow(2).mean() / before)
+        weights.append(model.dec.weight.detach().clone())
+    assert fit.steps == 300 and not model.training
+    assert errors[0] < 0.05
+    torch.testing.assert_close(weights[0], weights[1], rtol=0, atol=0)
+
+
+def test_zero_steps_leave_the_model_as_it_is_and_negative_steps_are_refused():
+    model = TinyAutoencoder()
+    before = model.dec.weight.detach().clone()
+    fit = fit_autoencoder(model, samples(), steps=0)
+    assert fit.steps == 0 and torch.equal(model.dec.weight, before)
+    assert fit.report(16, psnr_db=12.345) == {"psnr_db": 12.35, "fit_steps": 0, "fit_seconds": 0.0, "samples": 16}
+    with pytest.raises(ValueError, match="steps must be >= 0"):
+        fit_autoencoder(model, samples(), steps=-1)
+
+
+def test_latent_statistics_are_per_channel_over_every_other_dim():
+    latents = torch.stack([torch.full((2, 3), 1.0), torch.full((2, 3), 3.0)], dim=1)  # [2, C=2, 3]
+    mean, std = latent_statistics(latents)
+    assert mean == [1.0, 3.0] and std == pytest.approx([1e-6, 1e-6])
+    assert posterior_means(TinyAutoencoder(), samples()).shape == (16, 4)
+
+
+def test_a_saved_fit_is_found_again_and_a_partial_one_is_not(tmp_path):
+    folder = tmp_path / "vae"
+    assert fit_report(folder) is None
+    save_fitted(TinyAutoencoder(), folder, {"psnr_db": 30.0})
+    assert fit_report(folder) == {"psnr_db": 30.0}
+    assert not (tmp_path / "vae.partial").exists()
+    (folder / "config.json").unlink()
+    assert fit_report(folder) is None
