@@ -47,3 +47,12 @@ def test_decoded_synthetic_clips_move_as_their_captions_say(tmp_path):
     for row, i in zip(json.loads(meta.read_text()), range(4), strict=True):
         frames = ((dataset[i]["video"].permute(1, 2, 3, 0) + 1) * 127.5).round().byte().numpy()
         assert moves_as_captioned(frames, row["cap"][0]), row["cap"][0]
+
+
+def test_to_video_frames_inverts_to_video_tensor():
+    from mm_data import to_video_frames, to_video_tensor
+
+    frames = np.random.default_rng(0).integers(0, 256, (3, 4, 6, 3), dtype=np.uint8)
+    assert np.array_equal(to_video_frames(to_video_tensor(frames)), frames)
+    with pytest.raises(ValueError, match=r"\[3, T, H, W\]"):
+        to_video_frames(torch.zeros(4, 3, 4, 6))

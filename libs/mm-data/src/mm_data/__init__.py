@@ -38,7 +38,7 @@ from .synthetic import (
     make_synthetic_dataset,
     write_clip,
 )
-from .video_out import write_video
+from .video_out import to_video_frames, write_video
 
 __all__ = [
     "CACHE_MANIFEST",
@@ -108,6 +108,7 @@ __all__ = [
     "save_precomputed",
     "shape_centroids",
     "to_conversation",
+    "to_video_frames",
     "to_video_tensor",
     "write_caption_tokenizer",
     "write_contact_sheet",
