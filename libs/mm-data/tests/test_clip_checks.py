@@ -7,7 +7,14 @@ import json
 import numpy as np
 import pytest
 import torch
-from mm_data import VideoTextDataset, caption_direction, make_synthetic_dataset, moves_as_captioned, psnr
+from mm_data import (
+    VideoTextDataset,
+    caption_direction,
+    make_synthetic_dataset,
+    moves_as_captioned,
+    psnr,
+    to_video_frames,
+)
 from mm_data.synthetic import _shape_frames
 
 
@@ -36,7 +43,9 @@ def test_a_synthetic_clip_moves_as_its_caption_says_and_not_the_other_way(direct
 
 def test_noise_and_empty_frames_do_not_move_as_captioned():
     rng = np.random.default_rng(0)
-    assert not moves_as_captioned(rng.integers(0, 256, (9, 32, 32, 3), dtype=np.uint8), "a red circle moving left")
+    assert not moves_as_captioned(
+        rng.integers(0, 256, (9, 32, 32, 3), dtype=np.uint8), "a red circle moving left"
+    )
     background = np.full((9, 32, 32, 3), 40, np.uint8)
     assert not moves_as_captioned(background, "a red circle moving left")
 
@@ -50,9 +59,22 @@ def test_decoded_synthetic_clips_move_as_their_captions_say(tmp_path):
 
 
 def test_to_video_frames_inverts_to_video_tensor():
-    from mm_data import to_video_frames, to_video_tensor
+    from mm_data import to_video_tensor
 
     frames = np.random.default_rng(0).integers(0, 256, (3, 4, 6, 3), dtype=np.uint8)
     assert np.array_equal(to_video_frames(to_video_tensor(frames)), frames)
     with pytest.raises(ValueError, match=r"\[3, T, H, W\]"):
         to_video_frames(torch.zeros(4, 3, 4, 6))
+
+
+def test_synthetic_clips_can_be_fixed_to_given_shapes_and_directions(tmp_path):
+    shapes = [("white", "circle", "up"), ("white", "circle", "left")]
+    meta = make_synthetic_dataset(
+        tmp_path, num_clips=2, sizes=((32, 32),), fps=(8,), num_frames=(9,), shapes=shapes
+    )
+    rows = json.loads(meta.read_text())
+    assert [row["cap"][0] for row in rows] == ["a white circle moving up", "a white circle moving left"]
+    dataset = VideoTextDataset(meta, num_frames=9, height=32, width=32)
+    assert moves_as_captioned(to_video_frames(dataset[1]["video"]), "a white circle moving left")
+    with pytest.raises(ValueError, match="'purple'"):
+        make_synthetic_dataset(tmp_path / "bad", num_clips=1, shapes=[("purple", "circle", "up")])

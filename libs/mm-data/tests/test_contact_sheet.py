@@ -14,7 +14,9 @@ def test_a_sheet_has_its_rows_of_frames_and_a_loss_panel_at_the_documented_size(
     red[..., 0] = 255
     blue = np.zeros((3, 8, 10, 3), np.uint8)
     blue[..., 2] = 255
-    path = write_contact_sheet(tmp_path / "sheet.png", [("red", red), ("blue", blue)], [3.0, 2.0, 1.0], scale=2)
+    path = write_contact_sheet(
+        tmp_path / "sheet.png", [("red", red), ("blue", blue)], [3.0, 2.0, 1.0], scale=2
+    )
     with Image.open(path) as image:
         assert image.format == "PNG"
         assert image.size == contact_sheet_size(3, 8, 10, 2, scale=2) == (4 + 3 * 24, 4 + 2 * 34 + 124)

@@ -41,7 +41,9 @@ def contact_sheet(
         raise ValueError("contact_sheet: no rows")
     shapes = {frames.shape for _, frames in rows}
     if len(shapes) != 1 or len(next(iter(shapes))) != 4 or next(iter(shapes))[-1] != 3:
-        raise ValueError(f"contact_sheet: every row needs frames of one shape [T, H, W, 3], got {sorted(shapes)}")
+        raise ValueError(
+            f"contact_sheet: every row needs frames of one shape [T, H, W, 3], got {sorted(shapes)}"
+        )
     t, h, w, _ = next(iter(shapes))
     size = contact_sheet_size(t, h, w, len(rows), scale=scale, with_losses=losses is not None)
     sheet = Image.new("RGB", size, SHEET_BACKGROUND)
@@ -87,11 +89,16 @@ def _draw_losses(draw: ImageDraw.ImageDraw, losses: list[float], box: tuple[int,
     inner_top, inner_bottom = top + LABEL_HEIGHT + 2, bottom - 4
     steps = max(1, len(losses) - 1)
     points = [
-        (left + 4 + (right - left - 8) * i / steps, inner_bottom - (inner_bottom - inner_top) * (v - low) / span)
+        (
+            left + 4 + (right - left - 8) * i / steps,
+            inner_bottom - (inner_bottom - inner_top) * (v - low) / span,
+        )
         for i, v in enumerate(losses)
         if np.isfinite(v)
     ]
     if len(points) > 1:
         draw.line(points, fill=CURVE, width=1)
-    caption = f"loss over {len(losses)} logged steps: first {losses[0]:.4g}, last {losses[-1]:.4g} (max {high:.3g})"
+    caption = (
+        f"loss over {len(losses)} logged steps: first {losses[0]:.4g}, last {losses[-1]:.4g} (max {high:.3g})"
+    )
     draw.text((left + 4, top + 2), caption, fill=INK)

@@ -105,12 +105,15 @@ def make_synthetic_dataset(
     index_colour: bool = False,
     num_images: int = 0,
     gop_size: int = 8,
+    shapes: Sequence[tuple[str, str, str]] | None = None,
 ) -> Path:
     """Write clips, optional bad samples and images into ``out_dir``; return ``metadata.json``'s path.
 
     Clip ``i`` uses ``sizes[i % len]``, ``fps[i % len]`` and ``num_frames[i % len]`` and shows a
     coloured shape moving in one direction (``cap`` describes colour, shape and direction). With
     ``index_colour`` every frame is one solid colour encoding its index (see :func:`index_colour_rgb`).
+    ``shapes`` fixes clip ``i``'s ``(colour, shape, direction)`` to ``shapes[i % len]`` (default: drawn
+    from ``seed``; see ``COLOURS``, ``SHAPES``, ``DIRECTIONS``).
     Then ``corrupt`` truncated mp4 files, ``too_short`` 5-frame clips and ``num_images`` PNGs.
     Metadata rows follow the Wan2.2 layout: ``path``, ``cap`` (list), ``num_frames``, ``fps``,
     ``resolution {height, width}``, plus ``kind``.
@@ -118,6 +121,12 @@ def make_synthetic_dataset(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
+    for colour, shape, direction in shapes or ():
+        if colour not in COLOURS or shape not in SHAPES or direction not in DIRECTIONS:
+            raise ValueError(
+                f"shapes: ({colour!r}, {shape!r}, {direction!r}) is not a (colour, shape, direction) of "
+                f"{list(COLOURS)}, {list(SHAPES)}, {list(DIRECTIONS)}"
+            )
     sizes, fpss, lengths = [tuple(s) for s in sizes], _as_list(fps), _as_list(num_frames)
     rows = []
     for i in range(num_clips + corrupt + too_short):
@@ -128,6 +137,8 @@ def make_synthetic_dataset(
             kind = "corrupt" if i < num_clips + corrupt else "too_short"
             n = 5 if kind == "too_short" else n
         colour, shape, direction = _pick(rng)
+        if shapes and i < num_clips:
+            colour, shape, direction = shapes[i % len(shapes)]
         if kind == "index_colour":
             frames = np.stack([np.broadcast_to(np.uint8(index_colour_rgb(k)), (h, w, 3)) for k in range(n)])
             caps = [f"solid colours encoding frame indices 0 to {n - 1}"]
