@@ -6,7 +6,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from mm_trainer import fit_autoencoder, fit_report, latent_statistics, posterior_means, reconstruct, save_fitted
+from mm_trainer import (
+    fit_autoencoder,
+    fit_report,
+    latent_statistics,
+    posterior_means,
+    reconstruct,
+    save_fitted,
+)
 from torch import nn
 
 
@@ -54,7 +61,12 @@ def test_zero_steps_leave_the_model_as_it_is_and_negative_steps_are_refused():
     before = model.dec.weight.detach().clone()
     fit = fit_autoencoder(model, samples(), steps=0)
     assert fit.steps == 0 and torch.equal(model.dec.weight, before)
-    assert fit.report(16, psnr_db=12.345) == {"psnr_db": 12.35, "fit_steps": 0, "fit_seconds": 0.0, "samples": 16}
+    assert fit.report(16, psnr_db=12.345) == {
+        "psnr_db": 12.35,
+        "fit_steps": 0,
+        "fit_seconds": 0.0,
+        "samples": 16,
+    }
     with pytest.raises(ValueError, match="steps must be >= 0"):
         fit_autoencoder(model, samples(), steps=-1)
 
