@@ -153,3 +153,21 @@ def test_a_tiny_run_reports_mfu_from_the_predictor_flops(reference):
     # CPUs have no peak-FLOPs entry; the reference sets training.peak_flops, so MFU = flops / time / peak
     steps = [r for r in reference.rows if "loss" in r]
     assert len(steps) == STEPS and all(0 < r["mfu"] < 1 for r in steps), steps
+
+
+def test_sample_writes_a_clip_and_its_audio_the_same_for_a_seed(reference, tmp_path, capsys):
+    import av
+    from ltx2_train.cli import main
+
+    def sample(seed: int, name: str) -> tuple[bytes, bytes]:
+        out = tmp_path / f"{name}.mp4"
+        assert main(["sample", "--checkpoint", str(reference.ckpt), "--prompt", "a red square moving left",
+                     "--out", str(out), "--steps", "4", "--seed", str(seed)]) == 0  # fmt: skip
+        assert capsys.readouterr().out.split() == [str(out), str(out.with_suffix(".wav"))]
+        return out.read_bytes(), out.with_suffix(".wav").read_bytes()
+
+    first, again, other = sample(0, "a"), sample(0, "b"), sample(1, "c")
+    with av.open(str(tmp_path / "a.mp4")) as clip:
+        frames = [f.to_ndarray(format="rgb24") for f in clip.decode(video=0)]
+    assert len(frames) == 9 and frames[0].shape == (32, 32, 3)
+    assert first == again and first[0] != other[0] and first[1] != other[1]

@@ -92,3 +92,42 @@ def log_mel(
     ).abs()
     mel = mel_filterbank(sample_rate, n_fft, mel_bins).to(spec.dtype) @ spec  # [2, mel_bins, frames]
     return torch.log(torch.clamp(mel, min=1e-5)).transpose(1, 2).contiguous()
+
+
+def mel_to_waveform(
+    mel: torch.Tensor, *, sample_rate: int, hop_length: int, n_fft: int, iterations: int = 32
+) -> torch.Tensor:
+    """Invert :func:`log_mel`: ``[2, T, mel_bins]`` log-mel -> stereo waveform ``[2, (T - 1) * hop]``.
+
+    For model sets without a vocoder (the tiny one): the mel filterbank's pseudo-inverse gives a
+    magnitude spectrogram, Griffin-Lim (``iterations`` rounds of ``torch.stft`` / ``torch.istft``,
+    phases from a fixed start) a waveform for it. Coarse with few mel bins, but it follows the
+    spectrogram's pitch and loudness over time.
+    """
+    bank = mel_filterbank(sample_rate, n_fft, mel.shape[-1]).to(mel.dtype)  # [mel_bins, freqs]
+    magnitude = (torch.linalg.pinv(bank) @ mel.exp().transpose(1, 2)).clamp_min(0.0)  # [2, freqs, T]
+    window = torch.hann_window(n_fft, dtype=mel.dtype)
+    length = (mel.shape[1] - 1) * hop_length
+    spec = magnitude.to(torch.complex64)
+    for _ in range(iterations):
+        wave = torch.istft(spec, n_fft, hop_length=hop_length, window=window, center=True, length=length)
+        rebuilt = torch.stft(wave, n_fft, hop_length=hop_length, window=window, center=True,
+                             pad_mode="reflect", return_complex=True)  # fmt: skip
+        spec = magnitude * torch.exp(1j * rebuilt.angle())
+    return torch.istft(spec, n_fft, hop_length=hop_length, window=window, center=True, length=length)
+
+
+def write_wav(path: str | Path, wave: torch.Tensor, sample_rate: int) -> Path:
+    """Write ``[channels, N]`` floats in ``[-1, 1]`` (peak-normalised when louder) as 16-bit PCM WAV."""
+    import wave as wav
+
+    peak = float(wave.abs().max())
+    samples = (wave / max(peak, 1.0) * 32767).round().to(torch.int16).T.contiguous()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with wav.open(str(path), "wb") as out:
+        out.setnchannels(wave.shape[0])
+        out.setsampwidth(2)
+        out.setframerate(sample_rate)
+        out.writeframes(samples.numpy().tobytes())
+    return path

@@ -1,4 +1,4 @@
-"""``ltx2-train``: mm-train with the LTX-2 plugin loaded, plus make-tiny, preprocess and export.
+"""``ltx2-train``: mm-train with the LTX-2 plugin loaded, plus make-tiny, preprocess, export and sample.
 
 ltx2-train make-tiny runs/ltx2_tiny                                  # tiny model set + clips
 ltx2-train preprocess --config configs/tiny_t2av.yaml                # clips -> cached latents
@@ -7,6 +7,7 @@ ltx2-train --config configs/t2av.yaml --dry-run --world-size 8       # FSDP plan
 ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --out runs/ltx2_tiny/export/transformer
 ltx2-train export --checkpoint runs/ltx2_lora/ckpt --lora peft --out runs/ltx2_lora/export/peft   # LoRA run
 ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --ema --out runs/ltx2_tiny/export/ema   # training.ema's average
+ltx2-train sample --checkpoint runs/ltx2_tiny/ckpt --prompt "a red square moving left" --out clip.mp4  # + clip.wav
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "make-tiny": "write a tiny LTX-2 model set (diffusers layout) + clips",
     "preprocess": "encode clips into the cache data.data_path (torchrun shards it)",
     "export": "export the trained transformer as a diffusers folder",
+    "sample": "generate a clip (and its audio, as a .wav beside it) with a trained run",
 }
 """The commands besides training (``ltx2-train --config ...``), with the line ``--help`` shows."""
 
@@ -66,6 +68,17 @@ def _parser() -> argparse.ArgumentParser:
         "transformer folder with the adapters merged in)",
     )
     export.add_argument("--ema", action="store_true", help=EMA_HELP)
+    sample = sub.add_parser("sample", help=COMMANDS["sample"])
+    sample.add_argument("--checkpoint", required=True, help="training checkpoint root (iter_* + tracker)")
+    sample.add_argument("--config", help="training config (default: <checkpoint>/config.yaml)")
+    sample.add_argument("--prompt", required=True)
+    sample.add_argument("--out", required=True, help="output .mp4 (audio: the same name with .wav)")
+    sample.add_argument("--frames", type=int, default=9)
+    sample.add_argument("--height", type=int, default=32)
+    sample.add_argument("--width", type=int, default=32)
+    sample.add_argument("--fps", type=int, default=8)
+    sample.add_argument("--steps", type=int, default=20)
+    sample.add_argument("--seed", type=int, default=0)
     return p
 
 
@@ -86,6 +99,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ltx2_train.preprocess import run_preprocess
 
         print(run_preprocess(_load(args.config, args.overrides)))
+    elif args.command == "sample":
+        from ltx2_train.sampling import load_for_sampling, sample_clip, write_sample
+
+        modules = load_for_sampling(_run_config(args.config, args.checkpoint), args.checkpoint)
+        video, mel = sample_clip(
+            modules, args.prompt, num_frames=args.frames, height=args.height, width=args.width,
+            frame_rate=args.fps, steps=args.steps, seed=args.seed,
+        )  # fmt: skip
+        for path in write_sample(modules, video, mel, args.out, fps=args.fps):
+            print(path)
     else:
         from ltx2_train.export import export_transformer, export_transformer_lora
 

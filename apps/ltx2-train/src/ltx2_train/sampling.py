@@ -1,0 +1,136 @@
+"""``ltx2-train sample``: a clip (and its audio) from a trained LTX-2 transformer, Euler flow matching.
+
+The prompt goes through the run's frozen text side (Gemma-3 + connectors, as ``preprocess`` encodes
+captions); video and audio start as noise of the cached latents' shapes and take ``steps`` Euler
+steps ``x + (sigma_next - sigma) v`` on one sigma grid: ``linspace(1, 0)`` with the time shift
+``exp(mu)``, ``mu`` the training sampler's logit-normal shift for the clip's video token count (the
+logit of a shifted sigma is the logit of the plain one plus ``mu``). The predictor sees timestep
+``1000 sigma`` for both streams, as in training. Latents are de-normalised with the VAEs'
+statistics and decoded: video to ``[3, F, H, W]`` in ``[-1, 1]``, audio to a log-mel spectrogram,
+which :func:`write_sample` turns into a waveform by Griffin-Lim (no vocoder is used, the tiny model
+set has none).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from mm_checkpoint import DistributedCheckpointer
+from mm_config import TrainConfig
+from mm_data import to_video_frames, write_clip
+from mm_pipelines import FlowMatchScheduler
+from mm_trainer import ModelContainer, freeze, import_plugins
+
+from ltx2_train.audio import mel_to_waveform, write_wav
+from ltx2_train.pipeline import LTX2Pipeline
+from ltx2_train.predictor import LTX2Predictor
+from ltx2_train.preprocess import LTX2Encoders, preprocess_options
+
+
+def load_for_sampling(config: TrainConfig, checkpoint: str | Path) -> dict[str, Any]:
+    """The trained transformer restored from ``checkpoint`` (``holder``: its container), the run's
+    pipeline, and the frozen encoders of ``data.dataset.preprocess.model_root`` (CPU, fp32)."""
+    import_plugins(config.training.plugin)
+    model = LTX2Predictor._from_config(config.model.sub_models()["model"])
+    freeze(model)
+    holder = ModelContainer({"model": model}, trainable=("model",))
+    DistributedCheckpointer(checkpoint).load({"model": holder})
+    pipeline = LTX2Pipeline.from_options(config.model.pipeline or {})
+    options = preprocess_options(config)
+    encoders = LTX2Encoders.load(options.model_root, audio=pipeline.audio, device=torch.device("cpu"),
+                                 dtype=torch.float32)  # fmt: skip
+    return {
+        "holder": holder,
+        "pipeline": pipeline,
+        "encoders": encoders,
+        "text_len": options.max_sequence_length,
+    }
+
+
+@torch.no_grad()
+def sample_clip(
+    modules: dict[str, Any],
+    prompt: str,
+    *,
+    num_frames: int,
+    height: int,
+    width: int,
+    frame_rate: float,
+    steps: int = 20,
+    seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(video [3, F, H, W] in [-1, 1], log-mel [2, T, mel_bins] or None without audio)`` for
+    ``prompt``; the same ``seed`` gives the same clip."""
+    encoders: LTX2Encoders = modules["encoders"]
+    pipeline: LTX2Pipeline = modules["pipeline"]
+    vae = encoders.vae
+    t, s = vae.temporal_compression_ratio, vae.spatial_compression_ratio
+    if (num_frames - 1) % t or height % s or width % s:
+        raise ValueError(
+            f"frames-1 must divide by {t} and height/width by {s}; got {num_frames}x{height}x{width}"
+        )
+    grid = (1 + (num_frames - 1) // t, height // s, width // s)
+    generator = torch.Generator().manual_seed(seed)
+    video = torch.randn((1, vae.config.latent_channels, *grid), generator=generator)
+    audio = _audio_noise(encoders, num_frames / frame_rate, generator) if pipeline.audio else None
+    text = {k: v[None] for k, v in encoders.encode_text(prompt, modules["text_len"]).items()}
+    batch = {"latents": video, "frame_rate": torch.tensor([frame_rate]), **text}
+    if audio is not None:
+        batch["audio_latents"] = audio
+    state = pipeline.prepare_conditions(modules["holder"], batch)
+    scheduler = FlowMatchScheduler(shift=math.exp(pipeline.sampler.shift(state["video"].shape[1])))
+    scheduler.set_inference_timesteps(steps)
+    sigmas = scheduler.inference_sigmas
+    for i in range(steps):
+        sigma = sigmas[i].reshape(1)
+        noised = {**state, "noisy_video": state["video"], "video_timestep": sigma, "sigma": sigma,
+                  "noisy_audio": state.get("audio")}  # fmt: skip
+        v_video, v_audio = pipeline.predict(modules["holder"], noised)
+        state["video"] = scheduler.step(v_video, sigmas[i], sigmas[i + 1], state["video"])
+        if audio is not None:
+            state["audio"] = scheduler.step(v_audio, sigmas[i], sigmas[i + 1], state["audio"])
+    return _decode_video(encoders, state["video"], grid), (
+        _decode_audio(encoders, state["audio"], audio.shape) if audio is not None else None
+    )
+
+
+def _audio_noise(encoders: LTX2Encoders, seconds: float, generator: torch.Generator) -> torch.Tensor:
+    """Noise shaped like the audio latents ``[1, C, L, M]`` of a clip of ``seconds`` (as preprocess encodes)."""
+    rate = encoders.audio_vae.config.sample_rate
+    shape = encoders.encode_audio(torch.zeros(2, int(round(seconds * rate)))).shape
+    return torch.randn((1, *shape), generator=generator)
+
+
+def _decode_video(encoders: LTX2Encoders, tokens: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
+    vae = encoders.vae
+    latents = tokens.reshape(1, *grid, -1).permute(0, 4, 1, 2, 3)  # inverse of pack_video
+    mean, std = (x.view(1, -1, 1, 1, 1) for x in (vae.latents_mean, vae.latents_std))
+    raw = latents * std / vae.config.scaling_factor + mean
+    return vae.decode(raw).sample[0].clamp(-1, 1)
+
+
+def _decode_audio(encoders: LTX2Encoders, tokens: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    audio_vae = encoders.audio_vae
+    packed = tokens * audio_vae.latents_std + audio_vae.latents_mean
+    _, channels, length, mel = shape
+    latents = packed.reshape(1, length, channels, mel).transpose(1, 2)  # inverse of pack_audio
+    return audio_vae.decode(latents).sample[0]
+
+
+def write_sample(
+    modules: dict[str, Any], video: torch.Tensor, mel: torch.Tensor | None, out: str | Path, *, fps: int
+) -> list[Path]:
+    """Write ``video`` as an H.264 mp4 at ``out`` and, with audio, the Griffin-Lim waveform of ``mel``
+    as ``out`` with a ``.wav`` suffix; returns the paths written."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_clip(out, to_video_frames(video), fps=fps)
+    if mel is None:
+        return [out]
+    cfg = modules["encoders"].audio_vae.config
+    wave = mel_to_waveform(mel.float(), sample_rate=cfg.sample_rate, hop_length=cfg.mel_hop_length,
+                           n_fft=modules["encoders"].n_fft)  # fmt: skip
+    return [out, write_wav(out.with_suffix(".wav"), wave, cfg.sample_rate)]
