@@ -209,6 +209,26 @@ def fsdp2_root_outputs() -> Callable[..., list[bool]]:
     return run
 
 
+@pytest.fixture(
+    params=[
+        "as_trained",
+        pytest.param(
+            "inverted", marks=pytest.mark.xfail(strict=True, reason="a check of samples must catch it")
+        ),
+    ]
+)
+def euler_step(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a sampling test twice: with the flow-match Euler step as it is, and with its direction
+    deliberately flipped (``x - (sigma_next - sigma) v``), a case the test must fail (strict xfail)."""
+    from mm_pipelines import FlowMatchScheduler
+
+    if request.param == "inverted":
+        euler = FlowMatchScheduler.step
+        flipped = staticmethod(lambda v, sigma, sigma_next, x: euler(-v, sigma, sigma_next, x))
+        monkeypatch.setattr(FlowMatchScheduler, "step", flipped)
+    return request.param
+
+
 # The files that take minutes (durations of a full run), started first, longest first.
 LONGEST_FILES = (
     "apps/wan22-train/tests/test_wan_compile_recompute_e2e.py",

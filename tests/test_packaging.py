@@ -178,7 +178,7 @@ def test_wan22_train_installed_from_the_wheels_reports_its_version(installed: In
 
 def test_wan22_train_installed_from_the_wheels_makes_a_tiny_model_set(installed: Installed, tmp_path: Path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    _run(installed.bin / "wan22-train", "make-tiny", tmp_path / "tiny", env=env)
+    _run(installed.bin / "wan22-train", "make-tiny", tmp_path / "tiny", "--vae-fit-steps", "0", env=env)
     for part in ("transformer", "vae", "text_encoder", "tokenizer"):
         assert (tmp_path / "tiny" / part).is_dir(), part
     assert (tmp_path / "tiny" / "data" / "metadata.json").is_file()

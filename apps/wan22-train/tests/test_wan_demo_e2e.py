@@ -1,4 +1,8 @@
-"""The README's main command end to end: make-tiny, train on 2 gloo ranks (FSDP2 + Ulysses 2), export, sample."""
+"""The README's main command end to end: make-tiny (the VAE fitted to the clips), train on 2 gloo
+ranks (FSDP2 + Ulysses 2), export, sample, contact sheet; and what the sample shows.
+
+One demo chain (killed after its first checkpoint, rerun to the end) is shared by the tests below.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +16,16 @@ import time
 import av
 import pytest
 import torch
+from mm_data import contact_sheet_size, moves_as_captioned, psnr, to_video_frames
+from mm_trainer import load_run_config
 from mm_trainer.cli import main as mm_train_main
 from PIL import Image
+from wan22_train.demo import DEMO_STEPS, SAMPLE_STEPS, training_shift
+from wan22_train.tiny import CLIP, load_clips, make_tiny
 
 pytestmark = pytest.mark.slow
+SIZE = {k: CLIP[k] for k in ("num_frames", "height", "width")}
+INTERVAL = 10  # checkpoint interval of the chain (the shipped config: every 25)
 
 
 def demo_command(out, steps: int, *overrides: str) -> list[str]:
@@ -54,15 +64,32 @@ def start_demo_and_kill_it_after_its_checkpoint(out, steps: int, interval: int) 
     return len((out / "ckpt" / "metrics.jsonl").read_text().splitlines())
 
 
-def test_a_demo_killed_mid_run_resumes_when_rerun_then_trains_exports_and_samples(tmp_path):
-    # One chain for both behaviours (each demo run starts torchrun and two ranks): 30 steps with a
-    # checkpoint every 10 (the shipped config: every 25 of 50), killed after step 10, rerun to the end.
-    out = tmp_path / "tiny"
-    steps, interval = 30, 10
-    killed_at = start_demo_and_kill_it_after_its_checkpoint(out, steps, interval)
-    assert interval <= killed_at < steps
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    """The demo's default run (fitted VAE, ``DEMO_STEPS`` steps, a checkpoint every ``INTERVAL``),
+    killed after its first checkpoint and rerun to the end: (folder, rerun's stdout, killed_at)."""
+    out = tmp_path_factory.mktemp("wan_demo") / "tiny"
+    killed_at = start_demo_and_kill_it_after_its_checkpoint(out, DEMO_STEPS, INTERVAL)
+    printed = run_demo(out, DEMO_STEPS, f"training.save_interval={INTERVAL}").stdout
+    return out, printed, killed_at
 
-    printed = run_demo(out, steps, f"training.save_interval={interval}").stdout
+
+@pytest.fixture(scope="module")
+def sampling(chain):
+    """The demo run's modules for sampling (VAE, text encoder, trained predictor)."""
+    from mm_config import load_config
+    from wan22_train.sampling import load_for_sampling
+
+    out = chain[0]
+    return load_for_sampling(load_config(out / "ckpt" / "config.yaml", world_size=2), out / "ckpt")
+
+
+def test_a_demo_killed_mid_run_resumes_when_rerun_then_trains_exports_and_samples(chain, sampling):
+    # One chain for both behaviours (each demo run starts torchrun and two ranks): killed after the
+    # checkpoint at step 10, rerun to the end.
+    out, printed, killed_at = chain
+    steps, interval = DEMO_STEPS, INTERVAL
+    assert interval <= killed_at < steps
     for artifact in ("ckpt", "export/transformer", "sample.mp4"):
         assert str(out / artifact) in printed
     lines = [json.loads(line) for line in (out / "ckpt" / "metrics.jsonl").read_text().splitlines()]
@@ -71,7 +98,7 @@ def test_a_demo_killed_mid_run_resumes_when_rerun_then_trains_exports_and_sample
     run = lines[:interval] + lines[killed_at:]  # steps 1-10 of the killed run, then 11-30
     assert [r["step"] for r in run] == list(range(1, steps + 1))
     losses = [r["loss"] for r in run]
-    assert len(losses) == 30 and all(torch.isfinite(torch.tensor(losses)))
+    assert len(losses) == steps and all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[:10]) / 10 > sum(losses[-10:]) / 10
 
     # `mm-train plot` draws the run: one 240-pixel panel per series (+ validation loss if logged)
@@ -82,20 +109,16 @@ def test_a_demo_killed_mid_run_resumes_when_rerun_then_trains_exports_and_sample
 
     with av.open(str(out / "sample.mp4")) as clip:
         frames = [f.to_ndarray(format="rgb24") for f in clip.decode(video=0)]
-    assert len(frames) == 9 and frames[0].shape == (32, 32, 3)
+    assert len(frames) == CLIP["num_frames"] and frames[0].shape == (CLIP["height"], CLIP["width"], 3)
 
     # The exported folder is the trained predictor: diffusers loads it and computes the same output.
     from diffusers import WanTransformer3DModel
-    from mm_config import load_config
-    from wan22_train.sampling import load_for_sampling
 
-    trained = load_for_sampling(load_config(out / "ckpt" / "config.yaml", world_size=2), out / "ckpt")[
-        "predictor"
-    ]
+    trained = sampling["predictor"]
     exported = WanTransformer3DModel.from_pretrained(out / "export" / "transformer").eval()
     g = torch.Generator().manual_seed(0)
     x, t, text = (
-        torch.randn(1, 4, 3, 8, 8, generator=g),
+        torch.randn(1, exported.config.in_channels, 3, 8, 8, generator=g),
         torch.tensor([600.0]),
         torch.randn(1, 5, 32, generator=g),
     )
@@ -108,3 +131,57 @@ def test_a_demo_killed_mid_run_resumes_when_rerun_then_trains_exports_and_sample
         assert not torch.allclose(
             source(x, t, text, return_dict=False)[0], trained(x, t, text)
         )  # it did train
+
+
+def test_make_tiny_reports_a_vae_that_reconstructs_the_clips_and_reuses_it(chain):
+    out, printed, _ = chain
+    report = json.loads((out / "vae" / "fit.json").read_text())
+    assert f"reconstruction PSNR on the 8 clips: {report['psnr_db']:.2f} dB" in printed
+    assert report["psnr_db"] >= 25.0
+    from diffusers import AutoencoderKLWan
+
+    vae = AutoencoderKLWan.from_pretrained(out / "vae").eval()
+    clips = load_clips(out / "data" / "metadata.json")
+    with torch.no_grad():
+        reconstruction = vae.decode(vae.encode(clips).latent_dist.mode()).sample.clamp(-1, 1)
+    assert psnr(reconstruction, clips) == pytest.approx(report["psnr_db"], abs=0.01)
+
+    weights = out / "vae" / "diffusion_pytorch_model.safetensors"
+    written = weights.stat().st_mtime_ns
+    make_tiny(out, vae_fit_steps=report["fit_steps"])  # the same fit: the cached VAE is kept
+    assert weights.stat().st_mtime_ns == written
+
+
+def test_demo_writes_a_contact_sheet_of_the_sample_above_its_clip_and_the_loss_curve(chain):
+    out, printed, _ = chain
+    sheet = out / "contact_sheet.png"
+    assert f"contact sheet (sampled frames above the training clip, loss curve): {sheet}" in printed
+    with Image.open(sheet) as image:
+        assert image.format == "PNG"
+        assert image.size == contact_sheet_size(CLIP["num_frames"], CLIP["height"], CLIP["width"], 2, scale=2)
+
+
+def test_a_sample_for_a_training_caption_moves_as_captioned_and_matches_its_clip(chain, sampling, euler_step):
+    from wan22_train.sampling import sample_video
+
+    out = chain[0]
+    metadata = out / "data" / "metadata.json"
+    caption = json.loads(metadata.read_text())[0]["cap"][0]  # what the demo samples
+    config_shift = training_shift(load_run_config(out / "ckpt"))
+    video = sample_video(sampling, caption, **SIZE, steps=SAMPLE_STEPS, shift=config_shift)
+    vae = sampling["ae"]
+    reconstruction = vae.decode(vae.encode(load_clips(metadata)[:1]))[0]
+    # The centroid check, not PSNR: a frame of plain background is within 18 dB of a clip whose
+    # shape covers a tenth of it.
+    assert moves_as_captioned(to_video_frames(video), caption), (caption, psnr(video, reconstruction))
+
+
+def test_samples_are_deterministic_for_a_seed(sampling):
+    from wan22_train.sampling import sample_video
+
+    first, again, other = (
+        sample_video(sampling, "a red square moving left", **SIZE, steps=4, shift=3.0, seed=seed)
+        for seed in (3, 3, 4)
+    )
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)

@@ -54,6 +54,12 @@ def _parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("make-tiny", help=COMMANDS["make-tiny"])
     tiny.add_argument("out")
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument(
+        "--vae-fit-steps",
+        type=int,
+        default=None,
+        help="steps of the tiny VAE's fit to the clips (0: random VAE)",
+    )
     pre = sub.add_parser("preprocess", help=COMMANDS["preprocess"])
     pre.add_argument("--config", required=True)
     pre.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.data_path=/tmp/cache")
@@ -66,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--height", type=int, default=32)
     sample.add_argument("--width", type=int, default=32)
     sample.add_argument("--steps", type=int, default=20)
-    sample.add_argument("--shift", type=float, default=5.0)
+    sample.add_argument("--shift", type=float, help="sampling time shift (default: the run's training shift)")
     sample.add_argument("--guidance", type=float, default=1.0)
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--fps", type=int, default=8)
@@ -96,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help=COMMANDS["demo"])
     demo.add_argument("--out", default="runs/tiny")
     demo.add_argument("--nproc", type=int, default=2)
-    demo.add_argument("--steps", type=int, default=50)
+    demo.add_argument("--steps", type=int, help="training steps (default: wan22_train.demo.DEMO_STEPS)")
     demo.add_argument(
         "overrides", nargs="*", help="dotted overrides of the training run, e.g. training.save_interval=5"
     )
@@ -113,9 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return train_main(argv, prog="wan22-train", version=__version__, commands=COMMANDS)
     args = _parser().parse_args(argv)
     if args.command == "make-tiny":
-        from wan22_train.tiny import make_tiny
+        from wan22_train.tiny import DEMO_SHAPES, VAE_FIT_STEPS, fit_summary, make_tiny
 
-        print(make_tiny(args.out, seed=args.seed))
+        steps = VAE_FIT_STEPS if args.vae_fit_steps is None else args.vae_fit_steps
+        shapes = {"num_clips": len(DEMO_SHAPES), "shapes": DEMO_SHAPES}
+        print(make_tiny(args.out, seed=args.seed, vae_fit_steps=steps, **shapes))
+        print(fit_summary(args.out))
     elif args.command == "preprocess":
         from mm_trainer import load_offline_config
 
@@ -125,20 +134,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(f"error: no config at {args.config}")
         print(run_preprocess(load_offline_config(args.config, args.overrides)))
     elif args.command == "sample":
+        from wan22_train.demo import training_shift
         from wan22_train.sampling import load_for_sampling, sample_video, write_video
 
-        modules = load_for_sampling(_load(args.config, args.checkpoint), args.checkpoint)
+        config = _load(args.config, args.checkpoint)
+        modules = load_for_sampling(config, args.checkpoint)
+        shift = training_shift(config) if args.shift is None else args.shift
         video = sample_video(
             modules, args.prompt, num_frames=args.frames, height=args.height, width=args.width,
-            steps=args.steps, shift=args.shift, guidance=args.guidance, seed=args.seed,
+            steps=args.steps, shift=shift, guidance=args.guidance, seed=args.seed,
         )  # fmt: skip
         print(write_video(video, args.out, fps=args.fps))
     elif args.command == "export":
         print(_export(args))
     else:
-        from wan22_train.demo import run_demo
+        from wan22_train.demo import DEMO_STEPS, run_demo
 
-        return run_demo(Path(args.out), nproc=args.nproc, steps=args.steps, overrides=args.overrides)
+        steps = DEMO_STEPS if args.steps is None else args.steps
+        return run_demo(Path(args.out), nproc=args.nproc, steps=steps, overrides=args.overrides)
     return 0
 
 
