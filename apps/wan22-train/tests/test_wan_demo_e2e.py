@@ -21,7 +21,7 @@ from mm_trainer import load_run_config
 from mm_trainer.cli import main as mm_train_main
 from PIL import Image
 from wan22_train.demo import DEMO_STEPS, SAMPLE_STEPS, training_shift
-from wan22_train.tiny import CLIP, load_clips, make_tiny
+from wan22_train.tiny import CLIP, DEMO_SHAPES, load_clips, make_tiny
 
 pytestmark = pytest.mark.slow
 SIZE = {k: CLIP[k] for k in ("num_frames", "height", "width")}
@@ -136,7 +136,7 @@ def test_a_demo_killed_mid_run_resumes_when_rerun_then_trains_exports_and_sample
 def test_make_tiny_reports_a_vae_that_reconstructs_the_clips_and_reuses_it(chain):
     out, printed, _ = chain
     report = json.loads((out / "vae" / "fit.json").read_text())
-    assert f"reconstruction PSNR on the 8 clips: {report['psnr_db']:.2f} dB" in printed
+    assert f"reconstruction PSNR on the {len(DEMO_SHAPES)} clips: {report['psnr_db']:.2f} dB" in printed
     assert report["psnr_db"] >= 25.0
     from diffusers import AutoencoderKLWan
 
@@ -148,7 +148,9 @@ def test_make_tiny_reports_a_vae_that_reconstructs_the_clips_and_reuses_it(chain
 
     weights = out / "vae" / "diffusion_pytorch_model.safetensors"
     written = weights.stat().st_mtime_ns
-    make_tiny(out, vae_fit_steps=report["fit_steps"])  # the same fit: the cached VAE is kept
+    make_tiny(
+        out, num_clips=len(DEMO_SHAPES), vae_fit_steps=report["fit_steps"], shapes=DEMO_SHAPES
+    )  # cached
     assert weights.stat().st_mtime_ns == written
 
 
