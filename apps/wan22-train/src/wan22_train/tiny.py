@@ -20,7 +20,7 @@ SHA-256), and refits otherwise.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,13 +65,15 @@ def write_tokenizer(out: Path):
     return write_caption_tokenizer(out, special_tokens=specials, template="$A </s>", model_max_length=512)
 
 
-def tiny_transformer() -> WanTransformer3DModel:
+def tiny_transformer(**overrides: Any) -> WanTransformer3DModel:
+    """The tiny predictor; ``overrides`` replace its config keys (e.g. ``patch_size``, ``num_layers``)."""
     z = TINY_VAE["z_dim"]
-    return WanTransformer3DModel(
+    config = dict(
         patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=z, out_channels=z,
         text_dim=TEXT_DIM, freq_dim=32, ffn_dim=128, num_layers=2, cross_attn_norm=True,
         qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024,
     )  # fmt: skip
+    return WanTransformer3DModel(**(config | overrides))
 
 
 def tiny_vae() -> AutoencoderKLWan:
@@ -100,22 +102,23 @@ def make_tiny(
     num_clips: int = 8,
     vae_fit_steps: int = 0,
     shapes: Sequence[tuple[str, str, str]] | None = None,
+    clip: Mapping[str, int] = CLIP,
 ) -> Path:
     """Write the tiny model set and dataset into ``out`` (skipping what is already complete); with
     ``vae_fit_steps`` > 0 the VAE is fitted to the clips (see the module docstring). ``shapes`` fixes
     the clips' ``(colour, shape, direction)`` (``mm_data.make_synthetic_dataset``; default: drawn
-    from ``seed``)."""
+    from ``seed``); ``clip`` their ``num_frames``, ``height``, ``width`` and ``fps`` (default :data:`CLIP`)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     metadata = out / "data" / "metadata.json"
     if not metadata.is_file():
-        size = ((CLIP["height"], CLIP["width"]),)
+        size = ((clip["height"], clip["width"]),)
         make_synthetic_dataset(
-            out / "data", num_clips=num_clips, sizes=size, fps=(CLIP["fps"],), num_frames=(CLIP["num_frames"],),
+            out / "data", num_clips=num_clips, sizes=size, fps=(clip["fps"],), num_frames=(clip["num_frames"],),
             seed=seed, shapes=shapes,
         )  # fmt: skip
     if vae_fit_steps > 0:
-        write_fitted_vae(out / "vae", metadata, steps=vae_fit_steps, seed=seed)
+        write_fitted_vae(out / "vae", metadata, steps=vae_fit_steps, seed=seed, clip=clip)
     torch.manual_seed(seed)
     tokenizer = write_tokenizer(out / "tokenizer")
     components = {
@@ -130,14 +133,17 @@ def make_tiny(
     return out
 
 
-def load_clips(metadata: str | Path) -> torch.Tensor:
-    """The tiny clips as one ``[N, 3, F, H, W]`` tensor in ``[-1, 1]`` (decoded, as training sees them)."""
-    size = {k: CLIP[k] for k in ("num_frames", "height", "width")}
+def load_clips(metadata: str | Path, clip: Mapping[str, int] = CLIP) -> torch.Tensor:
+    """The tiny clips (of size ``clip``) as one ``[N, 3, F, H, W]`` tensor in ``[-1, 1]`` (decoded, as
+    training sees them)."""
+    size = {k: clip[k] for k in ("num_frames", "height", "width")}
     dataset = VideoTextDataset(metadata, **size, frame_offset="start")
     return torch.stack([dataset[i]["video"] for i in range(len(dataset))])
 
 
-def write_fitted_vae(folder: Path, metadata: Path, *, steps: int, seed: int) -> dict[str, Any]:
+def write_fitted_vae(
+    folder: Path, metadata: Path, *, steps: int, seed: int, clip: Mapping[str, int] = CLIP
+) -> dict[str, Any]:
     """Fit :func:`tiny_vae` to the clips' frames and save it with its report, unless ``folder`` holds
     a fit of the same seed, steps and clips already. Returns the report (``psnr_db`` of the clips'
     reconstruction, ``fit_steps``, ``fit_seconds``, ``samples``, ``seed``, ``clips_sha256``)."""
@@ -150,7 +156,7 @@ def write_fitted_vae(folder: Path, metadata: Path, *, steps: int, seed: int) -> 
     ):
         return cached
     torch.manual_seed(seed)
-    vae, clips = tiny_vae(), load_clips(metadata)
+    vae, clips = tiny_vae(), load_clips(metadata, clip)
     frames = clips.transpose(1, 2).flatten(0, 1).unsqueeze(2)  # [N*F, 3, 1, H, W]: frame-wise
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # ops this small gain nothing from more; on a busy machine they lose a lot
