@@ -20,11 +20,11 @@ from mm_data import contact_sheet_size, moves_as_captioned, psnr, to_video_frame
 from mm_trainer import load_run_config
 from mm_trainer.cli import main as mm_train_main
 from PIL import Image
-from wan22_train.demo import DEMO_STEPS, SAMPLE_STEPS, training_shift
-from wan22_train.tiny import CLIP, DEMO_SHAPES, load_clips, make_tiny
+from wan22_train.demo import DEMO_CLIP, DEMO_STEPS, SAMPLE_STEPS, training_shift
+from wan22_train.tiny import DEMO_SHAPES, load_clips, make_tiny
 
 pytestmark = pytest.mark.slow
-SIZE = {k: CLIP[k] for k in ("num_frames", "height", "width")}
+SIZE = {k: DEMO_CLIP[k] for k in ("num_frames", "height", "width")}
 INTERVAL = 10  # checkpoint interval of the chain (the shipped config: every 25)
 
 
@@ -109,7 +109,7 @@ def test_a_demo_killed_mid_run_resumes_when_rerun_then_trains_exports_and_sample
 
     with av.open(str(out / "sample.mp4")) as clip:
         frames = [f.to_ndarray(format="rgb24") for f in clip.decode(video=0)]
-    assert len(frames) == CLIP["num_frames"] and frames[0].shape == (CLIP["height"], CLIP["width"], 3)
+    assert len(frames) == SIZE["num_frames"] and frames[0].shape == (SIZE["height"], SIZE["width"], 3)
 
     # The exported folder is the trained predictor: diffusers loads it and computes the same output.
     from diffusers import WanTransformer3DModel
@@ -141,7 +141,7 @@ def test_make_tiny_reports_a_vae_that_reconstructs_the_clips_and_reuses_it(chain
     from diffusers import AutoencoderKLWan
 
     vae = AutoencoderKLWan.from_pretrained(out / "vae").eval()
-    clips = load_clips(out / "data" / "metadata.json")
+    clips = load_clips(out / "data" / "metadata.json", DEMO_CLIP)
     with torch.no_grad():
         reconstruction = vae.decode(vae.encode(clips).latent_dist.mode()).sample.clamp(-1, 1)
     assert psnr(reconstruction, clips) == pytest.approx(report["psnr_db"], abs=0.01)
@@ -149,7 +149,7 @@ def test_make_tiny_reports_a_vae_that_reconstructs_the_clips_and_reuses_it(chain
     weights = out / "vae" / "diffusion_pytorch_model.safetensors"
     written = weights.stat().st_mtime_ns
     make_tiny(
-        out, num_clips=len(DEMO_SHAPES), vae_fit_steps=report["fit_steps"], shapes=DEMO_SHAPES
+        out, num_clips=len(DEMO_SHAPES), vae_fit_steps=report["fit_steps"], shapes=DEMO_SHAPES, clip=DEMO_CLIP
     )  # cached
     assert weights.stat().st_mtime_ns == written
 
@@ -160,7 +160,7 @@ def test_demo_writes_a_contact_sheet_of_the_sample_above_its_clip_and_the_loss_c
     assert f"contact sheet (sampled frames above the training clip, loss curve): {sheet}" in printed
     with Image.open(sheet) as image:
         assert image.format == "PNG"
-        assert image.size == contact_sheet_size(CLIP["num_frames"], CLIP["height"], CLIP["width"], 2, scale=2)
+        assert image.size == contact_sheet_size(*SIZE.values(), 2, scale=2)
 
 
 def test_a_sample_for_a_training_caption_moves_as_captioned_and_matches_its_clip(chain, sampling, euler_step):
@@ -172,7 +172,7 @@ def test_a_sample_for_a_training_caption_moves_as_captioned_and_matches_its_clip
     config_shift = training_shift(load_run_config(out / "ckpt"))
     video = sample_video(sampling, caption, **SIZE, steps=SAMPLE_STEPS, shift=config_shift)
     vae = sampling["ae"]
-    reconstruction = vae.decode(vae.encode(load_clips(metadata)[:1]))[0]
+    reconstruction = vae.decode(vae.encode(load_clips(metadata, DEMO_CLIP)[:1]))[0]
     # The centroid check, not PSNR: a frame of plain background is within 18 dB of a clip whose
     # shape covers a tenth of it.
     assert moves_as_captioned(to_video_frames(video), caption), (caption, psnr(video, reconstruction))

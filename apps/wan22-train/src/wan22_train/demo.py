@@ -22,7 +22,6 @@ from mm_data import to_video_frames, write_contact_sheet
 from wan22_train.configs import config_path
 from wan22_train.pipeline import Wan22Pipeline
 from wan22_train.tiny import (
-    CLIP,
     DEMO_SHAPES,
     VAE_FIT_STEPS,
     fit_summary,
@@ -33,17 +32,21 @@ from wan22_train.tiny import (
 
 #: Training steps of ``wan22-train demo``: enough for the tiny predictor to draw its clips.
 DEMO_STEPS = 200
+#: The demo's clips: smaller and shorter than the shipped tiny config's (:data:`wan22_train.tiny.CLIP`),
+#: so that a training step costs ~1/7 of one there (80 instead of 576 predictor tokens).
+DEMO_CLIP = {"num_frames": 5, "height": 16, "width": 16, "fps": 8}
 #: Euler steps of the demo's sample.
 SAMPLE_STEPS = 20
 #: The demo's training on top of the shipped tiny config (the user's overrides come after): a high
 #: learning rate with warmup, every clip in each step, captions padded to 8 tokens, not 16 (the
-#: padding dilutes the one word that tells two clips apart in the cross-attention).
+#: padding dilutes the one word that tells two clips apart in the cross-attention), no recompute.
 DEMO_TRAINING = (
     "training.lr=5e-3",
     "training.lr_warmup_iters=20",
     "training.lr_scheduler=cosine",
     "training.micro_batch_size=4",
     "model.models.text_encoder.config.text_len=8",
+    "features.recompute_plan.apply_modules=[]",  # nothing to save at this size: recompute only costs
 )
 
 
@@ -56,6 +59,7 @@ def demo_overrides(out: Path, steps: int, nproc: int, extra: Sequence[str] = ())
         f"training.save={ckpt}",
         f"training.train_iters={steps}",
         f"parallel.ulysses_parallel_size={min(nproc, 2)}",
+        *(f"data.dataset.{k}={DEMO_CLIP[k]}" for k in ("num_frames", "height", "width")),
         *DEMO_TRAINING,
         *extra,
     ]
@@ -103,7 +107,7 @@ def run_demo(
 
     out = out.resolve()
     print(
-        f"[1/5] tiny model set + clips: {make_tiny(out, num_clips=len(DEMO_SHAPES), vae_fit_steps=vae_fit_steps, shapes=DEMO_SHAPES)}",
+        f"[1/5] tiny model set + clips: {make_tiny(out, num_clips=len(DEMO_SHAPES), vae_fit_steps=vae_fit_steps, shapes=DEMO_SHAPES, clip=DEMO_CLIP)}",
         flush=True,
     )
     print(f"      {fit_summary(out)}", flush=True)
@@ -123,15 +127,15 @@ def run_demo(
     print(f"[3/5] exported predictor (diffusers WanTransformer3DModel): {exported}", flush=True)
     metadata = out / "data" / "metadata.json"
     prompt = json.loads(metadata.read_text())[0]["cap"][0]
-    size = {k: CLIP[k] for k in ("num_frames", "height", "width")}
+    size = {k: DEMO_CLIP[k] for k in ("num_frames", "height", "width")}
     modules = load_for_sampling(cfg, ckpt)
     video = sample_video(modules, prompt, **size, steps=SAMPLE_STEPS, shift=training_shift(cfg))
-    clip = write_video(video, out / "sample.mp4", fps=CLIP["fps"])
+    clip = write_video(video, out / "sample.mp4", fps=DEMO_CLIP["fps"])
     print(f"[4/5] sampled {prompt!r}: {clip}", flush=True)
     losses = logged_losses(ckpt)
     rows = [
         (f"sample: {prompt}", to_video_frames(video)),
-        ("training clip 0", to_video_frames(load_clips(metadata)[0])),
+        ("training clip 0", to_video_frames(load_clips(metadata, DEMO_CLIP)[0])),
     ]
     sheet = write_contact_sheet(out / "contact_sheet.png", rows, losses)
     print(f"[5/5] contact sheet (sampled frames above the training clip, loss curve): {sheet}", flush=True)
