@@ -129,6 +129,17 @@ def main() -> None:
                 f"{step:5d}  {loss.item():.4f}  {right:.4f}                {other:.4f}                  {per_step:.3f}"
             )
     model.eval()
+    # From pure noise (sigma 1) the predicted x0 is all the predictor knows from the caption: its error
+    # against each clip and against the clip played backwards (same caption, opposite direction).
+    with torch.no_grad():
+        noise = torch.randn(latents.shape, generator=torch.Generator().manual_seed(2))
+        x0 = noise - model(noise, torch.full((len(latents),), 1000.0), text, return_dict=False)[0]
+    for k, caption in enumerate(captions):
+        forward = float(((x0[k] - latents[k]) ** 2).mean())
+        backward = float(((x0[k] - latents[k].flip(1)) ** 2).mean())
+        print(
+            f"x0 at sigma 1, {caption}: error vs clip {forward:.4f}, vs clip reversed in time {backward:.4f}"
+        )
 
     def sample(k: int, seed: int, inverted: bool) -> np.ndarray:
         x = torch.randn((1, *latents.shape[1:]), generator=torch.Generator().manual_seed(seed))
