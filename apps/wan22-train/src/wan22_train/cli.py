@@ -100,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
         "`expert: both` run (diffusers A14B layout: transformer/ and transformer_2/)",
     )
     demo = sub.add_parser("demo", help=COMMANDS["demo"])
-    demo.add_argument("--out", default="runs/tiny")
+    demo.add_argument("--out", default="runs/demo")
     demo.add_argument("--nproc", type=int, default=2)
     demo.add_argument("--steps", type=int, help="training steps (default: wan22_train.demo.DEMO_STEPS)")
     demo.add_argument(

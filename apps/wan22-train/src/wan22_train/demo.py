@@ -28,6 +28,7 @@ from wan22_train.tiny import (
     load_clips,
     make_tiny,
     tiny_overrides,
+    whole_clip_patch,
 )
 
 #: Training steps of ``wan22-train demo``: enough for the tiny predictor to draw its clips.
@@ -35,6 +36,11 @@ DEMO_STEPS = 200
 #: The demo's clips: smaller and shorter than the shipped tiny config's (:data:`wan22_train.tiny.CLIP`),
 #: so that a training step costs ~1/7 of one there (80 instead of 576 predictor tokens).
 DEMO_CLIP = {"num_frames": 5, "height": 16, "width": 16, "fps": 8}
+#: The demo's predictor: the tiny one with a patch covering the whole 5x8x8 latent, so one token per
+#: clip. Wan has no absolute position embedding (3D RoPE only): a multi-token tiny predictor sampled
+#: from pure noise cannot tell its first frame from its last, and moves the circle along the captioned
+#: axis in either direction (benchmarks/wan_demo_learning.py); one token has nothing to tell apart.
+DEMO_TRANSFORMER = {"patch_size": whole_clip_patch(DEMO_CLIP)}
 #: Euler steps of the demo's sample.
 SAMPLE_STEPS = 20
 #: The demo's training on top of the shipped tiny config (the user's overrides come after): a high
@@ -48,6 +54,15 @@ DEMO_TRAINING = (
     "model.models.text_encoder.config.text_len=8",
     "features.recompute_plan.apply_modules=[]",  # nothing to save at this size: recompute only costs
 )
+
+
+def make_demo_set(out: Path, vae_fit_steps: int = VAE_FIT_STEPS) -> Path:
+    """The demo's tiny model set in ``out``: :data:`DEMO_SHAPES` clips of :data:`DEMO_CLIP`, the VAE fitted
+    to them, the :data:`DEMO_TRANSFORMER` predictor."""
+    return make_tiny(
+        out, num_clips=len(DEMO_SHAPES), vae_fit_steps=vae_fit_steps, shapes=DEMO_SHAPES, clip=DEMO_CLIP,
+        transformer=DEMO_TRANSFORMER,
+    )  # fmt: skip
 
 
 def demo_overrides(out: Path, steps: int, nproc: int, extra: Sequence[str] = ()) -> list[str]:
@@ -107,7 +122,7 @@ def run_demo(
 
     out = out.resolve()
     print(
-        f"[1/5] tiny model set + clips: {make_tiny(out, num_clips=len(DEMO_SHAPES), vae_fit_steps=vae_fit_steps, shapes=DEMO_SHAPES, clip=DEMO_CLIP)}",
+        f"[1/5] tiny model set + clips: {make_demo_set(out, vae_fit_steps)}",
         flush=True,
     )
     print(f"      {fit_summary(out)}", flush=True)

@@ -20,6 +20,7 @@ SHA-256), and refits otherwise.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,20 +43,26 @@ from transformers import UMT5Config, UMT5EncoderModel
 TEXT_DIM = 32
 #: The tiny clips: frames, size and rate (what the shipped tiny configs train on).
 CLIP = {"num_frames": 9, "height": 32, "width": 32, "fps": 8}
-#: Fit steps of the tiny VAE for ``wan22-train make-tiny`` and the demo (0: a random VAE).
-VAE_FIT_STEPS = 300
+#: Fit steps of the tiny VAE for ``wan22-train make-tiny`` and the demo (0: a random VAE): ~33 dB on
+#: the demo's 16x16 clips in ~35 s, ~29 dB on 32x32 ones in ~75 s (2 cores).
+VAE_FIT_STEPS = 600
 VAE_FIT_LR = 2e-3
-VAE_FIT_BATCH = 8  # frames per fit step
-#: The demo's clips (``wan22-train make-tiny`` and ``demo``): one large high-contrast shape in each
-#: direction. (Four colours, one per direction, make the captions easier to tell apart for the
-#: predictor but drop the 300-step VAE fit from ~26 to ~22 dB; see the issue 22 report.)
+VAE_FIT_BATCH = 4  # frames per fit step
+#: The demo's clips: one circle per direction, each its own colour, so that every caption names one
+#: clip (``wan22-train make-tiny`` and ``demo``).
 DEMO_SHAPES = (
-    ("white", "circle", "up"), ("white", "circle", "right"), ("white", "circle", "down"), ("white", "circle", "left"),
+    ("red", "circle", "up"), ("blue", "circle", "down"), ("green", "circle", "left"), ("yellow", "circle", "right"),
 )  # fmt: skip
 #: A 2x2 patchify (as Wan2.2's own VAE), no further down-sampling, no temporal compression.
 TINY_VAE = dict(
     base_dim=32, z_dim=16, dim_mult=[1], num_res_blocks=0, temperal_downsample=[], patch_size=2,
     in_channels=12, out_channels=12, scale_factor_temporal=1, scale_factor_spatial=2,
+)  # fmt: skip
+#: The tiny predictor: 2 blocks of 4 heads x 16, a 1x2x2 patch (as Wan2.2's own).
+TINY_TRANSFORMER = dict(
+    patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=TINY_VAE["z_dim"],
+    out_channels=TINY_VAE["z_dim"], text_dim=TEXT_DIM, freq_dim=32, ffn_dim=128, num_layers=2, cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024,
 )  # fmt: skip
 
 
@@ -66,14 +73,9 @@ def write_tokenizer(out: Path):
 
 
 def tiny_transformer(**overrides: Any) -> WanTransformer3DModel:
-    """The tiny predictor; ``overrides`` replace its config keys (e.g. ``patch_size``, ``num_layers``)."""
-    z = TINY_VAE["z_dim"]
-    config = dict(
-        patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=z, out_channels=z,
-        text_dim=TEXT_DIM, freq_dim=32, ffn_dim=128, num_layers=2, cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024,
-    )  # fmt: skip
-    return WanTransformer3DModel(**(config | overrides))
+    """The tiny predictor (:data:`TINY_TRANSFORMER`); ``overrides`` replace its config keys (e.g.
+    ``patch_size``, ``num_layers``)."""
+    return WanTransformer3DModel(**(TINY_TRANSFORMER | overrides))
 
 
 def tiny_vae() -> AutoencoderKLWan:
@@ -103,14 +105,21 @@ def make_tiny(
     vae_fit_steps: int = 0,
     shapes: Sequence[tuple[str, str, str]] | None = None,
     clip: Mapping[str, int] = CLIP,
+    transformer: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write the tiny model set and dataset into ``out`` (skipping what is already complete); with
     ``vae_fit_steps`` > 0 the VAE is fitted to the clips (see the module docstring). ``shapes`` fixes
     the clips' ``(colour, shape, direction)`` (``mm_data.make_synthetic_dataset``; default: drawn
-    from ``seed``); ``clip`` their ``num_frames``, ``height``, ``width`` and ``fps`` (default :data:`CLIP`)."""
+    from ``seed``); ``clip`` their ``num_frames``, ``height``, ``width`` and ``fps`` (default :data:`CLIP`);
+    ``transformer`` overrides the tiny predictor's config (:func:`tiny_transformer`).
+
+    A folder written before with other clip sizes or another predictor config is refused (ValueError
+    naming the file), not silently reused."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     metadata = out / "data" / "metadata.json"
+    transformer = dict(transformer or {})
+    _refuse_other_model_set(out, clip, transformer)
     if not metadata.is_file():
         size = ((clip["height"], clip["width"]),)
         make_synthetic_dataset(
@@ -122,7 +131,7 @@ def make_tiny(
     torch.manual_seed(seed)
     tokenizer = write_tokenizer(out / "tokenizer")
     components = {
-        "transformer": ("diffusers", "WanTransformer3DModel", tiny_transformer),
+        "transformer": ("diffusers", "WanTransformer3DModel", lambda: tiny_transformer(**transformer)),
         "vae": ("diffusers", "AutoencoderKLWan", tiny_vae),
         "text_encoder": ("transformers", "UMT5EncoderModel", lambda: tiny_text_encoder(len(tokenizer))),
     }
@@ -131,6 +140,46 @@ def make_tiny(
         extra_index={"tokenizer": ["transformers", "PreTrainedTokenizerFast"]},
     )  # fmt: skip
     return out
+
+
+def whole_clip_patch(clip: Mapping[str, int]) -> tuple[int, int, int]:
+    """The predictor patch that covers the tiny VAE's whole latent of a ``clip``: one token per clip."""
+    spatial, temporal = TINY_VAE["scale_factor_spatial"], TINY_VAE["scale_factor_temporal"]
+    return (clip["num_frames"] // temporal, clip["height"] // spatial, clip["width"] // spatial)
+
+
+def _refuse_other_model_set(out: Path, clip: Mapping[str, int], transformer: Mapping[str, Any]) -> None:
+    """Raise when ``out`` holds clips of another size or a predictor of another config than asked for."""
+    metadata = out / "data" / "metadata.json"
+    if metadata.is_file():
+        for row in json.loads(metadata.read_text()):
+            found = (row["num_frames"], row["resolution"]["height"], row["resolution"]["width"])
+            if row.get("kind", "clip") == "clip" and found != (
+                clip["num_frames"],
+                clip["height"],
+                clip["width"],
+            ):
+                raise ValueError(
+                    f"{metadata}: {row['path']} has {found[0]} frames of {found[1]}x{found[2]}, expected "
+                    f"{clip['num_frames']} of {clip['height']}x{clip['width']}: this folder holds another tiny "
+                    "set; use another folder or delete it"
+                )
+    config = out / "transformer" / "config.json"
+    if config.is_file():
+        written = json.loads(config.read_text())
+        expected = TINY_TRANSFORMER | dict(transformer)
+        wrong = {
+            k: (written.get(k), _as_json(v)) for k, v in expected.items() if _as_json(v) != written.get(k)
+        }
+        if wrong:
+            raise ValueError(
+                f"{config}: written with {', '.join(f'{k}={w!r} (expected {v!r})' for k, (w, v) in wrong.items())}: "
+                "this folder holds another tiny set; use another folder or delete it"
+            )
+
+
+def _as_json(value: Any) -> Any:
+    return json.loads(json.dumps(value))
 
 
 def load_clips(metadata: str | Path, clip: Mapping[str, int] = CLIP) -> torch.Tensor:

@@ -73,9 +73,7 @@ def fit_autoencoder(
         raise ValueError("fit_autoencoder: no samples")
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * s / max(steps, 1)))
-    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, steps))
     model.train()
     start = time.monotonic()
     loss = torch.tensor(float("nan"))

@@ -283,4 +283,7 @@ class WanDiT(nn.Module):
             x = self._gather_fn(x, 1, seq_len)
         x = x.reshape(b, *grid, pt, ph, pw, self.config.out_dim)
         x = x.permute(0, 7, 1, 4, 2, 5, 3, 6)  # x: B, C, f, pt, h, ph, w, pw
-        return x.reshape(b, self.config.out_dim, f, h, w)
+        x = x.reshape(b, self.config.out_dim, f, h, w)
+        # A one-token grid reshapes without a copy; return a tensor of its own, not a view of the head's
+        # output (FSDP2 warns on a module that returns a view: an in-place op on it skips its hook).
+        return x.clone() if x._is_view() else x
