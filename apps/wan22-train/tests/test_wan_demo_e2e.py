@@ -25,6 +25,7 @@ from wan22_train.demo import (
     DEMO_STEPS,
     DEMO_TRANSFORMER,
     SAMPLE_STEPS,
+    SHEET_SCALE,
     make_demo_set,
     training_shift,
 )
@@ -165,7 +166,7 @@ def test_demo_writes_a_contact_sheet_of_the_sample_above_its_clip_and_the_loss_c
     assert f"contact sheet (sampled frames above the training clip, loss curve): {sheet}" in printed
     with Image.open(sheet) as image:
         assert image.format == "PNG"
-        assert image.size == contact_sheet_size(*SIZE.values(), 2, scale=2)
+        assert image.size == contact_sheet_size(*SIZE.values(), 2, scale=SHEET_SCALE)
 
 
 def test_the_sample_for_every_training_caption_moves_as_captioned_and_matches_its_clip(

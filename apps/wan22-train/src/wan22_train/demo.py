@@ -41,6 +41,8 @@ DEMO_CLIP = {"num_frames": 5, "height": 16, "width": 16, "fps": 8}
 #: from pure noise cannot tell its first frame from its last, and moves the circle along the captioned
 #: axis in either direction (benchmarks/wan_demo_learning.py); one token has nothing to tell apart.
 DEMO_TRANSFORMER = {"patch_size": whole_clip_patch(DEMO_CLIP)}
+#: The contact sheet's frames are drawn this many times larger than the 16x16 clips.
+SHEET_SCALE = 6
 #: Euler steps of the demo's sample.
 SAMPLE_STEPS = 20
 #: The demo's training on top of the shipped tiny config (the user's overrides come after): a high
@@ -150,9 +152,9 @@ def run_demo(
     losses = logged_losses(ckpt)
     rows = [
         (f"sample: {prompt}", to_video_frames(video)),
-        ("training clip 0", to_video_frames(load_clips(metadata, DEMO_CLIP)[0])),
+        (f"training clip: {prompt}", to_video_frames(load_clips(metadata, DEMO_CLIP)[0])),
     ]
-    sheet = write_contact_sheet(out / "contact_sheet.png", rows, losses)
+    sheet = write_contact_sheet(out / "contact_sheet.png", rows, losses, scale=SHEET_SCALE)
     print(f"[5/5] contact sheet (sampled frames above the training clip, loss curve): {sheet}", flush=True)
     print(f"loss: first {losses[0]:.4f} -> last {losses[-1]:.4f} over {len(losses)} logged steps")
     print(f"checkpoints: {ckpt}  metrics: {ckpt / 'metrics.jsonl'}  config: {ckpt / 'config.yaml'}")
