@@ -34,7 +34,7 @@ def load_for_sampling(config: TrainConfig, checkpoint: str | Path) -> dict[str, 
     """The trained transformer restored from ``checkpoint`` (``holder``: its container), the run's
     pipeline, and the frozen encoders of ``data.dataset.preprocess.model_root`` (CPU, fp32)."""
     import_plugins(config.training.plugin)
-    model = LTX2Predictor._from_config(config.model.sub_models()["model"])
+    model = LTX2Predictor.build_from_config(config.model.sub_models()["model"])
     freeze(model)
     holder = ModelContainer({"model": model}, trainable=("model",))
     DistributedCheckpointer(checkpoint).load({"model": holder})
