@@ -66,15 +66,17 @@ def reference(tiny_cache, run_config) -> SimpleNamespace:
 
 @pytest.fixture(scope="module")
 def learned(reference, ltx2_train) -> SimpleNamespace:
-    """The reference run continued from its step 16 to ``LEARN_STEPS`` at the same layout, and its
-    modules for sampling (``ltx2_train.sampling.load_for_sampling``)."""
+    """The reference run continued from its step 16 to ``LEARN_STEPS``, and its modules for sampling
+    (``ltx2_train.sampling.load_for_sampling``). One rank without recompute: at this size the step
+    is all overhead, and the all-to-alls and recompute of the reference's layout ~triple it."""
     from ltx2_train.sampling import load_for_sampling
     from mm_trainer import load_run_config
 
     save = reference.ckpt.parent / "learned"
     ltx2_train(
         "--config", str(reference.config), f"training.load={reference.ckpt}", f"training.save={save}",
-        f"training.train_iters={LEARN_STEPS}", f"training.save_interval={LEARN_STEPS}", nproc=2,
+        f"training.train_iters={LEARN_STEPS}", f"training.save_interval={LEARN_STEPS}",
+        "parallel.ulysses_parallel_size=1", "features.recompute_plan.apply_modules=[]",
     )  # fmt: skip
     return SimpleNamespace(ckpt=save, modules=load_for_sampling(load_run_config(save), save))
 
