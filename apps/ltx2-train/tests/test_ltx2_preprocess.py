@@ -52,3 +52,28 @@ def test_silent_clips_get_a_sample_dependent_tone():
     wave = clip_waveform(None, 3, sample_rate=16000, seconds=0.5)
     torch.testing.assert_close(wave, synthetic_tone(3, 16000, 8000))
     assert not torch.equal(wave, synthetic_tone(4, 16000, 8000))
+
+
+def test_make_tiny_reports_a_vae_that_reconstructs_the_clips_and_reuses_its_fit(tiny_cache, capsys):
+    import json
+
+    from diffusers import AutoencoderKLLTX2Video
+    from ltx2_train.cli import main
+    from ltx2_train.tiny import VAE_FIT_STEPS, load_clips
+    from mm_data import psnr
+    from mm_trainer import reconstruct
+
+    report = json.loads((tiny_cache / "vae" / "fit.json").read_text())
+    assert report["fit_steps"] == VAE_FIT_STEPS and report["samples"] == 4
+    assert report["psnr_db"] >= 25.0
+    vae = AutoencoderKLLTX2Video.from_pretrained(tiny_cache / "vae").eval()
+    clips = load_clips(tiny_cache / "data" / "metadata.json")
+    assert psnr(reconstruct(vae, clips).clamp(-1, 1), clips) == pytest.approx(report["psnr_db"], abs=0.01)
+    assert not torch.equal(vae.latents_std, torch.ones_like(vae.latents_std))  # the clips' statistics
+
+    weights = tiny_cache / "vae" / "diffusion_pytorch_model.safetensors"
+    written = weights.stat().st_mtime_ns
+    assert main(["make-tiny", str(tiny_cache)]) == 0  # the same seed, steps and clips: the fit is reused
+    assert weights.stat().st_mtime_ns == written
+    printed = capsys.readouterr().out
+    assert f"tiny VAE reconstruction PSNR on the 4 clips: {report['psnr_db']:.2f} dB" in printed
