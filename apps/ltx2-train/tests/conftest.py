@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from ltx2_train.tiny import TINY_TRANSFORMER
+from ltx2_train.tiny import TINY_TRANSFORMER, one_token_patch
 
-VIDEO_FHW = (3, 4, 4)  # 48 video tokens
+VIDEO_FHW = (3, 4, 4)  # 48 video tokens at patch size 1; the tiny clips' latent grid
+#: The transformer ``make-tiny`` writes (and the e2e runs train): one patch covers the latent grid.
+ONE_TOKEN_TRANSFORMER = TINY_TRANSFORMER | one_token_patch()
 AUDIO_LEN = 7  # odd: exercises the padded split under Ulysses 2
 TEXT_LEN = 6
 CAPTION = TINY_TRANSFORMER["caption_channels"]
@@ -24,11 +26,15 @@ def perturbed(model: torch.nn.Module, seed: int = 0, scale: float = 0.1) -> torc
     return model
 
 
-def transformer_inputs(batch: int = 2, seed: int = 1, per_token_timestep: bool = True) -> dict:
-    """Keyword inputs of ``LTX2VideoTransformer3DModel.forward`` for ``TINY_TRANSFORMER``."""
+def transformer_inputs(
+    batch: int = 2, seed: int = 1, per_token_timestep: bool = True, config: dict = TINY_TRANSFORMER
+) -> dict:
+    """Keyword inputs of ``LTX2VideoTransformer3DModel.forward`` for ``config`` (default ``TINY_TRANSFORMER``)
+    on the latent grid ``VIDEO_FHW``."""
     g = torch.Generator().manual_seed(seed)
     f, h, w = VIDEO_FHW
-    video_len = f * h * w
+    patch, patch_t = config.get("patch_size", 1), config.get("patch_size_t", 1)
+    video_len = (f // patch_t) * (h // patch) * (w // patch)
     timestep = (
         torch.rand(batch, video_len, generator=g) * 1000
         if per_token_timestep
@@ -37,7 +43,7 @@ def transformer_inputs(batch: int = 2, seed: int = 1, per_token_timestep: bool =
     mask = torch.ones(batch, TEXT_LEN, dtype=torch.long)
     mask[0, :2] = 0
     return dict(
-        hidden_states=torch.randn(batch, video_len, TINY_TRANSFORMER["in_channels"], generator=g),
+        hidden_states=torch.randn(batch, video_len, config["in_channels"], generator=g),
         audio_hidden_states=torch.randn(batch, AUDIO_LEN, TINY_TRANSFORMER["audio_in_channels"], generator=g),
         encoder_hidden_states=torch.randn(batch, TEXT_LEN, CAPTION, generator=g),
         audio_encoder_hidden_states=torch.randn(batch, TEXT_LEN, CAPTION, generator=g),
@@ -72,6 +78,12 @@ def ltx2_inputs():
     return transformer_inputs
 
 
+@pytest.fixture
+def one_token_inputs():
+    """``transformer_inputs`` for ``ONE_TOKEN_TRANSFORMER`` (the model set of ``tiny_cache``)."""
+    return lambda **kw: transformer_inputs(config=ONE_TOKEN_TRANSFORMER, **kw)
+
+
 REPO = Path(__file__).resolve().parents[3]
 TINY_CONFIG = REPO / "apps" / "ltx2-train" / "configs" / "tiny_t2av.yaml"
 
@@ -94,14 +106,15 @@ def run_config():
 
 @pytest.fixture(scope="session")
 def tiny_cache(tmp_path_factory) -> Path:
-    """``make-tiny`` + ``preprocess`` (as two ranks, one after the other) into a fresh folder."""
+    """``make-tiny`` (the VAE fitted to the four clips) + ``preprocess`` (as two ranks, one after the
+    other) into a fresh folder."""
     from ltx2_train.preprocess import run_preprocess
     from ltx2_train.tiny import make_tiny
     from mm_config import load_config
 
     root = tmp_path_factory.mktemp("ltx2_tiny")
-    make_tiny(root, num_clips=6)
+    make_tiny(root)
     config = load_config(tiny_run_config(root), ["parallel.ulysses_parallel_size=1"], world_size=1)
     reports = [run_preprocess(config, rank=r, world_size=2) for r in range(2)]
-    assert [r.written for r in reports] == [[0, 2, 4], [1, 3, 5]]
+    assert [r.written for r in reports] == [[0, 2], [1, 3]]
     return root

@@ -34,7 +34,7 @@ def _train(rank: int, world: int, config: str, overrides: list[str], inputs: dic
 
 
 def test_lora_peft_and_merged_exports_compute_the_trained_outputs(
-    tiny_cache, run_config, ltx2_inputs, tmp_path, distributed
+    tiny_cache, run_config, one_token_inputs, tmp_path, distributed
 ):
     from diffusers import (
         AutoencoderKLLTX2Audio,
@@ -51,7 +51,7 @@ def test_lora_peft_and_merged_exports_compute_the_trained_outputs(
     save = tmp_path / "ckpt"
     config = run_config(tiny_cache, train_iters=4, save_interval=4, deterministic=True, save=str(save))
     overrides = [f"model.lora={json.dumps(LORA)}"]
-    ours = distributed(_train, 2, str(config), overrides, ltx2_inputs(), timeout=600)[0]
+    ours = distributed(_train, 2, str(config), overrides, one_token_inputs(), timeout=600)[0]
     losses = [json.loads(line)["loss"] for line in (save / "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
     run = load_run_config(save)
@@ -74,8 +74,10 @@ def test_lora_peft_and_merged_exports_compute_the_trained_outputs(
     exported = LTX2VideoTransformer3DModel.from_pretrained(merged).eval()
     with torch.no_grad():
         for model in (pipe.transformer, exported):
-            video, audio = model(**ltx2_inputs(), return_dict=False)
+            video, audio = model(**one_token_inputs(), return_dict=False)
             torch.testing.assert_close(video, ours["video"], rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(audio, ours["audio"], rtol=1e-5, atol=1e-5)
         untrained = LTX2VideoTransformer3DModel.from_pretrained(tiny_cache / "transformer").eval()
-        assert not torch.allclose(untrained(**ltx2_inputs(), return_dict=False)[0], ours["video"], atol=1e-4)
+        assert not torch.allclose(
+            untrained(**one_token_inputs(), return_dict=False)[0], ours["video"], atol=1e-4
+        )

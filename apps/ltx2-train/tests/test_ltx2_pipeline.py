@@ -6,7 +6,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from ltx2_train.pipeline import LTX2Pipeline, first_frame_token_mask, masked_mse, pack_audio, pack_video
+from ltx2_train.pipeline import (
+    LTX2Pipeline,
+    first_frame_token_mask,
+    masked_mse,
+    pack_audio,
+    pack_video,
+    unpack_video,
+)
 from ltx2_train.timesteps import SigmaSampler
 from mm_pipelines import SampleRNG
 
@@ -95,6 +102,40 @@ def test_packing_matches_upstream_ltx2_pipeline():
     video, audio = torch.randn(2, 4, 3, 2, 5), torch.randn(2, 4, 7, 3)
     torch.testing.assert_close(pack_video(video), Upstream._pack_latents(video, 1, 1))
     torch.testing.assert_close(pack_audio(audio), Upstream._pack_audio_latents(audio))
+
+
+@pytest.mark.parametrize(("patch", "patch_t"), [(1, 1), (2, 1), (2, 3), (4, 6)])
+def test_patched_packing_matches_upstream_and_unpacks_to_the_latents(patch, patch_t):
+    from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline as Upstream
+
+    video = torch.randn(2, 5, 6, 4, 8)  # [B, C, F, H, W]
+    tokens = pack_video(video, patch, patch_t)
+    assert tokens.shape == (2, (6 // patch_t) * (4 // patch) * (8 // patch), 5 * patch_t * patch * patch)
+    torch.testing.assert_close(tokens, Upstream._pack_latents(video, patch, patch_t), rtol=0, atol=0)
+    assert torch.equal(unpack_video(tokens, (6, 4, 8), patch, patch_t), video)
+
+
+def test_a_latent_grid_the_patches_do_not_tile_is_refused():
+    with pytest.raises(ValueError, match=r"latent grid .* \(5, 4, 8\) does not divide .*patch_size_t=2"):
+        pack_video(torch.randn(1, 2, 5, 4, 8), 2, 2)
+    with pytest.raises(ValueError, match=r"\(6, 4, 6\) .*patch_size=4"):
+        unpack_video(torch.randn(1, 3, 8), (6, 4, 6), 4, 1)
+
+
+def test_the_pipeline_packs_with_the_transformers_patch_and_refuses_first_frame_conditioning_across_frames():
+    from ltx2_train.tiny import tiny_transformer
+
+    model = tiny_transformer(patch_size=2, patch_size_t=3, in_channels=4 * 12, out_channels=4 * 12)
+    batch = {
+        "latents": torch.randn(1, 4, 3, 4, 4),
+        "prompt_embeds": torch.randn(1, 6, 32),
+        "prompt_attention_mask": torch.ones(1, 6, dtype=torch.long),
+    }
+    container = SimpleNamespace(model=model)
+    cond = LTX2Pipeline(audio=False).prepare_conditions(container, batch)
+    torch.testing.assert_close(cond["video"], pack_video(batch["latents"], 2, 3), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="first_frame_conditioning_p=0.1 .* patch_size_t is 3"):
+        LTX2Pipeline(audio=False, first_frame_conditioning_p=0.1).prepare_conditions(container, batch)
 
 
 def test_forward_runs_the_transformer_and_reports_tokens(tiny_predictor):

@@ -20,7 +20,7 @@ def test_precomputed_dataset_yields_the_tensors_of_a_direct_encode(tiny_cache, r
     encoders = LTX2Encoders.load(
         options.model_root, audio=True, device=torch.device("cpu"), dtype=torch.float32
     )
-    assert len(dataset) == len(clips) == 6
+    assert len(dataset) == len(clips) == 4
     for index in (0, 3):  # one file of each rank's shard
         cached = dataset[index]
         direct = encode_sample(encoders, clips[index], frame_rate=8.0, max_length=16)
@@ -29,12 +29,9 @@ def test_precomputed_dataset_yields_the_tensors_of_a_direct_encode(tiny_cache, r
         for key, value in direct.items():
             torch.testing.assert_close(cached[key], value, rtol=0, atol=0, msg=key)
     sample = dataset[0]
-    assert sample["latents"].shape == (8, 5, 8, 8)  # 9 frames 32x32 -> x2 time, x4 space
-    assert sample["audio_latents"].shape == (
-        4,
-        29,
-        4,
-    )  # 1.125 s: 18000 // 160 + 1 = 113 mel frames, causal /4
+    assert sample["latents"].shape == (8, 3, 4, 4)  # 5 frames 16x16 -> x2 time, x4 space
+    # 0.625 s: 10000 // 160 + 1 = 63 mel frames, causal /4
+    assert sample["audio_latents"].shape == (4, 16, 4)
     assert sample["prompt_embeds"].shape == sample["audio_prompt_embeds"].shape == (16, 32)
     assert not torch.equal(sample["prompt_embeds"], sample["audio_prompt_embeds"])  # two connectors
 
@@ -45,7 +42,7 @@ def test_a_second_preprocess_run_skips_complete_files(tiny_cache, run_config):
 
     config = load_config(run_config(tiny_cache), ["parallel.ulysses_parallel_size=1"], world_size=1)
     report = run_preprocess(config, rank=0, world_size=1)
-    assert report.written == [] and report.skipped == list(range(6))
+    assert report.written == [] and report.skipped == list(range(4))
 
 
 def test_silent_clips_get_a_sample_dependent_tone():
@@ -55,3 +52,28 @@ def test_silent_clips_get_a_sample_dependent_tone():
     wave = clip_waveform(None, 3, sample_rate=16000, seconds=0.5)
     torch.testing.assert_close(wave, synthetic_tone(3, 16000, 8000))
     assert not torch.equal(wave, synthetic_tone(4, 16000, 8000))
+
+
+def test_make_tiny_reports_a_vae_that_reconstructs_the_clips_and_reuses_its_fit(tiny_cache, capsys):
+    import json
+
+    from diffusers import AutoencoderKLLTX2Video
+    from ltx2_train.cli import main
+    from ltx2_train.tiny import VAE_FIT_STEPS, load_clips
+    from mm_data import psnr
+    from mm_trainer import reconstruct
+
+    report = json.loads((tiny_cache / "vae" / "fit.json").read_text())
+    assert report["fit_steps"] == VAE_FIT_STEPS and report["samples"] == 4
+    assert report["psnr_db"] >= 25.0
+    vae = AutoencoderKLLTX2Video.from_pretrained(tiny_cache / "vae").eval()
+    clips = load_clips(tiny_cache / "data" / "metadata.json")
+    assert psnr(reconstruct(vae, clips).clamp(-1, 1), clips) == pytest.approx(report["psnr_db"], abs=0.01)
+    assert not torch.equal(vae.latents_std, torch.ones_like(vae.latents_std))  # the clips' statistics
+
+    weights = tiny_cache / "vae" / "diffusion_pytorch_model.safetensors"
+    written = weights.stat().st_mtime_ns
+    assert main(["make-tiny", str(tiny_cache)]) == 0  # the same seed, steps and clips: the fit is reused
+    assert weights.stat().st_mtime_ns == written
+    printed = capsys.readouterr().out
+    assert f"tiny VAE reconstruction PSNR on the 4 clips: {report['psnr_db']:.2f} dB" in printed

@@ -1,5 +1,6 @@
 """Tiny LTX-2 end to end on 2 gloo processes (FSDP2 + Ulysses 2, audio on): train, resume (also at world 1),
-export; MFU, condition_micro_steps and ring attention against the same reference run.
+export; MFU, condition_micro_steps and ring attention against the same reference run; the reference
+continued until it has learned the four tiny clips: its samples move as captioned.
 
 The reference run is the one real ``torchrun -m ltx2_train`` launch of this app's tests (the console
 entry and launcher path); every other run is ``ltx2-train``'s ``main`` on forked gloo ranks (the
@@ -18,10 +19,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from ltx2_train.tiny import CLIP, load_clips
 
 pytestmark = pytest.mark.slow
 
 STEPS = 16  # the reference: checkpoints at 8 and 16, constant lr (its first steps are any shorter run's)
+LEARN_STEPS = 400  # the reference continued to here learns the four clips (benchmarks/ltx2_demo_learning.py)
 
 
 def ltx2_train_torchrun(*args: str, nproc: int) -> None:
@@ -61,21 +64,40 @@ def reference(tiny_cache, run_config) -> SimpleNamespace:
     return SimpleNamespace(config=config, ckpt=ckpt, losses=losses(ckpt), rows=rows)
 
 
+@pytest.fixture(scope="module")
+def learned(reference, ltx2_train) -> SimpleNamespace:
+    """The reference run continued from its step 16 to ``LEARN_STEPS``, and its modules for sampling
+    (``ltx2_train.sampling.load_for_sampling``). One rank without recompute: at this size the step
+    is all overhead, and the all-to-alls and recompute of the reference's layout ~triple it."""
+    from ltx2_train.sampling import load_for_sampling
+    from mm_trainer import load_run_config
+
+    save = reference.ckpt.parent / "learned"
+    ltx2_train(
+        "--config", str(reference.config), f"training.load={reference.ckpt}", f"training.save={save}",
+        f"training.train_iters={LEARN_STEPS}", f"training.save_interval={LEARN_STEPS}",
+        "parallel.ulysses_parallel_size=1", "features.recompute_plan.apply_modules=[]",
+    )  # fmt: skip
+    return SimpleNamespace(ckpt=save, modules=load_for_sampling(load_run_config(save), save))
+
+
 def trained_predictor(ckpt: Path) -> torch.nn.Module:
     """The trained weights read straight from the DCP checkpoint into the upstream-class predictor."""
     from ltx2_train.predictor import LTX2Predictor
-    from ltx2_train.tiny import TINY_TRANSFORMER
+    from ltx2_train.tiny import TINY_TRANSFORMER, one_token_patch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     flat = ckpt.parent / "flat.pt"
     dcp_to_torch_save(ckpt, flat)
     state = torch.load(flat, weights_only=False)["model"]
-    model = LTX2Predictor.build_from_config(SimpleNamespace(config=dict(TINY_TRANSFORMER), from_pretrained=None))
+    model = LTX2Predictor.build_from_config(
+        SimpleNamespace(config=TINY_TRANSFORMER | one_token_patch(), from_pretrained=None)
+    )
     model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
     return model.eval()
 
 
-def test_train_resume_and_export(reference, ltx2_train, tiny_cache, ltx2_inputs):
+def test_train_resume_and_export(reference, ltx2_train, tiny_cache, one_token_inputs):
     from diffusers import LTX2VideoTransformer3DModel
 
     # 1. Train 16 steps, checkpoints at 8 and 16: finite, decreasing loss.
@@ -118,8 +140,8 @@ def test_train_resume_and_export(reference, ltx2_train, tiny_cache, ltx2_inputs)
     initial = LTX2VideoTransformer3DModel.from_pretrained(tiny_cache / "transformer")
     assert not torch.equal(initial.proj_out.weight, exported.proj_out.weight)  # training changed it
     with torch.no_grad():
-        want = trained(**ltx2_inputs(), return_dict=False)
-        got = exported(**ltx2_inputs(), return_dict=False)
+        want = trained(**one_token_inputs(), return_dict=False)
+        got = exported(**one_token_inputs(), return_dict=False)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
@@ -169,5 +191,27 @@ def test_sample_writes_a_clip_and_its_audio_the_same_for_a_seed(reference, tmp_p
     first, again, other = sample(0, "a"), sample(0, "b"), sample(1, "c")
     with av.open(str(tmp_path / "a.mp4")) as clip:
         frames = [f.to_ndarray(format="rgb24") for f in clip.decode(video=0)]
-    assert len(frames) == 9 and frames[0].shape == (32, 32, 3)
+    assert len(frames) == CLIP["num_frames"] and frames[0].shape == (CLIP["height"], CLIP["width"], 3)
     assert first == again and first[0] != other[0] and first[1] != other[1]
+
+
+def test_a_sample_for_each_training_caption_moves_as_captioned(learned, tiny_cache, euler_step):
+    from ltx2_train.sampling import sample_clip
+    from mm_data import moves_as_captioned, psnr, to_video_frames
+    from mm_trainer import reconstruct
+    from mm_trainer.registry import DATA_REGISTRY
+
+    cached = DATA_REGISTRY.get("ltx2_precomputed")(data_path=tiny_cache / "latents")
+    clips = load_clips(tiny_cache / "data" / "metadata.json")
+    reconstructions = reconstruct(learned.modules["encoders"].vae, clips).clamp(-1, 1)
+    size = {k: CLIP[k] for k in ("num_frames", "height", "width")}
+    moved, quality = [], {}
+    for index in range(len(cached)):
+        caption = cached[index]["prompt"]  # the caption the clip was trained with
+        video, _ = sample_clip(learned.modules, caption, **size, frame_rate=CLIP["fps"], steps=20, seed=0)
+        moved.append(moves_as_captioned(to_video_frames(video), caption))
+        quality[caption] = round(
+            psnr(video, reconstructions[index]), 2
+        )  # dB against the VAE's reconstruction
+    print(f"sample PSNR against the VAE's reconstruction of the clip: {quality}")
+    assert len(moved) == 4 and all(moved), (moved, quality)

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from mm_data import psnr
 from mm_trainer import (
     fit_autoencoder,
     fit_report,
@@ -86,3 +87,44 @@ def test_a_saved_fit_is_found_again_and_a_partial_one_is_not(tmp_path):
     assert not (tmp_path / "vae.partial").exists()
     (folder / "config.json").unlink()
     assert fit_report(folder) is None
+
+
+def test_fit_or_reuse_fits_once_per_key_and_records_statistics_and_psnr(tmp_path):
+    from mm_trainer import fit_or_reuse_autoencoder, fit_summary
+
+    x = samples().clamp(-1, 1)
+    built, recorded = [], []
+
+    def build():
+        built.append(TinyAutoencoder())
+        return built[-1]
+
+    def fit(key):
+        return fit_or_reuse_autoencoder(
+            build, tmp_path / "vae", x, steps=50, seed=0, key=key, lr=1e-2, batch_size=4, l1_weight=0.0,
+            set_statistics=lambda model, mean, std: recorded.append((mean, std)),
+        )  # fmt: skip
+
+    first = fit({"clips": "a"})
+    assert len(built) == 1 and first["fit_steps"] == 50 and first["samples"] == 16 and first["clips"] == "a"
+    assert recorded == [latent_statistics(posterior_means(built[0], x))]
+    assert first["psnr_db"] == pytest.approx(psnr(reconstruct(built[0], x).clamp(-1, 1), x), abs=0.01)
+    assert fit({"clips": "a"}) == first and len(built) == 1  # reused
+    assert fit({"clips": "b"})["clips"] == "b" and len(built) == 2  # other samples: fitted again
+    assert fit_summary(tmp_path / "vae").startswith("tiny VAE reconstruction PSNR on the 16 clips: ")
+    assert "random weights" in fit_summary(tmp_path / "none")
+
+
+def test_the_l1_term_is_weighted():
+    x = samples()
+    finals = []
+    for l1_weight in (1.0, 0.0):
+        torch.manual_seed(0)
+        finals.append(
+            fit_autoencoder(TinyAutoencoder(), x, steps=1, batch_size=4, l1_weight=l1_weight).final_loss
+        )
+    torch.manual_seed(0)
+    batch = x[torch.randint(0, 16, (4,), generator=torch.Generator().manual_seed(0))]  # the fit's first draw
+    error = reconstruct(TinyAutoencoder(), batch) - batch
+    want = [(error.pow(2).mean() + error.abs().mean()).item(), error.pow(2).mean().item()]
+    assert finals == pytest.approx(want)

@@ -1,6 +1,6 @@
 """``ltx2-train``: mm-train with the LTX-2 plugin loaded, plus make-tiny, preprocess, export and sample.
 
-ltx2-train make-tiny runs/ltx2_tiny                                  # tiny model set + clips
+ltx2-train make-tiny runs/ltx2_tiny                                  # tiny model set + clips (VAE fitted)
 ltx2-train preprocess --config configs/tiny_t2av.yaml                # clips -> cached latents
 torchrun --nproc-per-node 2 -m ltx2_train --config configs/tiny_t2av.yaml   # train
 ltx2-train --config configs/t2av.yaml --dry-run --world-size 8       # FSDP plan on meta
@@ -54,6 +54,12 @@ def _parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("make-tiny", help=COMMANDS["make-tiny"])
     tiny.add_argument("out")
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument(
+        "--vae-fit-steps",
+        type=int,
+        default=None,
+        help="steps of the tiny video VAE's fit to the clips (0: random VAE)",
+    )
     pre = sub.add_parser("preprocess", help=COMMANDS["preprocess"])
     pre.add_argument("--config", required=True)
     pre.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.data_path=/tmp/cache")
@@ -73,9 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--config", help="training config (default: <checkpoint>/config.yaml)")
     sample.add_argument("--prompt", required=True)
     sample.add_argument("--out", required=True, help="output .mp4 (audio: the same name with .wav)")
-    sample.add_argument("--frames", type=int, default=9)
-    sample.add_argument("--height", type=int, default=32)
-    sample.add_argument("--width", type=int, default=32)
+    sample.add_argument("--frames", type=int, default=5)
+    sample.add_argument("--height", type=int, default=16)
+    sample.add_argument("--width", type=int, default=16)
     sample.add_argument("--fps", type=int, default=8)
     sample.add_argument("--steps", type=int, default=20)
     sample.add_argument("--seed", type=int, default=0)
@@ -92,9 +98,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return train_main(argv, prog="ltx2-train", version=__version__, commands=COMMANDS)
     args = _parser().parse_args(argv)
     if args.command == "make-tiny":
-        from ltx2_train.tiny import make_tiny
+        from mm_trainer import fit_summary
 
-        print(make_tiny(args.out, seed=args.seed))
+        from ltx2_train.tiny import VAE_FIT_STEPS, make_tiny
+
+        steps = VAE_FIT_STEPS if args.vae_fit_steps is None else args.vae_fit_steps
+        print(make_tiny(args.out, seed=args.seed, vae_fit_steps=steps))
+        print(fit_summary(Path(args.out) / "vae"))
     elif args.command == "preprocess":
         from ltx2_train.preprocess import run_preprocess
 

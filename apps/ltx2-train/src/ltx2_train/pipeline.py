@@ -1,13 +1,15 @@
 """LTX-2 audio+video flow matching on precomputed latents and text embeddings.
 
-Per micro-batch (``x0`` = clean latents as tokens, ``eps`` ~ N(0, I)); every draw is per sample from
+Per micro-batch (``x0`` = clean latents as tokens: :func:`pack_video` with the transformer's
+``patch_size`` / ``patch_size_t``, in upstream ``LTX2Pipeline._pack_latents``'s order; ``eps`` ~ N(0, I)); every draw is per sample from
 the micro-batch's :class:`mm_pipelines.SampleRNG` (purposes ``sigma``, ``first_frame_conditioning``,
 ``noise``, ``audio_noise``), so a sample trains the same at any layout:
 
 1. one ``sigma`` per sample from :class:`~ltx2_train.timesteps.SigmaSampler` (token count = video
    tokens), the SAME sigma for the video and the audio of a sample;
 2. optional first-frame conditioning: with probability ``first_frame_conditioning_p`` a sample's
-   first latent frame is given clean (``sigma = 0`` and timestep 0 on those tokens);
+   first latent frame is given clean (``sigma = 0`` and timestep 0 on those tokens; refused when
+   ``patch_size_t`` > 1, whose tokens mix the first frame with later ones);
 3. ``x_sigma = (1 - sigma) x0 + sigma eps``; the predictor gets ``timestep = 1000 sigma`` (per
    token for video when any token is conditioned, else per sample);
 4. target ``eps - x0``; loss = MSE over the video tokens that are not conditioning tokens
@@ -31,9 +33,41 @@ from ltx2_train.config_schema import PIPELINE_KEYS, SAMPLER_KEYS
 from ltx2_train.timesteps import SigmaSampler
 
 
-def pack_video(latents: torch.Tensor) -> torch.Tensor:
-    """``[B, C, F, H, W]`` -> ``[B, F*H*W, C]`` (LTX-2's patch size 1 token order: frame, row, column)."""
-    return latents.permute(0, 2, 3, 4, 1).flatten(1, 3)
+def check_patch_grid(grid: tuple[int, int, int], patch_size: int = 1, patch_size_t: int = 1) -> None:
+    """Refuse a latent grid ``(F, H, W)`` that the transformer's patches do not tile."""
+    frames, height, width = grid
+    if frames % patch_size_t or height % patch_size or width % patch_size:
+        raise ValueError(
+            f"latent grid (frames, height, width) = {tuple(grid)} does not divide into the transformer's "
+            f"patches (patch_size_t={patch_size_t}, patch_size={patch_size}); choose a clip size whose "
+            "latent frames divide by patch_size_t and latent height/width by patch_size"
+        )
+
+
+def pack_video(latents: torch.Tensor, patch_size: int = 1, patch_size_t: int = 1) -> torch.Tensor:
+    """``[B, C, F, H, W]`` -> ``[B, (F/pt)(H/p)(W/p), C*pt*p*p]``, upstream ``LTX2Pipeline._pack_latents``'s
+    order: tokens by patch frame, row, column; features by channel, then the patch's frame, row, column."""
+    batch, channels, frames, height, width = latents.shape
+    check_patch_grid((frames, height, width), patch_size, patch_size_t)
+    pt, p = patch_size_t, patch_size
+    patches = latents.reshape(batch, channels, frames // pt, pt, height // p, p, width // p, p)
+    return patches.permute(0, 2, 4, 6, 1, 3, 5, 7).flatten(4, 7).flatten(1, 3)
+
+
+def unpack_video(
+    tokens: torch.Tensor, grid: tuple[int, int, int], patch_size: int = 1, patch_size_t: int = 1
+) -> torch.Tensor:
+    """The inverse of :func:`pack_video`: ``[B, S, D]`` -> ``[B, C, F, H, W]`` for the latent ``grid`` ``(F, H, W)``."""
+    frames, height, width = grid
+    check_patch_grid(grid, patch_size, patch_size_t)
+    pt, p = patch_size_t, patch_size
+    patches = tokens.reshape(tokens.shape[0], frames // pt, height // p, width // p, -1, pt, p, p)
+    return patches.permute(0, 4, 1, 5, 2, 6, 3, 7).reshape(tokens.shape[0], -1, frames, height, width)
+
+
+def video_patch(model: Any) -> tuple[int, int]:
+    """``(patch_size, patch_size_t)`` of an ``LTX2VideoTransformer3DModel`` (its config)."""
+    return int(model.config.patch_size), int(model.config.patch_size_t)
 
 
 def pack_audio(latents: torch.Tensor) -> torch.Tensor:
@@ -109,9 +143,16 @@ class LTX2Pipeline(GenerativePipelineBase):
         latents = batch["latents"]
         if latents.dim() != 5:
             raise ValueError(f"batch['latents']: expected [B, C, F, H, W], got shape {tuple(latents.shape)}")
+        patch_size, patch_size_t = video_patch(self.submodule(container, "predictor"))
+        if patch_size_t > 1 and self.first_frame_conditioning_p > 0:
+            raise ValueError(
+                f"model.pipeline.first_frame_conditioning_p={self.first_frame_conditioning_p} needs the first "
+                f"latent frame in tokens of its own, but the transformer's patch_size_t is {patch_size_t}; set it to 0"
+            )
         out = {
-            "video": pack_video(latents),
+            "video": pack_video(latents, patch_size, patch_size_t),
             "grid": tuple(latents.shape[2:]),
+            "patch": patch_size,
             "text": batch["prompt_embeds"],
             "audio_text": batch.get("audio_prompt_embeds", batch["prompt_embeds"]),
             "text_mask": batch["prompt_attention_mask"],
@@ -130,13 +171,19 @@ class LTX2Pipeline(GenerativePipelineBase):
         x0 = conditions["video"]
         batch, num_tokens, _ = x0.shape
         rng = self.require_rng(rng, batch)
-        frames, height, width = conditions["grid"]
+        _, height, width = conditions["grid"]
+        per_frame = (height // conditions.get("patch", 1)) * (width // conditions.get("patch", 1))
         device = x0.device
         sigma = self.sampler.sample_keyed(rng, num_tokens, device=device)
         conditioned = rng.per_sample(
             "first_frame_conditioning",
             lambda g: first_frame_token_mask(
-                1, frames, height * width, self.first_frame_conditioning_p, generator=g, device=device
+                1,
+                num_tokens // per_frame,
+                per_frame,
+                self.first_frame_conditioning_p,
+                generator=g,
+                device=device,
             )[0],
             device,
         )

@@ -25,7 +25,7 @@ from mm_pipelines import FlowMatchScheduler
 from mm_trainer import ModelContainer, freeze, import_plugins
 
 from ltx2_train.audio import mel_to_waveform, write_wav
-from ltx2_train.pipeline import LTX2Pipeline
+from ltx2_train.pipeline import LTX2Pipeline, unpack_video, video_patch
 from ltx2_train.predictor import LTX2Predictor
 from ltx2_train.preprocess import LTX2Encoders, preprocess_options
 
@@ -34,7 +34,7 @@ def load_for_sampling(config: TrainConfig, checkpoint: str | Path) -> dict[str, 
     """The trained transformer restored from ``checkpoint`` (``holder``: its container), the run's
     pipeline, and the frozen encoders of ``data.dataset.preprocess.model_root`` (CPU, fp32)."""
     import_plugins(config.training.plugin)
-    model = LTX2Predictor._from_config(config.model.sub_models()["model"])
+    model = LTX2Predictor.build_from_config(config.model.sub_models()["model"])
     freeze(model)
     holder = ModelContainer({"model": model}, trainable=("model",))
     DistributedCheckpointer(checkpoint).load({"model": holder})
@@ -92,7 +92,10 @@ def sample_clip(
         state["video"] = scheduler.step(v_video, sigmas[i], sigmas[i + 1], state["video"])
         if audio is not None:
             state["audio"] = scheduler.step(v_audio, sigmas[i], sigmas[i + 1], state["audio"])
-    return _decode_video(encoders, state["video"], grid), (
+    latents = unpack_video(
+        state["video"], grid, *video_patch(pipeline.submodule(modules["holder"], "predictor"))
+    )
+    return _decode_video(encoders, latents), (
         _decode_audio(encoders, state["audio"], audio.shape) if audio is not None else None
     )
 
@@ -104,9 +107,8 @@ def _audio_noise(encoders: LTX2Encoders, seconds: float, generator: torch.Genera
     return torch.randn((1, *shape), generator=generator)
 
 
-def _decode_video(encoders: LTX2Encoders, tokens: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
+def _decode_video(encoders: LTX2Encoders, latents: torch.Tensor) -> torch.Tensor:
     vae = encoders.vae
-    latents = tokens.reshape(1, *grid, -1).permute(0, 4, 1, 2, 3)  # inverse of pack_video
     mean, std = (x.view(1, -1, 1, 1, 1) for x in (vae.latents_mean, vae.latents_std))
     raw = latents * std / vae.config.scaling_factor + mean
     return vae.decode(raw).sample[0].clamp(-1, 1)

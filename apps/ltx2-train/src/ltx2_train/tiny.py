@@ -6,23 +6,51 @@ Layout (what a real ``Lightricks/LTX-2`` diffusers folder looks like, minus the 
 ``tokenizer/`` (a word-level tokenizer built with ``tokenizers``, left padding like Gemma),
 ``connectors/`` (``LTX2TextConnectors``) and ``data/`` (silent mp4 clips + ``metadata.json``).
 Fixed seeds: the same call writes the same weights.
+
+The clips are :data:`DEMO_SHAPES`: four circles, one colour per direction, 5 frames of 16 x 16
+(:data:`CLIP`). With ``vae_fit_steps`` > 0 (the CLI's default, :data:`VAE_FIT_STEPS`) the video VAE
+is fitted to them (``mm_trainer.fit_or_reuse_autoencoder``; whole clips, as the VAE compresses time
+x2 too) so that its decoder draws them; the reconstruction PSNR goes to ``vae/fit.json`` and the
+VAE's ``latents_mean`` / ``latents_std`` buffers become the clips' latent statistics, which
+``preprocess`` normalises with (``(z - mean) * scaling_factor / std``). The fitted ``vae/`` is the
+cache: a later call reuses it when its ``fit.json`` records the same seed, fit steps and clips
+(``metadata.json``'s SHA-256). The clips are silent (preprocess gives them a synthetic tone), so
+the audio VAE keeps its random weights: it is not fitted.
+
+The transformer's patch covers the whole latent clip (:func:`one_token_transformer`): one video
+token, 384 wide. A RoPE-only transformer (no absolute position) sampled from pure noise cannot tell
+the first frame from the last with many tokens; with one, the motion lives in the token's features
+and a few hundred steps learn the four clips (``benchmarks/ltx2_demo_learning.py``).
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, LTX2VideoTransformer3DModel
 from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
 from mm_checkpoint import write_pipeline_folder
-from mm_data import make_synthetic_dataset, write_caption_tokenizer
+from mm_data import VideoTextDataset, make_synthetic_dataset, write_caption_tokenizer
+from mm_trainer import fit_or_reuse_autoencoder
 from transformers import Gemma3TextConfig, Gemma3TextModel
 
 TEXT_DIM = 32  # Gemma hidden size = caption channels
 TEXT_LAYERS = 2  # -> 3 hidden states (embeddings + 2 layers) stacked for the connectors
 MAX_TEXT_LEN = 16
-CLIP = {"num_frames": 9, "height": 32, "width": 32, "fps": 8}
+#: The tiny clips: frames, size and rate (what the shipped tiny config trains on); latent grid 3 x 4 x 4.
+CLIP = {"num_frames": 5, "height": 16, "width": 16, "fps": 8}
+#: The tiny clips' (colour, shape, direction): one colour per direction.
+DEMO_SHAPES = (
+    ("red", "circle", "up"), ("blue", "circle", "down"), ("green", "circle", "left"), ("yellow", "circle", "right"),
+)  # fmt: skip
+#: Fit of the tiny video VAE (whole clips, every clip in each step, plain MSE: with an L1 term the
+#: fit settles on the background, ~18 dB, for hundreds of steps).
+VAE_FIT_STEPS = 700
+VAE_FIT = {"lr": 3e-3, "batch_size": 4, "l1_weight": 0.0}
 AUDIO = {"sample_rate": 16000, "hop_length": 160, "mel_bins": 16}
 
 #: 2 blocks, 4 video heads x 8, 4 audio heads x 4; latent/caption sizes match the tiny VAEs and text side.
@@ -42,14 +70,48 @@ def write_tokenizer(out: Path):
     )
 
 
-def tiny_transformer() -> LTX2VideoTransformer3DModel:
-    return LTX2VideoTransformer3DModel(**TINY_TRANSFORMER)
+def tiny_transformer(**overrides: Any) -> LTX2VideoTransformer3DModel:
+    """:data:`TINY_TRANSFORMER` (patch size 1) with ``overrides`` (e.g. :func:`one_token_patch`)."""
+    return LTX2VideoTransformer3DModel(**(TINY_TRANSFORMER | overrides))
+
+
+def latent_grid(clip: Mapping[str, int] = CLIP) -> tuple[int, int, int]:
+    """The tiny VAE's latent ``(frames, height, width)`` of a clip (x2 in time, x4 in space)."""
+    t, s, _ = TINY_TRANSFORMER["vae_scale_factors"]
+    return 1 + (clip["num_frames"] - 1) // t, clip["height"] // s, clip["width"] // s
+
+
+def one_token_patch(clip: Mapping[str, int] = CLIP) -> dict[str, int]:
+    """Config overrides of :data:`TINY_TRANSFORMER` whose patch covers the clip's whole latent grid (one
+    video token) and whose width is the token's (``in_channels``): a narrower model cannot output the
+    velocity's full-rank ``x_sigma / sigma`` part, and its samples keep noise outside its span."""
+    frames, height, width = latent_grid(clip)
+    if height != width:
+        raise ValueError(f"one_token_patch: the latent grid {frames}x{height}x{width} is not square")
+    channels = TINY_TRANSFORMER["in_channels"] * frames * height * width
+    heads = TINY_TRANSFORMER["num_attention_heads"]
+    return {
+        "patch_size": height, "patch_size_t": frames, "in_channels": channels, "out_channels": channels,
+        "attention_head_dim": channels // heads, "cross_attention_dim": channels,
+    }  # fmt: skip
+
+
+def one_token_transformer(clip: Mapping[str, int] = CLIP) -> LTX2VideoTransformer3DModel:
+    """The tiny transformer of :func:`one_token_patch`, its ``proj_in`` / ``proj_out`` starting as the
+    identity: the velocity's ``x_sigma / sigma`` part is then there from the first step instead of a
+    map that random projections take hundreds of steps to learn."""
+    model = tiny_transformer(**one_token_patch(clip))
+    with torch.no_grad():
+        for proj in (model.proj_in, model.proj_out):
+            proj.weight.copy_(torch.eye(*proj.weight.shape))
+            proj.bias.zero_()
+    return model
 
 
 def tiny_vae() -> AutoencoderKLLTX2Video:
-    """8 latent channels; x4 spatial (patch 2 x one down block), x2 temporal."""
+    """8 latent channels, 16 wide; x4 spatial (patch 2 x one down block), x2 temporal."""
     return AutoencoderKLLTX2Video(
-        latent_channels=8, block_out_channels=(8, 8), decoder_block_out_channels=(8,),
+        latent_channels=8, block_out_channels=(16, 16), decoder_block_out_channels=(16,),
         down_block_types=("LTX2VideoDownBlock3D", "LTX2VideoDownBlock3D"), layers_per_block=(1, 1, 1),
         decoder_layers_per_block=(1, 1), spatio_temporal_scaling=(True, False),
         decoder_spatio_temporal_scaling=(True,), decoder_inject_noise=(False, False),
@@ -86,14 +148,29 @@ def tiny_connectors() -> LTX2TextConnectors:
     )  # fmt: skip
 
 
-def make_tiny(out: str | Path, *, seed: int = 0, num_clips: int = 8) -> Path:
-    """Write the tiny model set and dataset into ``out`` (skipping what is already complete)."""
+def make_tiny(
+    out: str | Path,
+    *,
+    seed: int = 0,
+    vae_fit_steps: int = VAE_FIT_STEPS,
+    shapes: Sequence[tuple[str, str, str]] = DEMO_SHAPES,
+) -> Path:
+    """Write the tiny model set and the clips of ``shapes`` into ``out`` (skipping what is already
+    complete); with ``vae_fit_steps`` > 0 the video VAE is fitted to the clips (module docstring)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    metadata = out / "data" / "metadata.json"
+    if not metadata.is_file():
+        make_synthetic_dataset(
+            out / "data", num_clips=len(shapes), sizes=((CLIP["height"], CLIP["width"]),), fps=(CLIP["fps"],),
+            num_frames=(CLIP["num_frames"],), seed=seed, shapes=shapes,
+        )  # fmt: skip
+    if vae_fit_steps > 0:
+        write_fitted_vae(out / "vae", metadata, steps=vae_fit_steps, seed=seed)
     torch.manual_seed(seed)
     tokenizer = write_tokenizer(out / "tokenizer")
     components = {
-        "transformer": ("diffusers", "LTX2VideoTransformer3DModel", tiny_transformer),
+        "transformer": ("diffusers", "LTX2VideoTransformer3DModel", one_token_transformer),
         "vae": ("diffusers", "AutoencoderKLLTX2Video", tiny_vae),
         "audio_vae": ("diffusers", "AutoencoderKLLTX2Audio", tiny_audio_vae),
         "text_encoder": ("transformers", "Gemma3TextModel", lambda: tiny_text_encoder(len(tokenizer))),
@@ -103,9 +180,25 @@ def make_tiny(out: str | Path, *, seed: int = 0, num_clips: int = 8) -> Path:
         out, "LTX2Pipeline", components, diffusers_version="0.42.1",
         extra_index={"tokenizer": ["transformers", "PreTrainedTokenizerFast"]},
     )  # fmt: skip
-    if not (out / "data" / "metadata.json").is_file():
-        make_synthetic_dataset(
-            out / "data", num_clips=num_clips, sizes=((CLIP["height"], CLIP["width"]),), fps=(CLIP["fps"],),
-            num_frames=(CLIP["num_frames"],), seed=seed,
-        )  # fmt: skip
     return out
+
+
+def load_clips(metadata: str | Path) -> torch.Tensor:
+    """The tiny clips as one ``[N, 3, F, H, W]`` tensor in ``[-1, 1]`` (decoded, as preprocess reads them)."""
+    size = {k: CLIP[k] for k in ("num_frames", "height", "width")}
+    dataset = VideoTextDataset(metadata, **size, frame_offset="start")
+    return torch.stack([dataset[i]["video"] for i in range(len(dataset))])
+
+
+def write_fitted_vae(folder: Path, metadata: Path, *, steps: int, seed: int) -> dict[str, Any]:
+    """Fit :func:`tiny_vae` to the clips of ``metadata`` (or reuse the fit in ``folder``); its report."""
+
+    def set_statistics(vae: AutoencoderKLLTX2Video, mean: list[float], std: list[float]) -> None:
+        vae.latents_mean.copy_(torch.tensor(mean))  # buffers (saved with the weights), not config
+        vae.latents_std.copy_(torch.tensor(std))
+
+    key = {"seed": seed, "clips_sha256": hashlib.sha256(metadata.read_bytes()).hexdigest()}
+    return fit_or_reuse_autoencoder(
+        tiny_vae, folder, load_clips(metadata), steps=steps, seed=seed, key=key, set_statistics=set_statistics,
+        **VAE_FIT,
+    )  # fmt: skip

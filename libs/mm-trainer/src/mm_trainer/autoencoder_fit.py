@@ -7,7 +7,7 @@ be trained on makes ``decode(encode(x))`` resemble ``x``.
 The model is any diffusers-style autoencoder: ``encode(x).latent_dist`` (a diagonal Gaussian with
 ``mean``) and ``decode(z).sample``. The fit minimises ``MSE + L1`` of ``decode(mean)`` against the
 input (no KL term: the posterior mean is the latent the predictor is trained on, and a few hundred
-steps leave no room for sampling noise) with Adam, a linear warmup over the first 5 % of the steps
+steps leave no room for sampling noise; ``l1_weight=0`` leaves plain MSE) with Adam, a linear warmup over the first 5 % of the steps
 and a cosine decay after; mini-batches drawn from ``seed``.
 """
 
@@ -17,17 +17,21 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from mm_data import psnr
 
 __all__ = [
     "FIT_REPORT",
     "AutoencoderFit",
     "fit_autoencoder",
+    "fit_or_reuse_autoencoder",
     "fit_report",
+    "fit_summary",
     "latent_statistics",
     "posterior_means",
     "reconstruct",
@@ -60,12 +64,13 @@ def fit_autoencoder(
     lr: float = 3e-3,
     batch_size: int = 2,
     seed: int = 0,
+    l1_weight: float = 1.0,
 ) -> AutoencoderFit:
     """Train ``model`` (in place, left in eval mode) to reconstruct ``samples`` ``[N, ...]``; ``steps=0``
     leaves it as it is.
 
     Deterministic for a seed on one device: mini-batch indices come from a generator seeded with
-    ``seed``; the caller seeds the model's initialisation.
+    ``seed``; the caller seeds the model's initialisation. The loss is ``MSE + l1_weight * L1``.
     """
     if steps < 0:
         raise ValueError(f"fit_autoencoder: steps must be >= 0, got {steps}")
@@ -81,7 +86,7 @@ def fit_autoencoder(
         index = torch.randint(0, samples.shape[0], (min(batch_size, samples.shape[0]),), generator=generator)
         batch = samples[index]
         error = _decode(model, _encode(model, batch)) - batch
-        loss = error.pow(2).mean() + error.abs().mean()
+        loss = error.pow(2).mean() + l1_weight * error.abs().mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -142,3 +147,62 @@ def fit_report(folder: str | Path) -> dict[str, Any] | None:
     if not (path.is_file() and (Path(folder) / "config.json").is_file()):
         return None
     return json.loads(path.read_text())
+
+
+def fit_or_reuse_autoencoder(
+    build: Callable[[], Any],
+    folder: str | Path,
+    samples: torch.Tensor,
+    *,
+    steps: int,
+    seed: int,
+    key: Mapping[str, Any],
+    set_statistics: Callable[[Any, list[float], list[float]], None],
+    fit_samples: torch.Tensor | None = None,
+    **fit: Any,
+) -> dict[str, Any]:
+    """Fit ``build()`` to reconstruct ``samples`` (``[N, 3, ...]`` in ``[-1, 1]``) and save it into
+    ``folder`` with its report, unless ``folder`` holds a fit of the same ``steps`` and ``key`` (e.g.
+    the seed and the samples' SHA-256) already; returns the report: ``psnr_db`` of the samples'
+    reconstruction, ``fit_steps``, ``fit_seconds``, ``samples`` and the ``key`` entries.
+
+    The model is built after ``torch.manual_seed(seed)`` and fitted (:func:`fit_autoencoder`, keywords
+    ``fit``) on ``fit_samples`` (default ``samples``; e.g. single frames of the clips) on one thread;
+    ``set_statistics(model, mean, std)`` then records the per-channel :func:`latent_statistics` of the
+    samples' posterior means where the model keeps them (config or buffers).
+    """
+    folder = Path(folder)
+    cached = fit_report(folder)
+    if (
+        cached is not None
+        and cached.get("fit_steps") == steps
+        and all(cached.get(k) == v for k, v in key.items())
+    ):
+        return cached
+    torch.manual_seed(seed)
+    model = build()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # ops this small gain nothing from more; on a busy machine they lose a lot
+    try:
+        done = fit_autoencoder(
+            model, samples if fit_samples is None else fit_samples, steps=steps, seed=seed, **fit
+        )
+    finally:
+        torch.set_num_threads(threads)
+    set_statistics(model, *latent_statistics(posterior_means(model, samples)))
+    report = done.report(
+        len(samples), psnr_db=psnr(reconstruct(model, samples).clamp(-1, 1), samples)
+    ) | dict(key)
+    save_fitted(model, folder, report)
+    return report
+
+
+def fit_summary(folder: str | Path) -> str:
+    """One line on how well the autoencoder in ``folder`` reconstructs its samples (its ``fit.json``)."""
+    report = fit_report(folder)
+    if report is None:
+        return f"tiny VAE: random weights (not fitted; {folder} has no {FIT_REPORT})"
+    return (
+        f"tiny VAE reconstruction PSNR on the {report['samples']} clips: {report['psnr_db']:.2f} dB "
+        f"({report['fit_steps']} fit steps, {report['fit_seconds']} s)"
+    )
