@@ -52,8 +52,9 @@ def main() -> None:
     from diffusers import AutoencoderKLWan
     from mm_data import moves_as_captioned, shape_centroids, to_video_frames
     from mm_pipelines import FlowMatchScheduler
+    from mm_trainer import fit_summary
     from transformers import PreTrainedTokenizerFast, UMT5EncoderModel
-    from wan22_train.tiny import fit_summary, load_clips, make_tiny, tiny_transformer
+    from wan22_train.tiny import load_clips, make_tiny, tiny_transformer
 
     args = parse_args()
     torch.set_num_threads(1)
@@ -61,7 +62,7 @@ def main() -> None:
     out = Path(args.workdir) / f"{args.captions}_{args.size}px_{args.frames}f"
     started = time.perf_counter()
     make_tiny(out, num_clips=4, vae_fit_steps=args.fit_steps, shapes=CAPTION_SETS[args.captions], clip=clip)
-    print(f"make-tiny {time.perf_counter() - started:.1f} s; {fit_summary(out)}")
+    print(f"make-tiny {time.perf_counter() - started:.1f} s; {fit_summary(out / 'vae')}")
 
     vae = AutoencoderKLWan.from_pretrained(out / "vae").eval()
     encoder = UMT5EncoderModel.from_pretrained(out / "text_encoder").eval()

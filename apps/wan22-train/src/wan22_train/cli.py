@@ -119,12 +119,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return train_main(argv, prog="wan22-train", version=__version__, commands=COMMANDS)
     args = _parser().parse_args(argv)
     if args.command == "make-tiny":
-        from wan22_train.tiny import DEMO_SHAPES, VAE_FIT_STEPS, fit_summary, make_tiny
+        from mm_trainer import fit_summary
+
+        from wan22_train.tiny import DEMO_SHAPES, VAE_FIT_STEPS, make_tiny
 
         steps = VAE_FIT_STEPS if args.vae_fit_steps is None else args.vae_fit_steps
         shapes = {"num_clips": len(DEMO_SHAPES), "shapes": DEMO_SHAPES}
         print(make_tiny(args.out, seed=args.seed, vae_fit_steps=steps, **shapes))
-        print(fit_summary(args.out))
+        print(fit_summary(Path(args.out) / "vae"))
     elif args.command == "preprocess":
         from mm_trainer import load_offline_config
 

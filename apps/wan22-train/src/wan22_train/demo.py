@@ -18,13 +18,13 @@ from pathlib import Path
 from mm_checkpoint import latest_iteration
 from mm_config import TrainConfig
 from mm_data import to_video_frames, write_contact_sheet
+from mm_trainer import fit_summary
 
 from wan22_train.configs import config_path
 from wan22_train.pipeline import Wan22Pipeline
 from wan22_train.tiny import (
     DEMO_SHAPES,
     VAE_FIT_STEPS,
-    fit_summary,
     load_clips,
     make_tiny,
     tiny_overrides,
@@ -127,7 +127,7 @@ def run_demo(
         f"[1/5] tiny model set + clips: {make_demo_set(out, vae_fit_steps)}",
         flush=True,
     )
-    print(f"      {fit_summary(out)}", flush=True)
+    print(f"      {fit_summary(out / 'vae')}", flush=True)
     config = config_path("tiny_t2v.yaml")
     overrides = demo_overrides(out, steps, nproc, overrides)
     print(f"[2/5] training {steps} steps on {nproc} CPU process(es): FSDP2 + Ulysses", flush=True)

@@ -29,15 +29,8 @@ import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
 from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
 from mm_checkpoint import write_pipeline_folder
-from mm_data import VideoTextDataset, make_synthetic_dataset, psnr, write_caption_tokenizer
-from mm_trainer import (
-    fit_autoencoder,
-    fit_report,
-    latent_statistics,
-    posterior_means,
-    reconstruct,
-    save_fitted,
-)
+from mm_data import VideoTextDataset, make_synthetic_dataset, write_caption_tokenizer
+from mm_trainer import fit_or_reuse_autoencoder
 from transformers import UMT5Config, UMT5EncoderModel
 
 TEXT_DIM = 32
@@ -194,41 +187,20 @@ def write_fitted_vae(
     folder: Path, metadata: Path, *, steps: int, seed: int, clip: Mapping[str, int] = CLIP
 ) -> dict[str, Any]:
     """Fit :func:`tiny_vae` to the clips' frames and save it with its report, unless ``folder`` holds
-    a fit of the same seed, steps and clips already. Returns the report (``psnr_db`` of the clips'
-    reconstruction, ``fit_steps``, ``fit_seconds``, ``samples``, ``seed``, ``clips_sha256``)."""
+    a fit of the same seed, steps and clips already (``mm_trainer.fit_or_reuse_autoencoder``). Returns
+    the report (``psnr_db`` of the clips' reconstruction, ``fit_steps``, ``fit_seconds``, ``samples``,
+    ``seed``, ``clips_sha256``)."""
     key = {"seed": seed, "clips_sha256": hashlib.sha256(metadata.read_bytes()).hexdigest()}
-    cached = fit_report(folder)
-    if (
-        cached is not None
-        and cached.get("fit_steps") == steps
-        and all(cached.get(k) == v for k, v in key.items())
-    ):
-        return cached
-    torch.manual_seed(seed)
-    vae, clips = tiny_vae(), load_clips(metadata, clip)
+    clips = load_clips(metadata, clip)
     frames = clips.transpose(1, 2).flatten(0, 1).unsqueeze(2)  # [N*F, 3, 1, H, W]: frame-wise
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # ops this small gain nothing from more; on a busy machine they lose a lot
-    try:
-        fit = fit_autoencoder(vae, frames, steps=steps, lr=VAE_FIT_LR, batch_size=VAE_FIT_BATCH, seed=seed)
-    finally:
-        torch.set_num_threads(threads)
-    mean, std = latent_statistics(posterior_means(vae, clips))
-    vae.register_to_config(latents_mean=mean, latents_std=std)
-    report = fit.report(len(clips), psnr_db=psnr(reconstruct(vae, clips).clamp(-1, 1), clips))
-    save_fitted(vae, folder, {**report, **key})
-    return report | key
 
+    def set_statistics(vae: AutoencoderKLWan, mean: list[float], std: list[float]) -> None:
+        vae.register_to_config(latents_mean=mean, latents_std=std)
 
-def fit_summary(out: str | Path) -> str:
-    """One line on how well the tiny VAE of ``out`` reconstructs the clips (its ``vae/fit.json``)."""
-    report = fit_report(Path(out) / "vae")
-    if report is None:
-        return f"tiny VAE: random weights (not fitted; {Path(out) / 'vae'} has no fit.json)"
-    return (
-        f"tiny VAE reconstruction PSNR on the {report['samples']} clips: {report['psnr_db']:.2f} dB "
-        f"({report['fit_steps']} fit steps, {report['fit_seconds']} s)"
-    )
+    return fit_or_reuse_autoencoder(
+        tiny_vae, folder, clips, steps=steps, seed=seed, key=key, set_statistics=set_statistics,
+        fit_samples=frames, lr=VAE_FIT_LR, batch_size=VAE_FIT_BATCH,
+    )  # fmt: skip
 
 
 def tiny_overrides(out: str | Path) -> list[str]:
