@@ -82,7 +82,9 @@ def main() -> None:
     wrong = text[[1, 0, 3, 2]]
 
     torch.manual_seed(0)
-    model = tiny_transformer(**json.loads(args.transformer))
+    # the fitted VAE's channels, 4 heads x 16 (the width of every run in benchmarks/README.md)
+    width = {"in_channels": z, "out_channels": z, "attention_head_dim": 16, "ffn_dim": 128}
+    model = tiny_transformer(**(width | json.loads(args.transformer)))
     print(
         f"latents {tuple(latents.shape)}; predictor {sum(p.numel() for p in model.parameters())} parameters"
     )

@@ -21,7 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from wan22_train.configs import config_path
 from wan22_train.key_maps import diffusers_to_native
-from wan22_train.tiny import TINY_VAE, make_tiny, tiny_overrides
+from wan22_train.tiny import make_tiny, tiny_overrides
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ COMFY_KEY = re.compile(
 def _inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     return (
-        torch.randn(2, TINY_VAE["z_dim"], 3, 8, 8, generator=g),
+        torch.randn(2, 4, 3, 8, 8, generator=g),
         torch.tensor([900.0, 250.0]),
         torch.randn(2, 7, 32, generator=g),
     )

@@ -37,10 +37,11 @@ DEMO_STEPS = 200
 #: so that a training step costs ~1/7 of one there (80 instead of 576 predictor tokens).
 DEMO_CLIP = {"num_frames": 5, "height": 16, "width": 16, "fps": 8}
 #: The demo's predictor: the tiny one with a patch covering the whole 5x8x8 latent, so one token per
-#: clip. Wan has no absolute position embedding (3D RoPE only): a multi-token tiny predictor sampled
-#: from pure noise cannot tell its first frame from its last, and moves the circle along the captioned
-#: axis in either direction (benchmarks/wan_demo_learning.py); one token has nothing to tell apart.
-DEMO_TRANSFORMER = {"patch_size": whole_clip_patch(DEMO_CLIP)}
+#: clip, 64 wide (4 heads x 16). Wan has no absolute position embedding (3D RoPE only): a multi-token
+#: tiny predictor sampled from pure noise cannot tell its first frame from its last, and moves the
+#: circle along the captioned axis in either direction (benchmarks/wan_demo_learning.py); one token
+#: has nothing to tell apart.
+DEMO_TRANSFORMER = {"patch_size": whole_clip_patch(DEMO_CLIP), "attention_head_dim": 16, "ffn_dim": 128}
 #: The contact sheet's frames are drawn this many times larger than the 16x16 clips.
 SHEET_SCALE = 6
 #: Euler steps of the demo's sample.

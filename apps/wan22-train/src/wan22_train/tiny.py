@@ -46,15 +46,22 @@ VAE_FIT_BATCH = 4  # frames per fit step
 DEMO_SHAPES = (
     ("red", "circle", "up"), ("blue", "circle", "down"), ("green", "circle", "left"), ("yellow", "circle", "right"),
 )  # fmt: skip
-#: A 2x2 patchify (as Wan2.2's own VAE), no further down-sampling, no temporal compression.
-TINY_VAE = dict(
+#: The fitted tiny VAE (``vae_fit_steps`` > 0): a 2x2 patchify (as Wan2.2's own VAE), no further
+#: down-sampling, no temporal compression, 16 latent channels.
+FRAME_VAE = dict(
     base_dim=32, z_dim=16, dim_mult=[1], num_res_blocks=0, temperal_downsample=[], patch_size=2,
     in_channels=12, out_channels=12, scale_factor_temporal=1, scale_factor_spatial=2,
 )  # fmt: skip
-#: The tiny predictor: 2 blocks of 4 heads x 16, a 1x2x2 patch (as Wan2.2's own).
+#: The random tiny VAE of the plumbing tests (``vae_fit_steps=0``): 4 latent channels, x2 in time and space.
+TINY_VAE = dict(
+    base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[True],
+    scale_factor_temporal=2, scale_factor_spatial=2,
+)  # fmt: skip
+#: The tiny predictor: 2 blocks of 4 heads x 8, a 1x2x2 patch (as Wan2.2's own), on :data:`TINY_VAE`'s
+#: latents (a fitted set overrides the channels to :data:`FRAME_VAE`'s).
 TINY_TRANSFORMER = dict(
-    patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=TINY_VAE["z_dim"],
-    out_channels=TINY_VAE["z_dim"], text_dim=TEXT_DIM, freq_dim=32, ffn_dim=128, num_layers=2, cross_attn_norm=True,
+    patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=8, in_channels=TINY_VAE["z_dim"],
+    out_channels=TINY_VAE["z_dim"], text_dim=TEXT_DIM, freq_dim=32, ffn_dim=64, num_layers=2, cross_attn_norm=True,
     qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024,
 )  # fmt: skip
 
@@ -72,9 +79,15 @@ def tiny_transformer(**overrides: Any) -> WanTransformer3DModel:
 
 
 def tiny_vae() -> AutoencoderKLWan:
-    """:data:`TINY_VAE`, frame-wise: the causal convolutions' taps on earlier frames are zero."""
+    """:data:`TINY_VAE`, random: what the plumbing tests train on."""
     z = TINY_VAE["z_dim"]
-    vae = AutoencoderKLWan(**TINY_VAE, latents_mean=[0.0] * z, latents_std=[1.0] * z)
+    return AutoencoderKLWan(**TINY_VAE, latents_mean=[0.0] * z, latents_std=[1.0] * z)
+
+
+def frame_vae() -> AutoencoderKLWan:
+    """:data:`FRAME_VAE`, frame-wise: the causal convolutions' taps on earlier frames are zero."""
+    z = FRAME_VAE["z_dim"]
+    vae = AutoencoderKLWan(**FRAME_VAE, latents_mean=[0.0] * z, latents_std=[1.0] * z)
     with torch.no_grad():
         for module in vae.modules():
             if isinstance(module, WanCausalConv3d):
@@ -111,7 +124,9 @@ def make_tiny(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     metadata = out / "data" / "metadata.json"
-    transformer = dict(transformer or {})
+    fitted = vae_fit_steps > 0
+    channels = {"in_channels": FRAME_VAE["z_dim"], "out_channels": FRAME_VAE["z_dim"]} if fitted else {}
+    transformer = channels | dict(transformer or {})
     _refuse_other_model_set(out, clip, transformer)
     if not metadata.is_file():
         size = ((clip["height"], clip["width"]),)
@@ -119,7 +134,7 @@ def make_tiny(
             out / "data", num_clips=num_clips, sizes=size, fps=(clip["fps"],), num_frames=(clip["num_frames"],),
             seed=seed, shapes=shapes,
         )  # fmt: skip
-    if vae_fit_steps > 0:
+    if fitted:
         write_fitted_vae(out / "vae", metadata, steps=vae_fit_steps, seed=seed, clip=clip)
     torch.manual_seed(seed)
     tokenizer = write_tokenizer(out / "tokenizer")
@@ -136,8 +151,9 @@ def make_tiny(
 
 
 def whole_clip_patch(clip: Mapping[str, int]) -> tuple[int, int, int]:
-    """The predictor patch that covers the tiny VAE's whole latent of a ``clip``: one token per clip."""
-    spatial, temporal = TINY_VAE["scale_factor_spatial"], TINY_VAE["scale_factor_temporal"]
+    """The predictor patch that covers the fitted tiny VAE's whole latent of a ``clip``: one token per
+    clip."""
+    spatial, temporal = FRAME_VAE["scale_factor_spatial"], FRAME_VAE["scale_factor_temporal"]
     return (clip["num_frames"] // temporal, clip["height"] // spatial, clip["width"] // spatial)
 
 
@@ -186,7 +202,7 @@ def load_clips(metadata: str | Path, clip: Mapping[str, int] = CLIP) -> torch.Te
 def write_fitted_vae(
     folder: Path, metadata: Path, *, steps: int, seed: int, clip: Mapping[str, int] = CLIP
 ) -> dict[str, Any]:
-    """Fit :func:`tiny_vae` to the clips' frames and save it with its report, unless ``folder`` holds
+    """Fit :func:`frame_vae` to the clips' frames and save it with its report, unless ``folder`` holds
     a fit of the same seed, steps and clips already (``mm_trainer.fit_or_reuse_autoencoder``). Returns
     the report (``psnr_db`` of the clips' reconstruction, ``fit_steps``, ``fit_seconds``, ``samples``,
     ``seed``, ``clips_sha256``)."""
@@ -198,7 +214,7 @@ def write_fitted_vae(
         vae.register_to_config(latents_mean=mean, latents_std=std)
 
     return fit_or_reuse_autoencoder(
-        tiny_vae, folder, clips, steps=steps, seed=seed, key=key, set_statistics=set_statistics,
+        frame_vae, folder, clips, steps=steps, seed=seed, key=key, set_statistics=set_statistics,
         fit_samples=frames, lr=VAE_FIT_LR, batch_size=VAE_FIT_BATCH,
     )  # fmt: skip
 
