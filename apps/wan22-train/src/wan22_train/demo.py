@@ -33,8 +33,8 @@ from wan22_train.tiny import (
 
 #: Training steps of ``wan22-train demo``: enough for the tiny predictor to draw its clips.
 DEMO_STEPS = 200
-#: The demo's clips: smaller and shorter than the shipped tiny config's (:data:`wan22_train.tiny.CLIP`),
-#: so that a training step costs ~1/7 of one there (80 instead of 576 predictor tokens).
+#: The demo's clips: smaller and shorter than the shipped tiny config's (:data:`wan22_train.tiny.CLIP`):
+#: a 5x8x8 latent, which :data:`DEMO_TRANSFORMER` takes as one token.
 DEMO_CLIP = {"num_frames": 5, "height": 16, "width": 16, "fps": 8}
 #: The demo's predictor: the tiny one with a patch covering the whole 5x8x8 latent, so one token per
 #: clip, 64 wide (4 heads x 16). Wan has no absolute position embedding (3D RoPE only): a multi-token
@@ -47,8 +47,8 @@ SHEET_SCALE = 6
 #: Euler steps of the demo's sample.
 SAMPLE_STEPS = 20
 #: The demo's training on top of the shipped tiny config (the user's overrides come after): a high
-#: learning rate with warmup, every clip in each step, captions padded to 8 tokens, not 16 (the
-#: padding dilutes the one word that tells two clips apart in the cross-attention), no recompute.
+#: learning rate with warmup, every clip in each step, captions padded to 8 tokens, not 16 (less
+#: padding around the words that tell the clips apart in the cross-attention), no recompute.
 DEMO_TRAINING = (
     "training.lr=5e-3",
     "training.lr_warmup_iters=20",
