@@ -122,3 +122,13 @@ def test_images_are_one_frame_videos_in_their_own_bucket(tmp_path: Path):
     loader = build_dataloader(ds, global_batch_size=3, dp_rank=0, dp_size=1, seed=1)
     shapes = sorted(tuple(b["video"].shape) for b in loader)
     assert shapes == [(3, 3, 1, 32, 32), (3, 3, 17, 32, 32)]
+
+
+def test_load_clip_tensors_stacks_every_clip_from_its_first_frame(index_clip: Path):
+    from mm_data import load_clip_tensors
+
+    clips = load_clip_tensors(index_clip, num_frames=5, height=16, width=16)
+    assert clips.shape == (1, 3, 5, 16, 16)
+    # frame k of the index clip is the colour of index k: the stack starts at frame 0, in order
+    rgb = ((clips[0].mean(dim=(2, 3)) + 1) * 127.5).T.numpy()
+    assert [frame_index_from_colour(c) for c in rgb] == [0, 1, 2, 3, 4]

@@ -34,7 +34,7 @@ import torch
 from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, LTX2VideoTransformer3DModel
 from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
 from mm_checkpoint import write_pipeline_folder
-from mm_data import VideoTextDataset, make_synthetic_dataset, write_caption_tokenizer
+from mm_data import load_clip_tensors, make_synthetic_dataset, write_caption_tokenizer
 from mm_trainer import fit_or_reuse_autoencoder
 from transformers import Gemma3TextConfig, Gemma3TextModel
 
@@ -185,9 +185,7 @@ def make_tiny(
 
 def load_clips(metadata: str | Path) -> torch.Tensor:
     """The tiny clips as one ``[N, 3, F, H, W]`` tensor in ``[-1, 1]`` (decoded, as preprocess reads them)."""
-    size = {k: CLIP[k] for k in ("num_frames", "height", "width")}
-    dataset = VideoTextDataset(metadata, **size, frame_offset="start")
-    return torch.stack([dataset[i]["video"] for i in range(len(dataset))])
+    return load_clip_tensors(metadata, **{k: CLIP[k] for k in ("num_frames", "height", "width")})
 
 
 def write_fitted_vae(folder: Path, metadata: Path, *, steps: int, seed: int) -> dict[str, Any]:

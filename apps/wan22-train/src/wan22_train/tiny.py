@@ -29,7 +29,7 @@ import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
 from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
 from mm_checkpoint import write_pipeline_folder
-from mm_data import VideoTextDataset, make_synthetic_dataset, write_caption_tokenizer
+from mm_data import load_clip_tensors, make_synthetic_dataset, write_caption_tokenizer
 from mm_trainer import fit_or_reuse_autoencoder
 from transformers import UMT5Config, UMT5EncoderModel
 
@@ -194,9 +194,7 @@ def _as_json(value: Any) -> Any:
 def load_clips(metadata: str | Path, clip: Mapping[str, int] = CLIP) -> torch.Tensor:
     """The tiny clips (of size ``clip``) as one ``[N, 3, F, H, W]`` tensor in ``[-1, 1]`` (decoded, as
     training sees them)."""
-    size = {k: clip[k] for k in ("num_frames", "height", "width")}
-    dataset = VideoTextDataset(metadata, **size, frame_offset="start")
-    return torch.stack([dataset[i]["video"] for i in range(len(dataset))])
+    return load_clip_tensors(metadata, **{k: clip[k] for k in ("num_frames", "height", "width")})
 
 
 def write_fitted_vae(

@@ -21,7 +21,7 @@ from .collate import collate_video_text
 from .contact_sheet import contact_sheet, contact_sheet_size, write_contact_sheet
 from .conversation import Conversation, ConversationColumns, ConversationError, Message, to_conversation
 from .conversation_dataset import ConversationDataset
-from .dataset import VideoTextDataset, to_video_tensor
+from .dataset import VideoTextDataset, load_clip_tensors, to_video_tensor
 from .decode import DecodeError, VideoInfo, decode_frames, load_image, probe_video
 from .frames import check_frame_rule, frame_step, sample_frame_indices
 from .loader import ResumableDataLoader, build_dataloader
@@ -80,6 +80,7 @@ __all__ = [
     "VideoClip",
     "VideoInfo",
     "VideoTextDataset",
+    "load_clip_tensors",
     "assign_bucket",
     "build_dataloader",
     "cache_dataset",

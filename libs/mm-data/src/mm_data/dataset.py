@@ -18,7 +18,7 @@ from .decode import DecodeError, VideoInfo, decode_frames, is_image, load_image,
 from .frames import check_frame_rule, frame_step, sample_frame_indices
 from .metadata import read_metadata
 
-__all__ = ["VideoTextDataset", "to_video_tensor"]
+__all__ = ["VideoTextDataset", "load_clip_tensors", "to_video_tensor"]
 
 
 def to_video_tensor(frames: np.ndarray) -> torch.Tensor:
@@ -214,3 +214,12 @@ class VideoTextDataset(Dataset):
         except ValueError:
             return h, w, None
         return h, w, int(math.floor((n - 1) / step + 1e-6)) + 1
+
+
+def load_clip_tensors(metadata: str | Path, num_frames: int, height: int, width: int) -> torch.Tensor:
+    """Every clip of ``metadata`` from its first frame, as one ``[N, 3, num_frames, height, width]``
+    tensor in ``[-1, 1]`` (what :class:`VideoTextDataset` yields; e.g. to fit or check a VAE on them)."""
+    dataset = VideoTextDataset(
+        metadata, num_frames=num_frames, height=height, width=width, frame_offset="start"
+    )
+    return torch.stack([dataset[i]["video"] for i in range(len(dataset))])
