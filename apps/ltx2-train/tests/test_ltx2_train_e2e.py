@@ -1,5 +1,6 @@
 """Tiny LTX-2 end to end on 2 gloo processes (FSDP2 + Ulysses 2, audio on): train, resume (also at world 1),
-export; MFU, condition_micro_steps and ring attention against the same reference run.
+export; MFU, condition_micro_steps and ring attention against the same reference run; a run of the
+learning recipe (``ltx2_train.tiny.LEARN_TRAINING``) whose samples move as captioned.
 
 The reference run is the one real ``torchrun -m ltx2_train`` launch of this app's tests (the console
 entry and launcher path); every other run is ``ltx2-train``'s ``main`` on forked gloo ranks (the
@@ -18,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from ltx2_train.tiny import CLIP
+from ltx2_train.tiny import CLIP, LEARN_TRAINING, load_clips
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +61,23 @@ def reference(tiny_cache, run_config) -> SimpleNamespace:
     ckpt = tiny_cache / "ckpt"
     rows = [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
     return SimpleNamespace(config=config, ckpt=ckpt, losses=losses(ckpt), rows=rows)
+
+
+@pytest.fixture(scope="module")
+def learned(tiny_cache, ltx2_train, run_config) -> SimpleNamespace:
+    """A fresh run of ``LEARN_TRAINING`` on the tiny cache and its modules for sampling
+    (``ltx2_train.sampling.load_for_sampling``). One rank without recompute: at this size a step is
+    all overhead, which the all-to-alls and recompute of Ulysses 2 would ~triple."""
+    from ltx2_train.sampling import load_for_sampling
+    from mm_trainer import load_run_config
+
+    save = tiny_cache / "learned"
+    config = run_config(tiny_cache, save=str(save), save_interval=1000)  # saved once, at the last step
+    ltx2_train(
+        "--config", str(config), *LEARN_TRAINING, "parallel.ulysses_parallel_size=1",
+        "features.recompute_plan.apply_modules=[]",
+    )  # fmt: skip
+    return SimpleNamespace(ckpt=save, modules=load_for_sampling(load_run_config(save), save))
 
 
 def trained_predictor(ckpt: Path) -> torch.nn.Module:
@@ -174,3 +192,23 @@ def test_sample_writes_a_clip_and_its_audio_the_same_for_a_seed(reference, tmp_p
         frames = [f.to_ndarray(format="rgb24") for f in clip.decode(video=0)]
     assert len(frames) == CLIP["num_frames"] and frames[0].shape == (CLIP["height"], CLIP["width"], 3)
     assert first == again and first[0] != other[0] and first[1] != other[1]
+
+
+def test_a_sample_for_each_training_caption_moves_as_captioned(learned, tiny_cache, euler_step):
+    from ltx2_train.sampling import sample_clip
+    from mm_data import moves_as_captioned, psnr, to_video_frames
+    from mm_trainer import reconstruct
+    from mm_trainer.registry import DATA_REGISTRY
+
+    cached = DATA_REGISTRY.get("ltx2_precomputed")(data_path=tiny_cache / "latents")
+    clips = load_clips(tiny_cache / "data" / "metadata.json")
+    reconstructions = reconstruct(learned.modules["encoders"].vae, clips).clamp(-1, 1)
+    size = {k: CLIP[k] for k in ("num_frames", "height", "width")}
+    moved, quality = [], {}
+    for index in range(len(cached)):
+        caption = cached[index]["prompt"]  # the caption the clip was trained with
+        video, _ = sample_clip(learned.modules, caption, **size, frame_rate=CLIP["fps"], steps=20, seed=0)
+        moved.append(moves_as_captioned(to_video_frames(video), caption))
+        quality[caption] = round(psnr(video, reconstructions[index]), 2)  # dB against the VAE's reconstruction
+    print(f"sample PSNR against the VAE's reconstruction of the clip: {quality}")
+    assert len(moved) == 4 and all(moved), (moved, quality)

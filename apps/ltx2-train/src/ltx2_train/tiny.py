@@ -52,6 +52,16 @@ DEMO_SHAPES = (
 VAE_FIT_STEPS = 700
 VAE_FIT = {"lr": 3e-3, "batch_size": 4, "l1_weight": 0.0}
 AUDIO = {"sample_rate": 16000, "hop_length": 160, "mel_bins": 16}
+#: Overrides of ``configs/tiny_t2av.yaml`` under which a run learns the four clips, so that a sample
+#: for each training caption moves as captioned (the e2e test; ``benchmarks/ltx2_demo_learning.py``).
+#: Each step trains every clip four times with its own noise and sigma: a micro-batch of 16 over the
+#: 4-clip epoch, which ``data.drop_last=false`` fills by cycling, and every place in the global order
+#: keys its own draws. Then 200 steps of warmup + cosine. With each clip once per step, what a run
+#: learns depends on its noise draws: 2 to 4 of the 4 captions moved after 300-400 steps.
+LEARN_TRAINING = (
+    "training.micro_batch_size=16", "data.drop_last=false", "training.train_iters=200",
+    "training.lr_scheduler=cosine", "training.lr_warmup_iters=20",
+)  # fmt: skip
 
 #: 2 blocks, 4 video heads x 8, 4 audio heads x 4; latent/caption sizes match the tiny VAEs and text side.
 TINY_TRANSFORMER = dict(
