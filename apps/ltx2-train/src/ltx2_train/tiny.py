@@ -20,7 +20,7 @@ the audio VAE keeps its random weights: it is not fitted.
 The transformer's patch covers the whole latent clip (:func:`one_token_transformer`): one video
 token, 384 wide. A RoPE-only transformer (no absolute position) sampled from pure noise cannot tell
 the first frame from the last with many tokens; with one, the motion lives in the token's features
-and a few hundred steps learn the four clips (``benchmarks/ltx2_demo_learning.py``).
+and 200 steps of :data:`LEARN_TRAINING` learn the four clips (``benchmarks/ltx2_demo_learning.py``).
 """
 
 from __future__ import annotations
