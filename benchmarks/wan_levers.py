@@ -2,7 +2,7 @@
 
 One table from one run: each variant is WanDiT with the same weights and inputs, its blocks wrapped by
 ``mm_trainer.apply_features`` exactly as a run's ``features`` section wraps them (``compile``:
-inductor, each block on its own; ``recompute_plan``: ``selective`` keeps matmul and attention
+``--compile-backend``, default inductor, each block on its own; ``recompute_plan``: ``selective`` keeps matmul and attention
 outputs, ``full`` keeps the block inputs). Step time (fwd + bwd + AdamW) is the median of the timed
 steps, process CPU seconds on CPU (1 thread: robust to other jobs; wall seconds beside them), steps
 interleaved across variants after one compiling warm-up step each. Peak memory is the most bytes the
@@ -15,6 +15,7 @@ the part a compiler can fuse; its ratio to eager's is the last column.
     hatch run python benchmarks/wan_levers.py                    # dim 512, 8 heads, 4 blocks, 4096 tokens
     hatch run python benchmarks/wan_levers.py --device cuda --dtype bfloat16 --grid 8 48 64
     hatch run python benchmarks/wan_levers.py --recompute selective   # eager, no recompute + the selective pair
+    hatch run python benchmarks/wan_levers.py --compile-backend aot_eager   # the compile path without codegen
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ def _parse() -> argparse.Namespace:
         default=list(RECOMPUTE),
         help="recompute settings to measure, eager and compiled each (default all; the eager run "
         "without recompute, the ratios' base, always runs); fewer settings compile fewer variants",
+    )
+    parser.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend of the compiled variants (features.compile_plan.backend); aot_eager "
+        "traces and partitions as inductor does but generates no code: its times say nothing about a "
+        "compiler, it checks the path in seconds instead of a minute of C++ compiles",
     )
     return parser.parse_args()
 
@@ -110,6 +118,8 @@ def main() -> None:
         model = WanDiT(config)
         model.load_state_dict(weights)
         model = model.to(device, dtype).train()
+        if "compile_modules" in plans:
+            plans = {**plans, "compile_backend": args.compile_backend}
         apply_features(model, **plans)
         steps[name] = _step_fn(model, model, inputs, target)
     skeleton = MatmulSkeleton(shape).to(device, dtype).train()
@@ -127,7 +137,7 @@ def main() -> None:
     print(
         f"train step fwd+bwd+AdamW, {args.dtype} on {device.type} ({args.threads} thread(s) on CPU): dim "
         f"{args.dim}, {args.heads} heads, {args.blocks} blocks, {shape.tokens} video tokens, {args.text_len} "
-        f"text tokens; median of {args.repeats} after 1 warm-up (compiles)"
+        f"text tokens; median of {args.repeats} after 1 warm-up (compiles; backend {args.compile_backend})"
     )
     unit = "cpu s" if measured == 0 else "wall s"
     median = {n: statistics.median(v[measured] for v in values) for n, values in times.items()}

@@ -194,7 +194,9 @@ def test_sample_writes_a_clip_and_its_audio_the_same_for_a_seed(reference, tmp_p
     assert first == again and first[0] != other[0] and first[1] != other[1]
 
 
-def test_a_sample_for_each_training_caption_moves_as_captioned(learned, tiny_cache, euler_step):
+def test_a_sample_for_each_training_caption_moves_as_captioned_and_matches_its_clip(
+    learned, tiny_cache, euler_step
+):
     from ltx2_train.sampling import sample_clip
     from mm_data import moves_as_captioned, psnr, to_video_frames
     from mm_trainer import reconstruct
@@ -212,3 +214,4 @@ def test_a_sample_for_each_training_caption_moves_as_captioned(learned, tiny_cac
         quality[caption] = round(psnr(video, reconstructions[index]), 2)  # dB against the VAE's reconstruction
     print(f"sample PSNR against the VAE's reconstruction of the clip: {quality}")
     assert len(moved) == 4 and all(moved), (moved, quality)
+    assert min(quality.values()) >= 18.0, quality
