@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -104,16 +107,31 @@ def run_config():
     return tiny_run_config
 
 
+def tiny_model_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``make-tiny``'s model set and clips (the VAE fitted: ~40 s), built once per test run. Under
+    pytest-xdist the workers share one folder of this run (``PYTEST_XDIST_TESTRUNUID``): the first
+    builds it under a file lock, the others wait and reuse it (``make_tiny`` completes, never
+    rebuilds, a complete set)."""
+    from ltx2_train.tiny import make_tiny
+
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        return make_tiny(tmp_path_factory.mktemp("ltx2_model_set"))
+    shared = tmp_path_factory.getbasetemp().parent / f"ltx2_model_set_{run}"
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return make_tiny(shared)
+
+
 @pytest.fixture(scope="session")
 def tiny_cache(tmp_path_factory) -> Path:
-    """``make-tiny`` (the VAE fitted to the four clips) + ``preprocess`` (as two ranks, one after the
-    other) into a fresh folder."""
+    """A copy of :func:`tiny_model_set` + ``preprocess`` (as two ranks, one after the other) in a
+    fresh folder of this worker's."""
     from ltx2_train.preprocess import run_preprocess
-    from ltx2_train.tiny import make_tiny
     from mm_config import load_config
 
     root = tmp_path_factory.mktemp("ltx2_tiny")
-    make_tiny(root)
+    shutil.copytree(tiny_model_set(tmp_path_factory), root, dirs_exist_ok=True)
     config = load_config(tiny_run_config(root), ["parallel.ulysses_parallel_size=1"], world_size=1)
     reports = [run_preprocess(config, rank=r, world_size=2) for r in range(2)]
     assert [r.written for r in reports] == [[0, 2], [1, 3]]
