@@ -73,7 +73,7 @@ def test_lora_step_reports_full_and_lora_rows_of_one_config():
     assert rows["lora"][0] < rows["full"][0] and rows["lora"][2] < rows["full"][2]  # trainable, state MB
 
 
-@pytest.mark.slow  # a child interpreter that compiles a variant with inductor
+@pytest.mark.slow  # a child interpreter that compiles a variant (aot_eager)
 def test_wan_levers_prints_the_chosen_variants_as_ratios_to_eager():
     # one recompute setting: the base row and the selective pair (compiling every variant cost minutes
     # of CI on a cold inductor cache; the three settings share one code path). aot_eager: the compile

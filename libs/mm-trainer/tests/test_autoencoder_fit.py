@@ -89,7 +89,7 @@ def test_a_saved_fit_is_found_again_and_a_partial_one_is_not(tmp_path):
     assert fit_report(folder) is None
 
 
-def test_fit_or_reuse_fits_once_per_key_and_records_statistics_and_psnr(tmp_path):
+def test_fit_or_reuse_fits_once_per_samples_seed_and_settings_and_records_statistics_and_psnr(tmp_path):
     from mm_trainer import fit_or_reuse_autoencoder, fit_summary
 
     x = samples().clamp(-1, 1)
@@ -99,18 +99,22 @@ def test_fit_or_reuse_fits_once_per_key_and_records_statistics_and_psnr(tmp_path
         built.append(TinyAutoencoder())
         return built[-1]
 
-    def fit(key):
+    def fit(data, seed=0, lr=1e-2):
         return fit_or_reuse_autoencoder(
-            build, tmp_path / "vae", x, steps=50, seed=0, key=key, lr=1e-2, batch_size=4, l1_weight=0.0,
+            build, tmp_path / "vae", data, steps=50, seed=seed, lr=lr, batch_size=4, l1_weight=0.0,
             set_statistics=lambda model, mean, std: recorded.append((mean, std)),
         )  # fmt: skip
 
-    first = fit({"clips": "a"})
-    assert len(built) == 1 and first["fit_steps"] == 50 and first["samples"] == 16 and first["clips"] == "a"
+    first = fit(x)
+    assert len(built) == 1 and first["fit_steps"] == 50 and first["samples"] == 16 and first["seed"] == 0
+    assert first["fit"] == {"batch_size": 4, "l1_weight": 0.0, "lr": 1e-2}
     assert recorded == [latent_statistics(posterior_means(built[0], x))]
     assert first["psnr_db"] == pytest.approx(psnr(reconstruct(built[0], x).clamp(-1, 1), x), abs=0.01)
-    assert fit({"clips": "a"}) == first and len(built) == 1  # reused
-    assert fit({"clips": "b"})["clips"] == "b" and len(built) == 2  # other samples: fitted again
+    assert fit(x.clone()) == first and len(built) == 1  # the same samples, seed and settings: reused
+    other = fit(x.flip(0))
+    assert other["samples_sha256"] != first["samples_sha256"] and len(built) == 2  # other samples: fitted again
+    assert fit(x.flip(0), seed=1)["seed"] == 1 and len(built) == 3  # another seed: fitted again
+    assert fit(x.flip(0), seed=1, lr=5e-3)["fit"]["lr"] == 5e-3 and len(built) == 4  # other settings
     assert fit_summary(tmp_path / "vae").startswith("tiny VAE reconstruction PSNR on the 16 clips: ")
     assert "random weights" in fit_summary(tmp_path / "none")
 

@@ -13,8 +13,8 @@ is fitted to them (``mm_trainer.fit_or_reuse_autoencoder``; whole clips, as the 
 x2 too) so that its decoder draws them; the reconstruction PSNR goes to ``vae/fit.json`` and the
 VAE's ``latents_mean`` / ``latents_std`` buffers become the clips' latent statistics, which
 ``preprocess`` normalises with (``(z - mean) * scaling_factor / std``). The fitted ``vae/`` is the
-cache: a later call reuses it when its ``fit.json`` records the same seed, fit steps and clips
-(``metadata.json``'s SHA-256). The clips are silent (preprocess gives them a synthetic tone), so
+cache: a later call reuses it when its ``fit.json`` records the same seed, fit steps, fit settings
+and decoded clips (their SHA-256). The clips are silent (preprocess gives them a synthetic tone), so
 the audio VAE keeps its random weights: it is not fitted.
 
 The transformer's patch covers the whole latent clip (:func:`one_token_transformer`): one video
@@ -25,7 +25,6 @@ and 200 steps of :data:`LEARN_TRAINING` learn the four clips (``benchmarks/ltx2_
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -205,8 +204,7 @@ def write_fitted_vae(folder: Path, metadata: Path, *, steps: int, seed: int) -> 
         vae.latents_mean.copy_(torch.tensor(mean))  # buffers (saved with the weights), not config
         vae.latents_std.copy_(torch.tensor(std))
 
-    key = {"seed": seed, "clips_sha256": hashlib.sha256(metadata.read_bytes()).hexdigest()}
     return fit_or_reuse_autoencoder(
-        tiny_vae, folder, load_clips(metadata), steps=steps, seed=seed, key=key, set_statistics=set_statistics,
+        tiny_vae, folder, load_clips(metadata), steps=steps, seed=seed, set_statistics=set_statistics,
         **VAE_FIT,
     )  # fmt: skip

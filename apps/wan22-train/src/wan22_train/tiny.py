@@ -13,13 +13,12 @@ frame-wise: every causal 3D convolution's taps on earlier frames are zero (and, 
 frames, stay zero), so a clip encodes frame by frame and the motion is the predictor's to learn.
 Its reconstruction PSNR on the clips goes to ``vae/fit.json`` and ``latents_mean`` / ``latents_std``
 in its config are the clips' latent statistics. The fitted ``vae/`` is the cache: a later call
-reuses it when its ``fit.json`` records the same seed, fit steps and clips (``metadata.json``'s
-SHA-256), and refits otherwise.
+reuses it when its ``fit.json`` records the same seed, fit steps, fit settings and decoded clips
+(their SHA-256), and refits otherwise.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -203,8 +202,7 @@ def write_fitted_vae(
     """Fit :func:`frame_vae` to the clips' frames and save it with its report, unless ``folder`` holds
     a fit of the same seed, steps and clips already (``mm_trainer.fit_or_reuse_autoencoder``). Returns
     the report (``psnr_db`` of the clips' reconstruction, ``fit_steps``, ``fit_seconds``, ``samples``,
-    ``seed``, ``clips_sha256``)."""
-    key = {"seed": seed, "clips_sha256": hashlib.sha256(metadata.read_bytes()).hexdigest()}
+    ``seed``, ``fit``, ``samples_sha256``)."""
     clips = load_clips(metadata, clip)
     frames = clips.transpose(1, 2).flatten(0, 1).unsqueeze(2)  # [N*F, 3, 1, H, W]: frame-wise
 
@@ -212,7 +210,7 @@ def write_fitted_vae(
         vae.register_to_config(latents_mean=mean, latents_std=std)
 
     return fit_or_reuse_autoencoder(
-        frame_vae, folder, clips, steps=steps, seed=seed, key=key, set_statistics=set_statistics,
+        frame_vae, folder, clips, steps=steps, seed=seed, set_statistics=set_statistics,
         fit_samples=frames, lr=VAE_FIT_LR, batch_size=VAE_FIT_BATCH,
     )  # fmt: skip
 

@@ -13,6 +13,7 @@ and a cosine decay after; mini-batches drawn from ``seed``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -156,15 +157,15 @@ def fit_or_reuse_autoencoder(
     *,
     steps: int,
     seed: int,
-    key: Mapping[str, Any],
     set_statistics: Callable[[Any, list[float], list[float]], None],
     fit_samples: torch.Tensor | None = None,
     **fit: Any,
 ) -> dict[str, Any]:
     """Fit ``build()`` to reconstruct ``samples`` (``[N, 3, ...]`` in ``[-1, 1]``) and save it into
-    ``folder`` with its report, unless ``folder`` holds a fit of the same ``steps`` and ``key`` (e.g.
-    the seed and the samples' SHA-256) already; returns the report: ``psnr_db`` of the samples'
-    reconstruction, ``fit_steps``, ``fit_seconds``, ``samples`` and the ``key`` entries.
+    ``folder`` with its report, unless ``folder`` holds a fit of the same steps, seed, ``fit``
+    keywords and samples (the SHA-256 of ``samples`` and ``fit_samples``) already; returns the report:
+    ``psnr_db`` of the samples' reconstruction, ``fit_steps``, ``fit_seconds``, ``samples`` and the
+    reuse key (``seed``, ``fit``, ``samples_sha256``).
 
     The model is built after ``torch.manual_seed(seed)`` and fitted (:func:`fit_autoencoder`, keywords
     ``fit``) on ``fit_samples`` (default ``samples``; e.g. single frames of the clips) on one thread;
@@ -172,12 +173,9 @@ def fit_or_reuse_autoencoder(
     samples' posterior means where the model keeps them (config or buffers).
     """
     folder = Path(folder)
+    key = _fit_key(samples if fit_samples is None else (samples, fit_samples), steps=steps, seed=seed, fit=fit)
     cached = fit_report(folder)
-    if (
-        cached is not None
-        and cached.get("fit_steps") == steps
-        and all(cached.get(k) == v for k, v in key.items())
-    ):
+    if cached is not None and all(cached.get(k) == v for k, v in key.items()):
         return cached
     torch.manual_seed(seed)
     model = build()
@@ -192,9 +190,22 @@ def fit_or_reuse_autoencoder(
     set_statistics(model, *latent_statistics(posterior_means(model, samples)))
     report = done.report(
         len(samples), psnr_db=psnr(reconstruct(model, samples).clamp(-1, 1), samples)
-    ) | dict(key)
+    ) | key
     save_fitted(model, folder, report)
     return report
+
+
+def _fit_key(
+    samples: torch.Tensor | tuple[torch.Tensor, ...], *, steps: int, seed: int, fit: Mapping[str, Any]
+) -> dict[str, Any]:
+    """What a saved fit must match to be reused: steps, seed, the fit keywords (JSON, as ``fit.json``
+    reads them back) and the SHA-256 of the samples' shapes and bytes."""
+    digest = hashlib.sha256()
+    for tensor in samples if isinstance(samples, tuple) else (samples,):
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    keywords = json.loads(json.dumps(dict(sorted(fit.items()))))
+    return {"fit_steps": steps, "seed": seed, "fit": keywords, "samples_sha256": digest.hexdigest()}
 
 
 def fit_summary(folder: str | Path) -> str:
