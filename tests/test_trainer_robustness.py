@@ -7,6 +7,7 @@ import signal
 import time
 
 import pytest
+from mm_trainer.exit_codes import EXIT_INCOMPLETE
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +36,7 @@ def test_nonfinite_action_stop_ends_the_run_with_a_clear_message(toy_yaml, mm_tr
     assert "mm-train: last checkpoint: none written" in proc.stdout.splitlines()
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(toy_yaml, mm_train_popen, metrics_of):
+def test_sigterm_saves_a_checkpoint_and_exits_incomplete(toy_yaml, mm_train_popen, metrics_of):
     config = toy_yaml(
         training={"train_iters": 200, "save_interval": 1000}, model={"pipeline": {"sleep_s": 0.05}}
     )
@@ -46,7 +47,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(toy_yaml, mm_train_popen, 
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGTERM)
-    assert proc.wait(timeout=120) == 0
+    assert proc.wait(timeout=120) == EXIT_INCOMPLETE
     stopped_at = len(log.read_text().splitlines())
     tracker = config.parent / "ckpt" / "latest_checkpointed_iteration.txt"
     assert 3 <= stopped_at < 200 and int(tracker.read_text()) == stopped_at

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from mm_trainer.exit_codes import EXIT_INCOMPLETE
 
 pytestmark = [
     pytest.mark.slow,
@@ -38,7 +39,7 @@ def _assert_one_checkpoint_at_the_last_logged_step(ckpt) -> int:
     [((1,), 0.0), ((0, 1), 0.1)],
     ids=["rank 1", "rank 0, then rank 1 two steps later"],
 )
-def test_sigterm_on_some_ranks_saves_one_iteration_on_all_and_exits_0(signalled, gap_s, toy_yaml, processes):
+def test_sigterm_on_some_ranks_saves_one_iteration_on_all_and_exits_incomplete(signalled, gap_s, toy_yaml, processes):
     config = _long_run(toy_yaml)
     (torchrun,) = processes.start(config)
     workers = processes.worker_pids(torchrun.pid, 2)
@@ -52,7 +53,9 @@ def test_sigterm_on_some_ranks_saves_one_iteration_on_all_and_exits_0(signalled,
             # that finds its rank gone has nothing left to disturb.
             assert i > 0, "the first signalled worker ended before its signal"
     codes, output = processes.finish([torchrun], timeout=120)
-    assert codes == [0], output[-4000:]
+    # every worker exits EXIT_INCOMPLETE (not finished); torchrun reports a non-zero worker as failed (1)
+    assert codes == [1], output[-4000:]
+    assert output.count(f"exitcode  : {EXIT_INCOMPLETE} ") == 2, output[-4000:]
     steps = _assert_one_checkpoint_at_the_last_logged_step(config.parent / "ckpt")
     assert f"saved iteration {steps}" in output
 

@@ -21,6 +21,7 @@ from typing import NoReturn
 from mm_config import install_warning_filters, load_config
 
 from mm_trainer import __version__
+from mm_trainer.exit_codes import EXIT_FAILED, EXIT_FINISHED, EXIT_INCOMPLETE
 
 EMA_HELP = (
     "write the EMA of the trained weights (a run with training.ema) instead of their last values; with "
@@ -157,7 +158,7 @@ def main(
         raise
     trainer.close()  # a normal end only: a failure leaves through run(), with no collective
     say(end_lines(config.training, iteration=iteration))
-    return 0
+    return EXIT_FINISHED if iteration >= config.training.train_iters else EXIT_INCOMPLETE
 
 
 def _rank0_printer(prog: str, rank: int) -> Callable[[list[str]], None]:
@@ -192,7 +193,7 @@ def run(entry: Callable[[], int] = main) -> NoReturn:
         raise
     except BaseException as exc:  # noqa: BLE001 - any failure ends this rank, reported
         _report_failure(exc)
-        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        code = 130 if isinstance(exc, KeyboardInterrupt) else EXIT_FAILED
     from mm_parallel import exit_process
 
     exit_process(code)
