@@ -55,7 +55,7 @@ def test_export_with_ema_writes_the_runs_average_instead_of_its_last_weights(run
     export = ["export", "--checkpoint", str(run / "ckpt"), "--layout", "native"]
     assert wan22_main([*export, "--ema", "--out", str(tmp_path / "ema")]) == 0
     assert wan22_main([*export, "--out", str(tmp_path / "last")]) == 0
-    averaged, last = (load_file(tmp_path / name / "model.safetensors") for name in ("ema", "last"))
+    averaged, last = (load_file(tmp_path / name / "diffusion_pytorch_model.safetensors") for name in ("ema", "last"))
     saved = DcpReader(run / "ckpt" / "iter_0000002", ema=True)
     assert averaged.keys() == last.keys()
     for key, value in averaged.items():

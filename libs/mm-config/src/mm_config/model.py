@@ -11,7 +11,7 @@ from .errors import Problem, RuleViolations
 from .lora import LoraConfig
 from .registry import model_schema, pipeline_schema, validate_plugin_dict
 
-LoadFormat = Literal["auto", "dcp", "diffusers", "hf", "safetensors"]
+LoadFormat = Literal["auto", "dcp", "diffusers", "hf", "safetensors", "pth"]
 """Canonical weight formats of mm-checkpoint (``mm_checkpoint.normalize_format`` values)."""
 
 
@@ -24,8 +24,9 @@ class SubModelConfig(ConfigModel):
     """Local directory of pretrained weights (diffusers / HF / DCP; never a hub id); None builds from
     ``config`` only."""
     load_format: LoadFormat = "auto"
-    """Declared weight format: ``auto`` sniffs DCP, then diffusers, then HF; ``safetensors`` sniffs
-    diffusers or HF; ``dcp`` with a safetensors source converts it once into the conversion dir."""
+    """Declared weight format: ``auto`` sniffs DCP, then diffusers, then HF, then a ``.pth`` file
+    (``pth``: a ``torch.save`` state dict, read with ``weights_only``); ``safetensors`` sniffs diffusers
+    or HF; ``dcp`` with a safetensors or ``.pth`` source converts it once into the conversion dir."""
     checkpoint_path: InputPath | None = None
     """Weights to load instead of ``from_pretrained`` (wins over it)."""
     checkpoint_conversion_dir: str | None = None
