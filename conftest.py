@@ -275,7 +275,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # ------------------------------------------------------------------------------ README commands
 
 REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parent
-COMMAND_READMES = ("README.md", "apps/wan22-train/README.md", "apps/ltx2-train/README.md", "apps/qwen-vl-train/README.md")
+COMMAND_READMES = (
+    "README.md",
+    "apps/wan22-train/README.md",
+    "apps/ltx2-train/README.md",
+    "apps/qwen-vl-train/README.md",
+)
 """The READMEs whose shell blocks a user is told to run (``tests/test_readme_commands.py`` classifies every line)."""
 
 
@@ -301,7 +306,9 @@ def readme_shell_lines(readme: str) -> list[str]:
     return lines
 
 
-def readme_command(readme: str, line: str, *, paths: dict[str, Any] | None = None, extra: tuple[str, ...] = ()) -> list[str]:
+def readme_command(
+    readme: str, line: str, *, paths: dict[str, Any] | None = None, extra: tuple[str, ...] = ()
+) -> list[str]:
     """The argv of the shell line ``line`` of ``readme`` (as :func:`readme_shell_lines` gives it; a test
     that runs a README command names it by its text, so the README cannot change it silently), with the
     documented shortenings: each argument starting with a key of ``paths`` gets that prefix replaced,

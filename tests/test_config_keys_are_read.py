@@ -43,7 +43,14 @@ EXCEPTIONS: dict[str, str] = {
     **{
         f"LTX2PipelineOptions.{key}": "renamed to a SigmaSampler field by ltx2_train.config_schema.SAMPLER_KEYS, "
         "through which the pipeline reads it (test_ltx2_config_schema ties the two)"
-        for key in ("timestep_sampling", "sigma_std", "shift_min_tokens", "shift_min", "shift_max_tokens", "shift_max")
+        for key in (
+            "timestep_sampling",
+            "sigma_std",
+            "shift_min_tokens",
+            "shift_min",
+            "shift_max_tokens",
+            "shift_max",
+        )
     },
 }
 """``Schema.key`` -> why it needs no reader outside the schemas."""
@@ -60,7 +67,10 @@ FORWARDED: dict[str, str] = {
 
 
 def _schema_files() -> set[Path]:
-    return {*(REPO / "libs" / "mm-config" / "src").rglob("*.py"), *(REPO / "apps").glob("*/src/*/config_schema.py")}
+    return {
+        *(REPO / "libs" / "mm-config" / "src").rglob("*.py"),
+        *(REPO / "apps").glob("*/src/*/config_schema.py"),
+    }
 
 
 @cache
@@ -78,11 +88,15 @@ def read_names(roots: tuple[Path, ...] = ()) -> frozenset[str]:
             elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
                 names.add(str(node.slice.value))
             elif isinstance(node, ast.Call):
-                names |= {a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+                names |= {
+                    a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                }
                 names |= {k.arg for k in node.keywords if k.arg}
             elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 params = {a.arg for a in [*node.args.args, *node.args.kwonlyargs, *node.args.posonlyargs]}
-                used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+                used = {
+                    n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+                }
                 names |= params & used
             elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant):
                 if any(isinstance(op, ast.In | ast.NotIn) for op in node.ops):
@@ -135,7 +149,9 @@ def unread_keys(roots: list[type[BaseModel]], names: frozenset[str]) -> list[str
 
 def _forwarded(schema: type[BaseModel], key: str) -> bool:
     """True when ``key`` is declared by a class of ``schema``'s MRO listed in :data:`FORWARDED`."""
-    return any(cls.__name__ in FORWARDED and key in getattr(cls, "model_fields", {}) for cls in schema.__mro__)
+    return any(
+        cls.__name__ in FORWARDED and key in getattr(cls, "model_fields", {}) for cls in schema.__mro__
+    )
 
 
 def test_every_config_key_is_read_by_the_code_or_listed_with_its_reason():

@@ -17,15 +17,21 @@ appear without a test deciding how it is checked.
 
 from __future__ import annotations
 
-import tomllib
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
-ROOT, WAN, LTX2, QWEN = "README.md", "apps/wan22-train/README.md", "apps/ltx2-train/README.md", "apps/qwen-vl-train/README.md"
+ROOT, WAN, LTX2, QWEN = (
+    "README.md",
+    "apps/wan22-train/README.md",
+    "apps/ltx2-train/README.md",
+    "apps/qwen-vl-train/README.md",
+)
 A14B_HIGH = REPO / "apps" / "wan22-train" / "configs" / "t2v_a14b_high.yaml"
 
 
@@ -57,16 +63,28 @@ COMMANDS: dict[tuple[str, str], How] = {
         "(test_the_hatch_demo_script_is_the_wan_demo), which apps/wan22-train/tests/test_wan_demo_e2e.py runs"
     ),
     (ROOT, "pip install hatch && hatch run test"): excused("the test suite itself (what CI runs)"),
-    (ROOT, "hatch run mm-config check apps/wan22-train/configs/t2v_a14b_high.yaml --world-size 8 --no-path-check"): RUN,
-    (ROOT, "hatch run wan22-train --config apps/wan22-train/configs/t2v_a14b_high.yaml --dry-run --world-size 8"): RUN,
+    (
+        ROOT,
+        "hatch run mm-config check apps/wan22-train/configs/t2v_a14b_high.yaml --world-size 8 --no-path-check",
+    ): RUN,
+    (
+        ROOT,
+        "hatch run wan22-train --config apps/wan22-train/configs/t2v_a14b_high.yaml --dry-run --world-size 8",
+    ): RUN,
     (ROOT, "torchrun --nproc-per-node 8 -m wan22_train --config my_run.yaml training.lr=1e-5"): excused(
         "8 accelerators and the user's config; the 2-rank tiny launches of the app READMEs run the same entry"
     ),
-    (ROOT, "mm-train check-layouts --config my_run.yaml --layouts 8 8:ulysses=2 4:ulysses=2 --steps 4"): excused(
+    (
+        ROOT,
+        "mm-train check-layouts --config my_run.yaml --layouts 8 8:ulysses=2 4:ulysses=2 --steps 4",
+    ): excused(
         "8 ranks and the user's config; tests/test_check_layouts.py runs check-layouts on a toy config"
     ),
-    (ROOT, "torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node0.example:29500 "
-           "--rdzv-id my-run --max-restarts 3 -m wan22_train --config my_run.yaml"): excused(
+    (
+        ROOT,
+        "torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node0.example:29500 "
+        "--rdzv-id my-run --max-restarts 3 -m wan22_train --config my_run.yaml",
+    ): excused(
         "two machines; apps/wan22-train/tests/test_wan_two_nodes_e2e.py runs two simulated nodes on one host"
     ),
     (ROOT, "sbatch --nodes 4 launch/slurm.sbatch --config my_run.yaml"): excused(
@@ -82,41 +100,49 @@ COMMANDS: dict[tuple[str, str], How] = {
     (WAN, "pip install --find-links dist wan22-train"): PACKAGING,
     (WAN, "wan22-train --help"): RUN,
     (WAN, "wan22-train demo"): covered("apps/wan22-train/tests/test_wan_demo_e2e.py"),
-    (WAN, "wan22-train demo --steps 8 training.save_interval=4"): covered("apps/wan22-train/tests/test_wan_demo_e2e.py"),
+    (WAN, "wan22-train demo --steps 8 training.save_interval=4"): covered(
+        "apps/wan22-train/tests/test_wan_demo_e2e.py"
+    ),
     (WAN, "wan22-train make-tiny runs/tiny"): covered("apps/wan22-train/tests/test_wan_cli.py"),
     (WAN, "wan22-train make-tiny runs/tiny_random --vae-fit-steps 0"): excused(
         "the command test_wan_cli.py runs for `make-tiny runs/tiny` (with its shortening --vae-fit-steps 0), "
         "into another folder"
     ),
-    (WAN, "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v.yaml training.ema.decay=0.99"): covered(
-        "apps/wan22-train/tests/test_wan_cli.py"
-    ),
+    (
+        WAN,
+        "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v.yaml training.ema.decay=0.99",
+    ): covered("apps/wan22-train/tests/test_wan_cli.py"),
     (WAN, "wan22-train export --checkpoint runs/tiny/ckpt --out runs/tiny/export/transformer"): covered(
         "apps/wan22-train/tests/test_wan_cli.py"
     ),
     (WAN, "wan22-train export --checkpoint runs/tiny/ckpt --ema --out runs/tiny/export/ema"): covered(
         "apps/wan22-train/tests/test_wan_cli.py"
     ),
-    (WAN, "wan22-train export --checkpoint runs/tiny/ckpt --layout native --out runs/tiny/export/high_noise_model"): covered(
-        "apps/wan22-train/tests/test_wan_cli.py"
-    ),
+    (
+        WAN,
+        "wan22-train export --checkpoint runs/tiny/ckpt --layout native --out runs/tiny/export/high_noise_model",
+    ): covered("apps/wan22-train/tests/test_wan_cli.py"),
     (WAN, "wan22-train plot runs/tiny/ckpt"): covered("apps/wan22-train/tests/test_wan_cli.py"),
-    (WAN, 'wan22-train sample --checkpoint runs/tiny/ckpt --prompt "a green circle moving left" --out clip.mp4'): covered(
-        "apps/wan22-train/tests/test_wan_cli.py"
-    ),
+    (
+        WAN,
+        'wan22-train sample --checkpoint runs/tiny/ckpt --prompt "a green circle moving left" --out clip.mp4',
+    ): covered("apps/wan22-train/tests/test_wan_cli.py"),
     (WAN, "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v_lora.yaml"): covered(
         "apps/wan22-train/tests/test_wan_lora_e2e.py"
     ),
-    (WAN, "wan22-train export --checkpoint runs/tiny_lora/ckpt --lora peft --out runs/tiny_lora/peft"): covered(
-        "apps/wan22-train/tests/test_wan_lora_e2e.py"
-    ),
+    (
+        WAN,
+        "wan22-train export --checkpoint runs/tiny_lora/ckpt --lora peft --out runs/tiny_lora/peft",
+    ): covered("apps/wan22-train/tests/test_wan_lora_e2e.py"),
     (WAN, "wan22-train preprocess --config configs/tiny_t2v_cached.yaml"): covered(
         "apps/wan22-train/tests/test_wan_conditions_e2e.py"
     ),
     (WAN, "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v_cached.yaml"): covered(
         "apps/wan22-train/tests/test_wan_conditions_e2e.py"
     ),
-    (WAN, "wan22-train --config configs/t2v_a14b_high.yaml --dry-run --world-size 8"): How("run", paths=WAN_CONFIGS),
+    (WAN, "wan22-train --config configs/t2v_a14b_high.yaml --dry-run --world-size 8"): How(
+        "run", paths=WAN_CONFIGS
+    ),
     (LTX2, "hatch run wheels"): PACKAGING,
     (LTX2, "pip install --find-links dist ltx2-train"): PACKAGING,
     (LTX2, "ltx2-train --help"): RUN,
@@ -125,32 +151,46 @@ COMMANDS: dict[tuple[str, str], How] = {
         "its code path (ltx2_train.preprocess.run_preprocess, as 2 ranks) builds the tests' tiny cache "
         "(apps/ltx2-train/tests/conftest.py tiny_cache), not from this argv"
     ),
-    (LTX2, "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av.yaml"): excused(
+    (
+        LTX2,
+        "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av.yaml",
+    ): excused(
         "test_ltx2_train_e2e.py launches this config under torchrun (ltx2_train_torchrun), on the tests' "
         "model set and cache, not from this argv"
     ),
     (LTX2, "torchrun ... -m ltx2_train --config X.yaml"): excused(
         "a placeholder for the line above run again; test_ltx2_train_e2e.py checks the resume"
     ),
-    (LTX2, "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --out runs/ltx2_tiny/export/transformer"): covered(
-        "apps/ltx2-train/tests/test_ltx2_train_e2e.py"
-    ),
-    (LTX2, "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --ema --out runs/ltx2_tiny/export/ema"): excused(
+    (
+        LTX2,
+        "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --out runs/ltx2_tiny/export/transformer",
+    ): covered("apps/ltx2-train/tests/test_ltx2_train_e2e.py"),
+    (
+        LTX2,
+        "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --ema --out runs/ltx2_tiny/export/ema",
+    ): excused(
         "needs a run trained with training.ema (the README says so); `export --ema` of the same mm-checkpoint "
         "exporter runs in apps/wan22-train/tests/test_wan_cli.py"
     ),
-    (LTX2, 'ltx2-train sample --checkpoint runs/ltx2_tiny/ckpt --prompt "a red circle moving up" --out runs/ltx2_tiny/sample.mp4'): covered(
-        "apps/ltx2-train/tests/test_ltx2_train_e2e.py"
-    ),
+    (
+        LTX2,
+        'ltx2-train sample --checkpoint runs/ltx2_tiny/ckpt --prompt "a red circle moving up" --out runs/ltx2_tiny/sample.mp4',
+    ): covered("apps/ltx2-train/tests/test_ltx2_train_e2e.py"),
     (LTX2, "ltx2-train --config apps/ltx2-train/configs/t2av.yaml --dry-run --world-size 8"): RUN,
-    (LTX2, "ltx2-train --config apps/ltx2-train/configs/tiny_t2av.yaml training.micro_batch_size=16 data.drop_last=false "
-           "training.train_iters=200 training.lr_scheduler=cosine training.lr_warmup_iters=20 "
-           "parallel.ulysses_parallel_size=1 training.save=runs/ltx2_tiny/learned"): excused(
+    (
+        LTX2,
+        "ltx2-train --config apps/ltx2-train/configs/tiny_t2av.yaml training.micro_batch_size=16 data.drop_last=false "
+        "training.train_iters=200 training.lr_scheduler=cosine training.lr_warmup_iters=20 "
+        "parallel.ulysses_parallel_size=1 training.save=runs/ltx2_tiny/learned",
+    ): excused(
         "apps/ltx2-train/tests/test_ltx2_configs.py ties this line to ltx2_train.tiny.LEARN_TRAINING, which "
         "test_ltx2_train_e2e.py trains (its learned fixture)"
     ),
-    (LTX2, 'ltx2-train sample --checkpoint runs/ltx2_tiny/learned --prompt "A red circle slides up across a dark grey '
-           'background." --out runs/ltx2_tiny/learned/sample.mp4'): excused(
+    (
+        LTX2,
+        'ltx2-train sample --checkpoint runs/ltx2_tiny/learned --prompt "A red circle slides up across a dark grey '
+        'background." --out runs/ltx2_tiny/learned/sample.mp4',
+    ): excused(
         "test_ltx2_train_e2e.py samples every training caption of the learned run (sample_clip, the command's "
         "code path)"
     ),
@@ -160,23 +200,30 @@ COMMANDS: dict[tuple[str, str], How] = {
     (QWEN, "qwen-vl-train make-tiny runs/qwen_vl_tiny"): excused(
         "apps/qwen-vl-train/tests/conftest.py builds the tests' tiny folder with make_tiny, the command's code path"
     ),
-    (QWEN, "torchrun --standalone --nproc-per-node 2 -m qwen_vl_train --config apps/qwen-vl-train/configs/tiny_sft.yaml"): excused(
+    (
+        QWEN,
+        "torchrun --standalone --nproc-per-node 2 -m qwen_vl_train --config apps/qwen-vl-train/configs/tiny_sft.yaml",
+    ): excused(
         "test_qwen_vl_train_e2e.py launches tiny_sft.yaml (pointed at the tests' folder) under torchrun"
     ),
-    (QWEN, "qwen-vl-train export --checkpoint runs/qwen_vl_tiny/ckpt --out runs/qwen_vl_tiny/export"): covered(
-        "apps/qwen-vl-train/tests/test_qwen_vl_train_e2e.py"
-    ),
-    (QWEN, "qwen-vl-train --config apps/qwen-vl-train/configs/qwen2_5_vl_7b_sft.yaml --dry-run --world-size 8"): RUN,
+    (
+        QWEN,
+        "qwen-vl-train export --checkpoint runs/qwen_vl_tiny/ckpt --out runs/qwen_vl_tiny/export",
+    ): covered("apps/qwen-vl-train/tests/test_qwen_vl_train_e2e.py"),
+    (
+        QWEN,
+        "qwen-vl-train --config apps/qwen-vl-train/configs/qwen2_5_vl_7b_sft.yaml --dry-run --world-size 8",
+    ): RUN,
 }
 
 
-def _mains() -> dict[str, Callable[[list[str]], int]]:
-    from ltx2_train.cli import main as ltx2
-    from mm_config.cli import main as mm_config
-    from qwen_vl_train.cli import main as qwen
-    from wan22_train.cli import main as wan22
+MAINS = {"wan22-train": "wan22_train.cli", "ltx2-train": "ltx2_train.cli", "qwen-vl-train": "qwen_vl_train.cli",
+         "mm-config": "mm_config.cli"}  # fmt: skip
+"""Console script -> the module whose ``main(argv)`` it runs (imported when a line needs it)."""
 
-    return {"wan22-train": wan22, "ltx2-train": ltx2, "qwen-vl-train": qwen, "mm-config": mm_config}
+
+def _main(program: str) -> Callable[[list[str]], int]:
+    return importlib.import_module(MAINS[program]).main
 
 
 def test_each_readme_line_has_one_entry_and_each_entry_its_line(readme):
@@ -189,7 +236,9 @@ def test_each_readme_line_has_one_entry_and_each_entry_its_line(readme):
 def test_a_covered_line_is_named_by_the_test_that_runs_it(name, line):
     source = (REPO / COMMANDS[name, line].detail).read_text()
     assert "readme.command(" in source, f"{COMMANDS[name, line].detail} takes no command from a README"
-    assert repr(line) in source or f'"{line}"' in source, f"{COMMANDS[name, line].detail} does not name {line!r}"
+    assert repr(line) in source or f'"{line}"' in source, (
+        f"{COMMANDS[name, line].detail} does not name {line!r}"
+    )
 
 
 def test_the_hatch_demo_script_is_the_wan_demo():
@@ -206,7 +255,7 @@ def test_a_readme_line_runs(name, line, readme, monkeypatch, capsys):
         argv = argv[2:]  # hatch's environment is this one
     monkeypatch.chdir(REPO)
     try:
-        code = _mains()[argv[0]](argv[1:])
+        code = _main(argv[0])(argv[1:])
     except SystemExit as exit_:  # --help
         code = exit_.code
     out = capsys.readouterr()

@@ -137,7 +137,11 @@ def test_train_resume_and_export(reference, ltx2_train, tiny_cache, one_token_in
 
     # 3. Export: upstream from_pretrained loads it and computes what the trained weights compute.
     out = tiny_cache / "export" / "transformer"
-    ltx2_train(*readme.command(LTX2_README, EXPORT, paths={"runs/ltx2_tiny/ckpt": ckpt, "runs/ltx2_tiny/export": out.parent})[1:])
+    ltx2_train(
+        *readme.command(
+            LTX2_README, EXPORT, paths={"runs/ltx2_tiny/ckpt": ckpt, "runs/ltx2_tiny/export": out.parent}
+        )[1:]
+    )
     exported = LTX2VideoTransformer3DModel.from_pretrained(out).eval()
     assert type(exported) is LTX2VideoTransformer3DModel
     trained = trained_predictor(ckpt / "iter_0000016")
@@ -187,7 +191,10 @@ def test_sample_writes_a_clip_and_its_audio_the_same_for_a_seed(reference, tmp_p
 
     def sample(seed: int, name: str) -> tuple[bytes, bytes]:
         out = tmp_path / f"{name}.mp4"
-        paths = {"runs/ltx2_tiny/ckpt": reference.ckpt, "runs/ltx2_tiny/sample.mp4": out}  # the README's, shortened:
+        paths = {
+            "runs/ltx2_tiny/ckpt": reference.ckpt,
+            "runs/ltx2_tiny/sample.mp4": out,
+        }  # the README's, shortened:
         argv = readme.command(LTX2_README, SAMPLE, paths=paths, extra=("--steps", "4", "--seed", str(seed)))
         assert main(argv[1:]) == 0
         assert capsys.readouterr().out.split() == [str(out), str(out.with_suffix(".wav"))]
@@ -217,7 +224,9 @@ def test_a_sample_for_each_training_caption_moves_as_captioned_and_matches_its_c
         caption = cached[index]["prompt"]  # the caption the clip was trained with
         video, _ = sample_clip(learned.modules, caption, **size, frame_rate=CLIP["fps"], steps=20, seed=0)
         moved.append(moves_as_captioned(to_video_frames(video), caption))
-        quality[caption] = round(psnr(video, reconstructions[index]), 2)  # dB against the VAE's reconstruction
+        quality[caption] = round(
+            psnr(video, reconstructions[index]), 2
+        )  # dB against the VAE's reconstruction
     print(f"sample PSNR against the VAE's reconstruction of the clip: {quality}")
     assert len(moved) == 4 and all(moved), (moved, quality)
     assert min(quality.values()) >= 18.0, quality

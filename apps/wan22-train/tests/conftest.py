@@ -95,7 +95,9 @@ def official_vae_blocks(*, residual: bool, stages: int, num_res_blocks: int) -> 
                    f"{side}.conv_out": f"{side}.head.2", f"{side}.mid_block.resnets.0": f"{side}.middle.0",
                    f"{side}.mid_block.attentions.0": f"{side}.middle.1", f"{side}.mid_block.resnets.1": f"{side}.middle.2"}  # fmt: skip
     k = 0
-    for i in range(stages):  # encoder: num_res_blocks residual blocks, then a downsample but after the last stage
+    for i in range(
+        stages
+    ):  # encoder: num_res_blocks residual blocks, then a downsample but after the last stage
         for j in range(num_res_blocks):
             if residual:
                 blocks[f"encoder.down_blocks.{i}.resnets.{j}"] = f"encoder.downsamples.{i}.downsamples.{j}"
@@ -103,11 +105,15 @@ def official_vae_blocks(*, residual: bool, stages: int, num_res_blocks: int) -> 
                 blocks[f"encoder.down_blocks.{k}"], k = f"encoder.downsamples.{k}", k + 1
         if i != stages - 1:
             if residual:
-                blocks[f"encoder.down_blocks.{i}.downsampler"] = f"encoder.downsamples.{i}.downsamples.{num_res_blocks}"
+                blocks[f"encoder.down_blocks.{i}.downsampler"] = (
+                    f"encoder.downsamples.{i}.downsamples.{num_res_blocks}"
+                )
             else:
                 blocks[f"encoder.down_blocks.{k}"], k = f"encoder.downsamples.{k}", k + 1
     k = 0
-    for i in range(stages):  # decoder: num_res_blocks + 1 residual blocks, then an upsample but after the last
+    for i in range(
+        stages
+    ):  # decoder: num_res_blocks + 1 residual blocks, then an upsample but after the last
         for j in range(num_res_blocks + 1):
             if residual:
                 blocks[f"decoder.up_blocks.{i}.resnets.{j}"] = f"decoder.upsamples.{i}.upsamples.{j}"
@@ -115,7 +121,9 @@ def official_vae_blocks(*, residual: bool, stages: int, num_res_blocks: int) -> 
                 blocks[f"decoder.up_blocks.{i}.resnets.{j}"], k = f"decoder.upsamples.{k}", k + 1
         if i != stages - 1:
             if residual:
-                blocks[f"decoder.up_blocks.{i}.upsampler"] = f"decoder.upsamples.{i}.upsamples.{num_res_blocks + 1}"
+                blocks[f"decoder.up_blocks.{i}.upsampler"] = (
+                    f"decoder.upsamples.{i}.upsamples.{num_res_blocks + 1}"
+                )
             else:
                 blocks[f"decoder.up_blocks.{i}.upsamplers.0"], k = f"decoder.upsamples.{k}", k + 1
     return blocks
@@ -124,7 +132,9 @@ def official_vae_blocks(*, residual: bool, stages: int, num_res_blocks: int) -> 
 def official_vae_state(vae) -> dict[str, torch.Tensor]:
     """A diffusers ``AutoencoderKLWan``'s weights under the official names of its depth."""
     cfg = vae.config
-    blocks = official_vae_blocks(residual=bool(cfg.is_residual), stages=len(cfg.dim_mult), num_res_blocks=cfg.num_res_blocks)
+    blocks = official_vae_blocks(
+        residual=bool(cfg.is_residual), stages=len(cfg.dim_mult), num_res_blocks=cfg.num_res_blocks
+    )
     out = {}
     for key, value in vae.state_dict().items():
         block = max((b for b in blocks if key.startswith(b + ".")), key=len)

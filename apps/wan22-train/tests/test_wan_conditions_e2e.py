@@ -58,7 +58,9 @@ def test_encoding_conditions_across_the_ulysses_group_gives_the_same_losses(
     assert ahead == online_losses
 
 
-def test_training_from_the_encoder_cache_gives_the_online_losses(tiny, online_losses, tmp_path, main_forked, readme):
+def test_training_from_the_encoder_cache_gives_the_online_losses(
+    tiny, online_losses, tmp_path, main_forked, readme
+):
     # The README's two lines, pointed at this test's model set and cache.
     overrides = tiny_cached_overrides(tiny, tmp_path / "cache")
     configs = {"configs": config_path("tiny_t2v_cached.yaml").parent}

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 from mm_config import ConfigError, load_config
-from wan22_train.predictor import RELEASE_KEYS
 from wan22_train.config_schema import (
     SCHEDULER_KEYS,
     UMT5EncoderConfig,
@@ -26,6 +25,7 @@ from wan22_train.config_schema import (
 from wan22_train.configs import config_path
 from wan22_train.model import WanDiTConfig
 from wan22_train.pipeline import Wan22Pipeline
+from wan22_train.predictor import RELEASE_KEYS
 
 TINY = config_path("tiny_t2v.yaml")
 

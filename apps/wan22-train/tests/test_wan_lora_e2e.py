@@ -58,7 +58,9 @@ def _base_mismatches(trainer, pretrained: dict[str, torch.Tensor]) -> list[str]:
     return [k for k, v in state.items() if not torch.equal(v.full_tensor(), pretrained[k])]
 
 
-def _train_and_probe(rank: int, world: int, overrides: list[str], resume_root: str, tiny: str, yaml: str) -> dict:
+def _train_and_probe(
+    rank: int, world: int, overrides: list[str], resume_root: str, tiny: str, yaml: str
+) -> dict:
     import torch.distributed as dist
     from mm_config import load_config
     from mm_trainer import Trainer, build_batch_stream
@@ -101,7 +103,9 @@ def _losses(root: Path) -> dict[int, float]:
 
 def test_lora_trains_resumes_and_exports_for_diffusers_and_comfyui(tmp_path, distributed, readme):
     # The README's LoRA training (its config, on 2 ranks), in-process so that the trained model can be probed.
-    module, nproc, args = readme.launched(readme.command(WAN_README, TRAIN, paths={"configs": config_path("tiny_t2v_lora.yaml").parent}))
+    module, nproc, args = readme.launched(
+        readme.command(WAN_README, TRAIN, paths={"configs": config_path("tiny_t2v_lora.yaml").parent})
+    )
     assert (module, args[0]) == ("wan22_train", "--config")
     tiny = make_tiny(tmp_path / "tiny")
     overrides = [
@@ -111,7 +115,9 @@ def test_lora_trains_resumes_and_exports_for_diffusers_and_comfyui(tmp_path, dis
         f"training.save_interval={SAVE_AT}",
         "model.models.predictor.lora.alpha=8",  # scale alpha / rank = 2: an export that drops it differs
     ]
-    results = distributed(_train_and_probe, nproc, overrides, str(tmp_path / "resumed"), str(tiny), args[1], timeout=600)
+    results = distributed(
+        _train_and_probe, nproc, overrides, str(tmp_path / "resumed"), str(tiny), args[1], timeout=600
+    )
     first = results[0]
     print("fixed-draw loss before / after:", first["before"], first["after"])
     assert first["after"] < 0.9 * first["before"], (first["before"], first["after"])

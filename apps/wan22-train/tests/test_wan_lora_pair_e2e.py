@@ -28,7 +28,9 @@ def _inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.randn(1, 4, 3, 8, 8, generator=g), torch.tensor([900.0]), torch.randn(1, 7, 32, generator=g)
 
 
-def _updates(state: dict[str, torch.Tensor], down: str, up: str, scale: dict[str, float] | None = None) -> dict:
+def _updates(
+    state: dict[str, torch.Tensor], down: str, up: str, scale: dict[str, float] | None = None
+) -> dict:
     """``{layer: scale * up @ down}`` of a LoRA state dict."""
     out = {}
     for key, a in state.items():
@@ -56,15 +58,31 @@ def run(tmp_path_factory, main_forked):
 
 
 def test_a_two_expert_lora_run_exports_the_pair_and_diffusers_loads_each_into_its_transformer(run, tmp_path):
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+    from diffusers import (
+        AutoencoderKLWan,
+        FlowMatchEulerDiscreteScheduler,
+        WanPipeline,
+        WanTransformer3DModel,
+    )
     from mm_trainer import load_run_config
     from transformers import AutoTokenizer, UMT5EncoderModel
     from wan22_train.sampling import load_for_sampling
 
     ckpt = run / "ckpt"
-    assert wan22_main(["export", "--checkpoint", str(ckpt), "--lora", "peft", "--out", str(tmp_path / "peft")]) == 0
-    assert wan22_main(["export", "--checkpoint", str(ckpt), "--lora", "comfyui", "--out", str(tmp_path / "comfy")]) == 0
-    assert sorted(p.name for p in (tmp_path / "comfy").iterdir()) == ["high_noise_model.safetensors", "low_noise_model.safetensors"]
+    assert (
+        wan22_main(["export", "--checkpoint", str(ckpt), "--lora", "peft", "--out", str(tmp_path / "peft")])
+        == 0
+    )
+    assert (
+        wan22_main(
+            ["export", "--checkpoint", str(ckpt), "--lora", "comfyui", "--out", str(tmp_path / "comfy")]
+        )
+        == 0
+    )
+    assert sorted(p.name for p in (tmp_path / "comfy").iterdir()) == [
+        "high_noise_model.safetensors",
+        "low_noise_model.safetensors",
+    ]
     assert sorted(p.name for p in (tmp_path / "peft").iterdir()) == ["high_noise_model", "low_noise_model"]
 
     trained = load_for_sampling(load_run_config(ckpt), ckpt)
@@ -102,7 +120,9 @@ def test_a_two_expert_lora_run_exports_the_pair_and_diffusers_loads_each_into_it
             meta = json.loads(f.metadata()["lora_adapter_metadata"])
         scale = meta["transformer.lora_alpha"] / meta["transformer.r"]
         expected = _updates(peft, "lora_A", "lora_B")
-        converted = _convert_non_diffusers_wan_lora_to_diffusers(load_file(tmp_path / "comfy" / f"{name}.safetensors"))
+        converted = _convert_non_diffusers_wan_lora_to_diffusers(
+            load_file(tmp_path / "comfy" / f"{name}.safetensors")
+        )
         got = _updates(converted, "lora_A", "lora_B")
         assert got.keys() == expected.keys() and len(got) == 2 * 10
         for layer, update in got.items():

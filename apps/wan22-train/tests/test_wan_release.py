@@ -31,7 +31,9 @@ def _diffusers(root):
      ("tokenizer", "google/umt5-xxl", "tokenizer"), ("high_noise", "high_noise_model", "transformer"),
      ("low_noise", "low_noise_model", "transformer_2")],
 )  # fmt: skip
-def test_each_component_is_found_in_an_official_and_a_diffusers_root(tmp_path, component, official, diffusers):
+def test_each_component_is_found_in_an_official_and_a_diffusers_root(
+    tmp_path, component, official, diffusers
+):
     assert component_path(_official(tmp_path / "a"), component) == tmp_path / "a" / official
     assert component_path(_diffusers(tmp_path / "b"), component) == tmp_path / "b" / diffusers
 
@@ -56,7 +58,9 @@ def test_a_one_dit_release_is_its_own_dit_and_two_experts_need_the_predictors_ex
 def test_a_root_without_the_component_or_with_two_candidates_is_refused_naming_them(tmp_path):
     root = _official(tmp_path / "root")
     (root / "Wan2.2_VAE.pth").write_bytes(b"")
-    with pytest.raises(FileNotFoundError, match=r"several candidates for the VAE.*Wan2\.1_VAE\.pth.*Wan2\.2_VAE\.pth"):
+    with pytest.raises(
+        FileNotFoundError, match=r"several candidates for the VAE.*Wan2\.1_VAE\.pth.*Wan2\.2_VAE\.pth"
+    ):
         component_path(root, "vae")
     (root / "models_t5_umt5-xxl-enc-bf16.pth").unlink()
     with pytest.raises(FileNotFoundError, match=r"without the UMT5 encoder"):

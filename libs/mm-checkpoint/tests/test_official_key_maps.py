@@ -94,7 +94,9 @@ def _tiny_wan22_vae():
     ("make", "blocks", "model_type"),
     [("wan21", TINY_WAN21_BLOCKS, "wan2_1_vae"), ("wan22", TINY_WAN22_BLOCKS, "wan2_2_vae")],
 )
-def test_official_vae_weights_load_into_diffusers_and_decode_the_same(tiny, tmp_path, make, blocks, model_type):
+def test_official_vae_weights_load_into_diffusers_and_decode_the_same(
+    tiny, tmp_path, make, blocks, model_type
+):
     source = (tiny.vae if make == "wan21" else _tiny_wan22_vae)().eval()
     path = tmp_path / "vae.pth"
     torch.save(_official_state(source, blocks), path)
@@ -113,7 +115,9 @@ def test_official_vae_weights_load_into_diffusers_and_decode_the_same(tiny, tmp_
 def test_diffusers_vae_keys_pass_through_the_official_maps(tiny):
     keys = list(tiny.vae().state_dict())
     for name in ("wan2_1_vae", "wan2_2_vae"):
-        assert {k: p.sources for k, p in get_weight_transform(name).plan_load(keys).items()} == {k: (k,) for k in keys}
+        assert {k: p.sources for k, p in get_weight_transform(name).plan_load(keys).items()} == {
+            k: (k,) for k in keys
+        }
 
 
 def test_the_released_wan21_decoder_indices_map_to_diffusers_up_blocks(tiny):
@@ -133,14 +137,22 @@ def test_the_official_umt5_weights_load_into_transformers_and_encode_the_same(ti
     source = tiny.umt5()
     layers = source.config.num_layers
     official = {"token_embedding.weight": "shared.weight", "norm.weight": "encoder.final_layer_norm.weight"}
-    official |= {f"blocks.{i}.{o}.weight": f"encoder.block.{i}.{t}.weight" for i in range(layers) for o, t in UMT5_LAYER.items()}
+    official |= {
+        f"blocks.{i}.{o}.weight": f"encoder.block.{i}.{t}.weight"
+        for i in range(layers)
+        for o, t in UMT5_LAYER.items()
+    }
     state = source.state_dict()
-    torch.save({name: state[hf] for name, hf in official.items()}, tmp_path / "models_t5_umt5-xxl-enc-bf16.pth")
+    torch.save(
+        {name: state[hf] for name, hf in official.items()}, tmp_path / "models_t5_umt5-xxl-enc-bf16.pth"
+    )
     target = tiny.umt5()
     with torch.no_grad():
         for p in target.parameters():
             p.add_(1.0)
-    report = load_checkpoint_with_conversion(target, tmp_path / "models_t5_umt5-xxl-enc-bf16.pth", model_type="umt5")
+    report = load_checkpoint_with_conversion(
+        target, tmp_path / "models_t5_umt5-xxl-enc-bf16.pth", model_type="umt5"
+    )
     assert report.complete
     ids = torch.tensor([[3, 7, 1, 0]])
     with torch.no_grad():

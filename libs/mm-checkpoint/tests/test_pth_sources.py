@@ -49,7 +49,9 @@ def test_a_crafted_pth_runs_nothing_and_is_refused_naming_it(tmp_path, pickle_pa
 def test_a_file_torch_cannot_memory_map_is_refused_with_how_to_resave_it(tmp_path):
     path = tmp_path / "old.pth"
     torch.save({"w": torch.ones(2)}, path, _use_new_zipfile_serialization=False)
-    with pytest.raises(CheckpointFormatError, match=r"old\.pth is not a zip-format torch checkpoint.*re-save"):
+    with pytest.raises(
+        CheckpointFormatError, match=r"old\.pth is not a zip-format torch checkpoint.*re-save"
+    ):
         PthReader(path)
 
 
@@ -71,7 +73,9 @@ def test_the_online_conversion_of_a_pth_is_cached_and_redone_when_the_file_chang
     changed, _ = _linear_pth(path, seed=1)
     assert source_identity(path) != before
     model = nn.Linear(4, 6)
-    assert load_checkpoint_with_conversion(model, path, fmt="dcp", conversion_dir=cache).converted_from == str(path)
+    assert load_checkpoint_with_conversion(
+        model, path, fmt="dcp", conversion_dir=cache
+    ).converted_from == str(path)
     assert torch.equal(model.weight, changed.weight)
 
 
@@ -80,4 +84,7 @@ def test_mm_ckpt_converts_a_pth_to_dcp_through_a_key_map(tmp_path, capsys):
     torch.save({"norm.weight": torch.ones(3), "blocks.0.attn.q.weight": torch.eye(3)}, path)
     assert main(["convert", str(path), str(tmp_path / "dcp"), "--to", "dcp", "--model-type", "umt5"]) == 0
     keys = DcpReader(tmp_path / "dcp" / "iter_0000000").keys()
-    assert sorted(keys) == ["encoder.block.0.layer.0.SelfAttention.q.weight", "encoder.final_layer_norm.weight"]
+    assert sorted(keys) == [
+        "encoder.block.0.layer.0.SelfAttention.q.weight",
+        "encoder.final_layer_norm.weight",
+    ]

@@ -34,7 +34,9 @@ def keyword_defaults(fn) -> dict:
 
 def test_video_text_schema_has_the_datasets_keywords_and_defaults():
     expected = keyword_defaults(VideoTextDataset.__init__)
-    expected = {k: v for k, v in expected.items() if k not in NOT_FROM_YAML | NOT_ON_THE_TRAINER_PATH | {"data_root"}}
+    expected = {
+        k: v for k, v in expected.items() if k not in NOT_FROM_YAML | NOT_ON_THE_TRAINER_PATH | {"data_root"}
+    }
     fields = VideoTextDatasetConfig.model_fields
     assert fields.keys() == expected.keys()
     for name, default in expected.items():

@@ -154,7 +154,9 @@ def export_lora_pair(
     written = []
     for name in ("high", "low") if expert == "both" else (expert,):
         target = out / (PAIR_NAMES[name] + (".safetensors" if fmt == "comfyui" else ""))
-        written.append(export_lora(config, checkpoint, target, fmt=fmt, submodel=EXPERT_SUBMODELS[name], ema=ema))
+        written.append(
+            export_lora(config, checkpoint, target, fmt=fmt, submodel=EXPERT_SUBMODELS[name], ema=ema)
+        )
     return written
 
 

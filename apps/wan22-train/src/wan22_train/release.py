@@ -159,7 +159,9 @@ def vae_structure(keys: list[str]) -> dict[str, Any]:
     """The official ``AutoencoderKLWan`` keywords of a VAE whose weight names are ``keys``: Wan2.2's
     when its stages are nested (``encoder.downsamples.0.downsamples.*``, or diffusers' ``resnets``),
     else Wan2.1's."""
-    nested = any(k.startswith(("encoder.downsamples.0.downsamples.", "encoder.down_blocks.0.resnets.")) for k in keys)
+    nested = any(
+        k.startswith(("encoder.downsamples.0.downsamples.", "encoder.down_blocks.0.resnets.")) for k in keys
+    )
     return dict(WAN22_VAE if nested else WAN21_VAE)
 
 

@@ -60,14 +60,17 @@ class ComfyFileView:
         self.path = reader.path
         raw = reader.keys()
         self.prefix = DIFFUSION_MODEL_PREFIX if all(k.startswith(DIFFUSION_MODEL_PREFIX) for k in raw) else ""
-        hidden = {k for k in raw if k.endswith(SCALED_FP8_MARKER) and k.removesuffix(SCALED_FP8_MARKER) in ("", self.prefix)}
+        hidden = {
+            k
+            for k in raw
+            if k.endswith(SCALED_FP8_MARKER) and k.removesuffix(SCALED_FP8_MARKER) in ("", self.prefix)
+        }
         hidden |= {k for k in raw if k.endswith((SCALE_WEIGHT, SCALE_INPUT)) or k in HIDDEN_KEYS}
         self._raw = {k[len(self.prefix) :]: k for k in raw if k not in hidden}
         self._scales = {
             name: scale
             for name, key in self._raw.items()
-            if name.endswith(".weight")
-            and (scale := key.removesuffix(".weight") + SCALE_WEIGHT) in reader
+            if name.endswith(".weight") and (scale := key.removesuffix(".weight") + SCALE_WEIGHT) in reader
         }
 
     def __enter__(self) -> ComfyFileView:

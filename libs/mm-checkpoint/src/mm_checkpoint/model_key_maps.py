@@ -110,7 +110,13 @@ def builtin_key_map(model_type: str) -> WeightTransform:
         return table_map
     try:
         regroups = [
-            SequenceRegroup(s["checkpoint"], s["item"], s["closer"], tuple(s["item_children"]), tuple(s["closer_children"]))
+            SequenceRegroup(
+                s["checkpoint"],
+                s["item"],
+                s["closer"],
+                tuple(s["item_children"]),
+                tuple(s["closer_children"]),
+            )
             for s in sequences
         ]
     except (KeyError, TypeError) as err:

@@ -25,6 +25,7 @@ import torch
 from .errors import CheckpointFormatError, CheckpointNotFoundError
 from .safetensors_io import StoredTensor, TensorInfo
 
+
 def load_pth_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The flat ``{name: tensor}`` state dict in ``path``, memory-mapped, read with ``weights_only``.
 
@@ -53,11 +54,19 @@ def load_pth_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
             f"{path} was refused: torch.load(weights_only=True) admits tensors and plain containers only, "
             f"and this file needs more ({first}); nothing in it was run"
         ) from None
-    if isinstance(state, Mapping) and set(state) == {"state_dict"} and isinstance(state["state_dict"], Mapping):
+    if (
+        isinstance(state, Mapping)
+        and set(state) == {"state_dict"}
+        and isinstance(state["state_dict"], Mapping)
+    ):
         state = state["state_dict"]
     if not isinstance(state, Mapping):
-        raise CheckpointFormatError(f"{path} holds a {type(state).__name__}, expected a state dict of tensors")
-    wrong = sorted(str(k) for k, v in state.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor))
+        raise CheckpointFormatError(
+            f"{path} holds a {type(state).__name__}, expected a state dict of tensors"
+        )
+    wrong = sorted(
+        str(k) for k, v in state.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)
+    )
     if wrong:
         raise CheckpointFormatError(
             f"{path}: a weights file maps names to tensors; these entries are not tensors: {wrong[:10]}"

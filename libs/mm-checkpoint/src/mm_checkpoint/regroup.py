@@ -66,7 +66,12 @@ class SequenceRegroup:
         m = self._compiled[0].match(key)
         if m is None or m["child"] not in self.item_children + self.closer_children:
             return None
-        return m.groupdict().get("i") or "", int(m["k"]), m["child"] in self.closer_children, f".{m['child']}{m['rest']}"
+        return (
+            m.groupdict().get("i") or "",
+            int(m["k"]),
+            m["child"] in self.closer_children,
+            f".{m['child']}{m['rest']}",
+        )
 
     def to_model(self, keys: Iterable[str]) -> dict[str, str]:
         """Checkpoint key -> model key for the keys of this rule."""
@@ -108,7 +113,10 @@ class SequenceRegroup:
                 units.setdefault(outer, set()).add(unit)
                 break
         flat_index = {(o, u): k for o, us in units.items() for k, u in enumerate(sorted(us))}
-        return {key: _fill(self.flat, {"i": o, "k": str(flat_index[o, u])}) + rest for key, (o, u, rest) in hits.items()}
+        return {
+            key: _fill(self.flat, {"i": o, "k": str(flat_index[o, u])}) + rest
+            for key, (o, u, rest) in hits.items()
+        }
 
 
 def _fill(template: str, names: dict[str, str]) -> str:

@@ -16,9 +16,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .formats import is_pth_file
 from .key_map_registry import get_weight_transform
 from .key_maps import WeightTransform
-from .formats import is_pth_file
 from .pth_io import PthReader
 from .safetensors_io import read_header_bytes, weight_files
 from .weight_readers import open_weights

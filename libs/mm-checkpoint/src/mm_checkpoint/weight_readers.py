@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Union
 
 from .comfy_files import ComfyFileView, open_comfy_aware
 from .formats import is_pth_file
 from .pth_io import PthReader
 from .safetensors_io import SafetensorsReader
 
-WeightsReader = Union[SafetensorsReader, ComfyFileView, PthReader]
+WeightsReader = SafetensorsReader | ComfyFileView | PthReader
 """What :func:`open_weights` returns."""
 
 

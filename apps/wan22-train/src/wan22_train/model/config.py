@@ -32,7 +32,10 @@ OFFICIAL_UNSTORED = ("patch_size", "cross_attn_norm", "qk_norm", "text_dim", "wi
 official class always takes its default for them (a config.json value is not passed on)."""
 OFFICIAL_ROPE = {"rope_max_seq_len": 1024, "rope_theta": 10000.0}
 """The official model's RoPE tables (``rope_params(1024, ...)``, base 10000): fixed, not config keys."""
-_OFFICIAL_FIXED = {**{k: OFFICIAL_DEFAULTS[k] for k in OFFICIAL_UNSTORED if k != "window_size"}, **OFFICIAL_ROPE}
+_OFFICIAL_FIXED = {
+    **{k: OFFICIAL_DEFAULTS[k] for k in OFFICIAL_UNSTORED if k != "window_size"},
+    **OFFICIAL_ROPE,
+}
 
 # diffusers config.json keys that are accepted only with a value this model can honour.
 _DIFFUSERS_UNSUPPORTED = {
@@ -257,7 +260,11 @@ class WanDiTConfig:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         values["patch_size"] = list(self.patch_size)
         out = {k: v for k, v in values.items() if k not in _OFFICIAL_FIXED or v != _OFFICIAL_FIXED[k]}
-        return {"_class_name": OFFICIAL_CLASS_NAME, "_diffusers_version": _diffusers_version(), **dict(sorted(out.items()))}
+        return {
+            "_class_name": OFFICIAL_CLASS_NAME,
+            "_diffusers_version": _diffusers_version(),
+            **dict(sorted(out.items())),
+        }
 
     def official_mismatches(self) -> list[str]:
         """The fields whose value the official ``WanModel`` cannot take from a config.json (it fixes
