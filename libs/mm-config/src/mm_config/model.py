@@ -21,8 +21,9 @@ class SubModelConfig(ConfigModel):
     model_id: str | None = None
     """Registered model id (``@model_register("wan2_2_predictor")``); selects the builder and plugin schema."""
     from_pretrained: InputPath | None = None
-    """Local directory of pretrained weights (diffusers / HF / DCP; never a hub id); None builds from
-    ``config`` only."""
+    """Local pretrained weights, never a hub id: a diffusers / HF / DCP folder, a ``.pth`` file or a
+    ComfyUI single file, or (where the app resolves components, e.g. wan22-train) a release folder as
+    downloaded; None builds from ``config`` only."""
     load_format: LoadFormat = "auto"
     """Declared weight format: ``auto`` sniffs DCP, then diffusers, then HF, then a ``.pth`` file
     (``pth``: a ``torch.save`` state dict, read with ``weights_only``); ``safetensors`` sniffs diffusers
