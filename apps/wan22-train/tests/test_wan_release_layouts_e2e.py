@@ -7,7 +7,7 @@ exact official layout by the ``official_layout`` fixture: ``high_noise_model/`` 
 and ``models_t5_umt5-xxl-enc-bf16.pth`` under the official key names, the ``google/umt5-xxl`` tokenizer
 folder. Every sub-model's ``from_pretrained`` names the root; both runs train both experts at Ulysses 2
 on 2 ranks and must log the same losses. The same for TI2V-5B's layout (the DiT at the root,
-``Wan2.2_VAE.pth``), on one rank.
+``Wan2.2_VAE.pth``), also at Ulysses 2 on 2 ranks.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _shape_overrides(root: Path, vae: dict, subs: tuple[str, ...]) -> list[str]:
     return out
 
 
-def _run(main_forked, config: str, root: Path, save: Path, extra: list[str], nproc: int = 2) -> list[float]:
+def _run(main_forked, config: str, root: Path, save: Path, extra: list[str]) -> list[float]:
     subs = (
         ("ae", "text_encoder", "predictor", "predictor_low")
         if "both" in config
@@ -69,7 +69,7 @@ def _run(main_forked, config: str, root: Path, save: Path, extra: list[str], npr
         f"training.train_iters={STEPS}",
         *extra,
     ]
-    main_forked(wan22_main, ["--config", str(config_path(config)), *overrides], nproc=nproc)
+    main_forked(wan22_main, ["--config", str(config_path(config)), *overrides], nproc=2)
     rows = [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in rows if "loss" in r]
 
@@ -143,7 +143,7 @@ def test_ti2v_5b_trains_from_its_official_release_as_from_the_diffusers_one(
     assert (official / "Wan2.2_VAE.pth").is_file() and (official / "config.json").is_file()
 
     extra = [f"data.data_path={t2v / 'data' / 'metadata.json'}", "model.pipeline.task=ti2v",
-             "parallel.ulysses_parallel_size=1", *_shape_overrides(root, TINY_WAN22_VAE, ("predictor",))]  # fmt: skip
-    from_diffusers = _run(main_forked, "tiny_t2v.yaml", root, tmp_path / "a", extra, nproc=1)
-    from_official = _run(main_forked, "tiny_t2v.yaml", official, tmp_path / "b", extra, nproc=1)
+             *_shape_overrides(root, TINY_WAN22_VAE, ("predictor",))]  # fmt: skip
+    from_diffusers = _run(main_forked, "tiny_t2v.yaml", root, tmp_path / "a", extra)
+    from_official = _run(main_forked, "tiny_t2v.yaml", official, tmp_path / "b", extra)
     assert len(from_official) == STEPS and from_official == from_diffusers
