@@ -270,3 +270,75 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return (1 if item.path in slow_files else 2, 0)
 
     items.sort(key=rank)  # stable: ties keep the collection order
+
+
+# ------------------------------------------------------------------------------ README commands
+
+REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parent
+COMMAND_READMES = (
+    "README.md",
+    "apps/wan22-train/README.md",
+    "apps/ltx2-train/README.md",
+    "apps/qwen-vl-train/README.md",
+)
+"""The READMEs whose shell blocks a user is told to run (``tests/test_readme_commands.py`` classifies every line)."""
+
+
+def readme_shell_lines(readme: str) -> list[str]:
+    """The commands of a README's ```bash blocks (``readme`` relative to the repository root): comment
+    lines and trailing ``# ...`` comments dropped, ``\\``-continued lines joined, blanks collapsed."""
+    import re
+
+    lines, block, pending = [], False, ""
+    for raw in (REPO_ROOT / readme).read_text().splitlines():
+        if raw.startswith("```"):
+            block = raw.strip() in ("```bash", "```sh", "```shell")
+            continue
+        if not block or not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        text = pending + raw.strip()
+        if text.endswith("\\"):
+            pending = text[:-1] + " "
+            continue
+        pending = ""
+        command = re.sub(r"\s+#\s.*$", "", text)  # a trailing comment ("  # ..."); quotes hold no " # " here
+        lines.append(" ".join(command.split()))
+    return lines
+
+
+def readme_command(
+    readme: str, line: str, *, paths: dict[str, Any] | None = None, extra: tuple[str, ...] = ()
+) -> list[str]:
+    """The argv of the shell line ``line`` of ``readme`` (as :func:`readme_shell_lines` gives it; a test
+    that runs a README command names it by its text, so the README cannot change it silently), with the
+    documented shortenings: each argument starting with a key of ``paths`` gets that prefix replaced,
+    and ``extra`` (dotted overrides, flags) is appended."""
+    import shlex
+
+    assert line in readme_shell_lines(readme), f"{readme} has no shell line {line!r}"
+    argv = []
+    for arg in shlex.split(line):
+        for prefix, new in (paths or {}).items():
+            if arg == prefix or arg.startswith(prefix + "/"):
+                arg = str(new) + arg[len(prefix) :]
+                break
+        argv.append(arg)
+    return [*argv, *extra]
+
+
+def launched_module(argv: list[str]) -> tuple[str, int, list[str]]:
+    """``(module, processes, arguments)`` of a ``torchrun ... -m MODULE ARGS`` or ``python -m`` argv."""
+    at = argv.index("-m")
+    nproc = next((int(a.split("=", 1)[1]) for a in argv[:at] if a.startswith("--nproc-per-node=")), None)
+    if nproc is None and "--nproc-per-node" in argv[:at]:
+        nproc = int(argv[argv.index("--nproc-per-node") + 1])
+    return argv[at + 1], nproc or 1, argv[at + 2 :]
+
+
+@pytest.fixture(scope="session")
+def readme() -> Any:
+    """``readme.command(readme, line, paths=, extra=)``, ``readme.lines(readme)``, ``readme.launched(argv)``:
+    README shell commands for the tests that run them (test files cannot import conftest)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(command=readme_command, lines=readme_shell_lines, launched=launched_module)

@@ -104,7 +104,10 @@ CP_APPS = ("ltx2-train", "wan22-train")
 
 def shipped_configs() -> list[Path]:
     return sorted(
-        p for app in CP_APPS for p in (REPO / "apps" / app / "configs").glob("*.yaml") if not p.stem.startswith("tiny")
+        p
+        for app in CP_APPS
+        for p in (REPO / "apps" / app / "configs").glob("*.yaml")
+        if not p.stem.startswith("tiny")
     )
 
 

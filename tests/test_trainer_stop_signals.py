@@ -39,7 +39,9 @@ def _assert_one_checkpoint_at_the_last_logged_step(ckpt) -> int:
     [((1,), 0.0), ((0, 1), 0.1)],
     ids=["rank 1", "rank 0, then rank 1 two steps later"],
 )
-def test_sigterm_on_some_ranks_saves_one_iteration_on_all_and_exits_incomplete(signalled, gap_s, toy_yaml, processes):
+def test_sigterm_on_some_ranks_saves_one_iteration_on_all_and_exits_incomplete(
+    signalled, gap_s, toy_yaml, processes
+):
     config = _long_run(toy_yaml)
     (torchrun,) = processes.start(config)
     workers = processes.worker_pids(torchrun.pid, 2)

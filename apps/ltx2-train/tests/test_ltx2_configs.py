@@ -45,7 +45,13 @@ def test_the_learning_recipe_validates_on_the_tiny_config_and_is_the_readmes_com
     from ltx2_train.tiny import LEARN_TRAINING
     from mm_config import load_config
 
-    config = load_config(CONFIGS / "tiny_t2av.yaml", [*LEARN_TRAINING, "parallel.ulysses_parallel_size=1"], world_size=1)
-    assert (config.training.micro_batch_size, config.data.drop_last, config.training.train_iters) == (16, False, 200)
+    config = load_config(
+        CONFIGS / "tiny_t2av.yaml", [*LEARN_TRAINING, "parallel.ulysses_parallel_size=1"], world_size=1
+    )
+    assert (config.training.micro_batch_size, config.data.drop_last, config.training.train_iters) == (
+        16,
+        False,
+        200,
+    )
     readme = " ".join((CONFIGS.parent / "README.md").read_text().replace("\\\n", " ").split())
     assert " ".join(LEARN_TRAINING) in readme

@@ -54,7 +54,7 @@ def test_silent_clips_get_a_sample_dependent_tone():
     assert not torch.equal(wave, synthetic_tone(4, 16000, 8000))
 
 
-def test_make_tiny_reports_a_vae_that_reconstructs_the_clips_and_reuses_its_fit(tiny_cache, capsys):
+def test_make_tiny_reports_a_vae_that_reconstructs_the_clips_and_reuses_its_fit(tiny_cache, capsys, readme):
     import json
 
     from diffusers import AutoencoderKLLTX2Video
@@ -73,7 +73,9 @@ def test_make_tiny_reports_a_vae_that_reconstructs_the_clips_and_reuses_its_fit(
 
     weights = tiny_cache / "vae" / "diffusion_pytorch_model.safetensors"
     written = weights.stat().st_mtime_ns
-    assert main(["make-tiny", str(tiny_cache)]) == 0  # the same seed, steps and clips: the fit is reused
+    make_tiny = readme.command("apps/ltx2-train/README.md", "ltx2-train make-tiny runs/ltx2_tiny",
+                               paths={"runs/ltx2_tiny": tiny_cache})  # fmt: skip
+    assert main(make_tiny[1:]) == 0  # the README's command; the same seed, steps and clips: the fit is reused
     assert weights.stat().st_mtime_ns == written
     printed = capsys.readouterr().out
     assert f"tiny VAE reconstruction PSNR on the 4 clips: {report['psnr_db']:.2f} dB" in printed

@@ -96,7 +96,12 @@ def trained_predictor(ckpt: Path) -> torch.nn.Module:
     return model.eval()
 
 
-def test_train_resume_and_export(reference, ltx2_train, tiny_cache, one_token_inputs):
+LTX2_README = "apps/ltx2-train/README.md"
+EXPORT = "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --out runs/ltx2_tiny/export/transformer"
+SAMPLE = 'ltx2-train sample --checkpoint runs/ltx2_tiny/ckpt --prompt "a red circle moving up" --out runs/ltx2_tiny/sample.mp4'
+
+
+def test_train_resume_and_export(reference, ltx2_train, tiny_cache, one_token_inputs, readme):
     from diffusers import LTX2VideoTransformer3DModel
 
     # 1. Train 16 steps, checkpoints at 8 and 16: finite, decreasing loss.
@@ -132,7 +137,11 @@ def test_train_resume_and_export(reference, ltx2_train, tiny_cache, one_token_in
 
     # 3. Export: upstream from_pretrained loads it and computes what the trained weights compute.
     out = tiny_cache / "export" / "transformer"
-    ltx2_train("export", "--checkpoint", str(ckpt), "--out", str(out))
+    ltx2_train(
+        *readme.command(
+            LTX2_README, EXPORT, paths={"runs/ltx2_tiny/ckpt": ckpt, "runs/ltx2_tiny/export": out.parent}
+        )[1:]
+    )
     exported = LTX2VideoTransformer3DModel.from_pretrained(out).eval()
     assert type(exported) is LTX2VideoTransformer3DModel
     trained = trained_predictor(ckpt / "iter_0000016")
@@ -176,14 +185,18 @@ def test_a_tiny_run_reports_mfu_from_the_predictor_flops(reference):
     assert len(steps) == STEPS and all(0 < r["mfu"] < 1 for r in steps), steps
 
 
-def test_sample_writes_a_clip_and_its_audio_the_same_for_a_seed(reference, tmp_path, capsys):
+def test_sample_writes_a_clip_and_its_audio_the_same_for_a_seed(reference, tmp_path, capsys, readme):
     import av
     from ltx2_train.cli import main
 
     def sample(seed: int, name: str) -> tuple[bytes, bytes]:
         out = tmp_path / f"{name}.mp4"
-        assert main(["sample", "--checkpoint", str(reference.ckpt), "--prompt", "a red square moving left",
-                     "--out", str(out), "--steps", "4", "--seed", str(seed)]) == 0  # fmt: skip
+        paths = {
+            "runs/ltx2_tiny/ckpt": reference.ckpt,
+            "runs/ltx2_tiny/sample.mp4": out,
+        }  # the README's, shortened:
+        argv = readme.command(LTX2_README, SAMPLE, paths=paths, extra=("--steps", "4", "--seed", str(seed)))
+        assert main(argv[1:]) == 0
         assert capsys.readouterr().out.split() == [str(out), str(out.with_suffix(".wav"))]
         return out.read_bytes(), out.with_suffix(".wav").read_bytes()
 
@@ -211,7 +224,9 @@ def test_a_sample_for_each_training_caption_moves_as_captioned_and_matches_its_c
         caption = cached[index]["prompt"]  # the caption the clip was trained with
         video, _ = sample_clip(learned.modules, caption, **size, frame_rate=CLIP["fps"], steps=20, seed=0)
         moved.append(moves_as_captioned(to_video_frames(video), caption))
-        quality[caption] = round(psnr(video, reconstructions[index]), 2)  # dB against the VAE's reconstruction
+        quality[caption] = round(
+            psnr(video, reconstructions[index]), 2
+        )  # dB against the VAE's reconstruction
     print(f"sample PSNR against the VAE's reconstruction of the clip: {quality}")
     assert len(moved) == 4 and all(moved), (moved, quality)
     assert min(quality.values()) >= 18.0, quality

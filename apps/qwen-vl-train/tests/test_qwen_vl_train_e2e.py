@@ -60,7 +60,7 @@ def trained_model(ckpt: Path, model_dir: Path) -> torch.nn.Module:
     return model.eval()
 
 
-def test_train_resume_and_export(tiny_root, tiny_dataset, qwen_vl_train, tmp_path):
+def test_train_resume_and_export(tiny_root, tiny_dataset, qwen_vl_train, tmp_path, readme):
     from mm_data import MultimodalCollator
     from transformers import Qwen2_5_VLForConditionalGeneration
 
@@ -93,7 +93,9 @@ def test_train_resume_and_export(tiny_root, tiny_dataset, qwen_vl_train, tmp_pat
 
     # 3. Export: upstream from_pretrained loads it and computes the logits of the trained weights.
     out = tmp_path / "export"
-    qwen_vl_train("export", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(out))
+    export = "qwen-vl-train export --checkpoint runs/qwen_vl_tiny/ckpt --out runs/qwen_vl_tiny/export"
+    paths = {"runs/qwen_vl_tiny/ckpt": tmp_path / "ckpt", "runs/qwen_vl_tiny/export": out}
+    qwen_vl_train(*readme.command("apps/qwen-vl-train/README.md", export, paths=paths)[1:])
     exported = Qwen2_5_VLForConditionalGeneration.from_pretrained(out).eval()
     initial = Qwen2_5_VLForConditionalGeneration.from_pretrained(tiny_root / "model")
     assert not torch.equal(initial.lm_head.weight, exported.lm_head.weight)  # training changed it

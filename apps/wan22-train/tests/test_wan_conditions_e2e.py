@@ -24,6 +24,9 @@ pytestmark = pytest.mark.slow
 
 STEPS = 6
 DRAWS = ["data.dataset.seed=3", "data.dataset.caption_dropout=0.25"]
+WAN_README = "apps/wan22-train/README.md"
+PREPROCESS = "wan22-train preprocess --config configs/tiny_t2v_cached.yaml"
+TRAIN_CACHED = "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v_cached.yaml"
 
 
 def train(main_forked, config: str, save: Path, *overrides: str) -> list[float]:
@@ -55,13 +58,18 @@ def test_encoding_conditions_across_the_ulysses_group_gives_the_same_losses(
     assert ahead == online_losses
 
 
-def test_training_from_the_encoder_cache_gives_the_online_losses(tiny, online_losses, tmp_path, main_forked):
+def test_training_from_the_encoder_cache_gives_the_online_losses(
+    tiny, online_losses, tmp_path, main_forked, readme
+):
+    # The README's two lines, pointed at this test's model set and cache.
     overrides = tiny_cached_overrides(tiny, tmp_path / "cache")
-    assert (
-        wan22_main(["preprocess", "--config", str(config_path("tiny_t2v_cached.yaml")), *overrides]) == 0
-    )  # in this process: one rank encodes all 8 clips
+    configs = {"configs": config_path("tiny_t2v_cached.yaml").parent}
+    preprocess = readme.command(WAN_README, PREPROCESS, paths=configs, extra=tuple(overrides))
+    assert wan22_main(preprocess[1:]) == 0  # in this process: one rank encodes all 8 clips
     assert len(list((tmp_path / "cache").glob("*.safetensors"))) == 8
 
+    module, nproc, args = readme.launched(readme.command(WAN_README, TRAIN_CACHED, paths=configs))
+    assert (module, nproc, args) == ("wan22_train", 2, ["--config", str(config_path("tiny_t2v_cached.yaml"))])
     cached = train(main_forked, "tiny_t2v_cached.yaml", tmp_path / "cached", *overrides, *DRAWS)
 
     assert len(cached) == STEPS

@@ -106,9 +106,9 @@ def test_load_wan_dit_names_missing_and_unexpected_weights(tmp_path):
     from safetensors.torch import load_file, save_file
 
     save_wan_dit(WanDiT(TINY), tmp_path)
-    state = load_file(tmp_path / "model.safetensors")
+    state = load_file(tmp_path / "diffusion_pytorch_model.safetensors")
     state["blocks.0.self_attn.qq.weight"] = state.pop("blocks.0.self_attn.q.weight")
-    save_file(state, tmp_path / "model.safetensors")
+    save_file(state, tmp_path / "diffusion_pytorch_model.safetensors")
     from mm_checkpoint import CheckpointLoadError
 
     with pytest.raises(

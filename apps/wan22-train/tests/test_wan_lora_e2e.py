@@ -26,6 +26,9 @@ from wan22_train.tiny import make_tiny, tiny_overrides
 pytestmark = pytest.mark.slow
 
 STEPS, SAVE_AT = 8, 4
+WAN_README = "apps/wan22-train/README.md"
+TRAIN = "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v_lora.yaml"
+EXPORT = "wan22-train export --checkpoint runs/tiny_lora/ckpt --lora peft --out runs/tiny_lora/peft"
 COMFY_KEY = re.compile(
     r"diffusion_model\.blocks\.\d+\.(self_attn\.[qkvo]|cross_attn\.[qkvo]|ffn\.[02])\.(lora_down\.weight|lora_up\.weight|alpha)"
 )
@@ -55,12 +58,14 @@ def _base_mismatches(trainer, pretrained: dict[str, torch.Tensor]) -> list[str]:
     return [k for k, v in state.items() if not torch.equal(v.full_tensor(), pretrained[k])]
 
 
-def _train_and_probe(rank: int, world: int, overrides: list[str], resume_root: str, tiny: str) -> dict:
+def _train_and_probe(
+    rank: int, world: int, overrides: list[str], resume_root: str, tiny: str, yaml: str
+) -> dict:
     import torch.distributed as dist
     from mm_config import load_config
     from mm_trainer import Trainer, build_batch_stream
 
-    config = load_config(config_path("tiny_t2v_lora.yaml"), overrides, world_size=world)
+    config = load_config(yaml, overrides, world_size=world)
     trainer = Trainer(config)
     batch = build_batch_stream(
         config.data, global_batch_size=2, micro_batch_size=2, dp_rank=0, dp_size=1, seed=0
@@ -84,7 +89,7 @@ def _train_and_probe(rank: int, world: int, overrides: list[str], resume_root: s
         (Path(resume_root) / "latest_checkpointed_iteration.txt").write_text(f"{SAVE_AT}\n")
     dist.barrier()
     resumed_config = [*overrides, f"training.save={resume_root}"]
-    resumed = Trainer(load_config(config_path("tiny_t2v_lora.yaml"), resumed_config, world_size=world))
+    resumed = Trainer(load_config(yaml, resumed_config, world_size=world))
     start = resumed.start_iteration
     resumed.train()
     resumed.run_dir.release()
@@ -96,7 +101,12 @@ def _losses(root: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows}
 
 
-def test_lora_trains_resumes_and_exports_for_diffusers_and_comfyui(tmp_path, distributed):
+def test_lora_trains_resumes_and_exports_for_diffusers_and_comfyui(tmp_path, distributed, readme):
+    # The README's LoRA training (its config, on 2 ranks), in-process so that the trained model can be probed.
+    module, nproc, args = readme.launched(
+        readme.command(WAN_README, TRAIN, paths={"configs": config_path("tiny_t2v_lora.yaml").parent})
+    )
+    assert (module, args[0]) == ("wan22_train", "--config")
     tiny = make_tiny(tmp_path / "tiny")
     overrides = [
         *tiny_overrides(tiny),
@@ -105,7 +115,9 @@ def test_lora_trains_resumes_and_exports_for_diffusers_and_comfyui(tmp_path, dis
         f"training.save_interval={SAVE_AT}",
         "model.models.predictor.lora.alpha=8",  # scale alpha / rank = 2: an export that drops it differs
     ]
-    results = distributed(_train_and_probe, 2, overrides, str(tmp_path / "resumed"), str(tiny), timeout=600)
+    results = distributed(
+        _train_and_probe, nproc, overrides, str(tmp_path / "resumed"), str(tiny), args[1], timeout=600
+    )
     first = results[0]
     print("fixed-draw loss before / after:", first["before"], first["after"])
     assert first["after"] < 0.9 * first["before"], (first["before"], first["after"])
@@ -136,8 +148,12 @@ def test_lora_trains_resumes_and_exports_for_diffusers_and_comfyui(tmp_path, dis
     ours = first["output"]
     x, t, text = _inputs()
 
-    # (a) PEFT / diffusers: WanPipeline.load_lora_weights on the tiny pipeline.
-    peft_dir = export_lora(config, tmp_path / "ckpt", tmp_path / "peft", fmt="peft").parent
+    # (a) PEFT / diffusers (the README's export line): WanPipeline.load_lora_weights on the tiny pipeline.
+    from wan22_train.cli import main as wan22_main
+
+    paths = {"runs/tiny_lora/ckpt": tmp_path / "ckpt", "runs/tiny_lora/peft": tmp_path / "peft"}
+    assert wan22_main(readme.command(WAN_README, EXPORT, paths=paths)[1:]) == 0
+    peft_dir = tmp_path / "peft"
 
     pipe = WanPipeline(
         tokenizer=AutoTokenizer.from_pretrained(tiny / "tokenizer"),

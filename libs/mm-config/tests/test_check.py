@@ -50,7 +50,7 @@ def test_an_empty_file_is_refused(write_config):
 
 def test_load_format_must_be_a_canonical_format_name(load_error, problem_at):
     err = load_error({"model": {"model_id": "m", "load_format": "difusers"}})
-    assert "expected 'auto', 'dcp', 'diffusers', 'hf' or 'safetensors'" in problem_at(
+    assert "expected 'auto', 'dcp', 'diffusers', 'hf', 'safetensors' or 'pth'" in problem_at(
         err, "model.load_format"
     )
 

@@ -112,7 +112,9 @@ def test_fit_or_reuse_fits_once_per_samples_seed_and_settings_and_records_statis
     assert first["psnr_db"] == pytest.approx(psnr(reconstruct(built[0], x).clamp(-1, 1), x), abs=0.01)
     assert fit(x.clone()) == first and len(built) == 1  # the same samples, seed and settings: reused
     other = fit(x.flip(0))
-    assert other["samples_sha256"] != first["samples_sha256"] and len(built) == 2  # other samples: fitted again
+    assert (
+        other["samples_sha256"] != first["samples_sha256"] and len(built) == 2
+    )  # other samples: fitted again
     assert fit(x.flip(0), seed=1)["seed"] == 1 and len(built) == 3  # another seed: fitted again
     assert fit(x.flip(0), seed=1, lr=5e-3)["fit"]["lr"] == 5e-3 and len(built) == 4  # other settings
     assert fit_summary(tmp_path / "vae").startswith("tiny VAE reconstruction PSNR on the 16 clips: ")

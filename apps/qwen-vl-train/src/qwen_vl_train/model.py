@@ -122,4 +122,3 @@ class QwenVLTraining(HFModel):
 @model_register("qwen2_5_vl")
 class Qwen2_5_VLForTraining(QwenVLTraining, Qwen2_5_VLForConditionalGeneration):
     """``Qwen2_5_VLForConditionalGeneration`` for training (keys and module tree upstream's)."""
-

@@ -8,6 +8,8 @@ wan22-train preprocess --config t2v_a14b_high_cached.yaml   # clips -> VAE laten
 wan22-train sample --checkpoint runs/tiny/ckpt --prompt "a red square moving left" --out clip.mp4
 wan22-train export --checkpoint runs/tiny/ckpt --out runs/tiny/export/transformer
 wan22-train export --checkpoint runs/lora/ckpt --lora peft --out runs/lora/export/peft   # LoRA run
+wan22-train export --checkpoint runs/both_lora/ckpt --lora comfyui --out runs/both_lora/pair   # expert: both
+wan22-train export --checkpoint runs/tiny/ckpt --layout native --out runs/tiny/export/high_noise_model
 wan22-train export --checkpoint runs/tiny/ckpt --ema --out runs/tiny/export/ema   # a training.ema run's average
 wan22-train demo                                        # make-tiny + train + export + sample
 """
@@ -26,7 +28,7 @@ COMMANDS: dict[str, str] = {
     "make-tiny": "write a tiny Wan2.2 model set (diffusers layout) + mp4 clips",
     "preprocess": "encode clips into the VAE/UMT5 cache data.data_path (torchrun shards it)",
     "sample": "generate a clip with a trained predictor",
-    "export": "export the trained predictor as a diffusers transformer folder",
+    "export": "export the trained predictor (diffusers or official layout) or its LoRA (a pair for two experts)",
     "demo": "make-tiny (if missing) + train on 2 CPU processes + export + sample",
 }
 """The commands besides training (``wan22-train --config ...``), with the line ``--help`` shows."""
@@ -46,7 +48,7 @@ def _load(config: str | None, checkpoint: str):
 def _parser() -> argparse.ArgumentParser:
     from mm_trainer.cli import EMA_HELP
 
-    from wan22_train.export import LORA_FORMATS
+    from wan22_train.export import EXPERT_CHOICES, LORA_FORMATS
 
     p = argparse.ArgumentParser(prog="wan22-train", description="Wan2.2 tools; see the module docstring.")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -84,7 +86,13 @@ def _parser() -> argparse.ArgumentParser:
         "--layout",
         choices=("diffusers", "native"),
         default=None,
-        help="key layout of a full export (default diffusers); not with --lora",
+        help="key layout of a full export (default diffusers; native: the official release's names and "
+        "config.json, what the official code and ComfyUI load); not with --lora",
+    )
+    export.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        help="a full export above this size is written in shards + diffusion_pytorch_model.safetensors.index.json",
     )
     export.add_argument(
         "--lora",
@@ -95,9 +103,17 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--ema", action="store_true", help=EMA_HELP)
     export.add_argument(
         "--submodel",
-        default="predictor",
+        default=None,
         help="which trained sub-model: predictor (default), or predictor_low for the low-noise expert of an "
         "`expert: both` run (diffusers A14B layout: transformer/ and transformer_2/)",
+    )
+    export.add_argument(
+        "--expert",
+        choices=EXPERT_CHOICES,
+        default=None,
+        help="--lora of an `expert: both` run: which expert's adapters (default both): --out is a folder that "
+        "receives high_noise_model.safetensors + low_noise_model.safetensors (comfyui) or the folders "
+        "high_noise_model/ + low_noise_model/ (peft, merged)",
     )
     demo = sub.add_parser("demo", help=COMMANDS["demo"])
     demo.add_argument("--out", default="runs/demo")
@@ -157,18 +173,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _export(args: argparse.Namespace) -> Path:
-    from wan22_train.export import export_lora, export_predictor
+def _export(args: argparse.Namespace) -> Path | str:
+    from wan22_train.export import EXPERT_SUBMODELS, export_lora, export_lora_pair, export_predictor
 
     config = _load(args.config, args.checkpoint)
     if args.lora is None:
+        if args.expert is not None:
+            raise SystemExit("wan22-train export: --expert picks the adapters of a LoRA pair (with --lora)")
         layout = args.layout or "diffusers"
         return export_predictor(
-            config, args.checkpoint, args.out, layout=layout, submodel=args.submodel, ema=args.ema
-        )
+            config, args.checkpoint, args.out, layout=layout, submodel=args.submodel or "predictor", ema=args.ema,
+            max_shard_size=args.max_shard_size,
+        )  # fmt: skip
     if args.layout is not None:
         raise SystemExit("wan22-train export: --layout applies to full exports; --lora fixes its own layout")
-    return export_lora(config, args.checkpoint, args.out, fmt=args.lora, submodel=args.submodel, ema=args.ema)
+    two_experts = all(s in config.model.sub_models() for s in EXPERT_SUBMODELS.values())
+    if two_experts and args.submodel is None:
+        paths = export_lora_pair(
+            config, args.checkpoint, args.out, fmt=args.lora, expert=args.expert or "both", ema=args.ema
+        )
+        return "\n".join(str(p) for p in paths)
+    if args.expert is not None:
+        raise SystemExit("wan22-train export: --expert needs a run with both A14B experts (expert: both)")
+    submodel = args.submodel or "predictor"
+    return export_lora(config, args.checkpoint, args.out, fmt=args.lora, submodel=submodel, ema=args.ema)
 
 
 def run() -> NoReturn:

@@ -129,6 +129,11 @@ class WanPredictorConfig(PartialConfigModel):
     """Largest post-patch frame/height/width index RoPE supports."""
     rope_theta: float = Field(default=10000.0, gt=0)
     """RoPE base."""
+    expert: Literal["high_noise", "low_noise"] | None = None
+    """Which A14B expert this predictor is when ``from_pretrained`` is a release root (the folder as
+    downloaded): ``high_noise`` reads ``high_noise_model/`` (official) or ``transformer/`` (``-Diffusers``),
+    ``low_noise`` ``low_noise_model/`` or ``transformer_2/``; None for a one-DiT release (TI2V-5B) or a
+    source that names the DiT's own folder. Not a ``WanDiTConfig`` field."""
 
     @model_validator(mode="after")
     def _heads_divide_dim(self) -> WanPredictorConfig:

@@ -46,12 +46,15 @@ DEMO_TRANSFORMER = {"patch_size": whole_clip_patch(DEMO_CLIP), "attention_head_d
 SHEET_SCALE = 6
 #: Euler steps of the demo's sample.
 SAMPLE_STEPS = 20
+#: Warmup of the demo's learning rate: this fraction of its steps (20 of the default 200), at least one
+#: step, so that ``--steps`` of any length keeps the schedule's shape (``demo_warmup``).
+DEMO_WARMUP_FRACTION = 0.1
 #: The demo's training on top of the shipped tiny config (the user's overrides come after): a high
-#: learning rate with warmup, every clip in each step, captions padded to 8 tokens, not 16 (less
-#: padding around the words that tell the clips apart in the cross-attention), no recompute.
+#: learning rate with warmup (:data:`DEMO_WARMUP_FRACTION` of the steps), every clip in each step,
+#: captions padded to 8 tokens, not 16 (less padding around the words that tell the clips apart in the
+#: cross-attention), no recompute.
 DEMO_TRAINING = (
     "training.lr=5e-3",
-    "training.lr_warmup_iters=20",
     "training.lr_scheduler=cosine",
     "training.micro_batch_size=4",
     "model.models.text_encoder.config.text_len=8",
@@ -68,6 +71,11 @@ def make_demo_set(out: Path, vae_fit_steps: int = VAE_FIT_STEPS) -> Path:
     )  # fmt: skip
 
 
+def demo_warmup(steps: int) -> int:
+    """Warmup steps of a demo run of ``steps``: :data:`DEMO_WARMUP_FRACTION` of them, 1 to ``steps``."""
+    return min(steps, max(1, round(DEMO_WARMUP_FRACTION * steps)))
+
+
 def demo_overrides(out: Path, steps: int, nproc: int, extra: Sequence[str] = ()) -> list[str]:
     """Point the shipped tiny config at ``out``, then apply the user's ``extra`` overrides; resume when a
     checkpoint is there."""
@@ -76,6 +84,7 @@ def demo_overrides(out: Path, steps: int, nproc: int, extra: Sequence[str] = ())
         *tiny_overrides(out),
         f"training.save={ckpt}",
         f"training.train_iters={steps}",
+        f"training.lr_warmup_iters={demo_warmup(steps)}",
         f"parallel.ulysses_parallel_size={min(nproc, 2)}",
         *(f"data.dataset.{k}={DEMO_CLIP[k]}" for k in ("num_frames", "height", "width")),
         *DEMO_TRAINING,

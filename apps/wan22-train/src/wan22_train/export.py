@@ -1,9 +1,11 @@
-"""``wan22-train export``: a training checkpoint's predictor -> diffusers ``transformer/`` folder, or its
-LoRA adapters -> a PEFT / diffusers file, a ComfyUI file, or the base with the adapters merged."""
+"""``wan22-train export``: a training checkpoint's predictor -> a diffusers ``transformer/`` folder or an
+official-layout (native) folder, or its LoRA adapters -> a PEFT / diffusers file, a ComfyUI file, or the
+base with the adapters merged; for a two-expert (``expert: both``) run, the pair of one file per expert."""
 
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,10 +16,19 @@ from mm_checkpoint import LORA_EXPORT_FORMATS, export_checkpoint
 from mm_checkpoint import export_lora as export_lora_files
 from mm_config import TrainConfig
 
-from wan22_train.predictor import predictor_config
+from wan22_train.pipeline import LOW_NOISE_ROLE
+from wan22_train.predictor import predictor_config, predictor_source
+
+logger = logging.getLogger(__name__)
 
 LORA_FORMATS = LORA_EXPORT_FORMATS
 """``--lora`` choices: diffusers ``load_lora_weights`` file, ComfyUI / official-Wan-names file, merged folder."""
+EXPERT_SUBMODELS: dict[str, str] = {"high": "predictor", "low": LOW_NOISE_ROLE}
+"""The sub-model of each A14B expert in an ``expert: both`` run."""
+PAIR_NAMES: dict[str, str] = {"high": "high_noise_model", "low": "low_noise_model"}
+"""The ecosystem's names of an A14B pair (the official release's expert folders; LoRA pairs such as
+``lightx2v/Wan2.2-Lightning``'s ``high_noise_model.safetensors`` / ``low_noise_model.safetensors``)."""
+EXPERT_CHOICES = ("high", "low", "both")
 
 
 def export_predictor(
@@ -28,9 +39,16 @@ def export_predictor(
     layout: str = "diffusers",
     submodel: str = "predictor",
     ema: bool = False,
+    max_shard_size: int | str = "5GB",
 ) -> Path:
     """Write a predictor of ``checkpoint`` (latest iteration) as a folder that
-    ``diffusers.WanTransformer3DModel.from_pretrained`` (``layout="diffusers"``) or ``WanDiT`` loads.
+    ``diffusers.WanTransformer3DModel.from_pretrained`` (``layout="diffusers"``) or the official Wan code
+    (``layout="native"``: ``WanModel.from_pretrained``, ComfyUI) loads.
+
+    Both layouts name their weights ``diffusion_pytorch_model.safetensors``, or above ``max_shard_size``
+    ``diffusion_pytorch_model-0000N-of-0000M.safetensors`` with ``diffusion_pytorch_model.safetensors.index.json``
+    (what the official release ships); the native ``config.json`` is the release's
+    (:meth:`~wan22_train.model.WanDiTConfig.to_native`), keys in the official names.
 
     ``submodel="predictor_low"`` exports the low-noise expert of an ``expert: both`` run (the
     Wan2.2-A14B diffusers layout keeps it in ``transformer_2/``, the high-noise one in ``transformer/``).
@@ -44,13 +62,19 @@ def export_predictor(
             f"--lora {{{','.join(LORA_FORMATS)}}}"
         )
     native = layout == "native"
+    if native and (odd := predictor_config(args).official_mismatches()):
+        logger.warning(
+            "%s: %s differ from the official WanModel's fixed values; the official code cannot load this "
+            "export (this project's loaders can: config.json records them)", submodel, odd,
+        )  # fmt: skip
     with _config_json(args, native=native) as side:
         return export_checkpoint(
             checkpoint,
             out,
-            to="hf" if native else "diffusers",
+            to="diffusers",
             model_type=None if native else "wan2_2",
             config_from=side,
+            max_shard_size=max_shard_size,
             submodule=submodel,
             ema=ema,
         )
@@ -90,12 +114,50 @@ def export_lora(
             fmt,
             alpha=args.lora.alpha,
             submodule=submodel,
-            base=args.checkpoint_path or args.from_pretrained,
+            base=predictor_source(args),
             model_type="wan2_2",  # the base: diffusers (or native) keys -> native; merged: back to diffusers
             file_model_type="wan2_2",  # PEFT file: diffusers module names; ComfyUI keeps the native ones
             config_from=side,
             ema=ema,
         )
+
+
+def export_lora_pair(
+    config: TrainConfig,
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    fmt: str,
+    expert: str = "both",
+    ema: bool = False,
+) -> list[Path]:
+    """The LoRA adapters of an ``expert: both`` run, one export per expert, named by the ecosystem's
+    convention inside the folder ``out``: ``high_noise_model`` (the high-noise expert, ``predictor``) and
+    ``low_noise_model`` (``predictor_low``); ``expert`` ``high`` or ``low`` writes one of them.
+
+    ``comfyui``: ``out/high_noise_model.safetensors`` + ``out/low_noise_model.safetensors`` (ComfyUI: each
+    in a LoraLoaderModelOnly on its own expert's model). ``peft``: ``out/high_noise_model/`` and
+    ``out/low_noise_model/``, each with ``pytorch_lora_weights.safetensors`` (diffusers' ``WanPipeline``:
+    ``load_lora_weights(out/high_noise_model)`` for ``transformer``, ``load_lora_weights(out/low_noise_model,
+    load_into_transformer_2=True)`` for ``transformer_2``). ``merged``: the two merged transformer folders.
+    """
+    subs = config.model.sub_models()
+    missing = [s for s in EXPERT_SUBMODELS.values() if s not in subs]
+    if missing:
+        raise ValueError(
+            f"--expert: a LoRA pair comes from a run with both A14B experts (model.pipeline.expert: both, "
+            f"sub-models {sorted(EXPERT_SUBMODELS.values())}); this run has {sorted(subs)}"
+        )
+    if expert not in EXPERT_CHOICES:
+        raise ValueError(f"--expert {expert!r}: expected one of {', '.join(EXPERT_CHOICES)}")
+    out = Path(out)
+    written = []
+    for name in ("high", "low") if expert == "both" else (expert,):
+        target = out / (PAIR_NAMES[name] + (".safetensors" if fmt == "comfyui" else ""))
+        written.append(
+            export_lora(config, checkpoint, target, fmt=fmt, submodel=EXPERT_SUBMODELS[name], ema=ema)
+        )
+    return written
 
 
 def _submodel_args(config: TrainConfig, submodel: str) -> Any:

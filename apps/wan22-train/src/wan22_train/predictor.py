@@ -6,16 +6,34 @@ import math
 from pathlib import Path
 from typing import Any
 
+from mm_checkpoint import LoadReport
 from mm_parallel import ParallelState, SequenceParallelPlan
 from mm_trainer import BaseModel, model_register
 
 from wan22_train.model import WanDiT, WanDiTConfig
+from wan22_train.release import Component, component_path, resolved_args, source_of
+
+RELEASE_KEYS = ("expert",)
+"""Keys of the predictor's ``config`` that pick its files in a release root, not ``WanDiTConfig`` fields."""
+
+
+def predictor_component(args: Any) -> Component:
+    """Which DiT of a release root the predictor reads: its ``config.expert`` (``high_noise`` /
+    ``low_noise``: ``high_noise_model/`` or ``transformer/``, ``low_noise_model/`` or ``transformer_2/``),
+    else the one DiT of a TI2V-5B root."""
+    expert = (args.config or {}).get("expert")
+    return expert if expert in ("high_noise", "low_noise") else "dit"
+
+
+def predictor_source(args: Any) -> Path | None:
+    """The predictor's weights folder (or file): its source, or its DiT in a release root."""
+    return component_path(source_of(args), predictor_component(args))
 
 
 def predictor_config(args: Any) -> WanDiTConfig:
     """``WanDiTConfig`` from the source's ``config.json`` (diffusers or native), updated by ``args.config``."""
-    overrides = dict(args.config or {})
-    source = args.checkpoint_path or args.from_pretrained
+    overrides = {k: v for k, v in (args.config or {}).items() if k not in RELEASE_KEYS}
+    source = predictor_source(args)
     if source and (Path(source) / "config.json").is_file():
         config = WanDiTConfig.from_file(Path(source) / "config.json")
         for key, value in overrides.items():
@@ -47,6 +65,11 @@ class WanPredictor(BaseModel, WanDiT):
         model = cls.build_from_config(args)
         model.setup_weights(args)
         return model
+
+    def setup_weights(self, args: Any) -> LoadReport | None:
+        """Load the DiT weights (diffusers or native names) from its source, or its expert's folder in a
+        release root."""
+        return super().setup_weights(resolved_args(args, predictor_component(args)))
 
     def random_init(self) -> None:
         self.init_weights()

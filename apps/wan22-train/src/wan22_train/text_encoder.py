@@ -1,4 +1,6 @@
-"""UMT5 text encoder as a frozen sub-model, with its tokenizer (Wan's text side)."""
+"""UMT5 text encoder as a frozen sub-model, with its tokenizer (Wan's text side), from a transformers
+folder, the official ``models_t5_umt5-xxl-enc-bf16.pth``, a ComfyUI ``umt5_xxl`` file, or a release root
+(:mod:`wan22_train.release`)."""
 
 from __future__ import annotations
 
@@ -6,29 +8,39 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mm_checkpoint import LoadReport
 from mm_trainer import BaseModel, model_register
 from transformers import AutoTokenizer, UMT5Config, UMT5EncoderModel
+
+from wan22_train.release import UMT5_XXL, component_path, is_release_root, resolved_args
 
 
 @model_register("umt5")
 class UMT5TextEncoder(BaseModel, UMT5EncoderModel):
-    """transformers ``UMT5EncoderModel`` (keys unchanged: ``shared``, ``encoder.block.N``...) + tokenizer.
+    """transformers ``UMT5EncoderModel`` (keys ``shared``, ``encoder.block.N``...) + tokenizer.
 
-    Built on meta and loaded after FSDP sharding by the default ``setup_weights`` (HF safetensors);
-    ``post_load`` re-ties ``shared`` and ``encoder.embed_tokens``. ``tokenize`` pads to ``text_len``
-    (Wan: 512); the pipeline zeroes embeddings beyond each prompt's length as Wan does.
+    Built on meta and loaded after FSDP sharding by ``setup_weights`` (transformers names as they are,
+    the official ``.pth``'s through mm-checkpoint's ``umt5`` key map); ``post_load`` re-ties ``shared``
+    and ``encoder.embed_tokens``. ``tokenize`` pads to ``text_len`` (Wan: 512); the pipeline zeroes
+    embeddings beyond each prompt's length as Wan does.
     """
 
+    weight_transform_model_type = "umt5"
     text_len: int = 512
 
     @classmethod
     def build_from_config(cls, args: Any) -> UMT5TextEncoder:
         options = dict(args.config or {})
         text_len = options.pop("text_len", 512)
-        tokenizer_path = options.pop("tokenizer", None) or args.from_pretrained
-        source = Path(args.from_pretrained or "")
-        if (source / "config.json").is_file():
+        root = args.from_pretrained
+        tokenizer_path = options.pop("tokenizer", None) or (
+            component_path(root, "tokenizer") if root and is_release_root(root) else root
+        )
+        source = component_path(args.from_pretrained, "text_encoder")
+        if source is not None and (source / "config.json").is_file():
             config = UMT5Config.from_pretrained(source, **options)
+        elif source is not None and source.is_file():  # an official .pth or a ComfyUI file: UMT5-XXL
+            config = UMT5Config(**(UMT5_XXL | options))
         else:  # structure from the YAML alone (e.g. --dry-run before the weights are downloaded)
             config = UMT5Config(**options)
         model = cls(config)
@@ -41,6 +53,10 @@ class UMT5TextEncoder(BaseModel, UMT5EncoderModel):
         model = cls.build_from_config(args)
         model.setup_weights(args)
         return model
+
+    def setup_weights(self, args: Any) -> LoadReport | None:
+        """Load the encoder's weights from its source (found in a release root when it names one)."""
+        return super().setup_weights(resolved_args(args, "text_encoder"))
 
     def post_load(self) -> None:
         self.encoder.embed_tokens = self.shared

@@ -1,15 +1,21 @@
-"""The Wan video VAE as a frozen sub-model: diffusers ``AutoencoderKLWan`` with normalized latents."""
+"""The Wan video VAE as a frozen sub-model: diffusers ``AutoencoderKLWan`` with normalized latents, from a
+diffusers ``vae/`` folder, the official ``Wan2.1_VAE.pth`` / ``Wan2.2_VAE.pth``, a ComfyUI VAE file, or a
+release root holding one of them (:mod:`wan22_train.release`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 from diffusers import AutoencoderKLWan
-from mm_checkpoint import LoadReport
+from mm_checkpoint import LoadReport, open_weights
 from mm_trainer import BaseModel, load_module_weights, model_register
 from torch import nn
+
+from wan22_train.release import component_path, resolved_args, source_of, vae_structure
+
+VAE_KEY_MAPS = {False: "wan2_1_vae", True: "wan2_2_vae"}
+"""mm-checkpoint's key map of the official VAE names, by ``is_residual`` (both pass diffusers keys through)."""
 
 
 @model_register("wan_video_vae")
@@ -18,7 +24,8 @@ class WanVideoVAE(BaseModel, nn.Module):
 
     Latents are the posterior mean normalized with the config's ``latents_mean`` / ``latents_std``
     (what the Wan DiT is trained on). The VAE is never FSDP-wrapped (list it in ``ignored_modules``);
-    weights load in ``from_pretrained`` (diffusers), or in ``setup_weights`` after a meta build.
+    weights load in ``from_pretrained`` (a diffusers folder), or in ``setup_weights`` after a build
+    (official or ComfyUI names through the ``wan2_1_vae`` / ``wan2_2_vae`` key maps).
     """
 
     def __init__(self, vae: AutoencoderKLWan) -> None:
@@ -34,21 +41,34 @@ class WanVideoVAE(BaseModel, nn.Module):
 
     @classmethod
     def from_pretrained(cls, args: Any) -> WanVideoVAE:
-        return cls(AutoencoderKLWan.from_pretrained(args.from_pretrained, **(args.config or {})))
+        source = component_path(source_of(args), "vae")
+        if source is not None and (source / "config.json").is_file():
+            return cls(AutoencoderKLWan.from_pretrained(source, **(args.config or {})))
+        model = cls.build_from_config(args)
+        model.setup_weights(args)
+        return model
 
     @classmethod
     def build_from_config(cls, args: Any) -> WanVideoVAE:
-        """Structure only: the source's ``config.json``, else ``args.config`` (AutoencoderKLWan kwargs)."""
-        source = Path(args.from_pretrained or "")
-        if (source / "config.json").is_file():
+        """Structure only: the source's ``config.json``; for a weights file (an official ``.pth``, a
+        ComfyUI file) the official structure its names show (:func:`wan22_train.release.vae_structure`)
+        updated by ``args.config``; without a source ``args.config`` alone (AutoencoderKLWan kwargs)."""
+        source = component_path(source_of(args), "vae")
+        if source is not None and (source / "config.json").is_file():
             return cls(AutoencoderKLWan.from_config(AutoencoderKLWan.load_config(source)))
+        if source is not None and source.is_file():
+            with open_weights(source) as reader:
+                keywords = vae_structure(reader.keys())
+            return cls(AutoencoderKLWan(**(keywords | dict(args.config or {}))))
         return cls(AutoencoderKLWan(**(args.config or {})))
 
     def setup_weights(self, args: Any) -> LoadReport | None:
-        """Load the diffusers VAE weights into ``self.vae`` (only when built by ``build_from_config``)."""
+        """Load the VAE weights into ``self.vae`` (only when built by ``build_from_config``): diffusers
+        keys as they are, official ones through ``wan2_1_vae`` / ``wan2_2_vae``."""
         if self.weights_loaded:
             return None  # from_pretrained loaded them already
-        report = load_module_weights(self.vae, args)
+        key_map = VAE_KEY_MAPS[bool(self.vae.config.is_residual)]
+        report = load_module_weights(self.vae, resolved_args(args, "vae"), model_type=key_map)
         if report is not None:
             self.weights_loaded = True
         return report

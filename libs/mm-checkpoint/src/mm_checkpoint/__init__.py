@@ -1,4 +1,5 @@
-"""Weight loading (HF / diffusers safetensors, torch DCP), table-driven key maps, online DCP conversion,
+"""Weight loading (HF / diffusers safetensors, ComfyUI single files, ``.pth`` state dicts, torch DCP),
+table-driven key maps, online DCP conversion,
 distributed checkpointing and export.
 
 The public names below are imported on first use (PEP 562), so ``import mm_checkpoint`` and
@@ -71,6 +72,12 @@ _EXPORTS: dict[str, str] = {
     "source_identity": "source_identity",
     "CheckpointSource": "sources",
     "resolve_checkpoint_source": "sources",
+    "PthReader": "pth_io",
+    "load_pth_state": "pth_io",
+    "ComfyFileView": "comfy_files",
+    "RegroupTransform": "regroup",
+    "SequenceRegroup": "regroup",
+    "open_weights": "weight_readers",
     "StagedCopy": "staging",
     "stage_on_node": "staging",
     "staged_location": "staging",

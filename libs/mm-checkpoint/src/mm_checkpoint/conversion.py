@@ -29,8 +29,9 @@ from .layout import iteration_dir_name, looks_like_dcp_checkpoint_dir, resolve_d
 from .loader import LoadReport, load_dcp_weights_into, load_safetensors_into
 from .module_state import materialize_meta
 from .runtime import barrier, get_rank, on_rank0, progress
-from .safetensors_io import SafetensorsReader, TensorInfo
+from .safetensors_io import TensorInfo
 from .source_identity import identity_change, source_identity
+from .weight_readers import WeightsReader, open_weights
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ def convert_to_dcp(
     model_type: str | None = None,
     dtype: torch.dtype | None = None,
 ) -> Path:
-    """Convert a safetensors checkpoint to a DCP root (``iter_0000000`` + tracker + side files), file to file.
+    """Convert a safetensors checkpoint (or a ``.pth`` state dict, or a ComfyUI single file) to a DCP root (``iter_0000000`` + tracker + side files), file to file.
 
     Tensors are renamed by the ``model_type`` key map (if any) and streamed one at a time, so memory
     stays at about one tensor. Returns the iteration directory.
@@ -207,7 +208,7 @@ def convert_to_dcp(
     partial = final.with_name(final.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    with SafetensorsReader(src, zero_copy=True) as reader:
+    with open_weights(src, zero_copy=True) as reader:
         plans = get_weight_transform(model_type).plan_load(reader.keys())
         layout = {k: _planned_info(reader, p, dtype) for k, p in plans.items()}
         bar = iter(progress(range(len(plans)), desc=f"convert {Path(src).name} -> dcp", total=len(plans)))
@@ -230,6 +231,6 @@ def convert_to_dcp(
     return final
 
 
-def _planned_info(reader: SafetensorsReader, plan: KeyPlan, dtype: torch.dtype | None) -> TensorInfo:
+def _planned_info(reader: WeightsReader, plan: KeyPlan, dtype: torch.dtype | None) -> TensorInfo:
     shape, out_dtype = planned_shape_dtype(plan, [(i.shape, i.dtype) for i in map(reader.info, plan.sources)])
     return TensorInfo(shape, dtype or out_dtype)

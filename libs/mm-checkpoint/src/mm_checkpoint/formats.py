@@ -10,7 +10,7 @@ from typing import Literal
 from .errors import CheckpointFormatError, ContainerCheckpointError
 from .layout import looks_like_dcp_checkpoint_dir
 
-Format = Literal["dcp", "diffusers", "hf"]
+Format = Literal["dcp", "diffusers", "hf", "pth"]
 
 FORMAT_ALIASES: dict[str, str] = {
     "auto": "auto",
@@ -26,11 +26,23 @@ FORMAT_ALIASES: dict[str, str] = {
     "transformers": "hf",
     "safetensors": "safetensors",
     "hf_safetensors": "hf",
+    "pth": "pth",
+    "pt": "pth",
+    "torch": "pth",
 }
-"""Accepted spellings (case-insensitive, ``-`` = ``_``). ``safetensors`` means "diffusers or hf, sniffed"."""
+"""Accepted spellings (case-insensitive, ``-`` = ``_``). ``safetensors`` means "diffusers or hf, sniffed";
+``pth`` is a ``torch.save`` state dict (a ``.pth`` / ``.pt`` file, read with ``weights_only``: :mod:`.pth_io`)."""
 
+PTH_SUFFIXES = (".pth", ".pt")
+"""File suffixes read as ``torch.save`` state dicts (:mod:`.pth_io`)."""
 DIFFUSERS_WEIGHTS_PREFIX = "diffusion_pytorch_model"
 HF_WEIGHTS_PREFIX = "model"
+
+
+def is_pth_file(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a file named ``*.pth`` / ``*.pt`` (a ``torch.save`` state dict)."""
+    p = Path(path)
+    return p.suffix in PTH_SUFFIXES and p.is_file()
 
 
 def normalize_format(declared: str | None) -> str:
@@ -86,7 +98,8 @@ def _describe(path: Path) -> str:
 
 
 def sniff_format(path: str | os.PathLike) -> Format:
-    """Sniff the format of ``path``: DCP first, then diffusers, then HF safetensors.
+    """Sniff the format of ``path``: DCP first, then diffusers, then HF safetensors, then a ``.pth`` /
+    ``.pt`` file (``pth``).
 
     Raises:
         CheckpointFormatError: none of them, listing what is at ``path``.
@@ -97,6 +110,8 @@ def sniff_format(path: str | os.PathLike) -> Format:
     found = sniff_safetensors_format(p)
     if found is not None:
         return found
+    if is_pth_file(p):
+        return "pth"
     hint = ""
     if p.is_dir() and (p / "model_index.json").is_file():
         from .key_map_registry import known_model_types
@@ -109,9 +124,9 @@ def sniff_format(path: str | os.PathLike) -> Format:
             f"key layout where it needs one (known model types: {known_model_types()})"
         )
     if p.is_dir() and any(x.suffix in {".bin", ".pt", ".pth"} for x in p.iterdir()):
-        hint = " (pickle weights such as .bin/.pt are not supported: convert them to safetensors)"
+        hint = " (a .pth / .pt state dict is read when the path names the file itself; .bin is not supported)"
     raise CheckpointFormatError(
-        f"{p} is not a DCP, diffusers or HF safetensors checkpoint; {_describe(p)}{hint}"
+        f"{p} is not a DCP, diffusers or HF safetensors checkpoint, nor a .pth state dict; {_describe(p)}{hint}"
     )
 
 

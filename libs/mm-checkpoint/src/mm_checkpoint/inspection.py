@@ -15,6 +15,7 @@ from .key_maps import KeyPlan, apply_plan
 from .layout import resolve_dcp_dir
 from .runtime import progress
 from .safetensors_io import PACKED_DTYPE_BITS, SafetensorsReader
+from .weight_readers import WeightsReader, open_weights
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class MappedSource:
 
     path: str
     format: str
-    reader: SafetensorsReader | DcpReader
+    reader: WeightsReader | DcpReader
     plans: dict[str, KeyPlan]
 
     def read(self, key: str) -> torch.Tensor:
@@ -32,15 +33,16 @@ class MappedSource:
 
 
 def open_mapped_source(
-    path: str | os.PathLike, fmt: str = "auto", model_type: str | None = None
+    path: str | os.PathLike, fmt: str = "auto", model_type: str | None = None, *, raw: bool = False
 ) -> MappedSource:
-    """Open a checkpoint of any format; safetensors keys go through the ``model_type`` key map, DCP keys as stored."""
+    """Open a checkpoint of any format; safetensors / ``.pth`` keys go through the ``model_type`` key map,
+    DCP keys as stored (``raw``: a ComfyUI file's tensors as stored, not dequantized)."""
     resolved = resolve_load_format(path, fmt)
     if resolved == "dcp":
-        reader: SafetensorsReader | DcpReader = DcpReader(resolve_dcp_dir(path)[0])
+        reader: WeightsReader | DcpReader = DcpReader(resolve_dcp_dir(path)[0])
         plans = {k: KeyPlan(k, (k,)) for k in reader.keys()}
     else:
-        reader = SafetensorsReader(path)
+        reader = open_weights(path, raw=raw)
         plans = get_weight_transform(model_type).plan_load(reader.keys())
     return MappedSource(str(path), resolved, reader, plans)
 
@@ -63,7 +65,7 @@ def summarize(path: str | os.PathLike, fmt: str = "auto", sample: int = 5) -> Su
     Dtypes are torch's names; a safetensors dtype torch has no element type for (``F4``, ``F6_*``)
     keeps its safetensors name and counts the bytes its header gives.
     """
-    src = open_mapped_source(path, fmt)
+    src = open_mapped_source(path, fmt, raw=True)
     keys = src.reader.keys()
     sizes: list[tuple[str, int]] = []
     for key in keys:

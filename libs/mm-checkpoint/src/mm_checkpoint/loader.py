@@ -1,4 +1,5 @@
-"""Load HF / diffusers safetensors or DCP weights into a plain, meta, or FSDP2-sharded module."""
+"""Load HF / diffusers safetensors, ComfyUI single files, ``.pth`` state dicts or DCP weights into a plain,
+meta, or FSDP2-sharded module."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from .key_maps import WeightTransform, apply_plan
 from .layout import resolve_dcp_dir
 from .module_state import Target, assign_local, checkpoint_targets, local_index
 from .runtime import progress
-from .safetensors_io import SafetensorsReader
+from .weight_readers import open_weights
 
 
 @dataclass
@@ -68,11 +69,12 @@ def _finish(report: LoadReport, targets: dict[str, Target], seen: set[str]) -> L
 def load_safetensors_into(
     model: nn.Module, path: str | os.PathLike, transform: WeightTransform, fmt: str
 ) -> LoadReport:
-    """Load safetensors weights through ``transform``; DTensor targets read only their local slices."""
+    """Load safetensors (or ``.pth``, or ComfyUI single-file) weights through ``transform``
+    (:func:`~mm_checkpoint.weight_readers.open_weights`); DTensor targets read only their local slices."""
     report = LoadReport(str(path), fmt)
     targets = checkpoint_targets(model)
     seen: set[str] = set()
-    with SafetensorsReader(path) as reader:
+    with open_weights(path) as reader:
         plans = transform.plan_load(reader.keys())
         for key, plan in progress(
             plans.items(), desc=f"load {Path(path).name}", total=len(plans), unit="tensor"

@@ -35,7 +35,8 @@ from .key_map_registry import get_weight_transform
 from .key_maps import apply_plan, planned_shape_dtype
 from .layout import resolve_dcp_dir
 from .runtime import barrier, get_rank
-from .safetensors_io import SafetensorsReader, TensorInfo, parse_size, save_safetensors
+from .safetensors_io import TensorInfo, parse_size, save_safetensors
+from .weight_readers import WeightsReader, open_weights
 
 LORA_EXPORT_FORMATS = ("peft", "comfyui", "merged")
 """What :func:`export_lora` writes: a PEFT / diffusers file, a ComfyUI file, a merged model folder."""
@@ -168,10 +169,10 @@ class MergedReader:
         self.adapters = dict(adapters)
         fmt = resolve_load_format(base)
         if fmt == "dcp":
-            self._reader: DcpReader | SafetensorsReader = DcpReader(resolve_dcp_dir(base)[0])
+            self._reader: DcpReader | WeightsReader = DcpReader(resolve_dcp_dir(base)[0])
             self._plans = {k: None for k in self._reader.keys()}
         else:
-            self._reader = SafetensorsReader(base)
+            self._reader = open_weights(base)
             self._plans = get_weight_transform(model_type).plan_load(self._reader.keys())
         absent = sorted(p for p in self.adapters if f"{p}.weight" not in self._plans)
         if absent:

@@ -2,12 +2,21 @@
 
 Each ``key_map_tables/<model_type>.json`` holds an ordered list of ``[checkpoint key, model key]``
 templates (the first matching rule wins) and whether unmatched keys pass through. In a template
-``{i}`` stands for a block index (digits) and ``{param}`` for ``weight`` or ``bias``; everything else
-is literal and the whole key must match. So ``mm-ckpt convert --model-type wan2_2`` works with
-mm-checkpoint alone, and the applications use the same table (one copy).
+``{i}`` and ``{j}`` stand for block indices (digits) and ``{param}`` for ``weight`` or ``bias``;
+everything else is literal and the whole key must match. A table may also list ``sequences``: flat
+``nn.Sequential`` indices regrouped under named slots before the templates apply
+(:class:`~mm_checkpoint.regroup.SequenceRegroup`, fields ``checkpoint``, ``item``, ``closer``,
+``item_children``, ``closer_children``). So ``mm-ckpt convert --model-type wan2_2`` works with
+mm-checkpoint alone, and the applications use the same tables (one copy).
 
-Tables: ``wan2_2`` (diffusers ``WanTransformer3DModel`` <-> the native Wan2.x layout). LTX-2 needs
-none: ltx2-train trains diffusers' own module tree, so its keys are upstream's unchanged.
+Tables (each with ``passthrough``: the model's own layout loads through the same map):
+
+- ``wan2_2``: diffusers ``WanTransformer3DModel`` <-> the native Wan2.x DiT layout;
+- ``wan2_1_vae`` / ``wan2_2_vae``: the official ``Wan2.1_VAE.pth`` / ``Wan2.2_VAE.pth`` (and ComfyUI's
+  ``wan_2.1_vae`` / ``wan2.2_vae`` files, the same names) -> diffusers ``AutoencoderKLWan``;
+- ``umt5``: the official ``models_t5_umt5-xxl-enc-bf16.pth`` -> transformers ``UMT5EncoderModel``.
+
+LTX-2 needs none: ltx2-train trains diffusers' own module tree, so its keys are upstream's unchanged.
 """
 
 from __future__ import annotations
@@ -18,9 +27,10 @@ from functools import cache
 from importlib import resources
 
 from .errors import KeyMapError
-from .key_maps import KeyMapTransform, RenameRule
+from .key_maps import KeyMapTransform, RenameRule, WeightTransform
+from .regroup import RegroupTransform, SequenceRegroup
 
-PLACEHOLDERS: dict[str, str] = {"{i}": r"(\d+)", "{param}": r"(weight|bias)"}
+PLACEHOLDERS: dict[str, str] = {"{i}": r"(\d+)", "{j}": r"(\d+)", "{param}": r"(weight|bias)"}
 """Template placeholders and the regex group each stands for."""
 
 _PLACEHOLDER = re.compile("|".join(re.escape(p) for p in PLACEHOLDERS))
@@ -65,13 +75,14 @@ def template_rule(checkpoint_key: str, model_key: str) -> RenameRule:
 
 
 def builtin_model_types() -> list[str]:
-    """The model types whose key map ships with mm-checkpoint (``wan2_2``)."""
+    """The model types whose key map ships with mm-checkpoint (``umt5``, ``wan2_1_vae``, ``wan2_2``,
+    ``wan2_2_vae``)."""
     folder = resources.files("mm_checkpoint") / _TABLES
     return sorted(f.name.removesuffix(".json") for f in folder.iterdir() if f.name.endswith(".json"))
 
 
 @cache
-def builtin_key_map(model_type: str) -> KeyMapTransform:
+def builtin_key_map(model_type: str) -> WeightTransform:
     """The shipped key map of ``model_type`` (read once).
 
     Raises:
@@ -93,4 +104,23 @@ def builtin_key_map(model_type: str) -> KeyMapTransform:
             f"{source}: expected 'rules' (a list of [checkpoint key, model key] templates) and "
             "'passthrough' (true or false)"
         )
-    return KeyMapTransform([template_rule(a, b) for a, b in rules], passthrough=passthrough)
+    table_map = KeyMapTransform([template_rule(a, b) for a, b in rules], passthrough=passthrough)
+    sequences = table.get("sequences", [])
+    if not sequences:
+        return table_map
+    try:
+        regroups = [
+            SequenceRegroup(
+                s["checkpoint"],
+                s["item"],
+                s["closer"],
+                tuple(s["item_children"]),
+                tuple(s["closer_children"]),
+            )
+            for s in sequences
+        ]
+    except (KeyError, TypeError) as err:
+        raise KeyMapError(
+            f"{source}: each of 'sequences' needs checkpoint, item, closer, item_children, closer_children ({err})"
+        ) from None
+    return RegroupTransform(regroups, table_map)

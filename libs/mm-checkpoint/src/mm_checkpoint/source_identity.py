@@ -3,7 +3,7 @@ never used in its place.
 
 The identity of a safetensors source is its resolved path, its weight files (names, sizes,
 modification times), a SHA-256 over their headers (tensor names, dtypes, shapes, offsets: no tensor
-data is read) and the key map applied (``model_type`` and a fingerprint of its rules and of the plan
+data is read; for a ``.pth`` state dict, over its tensors' names, dtypes and shapes) and the key map applied (``model_type`` and a fingerprint of its rules and of the plan
 it makes for these keys). A conversion records it in its ``mm_checkpoint.json``, written atomically
 with the converted tensors; :func:`identity_change` says in words what differs.
 """
@@ -16,9 +16,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .formats import is_pth_file
 from .key_map_registry import get_weight_transform
 from .key_maps import WeightTransform
-from .safetensors_io import SafetensorsReader, read_header_bytes, weight_files
+from .pth_io import PthReader
+from .safetensors_io import read_header_bytes, weight_files
+from .weight_readers import open_weights
 
 IDENTITY_VERSION = 1
 """Bumped when the record's fields change; a record of another version counts as a change."""
@@ -38,16 +41,21 @@ def key_map_fingerprint(transform: WeightTransform, keys: list[str]) -> str:
 
 
 def source_identity(path: str | os.PathLike, model_type: str | None = None) -> dict[str, Any]:
-    """The identity record of the safetensors checkpoint at ``path`` converted with ``model_type``."""
+    """The identity record of the safetensors checkpoint (or ``.pth`` state dict) at ``path`` converted
+    with ``model_type``."""
     root = Path(path).resolve()
-    files = weight_files(root)
+    files = [root] if is_pth_file(root) else weight_files(root)
     headers = hashlib.sha256()
     listing = []
     for file in files:
         stat = file.stat()
-        headers.update(file.name.encode() + b"\0" + read_header_bytes(file))
+        if is_pth_file(file):
+            with PthReader(file) as pth:
+                headers.update(file.name.encode() + b"\0" + pth.digest().encode())
+        else:
+            headers.update(file.name.encode() + b"\0" + read_header_bytes(file))
         listing.append({"name": file.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
-    with SafetensorsReader(root) as reader:
+    with open_weights(root) as reader:
         keys = reader.keys()
     return {
         "version": IDENTITY_VERSION,

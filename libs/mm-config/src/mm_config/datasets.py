@@ -40,6 +40,13 @@ class VideoTextDatasetConfig(PartialConfigModel):
 
     needs_data_path: ClassVar[bool] = True
     reads_data_root: ClassVar[bool] = True
+    removed_keys: ClassVar[dict[str, str]] = {
+        "max_text_length": "the trainer's text encoder tokenizes the prompts, not the dataset; its length "
+        "is the text encoder's (wan22-train: model.models.text_encoder.config.text_len)",
+        "return_first_frame": "image conditioning takes the first frame from the clip itself "
+        "(model.pipeline.task: i2v or ti2v)",
+    }
+    """Keys this schema refused since they did nothing on the trainer path, and where the setting is now."""
 
     num_frames: int = Field(ge=1)
     """Frames per sample (the VAE's rule, e.g. 4k+1 for Wan)."""
@@ -58,10 +65,6 @@ class VideoTextDatasetConfig(PartialConfigModel):
     ``{pixel_budget, aspect_ratios, multiple, num_frames}``; None = one bucket of the sizes above."""
     caption_dropout: float = Field(default=0.0, ge=0, le=1)
     """Probability of an empty prompt (for classifier-free guidance)."""
-    max_text_length: int = Field(default=512, ge=1)
-    """Tokens per prompt when the dataset tokenizes."""
-    return_first_frame: bool = False
-    """Also return the first frame (image conditioning)."""
     max_bad_fraction: float = Field(default=0.05, ge=0, le=1)
     """Stop when more than this fraction of an epoch's samples is unreadable."""
     seed: int = Field(default=0, ge=0)

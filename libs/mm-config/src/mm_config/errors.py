@@ -120,6 +120,14 @@ def _renamed(name: str, allowed: Iterable[str]) -> str | None:
     return f"renamed: use `{new}`" if new in allowed else None
 
 
+def _removed(schema: type[BaseModel], loc: Loc, name: str) -> str | None:
+    """The reason a schema gives for a key it dropped: its ``removed_keys`` class attribute (key ->
+    where the setting went), read like :data:`RENAMED_KEYS`."""
+    model = _model_at(schema, loc)
+    why = (getattr(model, "removed_keys", None) or {}).get(name) if model is not None else None
+    return f"removed: {why}" if why else None
+
+
 def problems_from_validation_error(err: ValidationError, schema: type[BaseModel]) -> list[Problem]:
     """Translate pydantic's errors into :class:`Problem` s with YAML paths and suggestions."""
     problems: list[Problem] = []
@@ -129,10 +137,9 @@ def problems_from_validation_error(err: ValidationError, schema: type[BaseModel]
         if e["type"] == "value_error" and isinstance(inner, RuleViolations):
             problems += [p.prefixed(loc) for p in inner.problems]
         elif e["type"] == "extra_forbidden":
-            names = field_names_at(schema, loc[:-1])
-            problems.append(
-                Problem(loc, f"unknown key; {_renamed(str(loc[-1]), names) or suggest(str(loc[-1]), names)}")
-            )
+            names, name = field_names_at(schema, loc[:-1]), str(loc[-1])
+            hint = _removed(schema, loc[:-1], name) or _renamed(name, names) or suggest(name, names)
+            problems.append(Problem(loc, f"unknown key; {hint}"))
         else:
             value = NO_VALUE if e["type"] == "missing" else e.get("input", NO_VALUE)
             problems.append(Problem(loc, _expectation(e["msg"]), value))
@@ -141,13 +148,18 @@ def problems_from_validation_error(err: ValidationError, schema: type[BaseModel]
 
 def field_names_at(schema: type[BaseModel], loc: Loc) -> list[str]:
     """Names of the keys the schema allows at ``loc`` (empty if ``loc`` is not a schema model)."""
+    model = _model_at(schema, loc)
+    return list(model.model_fields) if model is not None else []
+
+
+def _model_at(schema: type[BaseModel], loc: Loc) -> type[BaseModel] | None:
     tp: Any = schema
     for part in loc:
         tp = _step(_strip(tp), part)
         if tp is None:
-            return []
+            return None
     model = _strip(tp)
-    return list(model.model_fields) if _is_model(model) else []
+    return model if _is_model(model) else None
 
 
 def _step(tp: Any, part: str | int) -> Any:

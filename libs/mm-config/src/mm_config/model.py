@@ -11,7 +11,7 @@ from .errors import Problem, RuleViolations
 from .lora import LoraConfig
 from .registry import model_schema, pipeline_schema, validate_plugin_dict
 
-LoadFormat = Literal["auto", "dcp", "diffusers", "hf", "safetensors"]
+LoadFormat = Literal["auto", "dcp", "diffusers", "hf", "safetensors", "pth"]
 """Canonical weight formats of mm-checkpoint (``mm_checkpoint.normalize_format`` values)."""
 
 
@@ -21,11 +21,13 @@ class SubModelConfig(ConfigModel):
     model_id: str | None = None
     """Registered model id (``@model_register("wan2_2_predictor")``); selects the builder and plugin schema."""
     from_pretrained: InputPath | None = None
-    """Local directory of pretrained weights (diffusers / HF / DCP; never a hub id); None builds from
-    ``config`` only."""
+    """Local pretrained weights, never a hub id: a diffusers / HF / DCP folder, a ``.pth`` file or a
+    ComfyUI single file, or (where the app resolves components, e.g. wan22-train) a release folder as
+    downloaded; None builds from ``config`` only."""
     load_format: LoadFormat = "auto"
-    """Declared weight format: ``auto`` sniffs DCP, then diffusers, then HF; ``safetensors`` sniffs
-    diffusers or HF; ``dcp`` with a safetensors source converts it once into the conversion dir."""
+    """Declared weight format: ``auto`` sniffs DCP, then diffusers, then HF, then a ``.pth`` file
+    (``pth``: a ``torch.save`` state dict, read with ``weights_only``); ``safetensors`` sniffs diffusers
+    or HF; ``dcp`` with a safetensors or ``.pth`` source converts it once into the conversion dir."""
     checkpoint_path: InputPath | None = None
     """Weights to load instead of ``from_pretrained`` (wins over it)."""
     checkpoint_conversion_dir: str | None = None

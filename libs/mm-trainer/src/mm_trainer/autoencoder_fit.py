@@ -173,7 +173,9 @@ def fit_or_reuse_autoencoder(
     samples' posterior means where the model keeps them (config or buffers).
     """
     folder = Path(folder)
-    key = _fit_key(samples if fit_samples is None else (samples, fit_samples), steps=steps, seed=seed, fit=fit)
+    key = _fit_key(
+        samples if fit_samples is None else (samples, fit_samples), steps=steps, seed=seed, fit=fit
+    )
     cached = fit_report(folder)
     if cached is not None and all(cached.get(k) == v for k, v in key.items()):
         return cached
@@ -188,9 +190,7 @@ def fit_or_reuse_autoencoder(
     finally:
         torch.set_num_threads(threads)
     set_statistics(model, *latent_statistics(posterior_means(model, samples)))
-    report = done.report(
-        len(samples), psnr_db=psnr(reconstruct(model, samples).clamp(-1, 1), samples)
-    ) | key
+    report = done.report(len(samples), psnr_db=psnr(reconstruct(model, samples).clamp(-1, 1), samples)) | key
     save_fitted(model, folder, report)
     return report
 

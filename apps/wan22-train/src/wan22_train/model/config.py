@@ -11,12 +11,31 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Literal
 
 ModelType = Literal["t2v", "i2v", "ti2v"]
 _MODEL_TYPES = ("t2v", "i2v", "ti2v")
 DIFFUSERS_CLASS_NAME = "WanTransformer3DModel"
+OFFICIAL_CLASS_NAME = "WanModel"
+
+OFFICIAL_DEFAULTS: dict[str, Any] = {
+    "model_type": "t2v", "patch_size": [1, 2, 2], "text_len": 512, "in_dim": 16, "dim": 2048,
+    "ffn_dim": 8192, "freq_dim": 256, "text_dim": 4096, "out_dim": 16, "num_heads": 16, "num_layers": 32,
+    "window_size": [-1, -1], "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6,
+}  # fmt: skip
+"""The keyword defaults of the official ``WanModel.__init__`` (``wan/modules/model.py`` of Wan-Video/Wan2.2):
+what a key missing from a release's config.json means."""
+OFFICIAL_UNSTORED = ("patch_size", "cross_attn_norm", "qk_norm", "text_dim", "window_size")
+"""``WanModel.ignore_for_config``: never written to the official config.json, and when loading the
+official class always takes its default for them (a config.json value is not passed on)."""
+OFFICIAL_ROPE = {"rope_max_seq_len": 1024, "rope_theta": 10000.0}
+"""The official model's RoPE tables (``rope_params(1024, ...)``, base 10000): fixed, not config keys."""
+_OFFICIAL_FIXED = {
+    **{k: OFFICIAL_DEFAULTS[k] for k in OFFICIAL_UNSTORED if k != "window_size"},
+    **OFFICIAL_ROPE,
+}
 
 # diffusers config.json keys that are accepted only with a value this model can honour.
 _DIFFUSERS_UNSUPPORTED = {
@@ -208,11 +227,14 @@ class WanDiTConfig:
     def from_native(cls, config: dict[str, Any]) -> WanDiTConfig:
         """Build from a native (official Wan release) config.json dict.
 
-        Keys starting with `_` are metadata; `window_size` is accepted only as global attention (-1, -1).
+        A key the release's config.json omits takes the official ``WanModel``'s default
+        (:data:`OFFICIAL_DEFAULTS`: the release never stores ``text_dim``, ``qk_norm``,
+        ``cross_attn_norm``, ``patch_size``, ``window_size``). Keys starting with `_` are metadata;
+        `window_size` is accepted only as global attention (-1, -1).
         """
         names = {f.name for f in dataclasses.fields(cls)}
         values: dict[str, Any] = {}
-        for key, value in config.items():
+        for key, value in (OFFICIAL_DEFAULTS | config).items():
             if key.startswith("_"):
                 continue
             if key == "window_size":
@@ -229,10 +251,26 @@ class WanDiTConfig:
         return cls(**values)
 
     def to_native(self) -> dict[str, Any]:
-        """The native config.json dict (official Wan field names)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["patch_size"] = list(self.patch_size)
-        return {"_class_name": "WanModel", **out}
+        """The native config.json dict as an official release has it: ``_class_name`` ``WanModel``, the
+        ``_diffusers_version``, and the keys ``WanModel`` stores (``model_type``, ``text_len``, ``in_dim``,
+        ``dim``, ``ffn_dim``, ``freq_dim``, ``out_dim``, ``num_heads``, ``num_layers``, ``eps``). A field
+        the official class does not store or know (:data:`OFFICIAL_UNSTORED`, :data:`OFFICIAL_ROPE`) is
+        written only when it differs from the official value, so this loader reads the model back; the
+        official code cannot build such a model (:meth:`official_mismatches`)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values["patch_size"] = list(self.patch_size)
+        out = {k: v for k, v in values.items() if k not in _OFFICIAL_FIXED or v != _OFFICIAL_FIXED[k]}
+        return {
+            "_class_name": OFFICIAL_CLASS_NAME,
+            "_diffusers_version": _diffusers_version(),
+            **dict(sorted(out.items())),
+        }
+
+    def official_mismatches(self) -> list[str]:
+        """The fields whose value the official ``WanModel`` cannot take from a config.json (it fixes
+        them): empty for every released Wan2.2 shape."""
+        current = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
+        return sorted(k for k, v in _OFFICIAL_FIXED.items() if current[k] != v)
 
     @classmethod
     def from_json_dict(cls, config: dict[str, Any]) -> WanDiTConfig:
@@ -248,6 +286,14 @@ class WanDiTConfig:
         except (OSError, json.JSONDecodeError) as err:
             raise ValueError(f"cannot read Wan DiT config {path}: {err}") from err
         return cls.from_json_dict(config)
+
+
+def _diffusers_version() -> str:
+    """The installed diffusers version (what ``register_to_config`` writes as ``_diffusers_version``)."""
+    try:
+        return version("diffusers")
+    except PackageNotFoundError:  # pragma: no cover - diffusers is a dependency of the app
+        return "0.0.0"
 
 
 def is_diffusers_config(config: dict[str, Any]) -> bool:

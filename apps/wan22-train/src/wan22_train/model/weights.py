@@ -21,9 +21,10 @@ from .config import WanDiTConfig
 from .wan_dit import WanDiT
 
 Layout = Literal["native", "diffusers"]
-#: The safetensors file name of each layout.
+#: The safetensors file name of each layout: the official Wan release names its DiT weights as diffusers
+#: does (the official ``WanModel`` is a diffusers ``ModelMixin``).
 WEIGHTS_NAMES: dict[str, str] = {
-    "native": "model.safetensors",
+    "native": "diffusion_pytorch_model.safetensors",
     "diffusers": "diffusion_pytorch_model.safetensors",
 }
 

@@ -1,0 +1,124 @@
+"""ComfyUI's single-file checkpoints (the Comfy-Org "repackaged" files, fp8 "scaled" ones included)
+seen as plain weights.
+
+What such a file may hold besides the model's own tensors, and what :class:`ComfyFileView` makes of it
+(read from ComfyUI's ``comfy/utils.py`` / ``comfy/model_detection.py``, 2026-12):
+
+- every key under ``model.diffusion_model.`` (ComfyUI's checkpoint prefix for the diffusion model):
+  the prefix comes off when *every* tensor has it;
+- fp8 "scaled" weights: a marker tensor ``<prefix>scaled_fp8`` says the file is scaled; each scaled
+  layer stores its ``weight`` in float8 and a ``<layer>.scale_weight``; the real weight is
+  ``weight.to(float32) * scale_weight`` (what ComfyUI computes before its matmul). The view returns
+  that product in float32 under the weight's name and hides the marker, the ``scale_weight`` and the
+  ``scale_input`` tensors (an activation scale for fp8 matmuls, no weight);
+- ``spiece_model``: the sentencepiece tokenizer as bytes, which ComfyUI's text-encoder files may
+  carry; hidden (the tokenizer is read from the tokenizer folder).
+
+ComfyUI's newer per-layer format (``<layer>.comfy_quant`` tensors, ``_quantization_metadata``) is
+refused with a message. The key names left are the model's own: official native Wan names for the
+DiT and the VAE, transformers' T5 names for UMT5, which the key maps of :mod:`.model_key_maps` read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from .errors import CheckpointFormatError
+from .safetensors_io import SafetensorsReader, StoredTensor, TensorInfo
+
+DIFFUSION_MODEL_PREFIX = "model.diffusion_model."
+"""ComfyUI's prefix for the diffusion model's keys in a checkpoint file."""
+SCALED_FP8_MARKER = "scaled_fp8"
+SCALE_WEIGHT, SCALE_INPUT = ".scale_weight", ".scale_input"
+HIDDEN_KEYS = ("spiece_model",)
+"""Non-weight entries a ComfyUI file may hold, hidden from the weights."""
+
+
+def is_comfy_file(reader: SafetensorsReader) -> bool:
+    """True when ``reader``'s keys follow one of ComfyUI's single-file conventions (module docstring)."""
+    keys = reader.keys()
+    if any(k.endswith(".comfy_quant") for k in keys):
+        raise CheckpointFormatError(
+            f"{reader.path} uses ComfyUI's per-layer quantization format (.comfy_quant tensors), which "
+            "mm-checkpoint does not read; use the file's bf16 / fp16 or fp8_scaled release"
+        )
+    marked = any(k == SCALED_FP8_MARKER or k.endswith("." + SCALED_FP8_MARKER) for k in keys)
+    prefixed = bool(keys) and all(k.startswith(DIFFUSION_MODEL_PREFIX) for k in keys)
+    return marked or prefixed or any(k in HIDDEN_KEYS for k in keys)
+
+
+class ComfyFileView:
+    """A :class:`SafetensorsReader` over a ComfyUI single file, showing the model's own weights: the
+    ``model.diffusion_model.`` prefix removed, scaled fp8 weights upcast with their scales (float32),
+    markers, scales and the tokenizer blob hidden. Same interface as the reader it wraps."""
+
+    def __init__(self, reader: SafetensorsReader) -> None:
+        self.reader = reader
+        self.path = reader.path
+        raw = reader.keys()
+        self.prefix = DIFFUSION_MODEL_PREFIX if all(k.startswith(DIFFUSION_MODEL_PREFIX) for k in raw) else ""
+        hidden = {
+            k
+            for k in raw
+            if k.endswith(SCALED_FP8_MARKER) and k.removesuffix(SCALED_FP8_MARKER) in ("", self.prefix)
+        }
+        hidden |= {k for k in raw if k.endswith((SCALE_WEIGHT, SCALE_INPUT)) or k in HIDDEN_KEYS}
+        self._raw = {k[len(self.prefix) :]: k for k in raw if k not in hidden}
+        self._scales = {
+            name: scale
+            for name, key in self._raw.items()
+            if name.endswith(".weight") and (scale := key.removesuffix(".weight") + SCALE_WEIGHT) in reader
+        }
+
+    def __enter__(self) -> ComfyFileView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def keys(self) -> list[str]:
+        return list(self._raw)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._raw
+
+    def _key(self, key: str) -> str:
+        try:
+            return self._raw[key]
+        except KeyError:
+            raise KeyError(f"tensor {key!r} not found in ComfyUI file {self.path}") from None
+
+    def info(self, key: str) -> TensorInfo:
+        info = self.reader.info(self._key(key))
+        return TensorInfo(info.shape, torch.float32) if key in self._scales else info
+
+    def stored(self, key: str) -> StoredTensor:
+        return self.reader.stored(self._key(key))
+
+    def read(self, key: str, index: Sequence[slice] | None = None) -> torch.Tensor:
+        """Tensor ``key`` (or ``tensor[index]``); a scaled fp8 weight comes back as ``float32 * scale``."""
+        value = self.reader.read(self._key(key), index)
+        if key not in self._scales:
+            return value
+        scale = self.reader.read(self._scales[key]).float()
+        if scale.numel() != 1:
+            if scale.shape[0] != self.reader.info(self._key(key)).shape[0] or scale.numel() != scale.shape[0]:
+                raise CheckpointFormatError(
+                    f"{self.path}: {self._scales[key]} has shape {tuple(scale.shape)}; expected one scale "
+                    "per tensor or per output row"
+                )
+            rows = index[0] if index else slice(None)
+            scale = scale.reshape(-1)[rows].reshape(-1, *([1] * (value.dim() - 1)))
+        return value.float() * scale
+
+
+def open_comfy_aware(path: str | Path, *, zero_copy: bool = False) -> SafetensorsReader | ComfyFileView:
+    """A safetensors reader over ``path``, seen through :class:`ComfyFileView` when it is a ComfyUI file."""
+    reader = SafetensorsReader(path, zero_copy=zero_copy)
+    return ComfyFileView(reader) if is_comfy_file(reader) else reader

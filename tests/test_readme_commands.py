@@ -1,0 +1,261 @@
+"""Every shell line a user is told to run in the root and app READMEs is run by a test, or named here
+with the reason it cannot be.
+
+Each line of the READMEs' ```bash blocks (``conftest.readme_shell_lines``) has one entry below:
+
+- ``RUN``: run by this file, in this process (a ``hatch run`` prefix dropped; placeholder paths replaced
+  by a shipped config, as listed);
+- ``covered(test file)``: run by that test, which takes the argv from the README by the line's text
+  (the ``readme`` fixture), adding only the documented shortenings; this file checks that the test
+  names the line;
+- ``excused(reason)``: cannot run here (a cluster, placeholders, the suite itself), with what runs
+  the same code instead.
+
+A README line without an entry, or an entry without its line, fails: a README command cannot change or
+appear without a test deciding how it is checked.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+ROOT, WAN, LTX2, QWEN = (
+    "README.md",
+    "apps/wan22-train/README.md",
+    "apps/ltx2-train/README.md",
+    "apps/qwen-vl-train/README.md",
+)
+A14B_HIGH = REPO / "apps" / "wan22-train" / "configs" / "t2v_a14b_high.yaml"
+
+
+@dataclass(frozen=True)
+class How:
+    kind: str  # "run", "covered", "excused"
+    detail: str = ""
+    paths: tuple[tuple[str, str], ...] = ()
+    in_tmp: bool = False  # run in a fresh directory (the line writes relative paths), not the repository
+
+
+RUN = How("run")
+
+
+def covered(test_file: str) -> How:
+    return How("covered", test_file)
+
+
+def excused(reason: str) -> How:
+    return How("excused", reason)
+
+
+PACKAGING = excused("installs packages: tests/test_packaging.py runs hatch.toml's wheels script and "
+                    "pip install --find-links dist <member> in a fresh virtual environment")  # fmt: skip
+WAN_CONFIGS = (("configs", "apps/wan22-train/configs"),)
+
+COMMANDS: dict[tuple[str, str], How] = {
+    (ROOT, "pip install hatch && hatch run demo"): excused(
+        "installs hatch; `hatch run demo` is hatch.toml's demo script, `wan22-train demo` "
+        "(test_the_hatch_demo_script_is_the_wan_demo), which apps/wan22-train/tests/test_wan_demo_e2e.py runs"
+    ),
+    (ROOT, "pip install hatch && hatch run test"): excused("the test suite itself (what CI runs)"),
+    (
+        ROOT,
+        "hatch run mm-config check apps/wan22-train/configs/t2v_a14b_high.yaml --world-size 8 --no-path-check",
+    ): RUN,
+    (
+        ROOT,
+        "hatch run wan22-train --config apps/wan22-train/configs/t2v_a14b_high.yaml --dry-run --world-size 8",
+    ): RUN,
+    (ROOT, "torchrun --nproc-per-node 8 -m wan22_train --config my_run.yaml training.lr=1e-5"): excused(
+        "8 accelerators and the user's config; the 2-rank tiny launches of the app READMEs run the same entry"
+    ),
+    (
+        ROOT,
+        "mm-train check-layouts --config my_run.yaml --layouts 8 8:ulysses=2 4:ulysses=2 --steps 4",
+    ): excused(
+        "8 ranks and the user's config; tests/test_check_layouts.py runs check-layouts on a toy config"
+    ),
+    (
+        ROOT,
+        "torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node0.example:29500 "
+        "--rdzv-id my-run --max-restarts 3 -m wan22_train --config my_run.yaml",
+    ): excused(
+        "two machines; apps/wan22-train/tests/test_wan_two_nodes_e2e.py runs two simulated nodes on one host"
+    ),
+    (ROOT, "sbatch --nodes 4 launch/slurm.sbatch --config my_run.yaml"): excused(
+        "a SLURM cluster; the script is shellchecked (tests/test_lint_checks.py)"
+    ),
+    (ROOT, "MASTER_ADDR=10.0.0.1 NNODES=2 bash launch/ascend.sh --config my_run.yaml"): excused(
+        "Ascend NPUs; the script is shellchecked (tests/test_lint_checks.py)"
+    ),
+    (ROOT, "wan22-train --config my_run.yaml --dry-run --nnodes 2 --nproc-per-node 8"): How(
+        "run", paths=(("my_run.yaml", "apps/wan22-train/configs/t2v_a14b_high.yaml"),)
+    ),
+    (WAN, "hatch run wheels"): PACKAGING,
+    (WAN, "pip install --find-links dist wan22-train"): PACKAGING,
+    (WAN, "wan22-train --help"): RUN,
+    (WAN, "wan22-train demo"): covered("apps/wan22-train/tests/test_wan_demo_e2e.py"),
+    (WAN, "wan22-train demo --steps 8 training.save_interval=4"): covered(
+        "apps/wan22-train/tests/test_wan_demo_e2e.py"
+    ),
+    (WAN, "wan22-train make-tiny runs/tiny"): covered("apps/wan22-train/tests/test_wan_cli.py"),
+    (WAN, "wan22-train make-tiny runs/tiny_random --vae-fit-steps 0"): How("run", in_tmp=True),
+    (
+        WAN,
+        "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v.yaml training.ema.decay=0.99",
+    ): covered("apps/wan22-train/tests/test_wan_cli.py"),
+    (WAN, "wan22-train export --checkpoint runs/tiny/ckpt --out runs/tiny/export/transformer"): covered(
+        "apps/wan22-train/tests/test_wan_cli.py"
+    ),
+    (WAN, "wan22-train export --checkpoint runs/tiny/ckpt --ema --out runs/tiny/export/ema"): covered(
+        "apps/wan22-train/tests/test_wan_cli.py"
+    ),
+    (
+        WAN,
+        "wan22-train export --checkpoint runs/tiny/ckpt --layout native --out runs/tiny/export/high_noise_model",
+    ): covered("apps/wan22-train/tests/test_wan_cli.py"),
+    (WAN, "wan22-train plot runs/tiny/ckpt"): covered("apps/wan22-train/tests/test_wan_cli.py"),
+    (
+        WAN,
+        'wan22-train sample --checkpoint runs/tiny/ckpt --prompt "a green circle moving left" --out clip.mp4',
+    ): covered("apps/wan22-train/tests/test_wan_cli.py"),
+    (WAN, "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v_lora.yaml"): covered(
+        "apps/wan22-train/tests/test_wan_lora_e2e.py"
+    ),
+    (
+        WAN,
+        "wan22-train export --checkpoint runs/tiny_lora/ckpt --lora peft --out runs/tiny_lora/peft",
+    ): covered("apps/wan22-train/tests/test_wan_lora_e2e.py"),
+    (WAN, "wan22-train preprocess --config configs/tiny_t2v_cached.yaml"): covered(
+        "apps/wan22-train/tests/test_wan_conditions_e2e.py"
+    ),
+    (WAN, "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v_cached.yaml"): covered(
+        "apps/wan22-train/tests/test_wan_conditions_e2e.py"
+    ),
+    (WAN, "wan22-train --config configs/t2v_a14b_high.yaml --dry-run --world-size 8"): How(
+        "run", paths=WAN_CONFIGS
+    ),
+    (LTX2, "hatch run wheels"): PACKAGING,
+    (LTX2, "pip install --find-links dist ltx2-train"): PACKAGING,
+    (LTX2, "ltx2-train --help"): RUN,
+    (LTX2, "ltx2-train make-tiny runs/ltx2_tiny"): covered("apps/ltx2-train/tests/test_ltx2_preprocess.py"),
+    (LTX2, "ltx2-train preprocess --config apps/ltx2-train/configs/tiny_t2av.yaml"): excused(
+        "its code path (ltx2_train.preprocess.run_preprocess, as 2 ranks) builds the tests' tiny cache "
+        "(apps/ltx2-train/tests/conftest.py tiny_cache), not from this argv"
+    ),
+    (
+        LTX2,
+        "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av.yaml",
+    ): excused(
+        "test_ltx2_train_e2e.py launches this config under torchrun (ltx2_train_torchrun), on the tests' "
+        "model set and cache, not from this argv"
+    ),
+    (LTX2, "torchrun ... -m ltx2_train --config X.yaml"): excused(
+        "a placeholder for the line above run again; test_ltx2_train_e2e.py checks the resume"
+    ),
+    (
+        LTX2,
+        "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --out runs/ltx2_tiny/export/transformer",
+    ): covered("apps/ltx2-train/tests/test_ltx2_train_e2e.py"),
+    (
+        LTX2,
+        "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --ema --out runs/ltx2_tiny/export/ema",
+    ): excused(
+        "needs a run trained with training.ema (the README says so); `export --ema` of the same mm-checkpoint "
+        "exporter runs in apps/wan22-train/tests/test_wan_cli.py"
+    ),
+    (
+        LTX2,
+        'ltx2-train sample --checkpoint runs/ltx2_tiny/ckpt --prompt "a red circle moving up" --out runs/ltx2_tiny/sample.mp4',
+    ): covered("apps/ltx2-train/tests/test_ltx2_train_e2e.py"),
+    (LTX2, "ltx2-train --config apps/ltx2-train/configs/t2av.yaml --dry-run --world-size 8"): RUN,
+    (
+        LTX2,
+        "ltx2-train --config apps/ltx2-train/configs/tiny_t2av.yaml training.micro_batch_size=16 data.drop_last=false "
+        "training.train_iters=200 training.lr_scheduler=cosine training.lr_warmup_iters=20 "
+        "parallel.ulysses_parallel_size=1 training.save=runs/ltx2_tiny/learned",
+    ): excused(
+        "apps/ltx2-train/tests/test_ltx2_configs.py ties this line to ltx2_train.tiny.LEARN_TRAINING, which "
+        "test_ltx2_train_e2e.py trains (its learned fixture)"
+    ),
+    (
+        LTX2,
+        'ltx2-train sample --checkpoint runs/ltx2_tiny/learned --prompt "A red circle slides up across a dark grey '
+        'background." --out runs/ltx2_tiny/learned/sample.mp4',
+    ): excused(
+        "test_ltx2_train_e2e.py samples every training caption of the learned run (sample_clip, the command's "
+        "code path)"
+    ),
+    (QWEN, "hatch run wheels"): PACKAGING,
+    (QWEN, "pip install --find-links dist qwen-vl-train"): PACKAGING,
+    (QWEN, "qwen-vl-train --help"): RUN,
+    (QWEN, "qwen-vl-train make-tiny runs/qwen_vl_tiny"): excused(
+        "apps/qwen-vl-train/tests/conftest.py builds the tests' tiny folder with make_tiny, the command's code path"
+    ),
+    (
+        QWEN,
+        "torchrun --standalone --nproc-per-node 2 -m qwen_vl_train --config apps/qwen-vl-train/configs/tiny_sft.yaml",
+    ): excused(
+        "test_qwen_vl_train_e2e.py launches tiny_sft.yaml (pointed at the tests' folder) under torchrun"
+    ),
+    (
+        QWEN,
+        "qwen-vl-train export --checkpoint runs/qwen_vl_tiny/ckpt --out runs/qwen_vl_tiny/export",
+    ): covered("apps/qwen-vl-train/tests/test_qwen_vl_train_e2e.py"),
+    (
+        QWEN,
+        "qwen-vl-train --config apps/qwen-vl-train/configs/qwen2_5_vl_7b_sft.yaml --dry-run --world-size 8",
+    ): RUN,
+}
+
+
+MAINS = {"wan22-train": "wan22_train.cli", "ltx2-train": "ltx2_train.cli", "qwen-vl-train": "qwen_vl_train.cli",
+         "mm-config": "mm_config.cli"}  # fmt: skip
+"""Console script -> the module whose ``main(argv)`` it runs (imported when a line needs it)."""
+
+
+def _main(program: str) -> Callable[[list[str]], int]:
+    return importlib.import_module(MAINS[program]).main
+
+
+def test_each_readme_line_has_one_entry_and_each_entry_its_line(readme):
+    lines = {(name, line) for name in (ROOT, WAN, LTX2, QWEN) for line in readme.lines(name)}
+    assert sorted(lines - COMMANDS.keys()) == [], "README lines with no entry in COMMANDS"
+    assert sorted(COMMANDS.keys() - lines) == [], "COMMANDS entries whose line is no longer in the README"
+
+
+@pytest.mark.parametrize(("name", "line"), [k for k, v in COMMANDS.items() if v.kind == "covered"])
+def test_a_covered_line_is_named_by_the_test_that_runs_it(name, line):
+    source = (REPO / COMMANDS[name, line].detail).read_text()
+    assert "readme.command(" in source, f"{COMMANDS[name, line].detail} takes no command from a README"
+    assert repr(line) in source or f'"{line}"' in source, (
+        f"{COMMANDS[name, line].detail} does not name {line!r}"
+    )
+
+
+def test_the_hatch_demo_script_is_the_wan_demo():
+    scripts = tomllib.loads((REPO / "hatch.toml").read_text())["envs"]["default"]["scripts"]
+    assert scripts["demo"] == ["sync", "wan22-train demo {args}"]
+
+
+@pytest.mark.parametrize(("name", "line"), [k for k, v in COMMANDS.items() if v.kind == "run"])
+def test_a_readme_line_runs(name, line, readme, monkeypatch, capsys, tmp_path):
+    how = COMMANDS[name, line]
+    paths = {old: REPO / new for old, new in how.paths}
+    argv = readme.command(name, line, paths=paths)
+    if argv[:2] == ["hatch", "run"]:
+        argv = argv[2:]  # hatch's environment is this one
+    monkeypatch.chdir(tmp_path if how.in_tmp else REPO)
+    try:
+        code = _main(argv[0])(argv[1:])
+    except SystemExit as exit_:  # --help
+        code = exit_.code
+    out = capsys.readouterr()
+    assert code in (0, None), out.err[-3000:]
+    assert out.out.strip(), f"{line} printed nothing"
