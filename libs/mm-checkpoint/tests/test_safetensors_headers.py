@@ -34,14 +34,20 @@ CASES = {
     "a first tensor not at offset 0": ({"a": {**F32_2, "data_offsets": [4, 12]}}, bytes(12)),
     "offsets given as strings": ({"a": {**F32_2, "data_offsets": ["0", "8"]}}, bytes(8)),
     "a shape given as strings": ({"a": {"dtype": "F32", "shape": ["2"], "data_offsets": [0, 8]}}, bytes(8)),
-    "a dtype that is not a string": ({"a": {"dtype": ["F32"], "shape": [2], "data_offsets": [0, 8]}}, bytes(8)),
+    "a dtype that is not a string": (
+        {"a": {"dtype": ["F32"], "shape": [2], "data_offsets": [0, 8]}},
+        bytes(8),
+    ),
     "an entry that is not an object": ({"a": [0, 8]}, bytes(8)),
     "metadata values that are not strings": (
         {"__metadata__": {"step": 3}, "a": {**F32_2, "data_offsets": [0, 8]}},
         bytes(8),
     ),
     "a header that is a JSON list": (b'[{"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}]', bytes(8)),
-    "a header that is not UTF-8": (b'{"\xff": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}', bytes(8)),
+    "a header that is not UTF-8": (
+        b'{"\xff": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}',
+        bytes(8),
+    ),
 }
 
 

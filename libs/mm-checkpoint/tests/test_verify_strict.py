@@ -24,7 +24,9 @@ def test_equal_values_in_another_dtype_are_different(dtype, tmp_path, capsys):
     a, b = _pair(tmp_path, values, values.to(dtype))
     assert main(["verify", a, b]) == 1
     out = capsys.readouterr().out
-    assert f"dtype mismatch (1): ['w (float32 vs {str(dtype)[6:]})']" in out and out.strip().endswith("DIFFERENT")
+    assert f"dtype mismatch (1): ['w (float32 vs {str(dtype)[6:]})']" in out and out.strip().endswith(
+        "DIFFERENT"
+    )
 
 
 def test_ignore_dtype_compares_the_values_only(tmp_path, capsys):

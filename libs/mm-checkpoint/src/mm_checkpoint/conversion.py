@@ -7,7 +7,6 @@ imports nothing from this module."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -19,10 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpointer import INFO_FILENAME, DistributedCheckpointer
+from .checkpointer import DistributedCheckpointer
 from .dcp_io import save_lazy_dcp
 from .errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError
 from .formats import resolve_load_format, sniff_format
+from .info_file import read_info
 from .key_map_registry import get_weight_transform
 from .key_maps import KeyPlan, apply_plan, planned_shape_dtype
 from .layout import iteration_dir_name, looks_like_dcp_checkpoint_dir, resolve_dcp_dir, write_tracker
@@ -179,9 +179,8 @@ def _recorded_source(cache: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, "the cache holds no complete conversion"
     try:
         dcp_dir, _ = resolve_dcp_dir(cache)
-        info = dcp_dir / INFO_FILENAME
-        recorded = json.loads(info.read_text()).get("source") if info.is_file() else None
-    except (CheckpointError, ValueError, AttributeError) as exc:
+        recorded = (read_info(dcp_dir) or {}).get("source")
+    except CheckpointError as exc:
         return None, f"the cache is unreadable ({exc})"
     return (recorded if isinstance(recorded, dict) else None), None
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -10,11 +9,11 @@ from typing import Any
 
 import torch
 
-from .checkpointer import INFO_FILENAME, SUBMODELS_INFO_KEY
 from .conversion import copy_side_files
 from .dcp_io import DcpReader
 from .errors import CheckpointFormatError, ContainerCheckpointError
 from .formats import DIFFUSERS_WEIGHTS_PREFIX, HF_WEIGHTS_PREFIX, normalize_format
+from .info_file import SUBMODELS_INFO_KEY, read_info
 from .key_map_registry import get_weight_transform, known_model_types
 from .key_maps import KeyPlan, apply_plan, planned_shape_dtype
 from .layout import resolve_dcp_dir
@@ -92,8 +91,7 @@ def export_checkpoint(
 
 def refuse_container(dcp_path: Path) -> None:
     """Raise :class:`ContainerCheckpointError` when the DCP iteration dir ``dcp_path`` records sub-models."""
-    info = dcp_path / INFO_FILENAME
-    recorded = json.loads(info.read_text()).get(SUBMODELS_INFO_KEY) if info.is_file() else None
+    recorded = (read_info(dcp_path) or {}).get(SUBMODELS_INFO_KEY)
     if recorded:
         raise ContainerCheckpointError(
             f"{dcp_path} is a training checkpoint of a model container with sub-models {recorded}: choose "

@@ -156,8 +156,10 @@ def read_header_bytes(file: str | os.PathLike) -> bytes:
         n = int.from_bytes(raw_len, "little") if len(raw_len) == 8 else -1
         raw = f.read(n) if 0 < n <= MAX_HEADER_BYTES else b""
     if not raw or len(raw) != n:
-        why = f"its header length {n} exceeds {MAX_HEADER_BYTES} bytes" if n > MAX_HEADER_BYTES else (
-            "shorter than its header length" if n > 0 else "no header length"
+        why = (
+            f"its header length {n} exceeds {MAX_HEADER_BYTES} bytes"
+            if n > MAX_HEADER_BYTES
+            else ("shorter than its header length" if n > 0 else "no header length")
         )
         raise CheckpointFormatError(f"{file} is not a valid safetensors file (bad header: {why})")
     return raw
@@ -170,11 +172,11 @@ def _header_json(file: Path, raw: bytes) -> dict:
     except (UnicodeDecodeError, ValueError):
         header = None
     if not isinstance(header, dict):
-        raise CheckpointFormatError(f"{file} is not a valid safetensors file (bad header: not a UTF-8 JSON object)")
+        raise CheckpointFormatError(
+            f"{file} is not a valid safetensors file (bad header: not a UTF-8 JSON object)"
+        )
     meta = header.get("__metadata__")
-    if meta is not None and not (
-        isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())
-    ):
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
         raise CheckpointFormatError(f"{file}: header __metadata__ must map strings to strings, got {meta!r}")
     return header
 
@@ -205,8 +207,10 @@ def _check_contiguous(file: Path, spans: list[tuple[int, int, str]]) -> int:
     start = 0
     for begin, end, key in sorted(spans):
         if begin != start or end < begin:
-            what = "overlaps the tensor before it" if begin < start else (
-                "leaves a gap before it" if begin > start else "ends before it begins"
+            what = (
+                "overlaps the tensor before it"
+                if begin < start
+                else ("leaves a gap before it" if begin > start else "ends before it begins")
             )
             raise CheckpointFormatError(
                 f"{file}: tensor {key!r} has data offsets [{begin}, {end}], which {what} (expected it to "
@@ -226,7 +230,9 @@ def _read_header(file: Path) -> dict[str, _Entry]:
             continue
         dtype, shape, begin, end = _entry_fields(file, key, meta)
         if dtype in PACKED_DTYPE_BITS and math.prod(shape) * PACKED_DTYPE_BITS[dtype] % 8:
-            raise CheckpointFormatError(f"{file}: tensor {key!r} ({dtype}, shape {list(shape)}) is not whole bytes")
+            raise CheckpointFormatError(
+                f"{file}: tensor {key!r} ({dtype}, shape {list(shape)}) is not whole bytes"
+            )
         nbytes = _stored_nbytes(dtype, shape)
         if nbytes is None:
             known = sorted([*SAFETENSORS_DTYPES, *PACKED_DTYPE_BITS])
