@@ -19,6 +19,7 @@ _EXPORTS: dict[str, str] = {
     "checkpoint_info": "checkpointer",
     "convert_to_dcp": "conversion",
     "ensure_dcp_cache": "conversion",
+    "cache_content_change": "conversion",
     "AmbiguousCheckpointError": "errors",
     "CheckpointError": "errors",
     "CheckpointFormatError": "errors",

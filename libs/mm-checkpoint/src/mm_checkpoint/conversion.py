@@ -22,15 +22,22 @@ from .checkpointer import DistributedCheckpointer
 from .dcp_io import save_lazy_dcp
 from .errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError
 from .formats import resolve_load_format, sniff_format
-from .info_file import read_info
+from .info_file import read_info, update_info
 from .key_map_registry import get_weight_transform
 from .key_maps import KeyPlan, apply_plan, planned_shape_dtype
 from .layout import iteration_dir_name, looks_like_dcp_checkpoint_dir, resolve_dcp_dir, write_tracker
 from .loader import LoadReport, load_dcp_weights_into, load_safetensors_into
 from .module_state import materialize_meta
 from .runtime import barrier, get_rank, on_rank0, progress
-from .safetensors_io import SafetensorsReader, TensorInfo
-from .source_identity import identity_change, source_identity
+from .safetensors_io import SafetensorsReader, TensorInfo, weight_files
+from .source_identity import (
+    IDENTITY_VERSION,
+    changed_names,
+    files_identity,
+    identity_change,
+    needs_refresh,
+    source_identity,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +97,8 @@ def ensure_dcp_cache(
 ) -> tuple[Path, str | None]:
     """Return ``(dcp_path, converted_from)``: ``path`` if it is DCP, else the (possibly new) cache.
 
-    A cache is reused only when the source identity it recorded (:mod:`.source_identity`: resolved
-    path, file names / sizes / times, safetensors header hash, key map) matches ``path`` now; otherwise
+    A cache is reused only when the source identity it recorded (:mod:`.source_identity`: a SHA-256 of
+    each weight file's bytes, key map) matches ``path`` now; otherwise
     (empty, partial, older, or of another or a changed source) it is rebuilt by loading ``path`` into
     ``model`` (strictly) and saving iteration 0, which replaces the old one atomically, with a log line
     saying why. A cache whose recorded source no longer exists is used with a warning.
@@ -169,8 +176,26 @@ def _cache_decision(
             f"weights source {path} does not exist (the conversion cache {cache} holds "
             f"{recorded.get('path') if recorded else 'no recorded source'})"
         )
-    current = source_identity(path, model_type)
-    return problem or identity_change(recorded, current), current
+    current = source_identity(path, model_type, recorded=recorded)
+    change = problem or identity_change(recorded, current)
+    if change is None and needs_refresh(recorded, current):  # same bytes, new times: hash once, not every run
+        update_info(resolve_dcp_dir(cache)[0], source=current)
+    return change, current
+
+
+def cache_content_change(path: str | os.PathLike, conversion_dir: str | os.PathLike) -> str | None:
+    """Why the conversion cache ``conversion_dir`` does not hold ``path``'s current content (its recorded
+    file hashes against the source's now), or None when it does. The key map is not checked (a caller
+    that knows the model type gets that from :func:`ensure_dcp_cache`); for staging a cache: a stale one
+    is converted again on the shared storage rather than copied to every node."""
+    recorded, problem = _recorded_source(Path(conversion_dir))
+    if problem or not recorded:
+        return problem or "it records no source identity"
+    if recorded.get("version") != IDENTITY_VERSION:
+        return "its record format is older"
+    current = files_identity(((f, f.name) for f in weight_files(Path(path).resolve())), recorded.get("files"))
+    changed = changed_names(recorded.get("files") or [], current)
+    return f"the content of the weight files changed ({', '.join(changed)})" if changed else None
 
 
 def _recorded_source(cache: Path) -> tuple[dict[str, Any] | None, str | None]:

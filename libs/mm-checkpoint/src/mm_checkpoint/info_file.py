@@ -8,6 +8,7 @@ and the field, never a raw ``JSONDecodeError`` / ``KeyError`` / ``TypeError`` fa
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -64,4 +65,13 @@ def read_info(dcp_dir: str | Path, *, required: tuple[str, ...] = ()) -> dict[st
     return info
 
 
-__all__ = ["FIELDS", "INFO_FILENAME", "SUBMODELS_INFO_KEY", "read_info"]
+def update_info(dcp_dir: str | Path, **fields: Any) -> None:
+    """Set ``fields`` in the ``mm_checkpoint.json`` of ``dcp_dir`` (atomically: written beside, renamed)."""
+    info = read_info(dcp_dir) or {}
+    path = Path(dcp_dir) / INFO_FILENAME
+    tmp = path.with_name(f".{INFO_FILENAME}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**info, **fields}, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+__all__ = ["FIELDS", "INFO_FILENAME", "SUBMODELS_INFO_KEY", "read_info", "update_info"]
