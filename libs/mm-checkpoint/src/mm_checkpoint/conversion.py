@@ -21,6 +21,7 @@ from torch import nn
 from .checkpointer import DistributedCheckpointer
 from .dcp_io import save_lazy_dcp
 from .errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError
+from .export_dir import export_into
 from .formats import resolve_load_format, sniff_format
 from .info_file import read_info, update_info
 from .key_map_registry import get_weight_transform
@@ -226,7 +227,15 @@ def convert_to_dcp(
     fmt = resolve_load_format(src, src_format)
     if fmt == "dcp":
         raise CheckpointFormatError(f"{src} is already a DCP checkpoint; nothing to convert")
-    dst = Path(dst)
+    with export_into(dst, sources=(src,)) as staging:
+        if get_rank() == 0:
+            _convert_to_dcp(src, staging, model_type=model_type, dtype=dtype)
+    return Path(dst) / iteration_dir_name(0)
+
+
+def _convert_to_dcp(
+    src: str | os.PathLike, dst: Path, *, model_type: str | None, dtype: torch.dtype | None
+) -> None:
     final = dst / iteration_dir_name(0)
     partial = final.with_name(final.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
@@ -251,7 +260,6 @@ def convert_to_dcp(
     write_tracker(dst, 0)
     if Path(src).is_dir():
         copy_side_files(src, dst)
-    return final
 
 
 def _planned_info(reader: SafetensorsReader, plan: KeyPlan, dtype: torch.dtype | None) -> TensorInfo:

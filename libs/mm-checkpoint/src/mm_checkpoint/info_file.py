@@ -18,6 +18,9 @@ from .errors import CheckpointFormatError
 INFO_FILENAME = "mm_checkpoint.json"
 SUBMODELS_INFO_KEY = "submodels"
 """Key of ``mm_checkpoint.json`` listing a container checkpoint's sub-models (``save(submodels=...)``)."""
+SOURCES_INFO_KEY = "sources"
+"""Key of ``mm_checkpoint.json`` mapping a training run's sub-models to the folder their weights came
+from (``save(info={"sources": ...})``): where an export finds the sub-model's ``config.json``."""
 
 
 def _count(minimum: int) -> Callable[[Any], bool]:
@@ -34,6 +37,12 @@ FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
         "a list of sub-model names",
     ),
     "source": (lambda v: isinstance(v, dict), "an object (a conversion's source identity)"),
+    SOURCES_INFO_KEY: (
+        lambda v: (
+            isinstance(v, dict) and all(isinstance(k, str) and isinstance(p, str) for k, p in v.items())
+        ),
+        "an object mapping sub-model names to folders",
+    ),
 }
 """The fields a save writes, each with its check and what it must be; other keys are kept as written."""
 
@@ -74,4 +83,4 @@ def update_info(dcp_dir: str | Path, **fields: Any) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["FIELDS", "INFO_FILENAME", "SUBMODELS_INFO_KEY", "read_info", "update_info"]
+__all__ = ["FIELDS", "INFO_FILENAME", "SOURCES_INFO_KEY", "SUBMODELS_INFO_KEY", "read_info", "update_info"]

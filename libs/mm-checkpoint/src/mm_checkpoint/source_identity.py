@@ -37,8 +37,11 @@ STAT_FIELDS = ("size", "mtime_ns", "ctime_ns", "inode")
 
 def sha256_file(path: str | os.PathLike) -> str:
     """SHA-256 (hex) of the bytes of ``path``, read in chunks."""
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _stat(path: Path) -> dict[str, int]:

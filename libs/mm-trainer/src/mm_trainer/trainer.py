@@ -50,7 +50,7 @@ from mm_trainer.preflight import preflight
 from mm_trainer.profiling import MemoryProfiler, StepProfiler
 from mm_trainer.regional_compile import check_compile
 from mm_trainer.rng import seed_everything
-from mm_trainer.run_config import RUN_CONFIG_NAME
+from mm_trainer.run_config import RUN_CONFIG_NAME, weight_sources
 from mm_trainer.run_dir import open_run_directory
 from mm_trainer.validation import Validator
 from mm_trainer.weight_staging import stage_model_weights
@@ -218,7 +218,8 @@ class Trainer:
     def save(self, iteration: int) -> None:
         """Save a checkpoint (atomic) and the resolved config beside it."""
         assert self.checkpointer is not None
-        self.checkpointer.save(self.state(), iteration, submodels=self.model.checkpoint_submodels)
+        sources = {"sources": weight_sources(self.config.model)}  # where an export finds config.json
+        self.checkpointer.save(self.state(), iteration, submodels=self.model.checkpoint_submodels, info=sources)
         if self.rank == 0:
             dump_config(self.config, Path(self.config.training.save) / RUN_CONFIG_NAME)
 
