@@ -176,6 +176,13 @@ class GlobalOrderSampler(Sampler[list[int]]):
         base = epoch * self.batches_per_epoch * self.global_batch_size
         return list(range(base + first, base + first + self.micro_batch_size))
 
+    def dataset_index(self, sample_id: int) -> int:
+        """The dataset index (row of the data) of global sample ``sample_id`` (:meth:`sample_ids_at`)."""
+        per_epoch = self.batches_per_epoch * self.global_batch_size
+        epoch, place = divmod(sample_id, per_epoch)
+        step, slot = divmod(place, self.global_batch_size)
+        return self.global_batches(epoch)[step][slot]
+
     def state_at(self, epoch: int, position: int) -> dict[str, Any]:
         """The state after handing out ``position`` micro-batches of ``epoch``."""
         steps, offset = divmod(position, self.accumulation_steps)

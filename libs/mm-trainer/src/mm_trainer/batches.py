@@ -97,6 +97,17 @@ class BatchStream:
             )
         return {**batch, "sample_ids": torch.tensor(ids, dtype=torch.long)}
 
+    def describe_samples(self, sample_ids: Sequence[int]) -> str:
+        """Global samples in words, with the data rows they are (``data.data_path``'s entries)."""
+        sampler = getattr(self.loader, "sampler", None)
+        if not callable(getattr(sampler, "dataset_index", None)):
+            return f"global sample ids {list(sample_ids)}"
+        rows = [sampler.dataset_index(i) for i in sample_ids]
+        source = getattr(getattr(self.loader, "dataset", None), "metadata_path", None)
+        return f"global sample ids {list(sample_ids)} = data rows {rows}" + (
+            f" of {source}" if source else ""
+        )
+
     def state_dict(self) -> dict[str, Any]:
         """The loader's position and the epoch's bad samples so far (a resume keeps counting them)."""
         return {"loader": self.loader.state_dict(), "bad_samples": sorted(self._bad)}
