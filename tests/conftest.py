@@ -385,7 +385,7 @@ def processes() -> SimpleNamespace:
     """Start, watch and signal the processes of a multi-rank mm-train (test files cannot import conftest)."""
     return SimpleNamespace(
         start=start_run, finish=finish, worker_pids=worker_pids, running=process_running,
-        wait_for_steps=wait_for_steps,
+        wait_for_steps=wait_for_steps, env=train_env,
     )  # fmt: skip
 
 
@@ -432,10 +432,12 @@ def _mm_train_with_toy_plugin(argv: list[str]) -> int:
 def mm_train_forked(main_forked):
     """``mm_train_forked(config, *overrides, nproc=1)``: mm-train's ``main`` on ``nproc`` forked gloo ranks
     (the command line's code path without a fresh interpreter per run); a failure on any rank raises
-    with its traceback. Returns the metrics records."""
+    with its traceback. Returns the metrics records (of the config file's ``training.log_dir``, else
+    ``<config dir>/ckpt``)."""
 
     def run(config: Path, *overrides: str, nproc: int = 1) -> list[dict]:
         main_forked(_mm_train_with_toy_plugin, ["--config", str(config), *overrides], nproc)
-        return read_metrics(config.parent / "ckpt")
+        log_dir = yaml.safe_load(config.read_text())["training"].get("log_dir")
+        return read_metrics(Path(log_dir) if log_dir else config.parent / "ckpt")
 
     return run
