@@ -101,7 +101,9 @@ def test_a_changed_lora_alpha_on_resume_is_refused_with_both_values(base, mm_tra
         mm_train_forked(resumed_copy(base, tmp_path), "model.models.predictor.lora.alpha=8.0")
 
 
-def test_an_lr_blow_up_leaves_the_tracker_at_the_last_finite_checkpoint(base, mm_train_forked, tmp_path, capfd):
+def test_an_lr_blow_up_leaves_the_tracker_at_the_last_finite_checkpoint(
+    base, mm_train_forked, tmp_path, capfd
+):
     config = resumed_copy(base, tmp_path)
     # step 5 still has a finite loss (the checkpoint's weights) and saves; its update makes the weights
     # ~1e30, so every later loss is inf: skipped, and never saved, until the run stops

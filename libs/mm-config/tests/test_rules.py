@@ -234,7 +234,9 @@ def test_resetting_the_data_position_is_valid_without_load_for_a_run_that_resume
 @pytest.mark.parametrize("key", ["training.lr", "training.weight_decay", "training.ema.decay"])
 def test_an_infinite_or_nan_number_is_refused(key, value, load_error, problem_at):
     section, *rest = key.split(".")
-    text = f"{section}:\n  " + (f"{rest[0]}:\n    {rest[1]}: {value}\n" if len(rest) == 2 else f"{rest[0]}: {value}\n")
+    text = f"{section}:\n  " + (
+        f"{rest[0]}:\n    {rest[1]}: {value}\n" if len(rest) == 2 else f"{rest[0]}: {value}\n"
+    )
     assert "expected a finite number" in problem_at(load_error(text), key)
 
 

@@ -33,13 +33,6 @@ from mm_trainer.plugins import import_plugins  # noqa: E402
 from mm_trainer.preflight import preflight  # noqa: E402
 from mm_trainer.recompute_policy import SAVED_OPS, selective_recompute_contexts  # noqa: E402
 from mm_trainer.regional_compile import check_compile  # noqa: E402
-from mm_trainer.resume_settings import (  # noqa: E402
-    ResumeSettingsError,
-    check_resume,
-    compare_settings,
-    keep_configured_hyperparameters,
-    refuse_dropped_tensors,
-)
 from mm_trainer.registry import (  # noqa: E402
     DATA_REGISTRY,
     MODEL_REGISTRY,
@@ -47,6 +40,13 @@ from mm_trainer.registry import (  # noqa: E402
     RegistryError,
     data_register,
     model_register,
+)
+from mm_trainer.resume_settings import (  # noqa: E402
+    ResumeSettingsError,
+    check_resume,
+    compare_settings,
+    keep_configured_hyperparameters,
+    refuse_dropped_tensors,
 )
 from mm_trainer.run_config import (  # noqa: E402
     load_offline_config,
