@@ -127,19 +127,12 @@ def test_a_run_root_exports_the_config_json_of_the_sub_models_recorded_source(tm
 
 
 def test_a_peft_lora_export_replaces_its_folder_and_refuses_a_foreign_one(tmp_path):
-    params = {
-        "predictor.q.lora_A.default.weight": torch.ones(2, 6),
-        "predictor.q.lora_B.default.weight": torch.ones(5, 2),
-    }
+    q = nn.Module()  # peft's layout: predictor.q.lora_A.default.weight (A: 2 x 6), lora_B (B: 5 x 2)
+    q.lora_A = nn.ModuleDict({"default": nn.Linear(6, 2, bias=False)})
+    q.lora_B = nn.ModuleDict({"default": nn.Linear(2, 5, bias=False)})
     root = nn.Module()
-    for name, value in params.items():
-        *path, leaf = name.split(".")
-        node = root
-        for part in path:
-            if not hasattr(node, part):
-                node.add_module(part, nn.Module())
-            node = getattr(node, part)
-        node.register_parameter(leaf, nn.Parameter(value))
+    root.predictor = nn.Module()
+    root.predictor.q = q
     DistributedCheckpointer(tmp_path / "ckpt").save({"model": root}, 1)
     out = tmp_path / "lora"
     export_lora(tmp_path / "ckpt", out, "peft", alpha=2.0, submodule="predictor")
