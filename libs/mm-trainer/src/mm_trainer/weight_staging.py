@@ -55,6 +55,8 @@ def _stale_cache(source: str, cache: str) -> str | None:
     """Why the conversion cache ``cache`` may not be staged for ``source`` (None: it may)."""
     if not looks_like_dcp_checkpoint_dir(cache):
         return "not complete yet"
+    if not os.path.exists(source):  # the load uses the cache of a deleted source, with a warning
+        return None
     change = cache_content_change(source, cache)
     return f"out of date ({change})" if change else None
 
