@@ -1,6 +1,8 @@
 """Two simulated nodes (two torchrun agents on one host, one worker each): when one node's agent is
 SIGKILLed, its worker stops at an agreed step, saves and exits EXIT_INCOMPLETE, and the other node's
 agent ends non-zero too, within 120 s, instead of reporting success (a scheduler must see "not finished").
+Node 0's agent hosts the rendezvous store (``is_host``), as the first node of a job usually does; the
+agent killed is node 1's.
 
 The killed agent's worker is orphaned; this test process makes itself its child subreaper (Linux
 ``PR_SET_CHILD_SUBREAPER``) to collect that worker's exit code.
@@ -61,7 +63,8 @@ def start_agents(config, command_env) -> list[subprocess.Popen]:
         command = [
             sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-agents",
-            "--max-restarts", "0", "-m", "mm_trainer", "--config", str(config),
+            "--max-restarts", "0", "--rdzv-conf", f"is_host={node == 0}",  # node 0 holds the store
+            "-m", "mm_trainer", "--config", str(config),
         ]  # fmt: skip
         with open(config.parent / f"node{node}.log", "w") as log:
             agents.append(subprocess.Popen(command, env=command_env, stdout=log, stderr=subprocess.STDOUT))
