@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from mm_checkpoint.info_file import read_info
 
 pytestmark = pytest.mark.slow
 
@@ -143,6 +142,8 @@ def test_a_negative_consumed_samples_in_a_rank_state_is_refused_naming_the_file(
 
 
 def test_a_checkpoint_records_where_each_sub_models_weights_came_from(base):
+    from mm_checkpoint.info_file import read_info
+
     info = read_info(base.parent / "ckpt" / "iter_0000004")
     config = yaml.safe_load(base.read_text())["model"]["models"]
     assert info["sources"] == {

@@ -36,11 +36,11 @@ def test_ignore_dtype_compares_the_values_only(tmp_path, capsys):
     assert capsys.readouterr().out.strip().endswith("SAME")
 
 
-@pytest.mark.parametrize("atol", ["-1", "nan", "-inf", "x"])
+@pytest.mark.parametrize("atol", ["-1", "-1e-9", "nan", "-inf", "x"])
 def test_a_negative_nan_or_non_numeric_atol_is_refused_with_exit_2(atol, tmp_path, capsys):
     a, b = _pair(tmp_path, torch.zeros(2), torch.zeros(2))
     with pytest.raises(SystemExit) as exit_info:
-        main(["verify", a, b, "--atol", atol])
+        main(["verify", a, b, f"--atol={atol}"])
     assert exit_info.value.code == 2
     assert "argument --atol: expected" in capsys.readouterr().err
 
