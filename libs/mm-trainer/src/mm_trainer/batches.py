@@ -144,7 +144,12 @@ class BatchStream:
 def _split_state(state: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
     """(loader state, bad samples) of a :meth:`BatchStream.state_dict` or of a bare loader state."""
     if set(state) == {"loader", "bad_samples"}:
-        return state["loader"], list(state["bad_samples"])
+        bad = state["bad_samples"]
+        if not isinstance(bad, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in bad
+        ):
+            raise ValueError(f"bad_samples={bad!r}; expected a list of sample indices (integers >= 0)")
+        return state["loader"], list(bad)
     return state, []
 
 
