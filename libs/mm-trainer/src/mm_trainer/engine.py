@@ -166,7 +166,7 @@ class TrainEngine:
                 self.ema.update()
             self.nonfinite.finite_step()
         else:  # every rank agrees (reduced loss, global norm): the gather below is collective
-            samples = self.batches_description(self._gather_sample_ids(step_ids))
+            samples = self._describe_samples(self._gather_sample_ids(step_ids))
             self.nonfinite.skip(step + 1, loss, float(grad_norm), samples)
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
@@ -198,7 +198,7 @@ class TrainEngine:
         return torch.cat(parts).tolist()
 
     # ------------------------------------------------------------- helpers
-    def batches_description(self, sample_ids: list[int]) -> str:
+    def _describe_samples(self, sample_ids: list[int]) -> str:
         """The samples of a step in words: their global indices, and where the batch stream can tell,
         which rows of the data they are (``describe_samples``)."""
         describe = getattr(self.batches, "describe_samples", None)
