@@ -100,23 +100,31 @@ def _save_hf_dir(module: torch.nn.Module, out: Path, config: dict) -> Path:
     return out
 
 
-@pytest.fixture
-def toy_encoder_dir(tmp_path: Path) -> Path:
-    """A frozen encoder checkpoint in HF safetensors layout (config.json + model.safetensors)."""
+def _toy_encoder(root: Path) -> Path:
     torch.manual_seed(123)
     encoder = _toy_module("ToyEncoder", in_dim=8, cond_dim=16)
     with torch.no_grad():
         for p in encoder.parameters():
             p.add_(torch.randn_like(p))  # LayerNorm weights are not the default 1/0
-    return _save_hf_dir(encoder, tmp_path / "encoder", {"in_dim": 8, "cond_dim": 16})
+    return _save_hf_dir(encoder, root / "encoder", {"in_dim": 8, "cond_dim": 16})
+
+
+def _toy_predictor(root: Path) -> Path:
+    torch.manual_seed(321)
+    config = {"dim": 8, "hidden": 32, "cond_dim": 16, "num_blocks": 3}
+    return _save_hf_dir(_toy_module("ToyPredictor", **config), root / "predictor", config)
+
+
+@pytest.fixture
+def toy_encoder_dir(tmp_path: Path) -> Path:
+    """A frozen encoder checkpoint in HF safetensors layout (config.json + model.safetensors)."""
+    return _toy_encoder(tmp_path)
 
 
 @pytest.fixture
 def toy_predictor_dir(tmp_path: Path) -> Path:
     """Initial predictor weights, so that runs at different world sizes start from the same point."""
-    torch.manual_seed(321)
-    config = {"dim": 8, "hidden": 32, "cond_dim": 16, "num_blocks": 3}
-    return _save_hf_dir(_toy_module("ToyPredictor", **config), tmp_path / "predictor", config)
+    return _toy_predictor(tmp_path)
 
 
 def write_config(path: Path, cfg: dict) -> Path:
@@ -163,17 +171,28 @@ def read_metrics(log_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture
-def toy_yaml(tmp_path: Path, toy_encoder_dir: Path, toy_predictor_dir: Path):
-    """Factory: ``toy_yaml(name, **sections) -> Path`` of a written toy config."""
-
+def _toy_yaml_factory(root: Path, encoder_dir: Path, predictor_dir: Path):
     def make(name: str = "run", **sections: dict) -> Path:
-        run_dir = tmp_path / name
+        run_dir = root / name
         run_dir.mkdir(exist_ok=True)
-        cfg = toy_config(run_dir, encoder_dir=toy_encoder_dir, predictor_dir=toy_predictor_dir, **sections)
+        cfg = toy_config(run_dir, encoder_dir=encoder_dir, predictor_dir=predictor_dir, **sections)
         return write_config(run_dir / "config.yaml", cfg)
 
     return make
+
+
+@pytest.fixture
+def toy_yaml(tmp_path: Path, toy_encoder_dir: Path, toy_predictor_dir: Path):
+    """Factory: ``toy_yaml(name, **sections) -> Path`` of a written toy config."""
+    return _toy_yaml_factory(tmp_path, toy_encoder_dir, toy_predictor_dir)
+
+
+@pytest.fixture(scope="module")
+def module_toy_yaml(tmp_path_factory: pytest.TempPathFactory):
+    """``toy_yaml`` for a whole test module, for runs that several of its tests share (e.g. one
+    checkpoint that each test resumes in a copy of its own)."""
+    root = tmp_path_factory.mktemp("toy")
+    return _toy_yaml_factory(root, _toy_encoder(root), _toy_predictor(root))
 
 
 @pytest.fixture
@@ -366,7 +385,7 @@ def processes() -> SimpleNamespace:
     """Start, watch and signal the processes of a multi-rank mm-train (test files cannot import conftest)."""
     return SimpleNamespace(
         start=start_run, finish=finish, worker_pids=worker_pids, running=process_running,
-        wait_for_steps=wait_for_steps,
+        wait_for_steps=wait_for_steps, env=train_env,
     )  # fmt: skip
 
 
@@ -409,14 +428,16 @@ def _mm_train_with_toy_plugin(argv: list[str]) -> int:
     return main(argv)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def mm_train_forked(main_forked):
     """``mm_train_forked(config, *overrides, nproc=1)``: mm-train's ``main`` on ``nproc`` forked gloo ranks
     (the command line's code path without a fresh interpreter per run); a failure on any rank raises
-    with its traceback. Returns the metrics records."""
+    with its traceback. Returns the metrics records (of the config file's ``training.log_dir``, else
+    ``<config dir>/ckpt``)."""
 
     def run(config: Path, *overrides: str, nproc: int = 1) -> list[dict]:
         main_forked(_mm_train_with_toy_plugin, ["--config", str(config), *overrides], nproc)
-        return read_metrics(config.parent / "ckpt")
+        log_dir = yaml.safe_load(config.read_text())["training"].get("log_dir")
+        return read_metrics(Path(log_dir) if log_dir else config.parent / "ckpt")
 
     return run

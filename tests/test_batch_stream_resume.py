@@ -93,3 +93,12 @@ def test_ranks_that_saved_different_positions_are_an_inconsistent_data_state():
         ValueError, match="inconsistent data state: dp rank 0 saved position .* dp rank 1 saved"
     ):
         stream().load_rank_states([ahead.state_dict(), behind.state_dict()], dp_rank=0, dp_size=1)
+
+
+@pytest.mark.parametrize("bad", [[-1], ["103"], 103])
+def test_saved_bad_samples_that_are_not_sample_indices_are_refused(bad):
+    first = stream()
+    run(first, 4)
+    state = {**first.state_dict(), "bad_samples": bad}
+    with pytest.raises(ValueError, match="expected a list of sample indices"):
+        stream().load_state_dict(state)

@@ -57,3 +57,20 @@ def test_a_save_dir_in_use_by_a_live_run_is_refused_on_every_rank(distributed, t
         holder.wait()
     for message in messages:
         assert message.startswith("RunLockedError") and f"pid {holder.pid} on host" in message, message
+
+
+@pytest.mark.slow
+def test_a_second_run_sharing_a_log_dir_never_truncates_the_first_runs_metrics(toy_yaml, mm_train_forked):
+    logs = toy_yaml().parent / "logs"  # one log dir, two runs with save dirs of their own
+    first, second = (toy_yaml(name, training={"train_iters": 3, "log_dir": str(logs)}) for name in ("a", "b"))
+    mm_train_forked(first)
+    written = (logs / "metrics.jsonl").read_bytes()
+    with pytest.raises(
+        AssertionError, match="RunDirectoryError: training.log_dir .* holds the metrics of the run saving to"
+    ):
+        mm_train_forked(second)
+    assert (logs / "metrics.jsonl").read_bytes() == written
+    mm_train_forked(second, "training.resume=never", "training.train_iters=1")
+    (moved,) = logs.parent.glob("logs.previous-*")
+    assert (moved / "metrics.jsonl").read_bytes() == written  # moved aside whole, byte for byte
+    assert [json.loads(line)["step"] for line in (logs / "metrics.jsonl").read_text().splitlines()] == [1]

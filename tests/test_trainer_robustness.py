@@ -16,11 +16,27 @@ def test_a_nan_step_is_skipped_and_counted_and_training_goes_on(toy_yaml, mm_tra
     config = toy_yaml(
         training={"train_iters": 6, "save_interval": 100}, model={"pipeline": {"nan_calls": [3]}}
     )
-    mm_train(config)
+    proc = mm_train(config)
     records = metrics_of(config.parent / "ckpt")
     assert [r["skipped"] for r in records] == [False, False, True, False, False, False]
+    # the skipped step names its samples: global ids, and which rows of the data they are
+    skipped = (
+        "step 3: non-finite loss nan / grad norm nan: step skipped (1 in a row, 1 in all); its samples: "
+    )
+    assert skipped + "global sample ids [8, 9, 10, 11] = data rows [" in proc.stderr
     assert records[-1]["skipped_total"] == 1
     assert all(r["loss"] == r["loss"] for i, r in enumerate(records) if i != 2)  # finite elsewhere
+
+
+def test_max_skipped_stops_the_run_naming_the_skipped_steps_samples(toy_yaml, mm_train_forked):
+    config = toy_yaml(
+        training={"train_iters": 6, "save_interval": 100, "nonfinite": {"max_skipped": 1}},
+        model={"pipeline": {"nan_calls": [2, 4]}},  # never two in a row: max_consecutive (5) is not reached
+    )
+    with pytest.raises(AssertionError, match=r"NonFiniteLossError: step 4: .*max_skipped=1\). Skipped steps: "
+                       r"step 2: global sample ids \[4, 5, 6, 7\] = data rows \[.*\]; step 4: global sample ids "
+                       r"\[12, 13, 14, 15\]"):  # fmt: skip
+        mm_train_forked(config)
 
 
 def test_nonfinite_action_stop_ends_the_run_with_a_clear_message(toy_yaml, mm_train_result):

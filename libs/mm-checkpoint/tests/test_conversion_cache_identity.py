@@ -52,7 +52,7 @@ def test_another_source_is_reconverted_with_the_reason_logged(tmp_path: Path, ca
         model, converted_from = _load(nan_source, cache)
     assert converted_from == str(nan_source)
     assert torch.isnan(model.weight).all()  # the old cache would have given ones: stale weights
-    assert f"the source path changed ({tmp_path / 'a'} -> {nan_source})" in caplog.text
+    assert "the content of the weight files changed (model.safetensors)" in caplog.text
 
 
 def test_a_source_rewritten_in_place_is_reconverted(tmp_path: Path, caplog) -> None:
@@ -67,6 +67,54 @@ def test_a_source_rewritten_in_place_is_reconverted(tmp_path: Path, caplog) -> N
     assert "the weight files changed" in caplog.text
 
 
+def _rewrite_keeping_size_and_mtime(file: Path, tensors: dict, how: str) -> None:
+    """New values, same size; the modification time put back (as a normalised-time archive has it)."""
+    stamp = file.stat()
+    if how == "replaced":  # written beside and renamed over it: a new inode
+        save_file(tensors, str(file.with_suffix(".tmp")))
+        os.replace(file.with_suffix(".tmp"), file)
+    else:  # the same inode, bytes overwritten
+        save_file(tensors, str(file.with_suffix(".tmp")))
+        data = file.with_suffix(".tmp").read_bytes()
+        file.with_suffix(".tmp").unlink()
+        with open(file, "r+b") as f:
+            f.write(data)
+    os.utime(file, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert (file.stat().st_size, file.stat().st_mtime_ns) == (stamp.st_size, stamp.st_mtime_ns)
+
+
+@pytest.mark.parametrize("how", ["replaced", "in place"])
+def test_a_same_size_same_mtime_rewrite_is_reconverted(how: str, tmp_path: Path, caplog) -> None:
+    source, cache = _source(tmp_path / "a", 1.0), tmp_path / "cache"
+    _load(source, cache)
+    _rewrite_keeping_size_and_mtime(
+        source / "model.safetensors", {"weight": torch.full((4, 4), 2.0), "bias": torch.full((4,), 2.0)}, how
+    )
+    with caplog.at_level(logging.WARNING, logger="mm_checkpoint.conversion"):
+        model, converted_from = _load(source, cache)
+    assert converted_from == str(source) and torch.equal(model.weight, torch.full((4, 4), 2.0))
+    assert "the content of the weight files changed (model.safetensors)" in caplog.text
+
+
+def test_the_same_bytes_touched_or_moved_reuse_the_cache_and_are_hashed_once(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from mm_checkpoint import source_identity as identity
+
+    hashed: list[str] = []
+    sha256_file = identity.sha256_file
+    monkeypatch.setattr(
+        identity, "sha256_file", lambda path: hashed.append(Path(path).name) or sha256_file(path)
+    )
+    source, cache = _source(tmp_path / "a", 1.0), tmp_path / "cache"
+    _load(source, cache)
+    moved = source.rename(tmp_path / "moved")
+    os.utime(moved / "model.safetensors", ns=(1, 1))
+    assert _load(moved, cache)[1] is None  # same content: no conversion
+    assert _load(moved, cache)[1] is None
+    assert hashed == ["model.safetensors", "model.safetensors"]  # at the conversion, then once after the move
+
+
 def test_a_source_with_other_tensors_is_reconverted(tmp_path: Path, caplog) -> None:
     source, cache = _source(tmp_path / "a", 1.0), tmp_path / "cache"
     _load(source, cache)
@@ -78,7 +126,10 @@ def test_a_source_with_other_tensors_is_reconverted(tmp_path: Path, caplog) -> N
     finally:
         KEY_MAP_REGISTRY.pop("strip_model")
     assert converted_from == str(source) and torch.equal(model.bias, torch.full((4,), 3.0))
-    for reason in ("safetensors headers changed", "model type (key map) changed (None -> strip_model)"):
+    for reason in (
+        "content of the weight files changed",
+        "model type (key map) changed (None -> strip_model)",
+    ):
         assert reason in caplog.text
 
 

@@ -27,6 +27,34 @@ def test_a_copy_holds_every_file_and_is_reused_until_the_source_changes(tmp_path
     assert (again.path / "sub" / "weights.bin").read_bytes() == b"\x02" * 65
 
 
+@pytest.mark.parametrize("how", ["replaced", "in place"])
+def test_a_same_size_same_mtime_rewrite_is_staged_again(how, tmp_path):
+    source = write_source(tmp_path / "model")
+    weights = source / "sub" / "weights.bin"
+    first = stage_on_node(source, tmp_path / "local")
+    stamp = weights.stat()
+    if how == "replaced":  # a new inode
+        (source / "sub" / "new.tmp").write_bytes(b"\x02" * 64)
+        os.replace(source / "sub" / "new.tmp", weights)
+    else:
+        with open(weights, "r+b") as f:
+            f.write(b"\x02" * 64)
+    os.utime(weights, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    again = stage_on_node(source, tmp_path / "local")
+    assert (
+        again.copied
+        and (again.path / "sub" / "weights.bin").read_bytes() == b"\x02" * 64 == weights.read_bytes()
+    )
+    assert first.path == again.path
+
+
+def test_the_same_bytes_touched_are_not_copied_again(tmp_path):
+    source = write_source(tmp_path / "model")
+    stage_on_node(source, tmp_path / "local")
+    os.utime(source / "sub" / "weights.bin", ns=(10**9, 10**9))
+    assert not stage_on_node(source, tmp_path / "local").copied
+
+
 def test_a_single_file_is_staged_as_a_file(tmp_path):
     source = tmp_path / "model.safetensors"
     source.write_bytes(b"abc")

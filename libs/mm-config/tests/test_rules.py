@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 # --- parallel ---------------------------------------------------------------------------------
 
 
@@ -222,9 +224,20 @@ def test_a_global_batch_that_data_parallel_micro_batches_do_not_divide_cannot_de
     )
 
 
-def test_resetting_the_data_position_without_resuming_is_refused(load_error, problem_at):
-    err = load_error({"training": {"reset_data_position": True}})
-    assert "only acts when resuming" in problem_at(err, "training.reset_data_position")
+def test_resetting_the_data_position_is_valid_without_load_for_a_run_that_resumes_in_place(load):
+    # whether there is a checkpoint to resume (in training.save) is known only at start: the trainer refuses
+    # it there when there is none (libs/mm-trainer/tests/test_resume_settings.py)
+    assert load({"training": {"reset_data_position": True, "save": "runs/x"}}).training.reset_data_position
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan"])
+@pytest.mark.parametrize("key", ["training.lr", "training.weight_decay", "training.ema.decay"])
+def test_an_infinite_or_nan_number_is_refused(key, value, load_error, problem_at):
+    section, *rest = key.split(".")
+    text = f"{section}:\n  " + (
+        f"{rest[0]}:\n    {rest[1]}: {value}\n" if len(rest) == 2 else f"{rest[0]}: {value}\n"
+    )
+    assert "expected a finite number" in problem_at(load_error(text), key)
 
 
 def test_a_frozen_sub_model_cannot_be_trainable(load_error, problem_at, container):

@@ -1,4 +1,5 @@
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -139,6 +140,23 @@ def test_state_of_another_seed_is_rejected():
     other = GlobalOrderSampler(N, global_batch_size=GBS, dp_rank=0, dp_size=1, seed=SEED + 1, buckets=BUCKETS)
     with pytest.raises(ValueError, match="seed=7 but this sampler has 8"):
         other.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("consumed_samples", -8, "consumed_samples=-8; expected an integer in [0, 40]"),
+        ("consumed_samples", 48, "consumed_samples=48; expected an integer in [0, 40]"),
+        ("consumed_samples", 8.0, "consumed_samples=8.0; expected an integer"),
+        ("epoch", -1, "epoch=-1; expected an integer >= 0"),
+        ("micro_offset", -1, "micro_offset=-1; expected an integer >= 0"),
+        ("micro_offset", 4, "micro_offset=4; a step of this sampler has 4 micro-batches"),
+    ],
+)
+def test_a_position_the_sampler_cannot_be_at_is_refused(key, value, expected):
+    state = {**samplers(1, 2)[0].state_dict(), key: value}
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        samplers(1, 2)[0].load_state_dict(state)
 
 
 def test_epochs_differ_and_iteration_advances_the_epoch():

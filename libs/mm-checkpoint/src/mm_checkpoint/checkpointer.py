@@ -30,6 +30,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from .errors import CheckpointError, CheckpointLoadError, CheckpointNotFoundError
+from .info_file import INFO_FILENAME, SUBMODELS_INFO_KEY, read_info
 from .layout import (
     RELEASE_ITERATION,
     iteration_dir_name,
@@ -46,9 +47,6 @@ DCP_KEYS = ("model", "optimizer", "lr_scheduler", "ema")
 """State entries stored through DCP (resharded on load); every other entry is per data-parallel rank.
 ``ema`` is an object whose ``state_dict()`` maps model keys to tensors or DTensors (the EMA of the
 trainable parameters: sharded like them, so resharded like them)."""
-INFO_FILENAME = "mm_checkpoint.json"
-SUBMODELS_INFO_KEY = "submodels"
-"""Key of ``mm_checkpoint.json`` listing a container checkpoint's sub-models (``save(submodels=...)``)."""
 RANK_STATE_DIR = "rank_state"
 
 
@@ -147,12 +145,12 @@ def checkpoint_info(root: str | os.PathLike, iteration: int | None = None) -> di
     """What a save recorded about itself (``iteration``, ``world_size``, ``dp_size``, ``time``);
     ``iteration`` defaults to the tracker's (or the single valid one)."""
     path, _ = resolve_dcp_dir(root, iteration)
-    info = path / INFO_FILENAME
-    if not info.is_file():
+    info = read_info(path)
+    if info is None:
         raise CheckpointNotFoundError(
             f"{path} has no {INFO_FILENAME}: not written by DistributedCheckpointer"
         )
-    return json.loads(info.read_text())
+    return info
 
 
 class DistributedCheckpointer:
@@ -320,13 +318,13 @@ class DistributedCheckpointer:
         wanted = [k for k, v in state.items() if k not in DCP_KEYS and v is not None]
         if not wanted:
             return
-        info = path / INFO_FILENAME
-        if not info.is_file():
+        info = read_info(path, required=("dp_size",))
+        if info is None:
             raise CheckpointLoadError(
                 f"{path} has no {INFO_FILENAME}: the data-parallel size its per-rank state {wanted} was saved at "
                 "is unknown"
             )
-        saved_dp = int(json.loads(info.read_text())["dp_size"])
+        saved_dp = info["dp_size"]
         same_layout = saved_dp == self.dp_size
         ranks = [self.dp_rank] if same_layout else list(range(saved_dp))
         files = [path / RANK_STATE_DIR / _rank_state_name(r) for r in ranks]

@@ -52,8 +52,30 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("a")
     v.add_argument("b")
     v.add_argument("--model-type", default=None)
-    v.add_argument("--atol", type=float, default=0.0)
+    v.add_argument(
+        "--atol",
+        type=_tolerance,
+        default=0.0,
+        help="largest absolute difference of finite values still SAME (>= 0; inf: any finite difference); "
+        "NaN / infinity positions must match at any tolerance",
+    )
+    v.add_argument(
+        "--ignore-dtype",
+        action="store_true",
+        help="compare values only: equal values stored in different dtypes (fp32 vs bf16) are SAME",
+    )
     return p
+
+
+def _tolerance(text: str) -> float:
+    """``--atol``: a float >= 0 (``inf`` allowed, NaN and negatives refused; argparse exits 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a tolerance >= 0 (inf allowed), got {text!r}")
+    return value
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -111,10 +133,12 @@ def _verify(args: argparse.Namespace) -> int:
         ("only in B", r.only_in_b),
         ("shape mismatch", r.shape_mismatch),
         ("NaN in one only", r.nan_mismatch),
+        ("infinity differs", r.inf_mismatch),
+        ("dtype mismatch" + (" (ignored: --ignore-dtype)" if args.ignore_dtype else ""), r.dtype_mismatch),
     ):
         if keys:
             print(f"{label} ({len(keys)}): {keys[:10]}")
-    same = r.same(args.atol)
+    same = r.same(args.atol, ignore_dtype=args.ignore_dtype)
     print("SAME" if same else "DIFFERENT")
     return 0 if same else 1
 

@@ -7,7 +7,6 @@ imports nothing from this module."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -19,10 +18,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpointer import INFO_FILENAME, DistributedCheckpointer
+from .checkpointer import DistributedCheckpointer
 from .dcp_io import save_lazy_dcp
 from .errors import CheckpointError, CheckpointFormatError, CheckpointNotFoundError
+from .export_dir import export_into
 from .formats import resolve_load_format, sniff_format
+from .info_file import read_info, update_info
 from .key_map_registry import get_weight_transform
 from .key_maps import KeyPlan, apply_plan, planned_shape_dtype
 from .layout import iteration_dir_name, looks_like_dcp_checkpoint_dir, resolve_dcp_dir, write_tracker
@@ -30,7 +31,15 @@ from .loader import LoadReport, load_dcp_weights_into, load_safetensors_into
 from .module_state import materialize_meta
 from .runtime import barrier, get_rank, on_rank0, progress
 from .safetensors_io import TensorInfo
-from .source_identity import identity_change, source_identity
+from .source_identity import (
+    IDENTITY_VERSION,
+    changed_names,
+    files_identity,
+    identity_change,
+    needs_refresh,
+    source_files,
+    source_identity,
+)
 from .weight_readers import WeightsReader, open_weights
 
 logger = logging.getLogger(__name__)
@@ -91,8 +100,8 @@ def ensure_dcp_cache(
 ) -> tuple[Path, str | None]:
     """Return ``(dcp_path, converted_from)``: ``path`` if it is DCP, else the (possibly new) cache.
 
-    A cache is reused only when the source identity it recorded (:mod:`.source_identity`: resolved
-    path, file names / sizes / times, safetensors header hash, key map) matches ``path`` now; otherwise
+    A cache is reused only when the source identity it recorded (:mod:`.source_identity`: a SHA-256 of
+    each weight file's bytes, key map) matches ``path`` now; otherwise
     (empty, partial, older, or of another or a changed source) it is rebuilt by loading ``path`` into
     ``model`` (strictly) and saving iteration 0, which replaces the old one atomically, with a log line
     saying why. A cache whose recorded source no longer exists is used with a warning.
@@ -170,8 +179,26 @@ def _cache_decision(
             f"weights source {path} does not exist (the conversion cache {cache} holds "
             f"{recorded.get('path') if recorded else 'no recorded source'})"
         )
-    current = source_identity(path, model_type)
-    return problem or identity_change(recorded, current), current
+    current = source_identity(path, model_type, recorded=recorded)
+    change = problem or identity_change(recorded, current)
+    if change is None and needs_refresh(recorded, current):  # same bytes, new times: hash once, not every run
+        update_info(resolve_dcp_dir(cache)[0], source=current)
+    return change, current
+
+
+def cache_content_change(path: str | os.PathLike, conversion_dir: str | os.PathLike) -> str | None:
+    """Why the conversion cache ``conversion_dir`` does not hold ``path``'s current content (its recorded
+    file hashes against the source's now), or None when it does. The key map is not checked (a caller
+    that knows the model type gets that from :func:`ensure_dcp_cache`); for staging a cache: a stale one
+    is converted again on the shared storage rather than copied to every node."""
+    recorded, problem = _recorded_source(Path(conversion_dir))
+    if problem or not recorded:
+        return problem or "it records no source identity"
+    if recorded.get("version") != IDENTITY_VERSION:
+        return "its record format is older"
+    current = files_identity(((f, f.name) for f in source_files(Path(path).resolve())), recorded.get("files"))
+    changed = changed_names(recorded.get("files") or [], current)
+    return f"the content of the weight files changed ({', '.join(changed)})" if changed else None
 
 
 def _recorded_source(cache: Path) -> tuple[dict[str, Any] | None, str | None]:
@@ -180,9 +207,8 @@ def _recorded_source(cache: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, "the cache holds no complete conversion"
     try:
         dcp_dir, _ = resolve_dcp_dir(cache)
-        info = dcp_dir / INFO_FILENAME
-        recorded = json.loads(info.read_text()).get("source") if info.is_file() else None
-    except (CheckpointError, ValueError, AttributeError) as exc:
+        recorded = (read_info(dcp_dir) or {}).get("source")
+    except CheckpointError as exc:
         return None, f"the cache is unreadable ({exc})"
     return (recorded if isinstance(recorded, dict) else None), None
 
@@ -203,7 +229,15 @@ def convert_to_dcp(
     fmt = resolve_load_format(src, src_format)
     if fmt == "dcp":
         raise CheckpointFormatError(f"{src} is already a DCP checkpoint; nothing to convert")
-    dst = Path(dst)
+    with export_into(dst, sources=(src,)) as staging:
+        if get_rank() == 0:
+            _convert_to_dcp(src, staging, model_type=model_type, dtype=dtype)
+    return Path(dst) / iteration_dir_name(0)
+
+
+def _convert_to_dcp(
+    src: str | os.PathLike, dst: Path, *, model_type: str | None, dtype: torch.dtype | None
+) -> None:
     final = dst / iteration_dir_name(0)
     partial = final.with_name(final.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
@@ -228,7 +262,6 @@ def convert_to_dcp(
     write_tracker(dst, 0)
     if Path(src).is_dir():
         copy_side_files(src, dst)
-    return final
 
 
 def _planned_info(reader: WeightsReader, plan: KeyPlan, dtype: torch.dtype | None) -> TensorInfo:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -10,15 +9,16 @@ from typing import Any
 
 import torch
 
-from .checkpointer import INFO_FILENAME, SUBMODELS_INFO_KEY
 from .conversion import copy_side_files
 from .dcp_io import DcpReader
 from .errors import CheckpointFormatError, ContainerCheckpointError
+from .export_dir import export_into
 from .formats import DIFFUSERS_WEIGHTS_PREFIX, HF_WEIGHTS_PREFIX, normalize_format
+from .info_file import SOURCES_INFO_KEY, SUBMODELS_INFO_KEY, read_info
 from .key_map_registry import get_weight_transform, known_model_types
 from .key_maps import KeyPlan, apply_plan, planned_shape_dtype
 from .layout import resolve_dcp_dir
-from .runtime import barrier, get_rank, progress
+from .runtime import get_rank, progress
 from .safetensors_io import (
     PendingTensor,
     TensorInfo,
@@ -80,20 +80,18 @@ def export_checkpoint(
     path, _ = resolve_dcp_dir(dcp_dir, iteration)
     if submodule is None:
         refuse_container(path)
-    out = Path(out_dir)
-    if get_rank() == 0:
-        reader = DcpReader(path, ema=ema)
-        reader = reader if submodule is None else SubmoduleReader(reader, submodule)
-        _export(reader, out, target, model_type, parse_size(max_shard_size), dtype)
-        _copy_config(Path(dcp_dir), path, config_from, out)
-    barrier()
-    return out
+    with export_into(out_dir, sources=(path, config_from)) as out:
+        if get_rank() == 0:
+            reader = DcpReader(path, ema=ema)
+            reader = reader if submodule is None else SubmoduleReader(reader, submodule)
+            _export(reader, out, target, model_type, parse_size(max_shard_size), dtype)
+            _copy_config(Path(dcp_dir), path, config_from, out, submodule)
+    return Path(out_dir)
 
 
 def refuse_container(dcp_path: Path) -> None:
     """Raise :class:`ContainerCheckpointError` when the DCP iteration dir ``dcp_path`` records sub-models."""
-    info = dcp_path / INFO_FILENAME
-    recorded = json.loads(info.read_text()).get(SUBMODELS_INFO_KEY) if info.is_file() else None
+    recorded = (read_info(dcp_path) or {}).get(SUBMODELS_INFO_KEY)
     if recorded:
         raise ContainerCheckpointError(
             f"{dcp_path} is a training checkpoint of a model container with sub-models {recorded}: choose "
@@ -152,8 +150,21 @@ def _export(
         write_index(out, prefix, shards, names)
 
 
-def _copy_config(root: Path, dcp_path: Path, config_from: str | os.PathLike | None, out: Path) -> None:
-    sources = [Path(config_from)] if config_from is not None else [root, dcp_path.parent]
+def _copy_config(
+    root: Path, dcp_path: Path, config_from: str | os.PathLike | None, out: Path, submodule: str | None = None
+) -> None:
+    """Side files (``config.json``...) from ``config_from``, else from the weights source a training run
+    recorded for the exported sub-model (``sources`` in ``mm_checkpoint.json``: never the run root's
+    own files, its ``config.yaml`` and ``metrics.jsonl``), else from the DCP root (``mm-ckpt convert``
+    keeps the source's side files there)."""
+    recorded = (read_info(dcp_path) or {}).get(SOURCES_INFO_KEY)
+    if config_from is not None:
+        sources = [Path(config_from)]
+    elif recorded is not None:
+        source = recorded.get(submodule or "model")
+        sources = [Path(source)] if source else []
+    else:
+        sources = [root, dcp_path.parent]
     for src in sources:
         if copy_side_files(src, out):
             break

@@ -81,39 +81,54 @@ def summarize(path: str | os.PathLike, fmt: str = "auto", sample: int = 5) -> Su
     )
 
 
+def check_atol(atol: float) -> float:
+    """``atol`` if it is a valid tolerance (>= 0; ``inf`` accepts any finite difference), else ValueError."""
+    if not atol >= 0:  # also NaN, which no comparison would ever fail
+        raise ValueError(f"atol must be >= 0 (inf accepts any finite difference), got {atol}")
+    return atol
+
+
 @dataclass
 class VerifyResult:
     """Comparison of two checkpoints in the model key namespace.
 
     ``nan_mismatch`` lists tensors where one side is NaN and the other is not at some element (NaN on
-    both sides at the same place counts as equal); such a difference is infinite in ``max_abs_diff``.
+    both sides at the same place counts as equal); ``inf_mismatch`` those where an infinity meets
+    anything but the same infinity (``+inf`` vs ``-inf`` or a finite value). Both make the checkpoints
+    DIFFERENT at any tolerance. ``dtype_mismatch`` lists ``key (dtype A vs dtype B)`` where equal values
+    are stored at different precision (fp32 vs bf16, float vs int): DIFFERENT unless dtypes are ignored.
     """
 
     only_in_a: list[str] = field(default_factory=list)
     only_in_b: list[str] = field(default_factory=list)
     shape_mismatch: list[str] = field(default_factory=list)
     nan_mismatch: list[str] = field(default_factory=list)
+    inf_mismatch: list[str] = field(default_factory=list)
+    dtype_mismatch: list[str] = field(default_factory=list)
     max_abs_diff: float = 0.0
     worst_key: str | None = None
     compared: int = 0
 
-    def same(self, atol: float = 0.0) -> bool:
-        """True when both hold the same keys and shapes and every element differs by at most ``atol``."""
+    def same(self, atol: float = 0.0, *, ignore_dtype: bool = False) -> bool:
+        """True when both hold the same keys, shapes and dtypes (``ignore_dtype``: any dtypes), the same
+        NaN and infinity positions, and every other element differs by at most ``atol`` (>= 0)."""
+        check_atol(atol)
         differ = self.only_in_a or self.only_in_b or self.shape_mismatch or self.nan_mismatch
+        differ = differ or self.inf_mismatch or (self.dtype_mismatch and not ignore_dtype)
         return not differ and self.max_abs_diff <= atol
 
 
-def max_abs_difference(a: torch.Tensor, b: torch.Tensor) -> tuple[float, bool]:
-    """``(max |a - b|, NaN positions differ)`` over elements; equal values (infinities included) and NaN
-    on both sides differ by 0, NaN on one side only by ``inf``."""
+def max_abs_difference(a: torch.Tensor, b: torch.Tensor) -> tuple[float, bool, bool]:
+    """``(max |a - b| over finite pairs, NaN positions differ, infinities differ)``; equal values
+    (infinities included) and NaN on both sides differ by 0."""
     if not a.numel():
-        return 0.0, False
+        return 0.0, False, False
     a, b = a.double(), b.double()
     nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+    infinite = (torch.isinf(a) | torch.isinf(b)) & (a != b) & ~(nan_a | nan_b)
     diff = (a - b).abs()
-    diff[(a == b) | (nan_a & nan_b)] = 0.0
-    diff[torch.isnan(diff)] = float("inf")  # NaN on one side, or opposite infinities
-    return diff.max().item(), bool((nan_a ^ nan_b).any())
+    diff[(a == b) | nan_a | nan_b | infinite] = 0.0
+    return diff.max().item(), bool((nan_a ^ nan_b).any()), bool(infinite.any())
 
 
 def verify_checkpoints(
@@ -133,10 +148,18 @@ def verify_checkpoints(
         if ta.shape != tb.shape:
             result.shape_mismatch.append(key)
             continue
-        diff, nan_differs = max_abs_difference(ta, tb)
+        if ta.dtype != tb.dtype:
+            result.dtype_mismatch.append(f"{key} ({_dtype_name(ta.dtype)} vs {_dtype_name(tb.dtype)})")
+        diff, nan_differs, inf_differs = max_abs_difference(ta, tb)
         if nan_differs:
             result.nan_mismatch.append(key)
+        if inf_differs:
+            result.inf_mismatch.append(key)
         result.compared += 1
         if diff > result.max_abs_diff or result.worst_key is None:
             result.max_abs_diff, result.worst_key = max(diff, result.max_abs_diff), key
     return result
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")

@@ -30,11 +30,12 @@ import torch
 from .dcp_io import DcpReader
 from .errors import CheckpointFormatError
 from .export import SubmoduleReader, _copy_config, _export
+from .export_dir import check_no_overlap, export_into
 from .formats import normalize_format, resolve_load_format
 from .key_map_registry import get_weight_transform
 from .key_maps import apply_plan, planned_shape_dtype
 from .layout import resolve_dcp_dir
-from .runtime import barrier, get_rank
+from .runtime import barrier, get_rank, on_rank0
 from .safetensors_io import TensorInfo, parse_size, save_safetensors
 from .weight_readers import WeightsReader, open_weights
 
@@ -222,13 +223,12 @@ def export_merged(
     target = normalize_format(to)
     if target not in {"diffusers", "hf", "safetensors"}:
         raise CheckpointFormatError(f"cannot export to {to!r}; expected diffusers, hf or safetensors")
-    out = Path(out_dir)
-    if get_rank() == 0:
-        reader = MergedReader(base, adapters, model_type)
-        _export(reader, out, target, model_type, parse_size(max_shard_size), dtype)
-        _copy_config(Path(base), Path(base), config_from, out)
-    barrier()
-    return out
+    with export_into(out_dir, sources=(base, config_from)) as out:
+        if get_rank() == 0:
+            reader = MergedReader(base, adapters, model_type)
+            _export(reader, out, target, model_type, parse_size(max_shard_size), dtype)
+            _copy_config(Path(base), Path(base), config_from, out)
+    return Path(out_dir)
 
 
 def export_lora(
@@ -256,9 +256,13 @@ def export_lora(
     """
     if fmt not in LORA_EXPORT_FORMATS:
         raise ValueError(f"LoRA export format {fmt!r}: expected one of {', '.join(LORA_EXPORT_FORMATS)}")
+    read = resolve_dcp_dir(checkpoint)[0]  # the iteration read: a folder beside it in the run root is fine
+    on_rank0(lambda: check_no_overlap(out, (read, base, config_from)))  # before reading anything
     adapters = read_lora_adapters(checkpoint, alpha=alpha, submodule=submodule, ema=ema)
     if fmt == "peft":
-        return save_peft_lora(adapters, Path(out) / PEFT_WEIGHT_NAME, model_type=file_model_type)
+        with export_into(out, sources=(read,)) as folder:
+            save_peft_lora(adapters, folder / PEFT_WEIGHT_NAME, model_type=file_model_type)
+        return Path(out) / PEFT_WEIGHT_NAME
     if fmt == "comfyui":
         return save_comfy_lora(adapters, out)
     if base is None:

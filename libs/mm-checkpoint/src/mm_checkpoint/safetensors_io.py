@@ -140,35 +140,99 @@ def _stored_nbytes(dtype: str, shape: tuple[int, ...]) -> int | None:
     return None
 
 
+MAX_HEADER_BYTES = 100_000_000
+"""The official reader's limit on a header's length (``MAX_HEADER_SIZE`` of the safetensors crate)."""
+
+
 def read_header_bytes(file: str | os.PathLike) -> bytes:
-    """The raw JSON header of the safetensors file ``file`` (names, dtypes, shapes, offsets; no data)."""
+    """The raw JSON header of the safetensors file ``file`` (names, dtypes, shapes, offsets; no data).
+
+    Raises:
+        CheckpointFormatError: the length prefix is missing, over :data:`MAX_HEADER_BYTES`, or longer
+            than the file, naming the file.
+    """
     with open(file, "rb") as f:
         raw_len = f.read(8)
         n = int.from_bytes(raw_len, "little") if len(raw_len) == 8 else -1
-        raw = f.read(n) if 0 < n < 100_000_000 else b""
+        raw = f.read(n) if 0 < n <= MAX_HEADER_BYTES else b""
     if not raw or len(raw) != n:
-        raise CheckpointFormatError(f"{file} is not a valid safetensors file (bad header)")
+        why = (
+            f"its header length {n} exceeds {MAX_HEADER_BYTES} bytes"
+            if n > MAX_HEADER_BYTES
+            else ("shorter than its header length" if n > 0 else "no header length")
+        )
+        raise CheckpointFormatError(f"{file} is not a valid safetensors file (bad header: {why})")
     return raw
+
+
+def _header_json(file: Path, raw: bytes) -> dict:
+    """The header object, with the official reader's rules: a UTF-8 JSON object."""
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        header = None
+    if not isinstance(header, dict):
+        raise CheckpointFormatError(
+            f"{file} is not a valid safetensors file (bad header: not a UTF-8 JSON object)"
+        )
+    meta = header.get("__metadata__")
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise CheckpointFormatError(f"{file}: header __metadata__ must map strings to strings, got {meta!r}")
+    return header
+
+
+def _is_size(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _entry_fields(file: Path, key: str, meta: object) -> tuple[str, tuple[int, ...], int, int]:
+    """``(dtype, shape, begin, end)`` of one header entry, every field of the type the format defines
+    (dtype a string, shape and offsets non-negative integers)."""
+    ok = isinstance(meta, dict) and isinstance(meta.get("dtype"), str)
+    shape, offsets = (meta.get("shape"), meta.get("data_offsets")) if isinstance(meta, dict) else (None, None)
+    ok = ok and isinstance(shape, list) and all(map(_is_size, shape))
+    ok = ok and isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_size, offsets))
+    if not ok:
+        raise CheckpointFormatError(
+            f"{file}: header entry {key!r} is malformed: {meta!r} (expected dtype: a string, shape: a list "
+            "of non-negative integers, data_offsets: [begin, end], non-negative integers)"
+        )
+    return meta["dtype"], tuple(shape), offsets[0], offsets[1]
+
+
+def _check_contiguous(file: Path, spans: list[tuple[int, int, str]]) -> int:
+    """The official reader's layout rule: sorted by offset, the tensors tile the data buffer from 0
+    without gaps or overlaps (so no tensor reads the header's or another tensor's bytes). Returns the
+    buffer's length."""
+    start = 0
+    for begin, end, key in sorted(spans):
+        if begin != start or end < begin:
+            what = (
+                "overlaps the tensor before it"
+                if begin < start
+                else ("leaves a gap before it" if begin > start else "ends before it begins")
+            )
+            raise CheckpointFormatError(
+                f"{file}: tensor {key!r} has data offsets [{begin}, {end}], which {what} (expected it to "
+                f"begin at {start}: the tensors must tile the data buffer in offset order)"
+            )
+        start = end
+    return start
 
 
 def _read_header(file: Path) -> dict[str, _Entry]:
     raw = read_header_bytes(file)
     n = len(raw)
-    try:
-        header = json.loads(raw)
-    except ValueError:
-        header = None
-    if not isinstance(header, dict):
-        raise CheckpointFormatError(f"{file} is not a valid safetensors file (bad header)")
     entries = {}
-    data_end = 0
-    for key, meta in header.items():
+    spans = []
+    for key, meta in _header_json(file, raw).items():
         if key == "__metadata__":
             continue
-        try:
-            dtype, shape, (begin, end) = meta["dtype"], tuple(meta["shape"]), meta["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointFormatError(f"{file}: header entry {key!r} is malformed: {meta!r}") from None
+        dtype, shape, begin, end = _entry_fields(file, key, meta)
+        if dtype in PACKED_DTYPE_BITS and math.prod(shape) * PACKED_DTYPE_BITS[dtype] % 8:
+            raise CheckpointFormatError(
+                f"{file}: tensor {key!r} ({dtype}, shape {list(shape)}) is not whole bytes"
+            )
         nbytes = _stored_nbytes(dtype, shape)
         if nbytes is None:
             known = sorted([*SAFETENSORS_DTYPES, *PACKED_DTYPE_BITS])
@@ -181,8 +245,8 @@ def _read_header(file: Path) -> dict[str, _Entry]:
         torch_dtype = SAFETENSORS_DTYPES.get(dtype)
         info = TensorInfo(shape, torch_dtype) if torch_dtype is not None else None
         entries[key] = _Entry(file, StoredTensor(dtype, shape, nbytes), info, 8 + n + begin)
-        data_end = max(data_end, end)
-    size, expected = file.stat().st_size, 8 + n + data_end
+        spans.append((begin, end, key))
+    size, expected = file.stat().st_size, 8 + n + _check_contiguous(file, spans)
     if size != expected:
         what = "truncated" if size < expected else "longer than its header says"
         raise CheckpointFormatError(f"{file} is {what}: {size} bytes, its header describes {expected}")

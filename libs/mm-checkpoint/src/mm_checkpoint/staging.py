@@ -3,9 +3,11 @@
 On every node the rank with ``LOCAL_RANK`` 0 copies; every rank then waits for all nodes (one
 collective that also carries each copier's outcome, so that a failed copy raises on every rank
 instead of leaving the others blocked). A copy is made into a temporary sibling and renamed into
-place, with a record of the source's files (relative names, sizes, modification times) inside it
-(``.mm_stage.json``); a later run reuses a copy whose record matches the source and replaces one
-that does not. The copy of a source lives at ``<stage root>/<name>-<hash of its resolved path>``.
+place, with a record of the source's files inside it (``.mm_stage.json``: relative names and a
+SHA-256 of each file's bytes, :mod:`.source_identity`); a later run reuses a copy whose record
+matches the source's content and replaces one that does not. Hashes are computed while copying (the
+source is read once) and reused while a file's size, times and inode are unchanged. The copy of a
+source lives at ``<stage root>/<name>-<hash of its resolved path>``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from .runtime import is_distributed
+from .source_identity import IDENTITY_VERSION, content_of, files_identity
 
 logger = logging.getLogger(__name__)
 
@@ -37,16 +40,13 @@ class StagedCopy:
     copied: bool
 
 
-def source_files(source: Path) -> list[list]:
-    """``[relative name, size, mtime_ns]`` of every file of ``source`` (a file or a directory), sorted."""
+def source_files(source: Path) -> list[tuple[Path, str]]:
+    """``(path, relative name)`` of every file of ``source`` (a file or a directory), sorted by name."""
     if source.is_file():
-        stat = source.stat()
-        return [[source.name, stat.st_size, stat.st_mtime_ns]]
-    files = []
-    for path in sorted(p for p in source.rglob("*") if p.is_file()):
-        stat = path.stat()
-        files.append([path.relative_to(source).as_posix(), stat.st_size, stat.st_mtime_ns])
-    return files
+        return [(source, source.name)]
+    return [
+        (p, p.relative_to(source).as_posix()) for p in sorted(p for p in source.rglob("*") if p.is_file())
+    ]
 
 
 def staged_location(source: str | os.PathLike, stage_root: str | os.PathLike) -> Path:
@@ -56,37 +56,73 @@ def staged_location(source: str | os.PathLike, stage_root: str | os.PathLike) ->
     return Path(stage_root) / f"{resolved.name}-{digest}"
 
 
-def _record(source: Path) -> dict:
-    return {"source": str(source), "files": source_files(source)}
-
-
-def _is_current(copy_dir: Path, record: dict) -> bool:
+def _read_record(copy_dir: Path) -> dict | None:
     try:
-        return json.loads((copy_dir / STAGE_RECORD).read_text()) == record
+        record = json.loads((copy_dir / STAGE_RECORD).read_text())
     except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("files"), list) else None
+
+
+def _write_record(copy_dir: Path, source: Path, files: list[dict]) -> None:
+    tmp = copy_dir / f"{STAGE_RECORD}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"version": IDENTITY_VERSION, "source": str(source), "files": files}))
+    os.replace(tmp, copy_dir / STAGE_RECORD)
+
+
+def _current_copy(source: Path, copy_dir: Path) -> bool:
+    """Whether ``copy_dir`` holds a copy of ``source``'s current content (hashing only the files whose
+    size, times or inode changed since the record; a record refreshed when only those changed)."""
+    record = _read_record(copy_dir)
+    if record is None or record.get("version") != IDENTITY_VERSION:
         return False
+    current = files_identity(source_files(source), record["files"])
+    if content_of(current) != content_of(record["files"]):
+        return False
+    if current != record["files"]:
+        _write_record(copy_dir, source, current)
+    return True
+
+
+def _copy_hashing(source: Path, target: Path, records: list[dict]) -> None:
+    """Copy the file ``source`` to ``target`` (data and times), recording its identity from the bytes
+    read: the stat taken before the copy, the hash of what was copied."""
+    stat = source.stat()
+    digest = hashlib.sha256()
+    with open(source, "rb") as src, open(target, "wb") as dst:
+        while chunk := src.read(1 << 24):
+            digest.update(chunk)
+            dst.write(chunk)
+    shutil.copystat(source, target)
+    records.append({"name": source.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+                    "ctime_ns": stat.st_ctime_ns, "inode": stat.st_ino, "sha256": digest.hexdigest()})  # fmt: skip
 
 
 def _copy(source: Path, copy_dir: Path) -> bool:
     """Make ``copy_dir`` a current copy of ``source``; False when one was already there."""
-    record = _record(source)
-    if _is_current(copy_dir, record):
+    if _current_copy(source, copy_dir):
         return False
     tmp = copy_dir.with_name(f"{copy_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    records: list[dict] = []
     if source.is_file():
         tmp.mkdir(parents=True)
-        shutil.copy2(source, tmp / source.name)
+        _copy_hashing(source, tmp / source.name, records)
     else:
-        shutil.copytree(source, tmp)
-    (tmp / STAGE_RECORD).write_text(json.dumps(record))
+
+        def copy(src: str, dst: str) -> None:
+            _copy_hashing(Path(src), Path(dst), records)
+            records[-1]["name"] = Path(src).relative_to(source).as_posix()
+
+        shutil.copytree(source, tmp, copy_function=copy)
+    _write_record(tmp, source, sorted(records, key=lambda r: r["name"]))
     if copy_dir.exists():  # a copy of an older version of the source
         shutil.rmtree(copy_dir)
     try:
         os.rename(tmp, copy_dir)
     except OSError:  # another copier (nodes sharing the stage root) renamed its copy first
         shutil.rmtree(tmp, ignore_errors=True)
-        if not _is_current(copy_dir, record):
+        if not _current_copy(source, copy_dir):
             raise
     return True
 

@@ -36,7 +36,9 @@ class ConfigModel(BaseModel):
     """Base of every config section: unknown keys are errors and attribute docstrings document fields.
 
     Types are strict: YAML already types its values, so nothing is coerced (``true`` is not the
-    integer 1, ``"3"`` is not 3; an integer is still a valid float). Plugin schemas (see
+    integer 1, ``"3"`` is not 3; an integer is still a valid float). Numbers are finite: YAML's
+    ``.inf`` / ``.nan`` are refused wherever a float is expected (an infinite ``training.lr`` passes
+    every ``ge=0`` bound and trains nothing but NaN). Plugin schemas (see
     :func:`mm_config.register_model_schema`) should subclass it too, so that their typos are
     caught like the framework's own.
     """
@@ -44,6 +46,7 @@ class ConfigModel(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         strict=True,
+        allow_inf_nan=False,
         use_attribute_docstrings=True,
         validate_default=True,
         populate_by_name=False,

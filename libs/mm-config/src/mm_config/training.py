@@ -18,6 +18,9 @@ class NonFiniteConfig(ConfigModel):
     """``skip``: drop the step (no optimizer update); ``stop``: raise at once."""
     max_consecutive: int = Field(default=5, ge=1)
     """Stop with an error after this many consecutive skipped steps."""
+    max_skipped: int | None = Field(default=None, ge=0)
+    """Stop with an error naming the skipped steps' samples once more than this many steps were skipped
+    since the run (re)started, consecutive or not; None: no cap."""
 
 
 class EMAConfig(ConfigModel):
@@ -71,9 +74,10 @@ class TrainingConfig(ConfigModel):
     """Checkpoint directory a new run starts from (model, optimizer, scheduler, data position), at any layout; a run that
     already has checkpoints in ``save`` resumes those instead (see ``resume``)."""
     reset_data_position: bool = False
-    """When resuming (``load``), start the data over at epoch 0 instead of at the checkpoint's position
-    (e.g. after changing the dataset). Without it, a checkpoint whose data state is missing or does not
-    match the data is an error."""
+    """When resuming (the run in ``save``, or ``load``), start the data over at epoch 0 instead of at the
+    checkpoint's position (e.g. after changing the dataset). Without it, a checkpoint whose data state is
+    missing or does not match the data is an error. A run with nothing to resume refuses it at start
+    (whether there is a checkpoint to resume is known only then)."""
     save: str | None = None
     """Directory checkpoints and the resolved config are written to; None saves nothing. A run locks it
     (and ``log_dir``): a second run into it stops with an error naming the holder."""
@@ -143,15 +147,6 @@ class TrainingConfig(ConfigModel):
                     f"must not exceed training.train_iters ({self.train_iters})",
                     self.lr_warmup_iters,
                     deps=(("train_iters",),),
-                )
-            )
-        if self.reset_data_position and self.load is None:
-            problems.append(
-                Problem(
-                    ("reset_data_position",),
-                    "only acts when resuming: set training.load, or leave reset_data_position out",
-                    self.reset_data_position,
-                    deps=(("load",),),
                 )
             )
         if self.validation is not None and self.save is None and self.log_dir is None:

@@ -176,6 +176,13 @@ class GlobalOrderSampler(Sampler[list[int]]):
         base = epoch * self.batches_per_epoch * self.global_batch_size
         return list(range(base + first, base + first + self.micro_batch_size))
 
+    def dataset_index(self, sample_id: int) -> int:
+        """The dataset index (row of the data) of global sample ``sample_id`` (:meth:`sample_ids_at`)."""
+        per_epoch = self.batches_per_epoch * self.global_batch_size
+        epoch, place = divmod(sample_id, per_epoch)
+        step, slot = divmod(place, self.global_batch_size)
+        return self.global_batches(epoch)[step][slot]
+
     def state_at(self, epoch: int, position: int) -> dict[str, Any]:
         """The state after handing out ``position`` micro-batches of ``epoch``."""
         steps, offset = divmod(position, self.accumulation_steps)
@@ -198,16 +205,18 @@ class GlobalOrderSampler(Sampler[list[int]]):
         """Continue at the next unseen global sample; dp size may differ at a step boundary.
 
         Raises:
-            ValueError: the state belongs to another seed, dataset or global batch size, or it stops
-                mid-step and the dp size or micro batch size changed.
+            ValueError: the state belongs to another seed, dataset or global batch size, it stops
+                mid-step and the dp size or micro batch size changed, or its position is no position
+                of this sampler (negative, past the epoch's end, not an integer).
         """
+        self._check_position(state)
         for key in ("seed", "num_samples", "global_batch_size"):
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(
                     f"sampler state has {key}={state[key]} but this sampler has {getattr(self, key)}; "
                     "the global order would differ"
                 )
-        offset = int(state.get("micro_offset", 0))
+        offset = state.get("micro_offset", 0)
         if offset and (state.get("dp_size"), state.get("micro_batch_size")) != (
             self.dp_size,
             self.micro_batch_size,
@@ -216,12 +225,36 @@ class GlobalOrderSampler(Sampler[list[int]]):
                 f"sampler state stops {offset} micro-batches into a step (dp_size={state.get('dp_size')}, "
                 f"micro_batch_size={state.get('micro_batch_size')}); resume at a step boundary to change layout"
             )
-        if int(state["consumed_samples"]) % self.global_batch_size:
+        if offset >= self.accumulation_steps:
+            raise ValueError(
+                f"sampler state has micro_offset={offset}; a step of this sampler has {self.accumulation_steps} "
+                "micro-batches"
+            )
+        if state["consumed_samples"] % self.global_batch_size:
             raise ValueError(
                 f"consumed_samples={state['consumed_samples']} is not a multiple of the global batch"
             )
         self.epoch, self.consumed_samples, self.micro_offset = (
-            int(state["epoch"]),
-            int(state["consumed_samples"]),
+            state["epoch"],
+            state["consumed_samples"],
             offset,
         )
+
+    def _check_position(self, state: dict[str, Any]) -> None:
+        """Refuse a position this sampler cannot be at: a negative or fractional count would resume on
+        other samples than the run's next ones (a file edited or corrupted on disk)."""
+        limits = {
+            "epoch": (0, None),
+            "consumed_samples": (0, self.batches_per_epoch * self.global_batch_size),
+            "micro_offset": (0, None),
+        }
+        for key, (low, high) in limits.items():
+            value = state.get(key, 0) if key == "micro_offset" else state.get(key)
+            if (
+                not isinstance(value, int)
+                or isinstance(value, bool)
+                or value < low
+                or (high is not None and value > high)
+            ):
+                bound = f"an integer in [{low}, {high}]" if high is not None else f"an integer >= {low}"
+                raise ValueError(f"sampler state has {key}={value!r}; expected {bound}")

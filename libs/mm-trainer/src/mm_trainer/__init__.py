@@ -20,7 +20,7 @@ from mm_trainer.conditions import ConditionStream  # noqa: E402
 from mm_trainer.container import ModelContainer, ModelContainerHub, freeze  # noqa: E402
 from mm_trainer.conversation_data import conversation_dataset  # noqa: E402
 from mm_trainer.ema import ParameterEMA  # noqa: E402
-from mm_trainer.engine import NonFiniteLossError, TrainEngine  # noqa: E402
+from mm_trainer.engine import TrainEngine  # noqa: E402
 from mm_trainer.features import FeaturesReport, apply_features, feature_plans, plan_features  # noqa: E402
 from mm_trainer.fsdp_plan_config import fsdp_plan_from_config  # noqa: E402
 from mm_trainer.hf_export import export_hf_model  # noqa: E402
@@ -28,6 +28,7 @@ from mm_trainer.hf_model import HFModel, TransformersKeyRenaming, hf_model_class
 from mm_trainer.lora import LoraAdapters, LoraTargets, inject_lora  # noqa: E402
 from mm_trainer.metrics import PEAK_FLOPS, MetricsLogger  # noqa: E402
 from mm_trainer.model_hub import ModelHub  # noqa: E402
+from mm_trainer.nonfinite import NonFiniteGuard, NonFiniteLossError, state_is_finite  # noqa: E402
 from mm_trainer.plugins import import_plugins  # noqa: E402
 from mm_trainer.preflight import preflight  # noqa: E402
 from mm_trainer.recompute_policy import SAVED_OPS, selective_recompute_contexts  # noqa: E402
@@ -40,8 +41,26 @@ from mm_trainer.registry import (  # noqa: E402
     data_register,
     model_register,
 )
-from mm_trainer.run_config import load_offline_config, load_run_config, preprocess_section  # noqa: E402
-from mm_trainer.run_dir import RunDirectory, RunDirectoryError, RunStart, open_run_directory  # noqa: E402
+from mm_trainer.resume_settings import (  # noqa: E402
+    ResumeSettingsError,
+    check_resume,
+    compare_settings,
+    keep_configured_hyperparameters,
+    refuse_dropped_tensors,
+)
+from mm_trainer.run_config import (  # noqa: E402
+    load_offline_config,
+    load_run_config,
+    preprocess_section,
+    weight_sources,
+)
+from mm_trainer.run_dir import (  # noqa: E402
+    RunDirectory,
+    RunDirectoryError,
+    RunStart,
+    holds_a_run,
+    open_run_directory,
+)
 from mm_trainer.run_lock import RunLock, RunLockedError  # noqa: E402
 from mm_trainer.stop_signals import StopSignals  # noqa: E402
 from mm_trainer.trainer import Trainer  # noqa: E402
@@ -65,12 +84,14 @@ __all__ = [
     "ModelContainer",
     "ModelContainerHub",
     "ModelHub",
+    "NonFiniteGuard",
     "NonFiniteLossError",
     "ParameterEMA",
     "Registry",
     "RegistryError",
     "RunDirectory",
     "RunDirectoryError",
+    "ResumeSettingsError",
     "RunLock",
     "RunLockedError",
     "RunStart",
@@ -81,6 +102,13 @@ __all__ = [
     "Validator",
     "apply_features",
     "check_compile",
+    "check_resume",
+    "compare_settings",
+    "holds_a_run",
+    "keep_configured_hyperparameters",
+    "refuse_dropped_tensors",
+    "state_is_finite",
+    "weight_sources",
     "feature_plans",
     "plan_features",
     "selective_recompute_contexts",

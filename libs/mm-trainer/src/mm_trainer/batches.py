@@ -97,6 +97,17 @@ class BatchStream:
             )
         return {**batch, "sample_ids": torch.tensor(ids, dtype=torch.long)}
 
+    def describe_samples(self, sample_ids: Sequence[int]) -> str:
+        """Global samples in words, with the data rows they are (``data.data_path``'s entries)."""
+        sampler = getattr(self.loader, "sampler", None)
+        if not callable(getattr(sampler, "dataset_index", None)):
+            return f"global sample ids {list(sample_ids)}"
+        rows = [sampler.dataset_index(i) for i in sample_ids]
+        source = getattr(getattr(self.loader, "dataset", None), "metadata_path", None)
+        return f"global sample ids {list(sample_ids)} = data rows {rows}" + (
+            f" of {source}" if source else ""
+        )
+
     def state_dict(self) -> dict[str, Any]:
         """The loader's position and the epoch's bad samples so far (a resume keeps counting them)."""
         return {"loader": self.loader.state_dict(), "bad_samples": sorted(self._bad)}
@@ -133,7 +144,12 @@ class BatchStream:
 def _split_state(state: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
     """(loader state, bad samples) of a :meth:`BatchStream.state_dict` or of a bare loader state."""
     if set(state) == {"loader", "bad_samples"}:
-        return state["loader"], list(state["bad_samples"])
+        bad = state["bad_samples"]
+        if not isinstance(bad, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in bad
+        ):
+            raise ValueError(f"bad_samples={bad!r}; expected a list of sample indices (integers >= 0)")
+        return state["loader"], list(bad)
     return state, []
 
 

@@ -63,6 +63,10 @@ class ConditionStream:
         self._next = 0
         self._state = batches.state_dict()
 
+    def describe_samples(self, sample_ids: Any) -> str:
+        """The raw stream's words for these samples (:meth:`BatchStream.describe_samples`)."""
+        return self.batches.describe_samples(sample_ids)
+
     def next_batch(self) -> dict[str, Any]:
         """The next micro-step's ``{"conditions": ..., "sample_ids": ...}``; encodes the next N
         micro-batches when needed (``sample_ids`` only when the raw batches carry them)."""

@@ -27,12 +27,9 @@ from torch import nn
 
 from mm_trainer.ema import ParameterEMA
 from mm_trainer.metrics import MetricsLogger, device_peak_flops, peak_memory_bytes
+from mm_trainer.nonfinite import RESUME_ADVICE, NonFiniteGuard, NonFiniteLossError, state_is_finite
 from mm_trainer.rng import seed_everything
 from mm_trainer.stop_signals import StopSignals
-
-
-class NonFiniteLossError(RuntimeError):
-    """Too many consecutive steps had a non-finite loss or gradient norm."""
 
 
 @dataclass
@@ -93,8 +90,7 @@ class TrainEngine:
         self.profilers = profilers
         self.peak_flops = device_peak_flops(device.type, override=peak_flops)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.nonfinite_in_a_row = 0
-        self.skipped_steps = 0
+        self.nonfinite = NonFiniteGuard(training.nonfinite, self.metrics.write)
         self.stop_signals = StopSignals()
 
     # ---------------------------------------------------------------- loop
@@ -104,6 +100,7 @@ class TrainEngine:
         self.model.train()
         self.stop_signals.install()
         iteration = start_iteration
+        pending_save = False
         try:
             while iteration < training.train_iters:
                 for prof in self.profilers:
@@ -121,11 +118,18 @@ class TrainEngine:
                 due = iteration == training.train_iters or (
                     training.save_interval and iteration % training.save_interval == 0
                 )
-                if self.save_fn and (due or result.stop_requests):
-                    self.save_fn(iteration)
+                saved = False
+                if self.save_fn and (due or result.stop_requests or pending_save):
+                    saved = self._save_if_finite(iteration, result.loss)
+                    pending_save = not saved  # a due save that was refused is made at the next finite step
                 if result.stop_requests:
-                    self.metrics.write(self._stop_message(result.stop_requests, iteration))
+                    self.metrics.write(self._stop_message(result.stop_requests, iteration, saved))
                     break
+            if pending_save and iteration == training.train_iters:
+                raise NonFiniteLossError(
+                    f"the run reached training.train_iters={iteration} with a non-finite last step: its state was "
+                    f"not saved. Skipped steps: {self.nonfinite.describe() or 'none'}. {RESUME_ADVICE}"
+                )
         finally:
             self.stop_signals.release()
             self.metrics.close()
@@ -160,9 +164,10 @@ class TrainEngine:
             self.optimizer.step()
             if self.ema is not None:  # a skipped step changed no weight: the average stays too
                 self.ema.update()
-            self.nonfinite_in_a_row = 0
-        else:
-            self._handle_nonfinite(loss, float(grad_norm))
+            self.nonfinite.finite_step()
+        else:  # every rank agrees (reduced loss, global norm): the gather below is collective
+            samples = self._describe_samples(self._gather_sample_ids(step_ids))
+            self.nonfinite.skip(step + 1, loss, float(grad_norm), samples)
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
         result = StepResult(
@@ -193,18 +198,24 @@ class TrainEngine:
         return torch.cat(parts).tolist()
 
     # ------------------------------------------------------------- helpers
-    def _handle_nonfinite(self, loss: float, grad_norm: float) -> None:
-        policy = self.training.nonfinite
-        self.nonfinite_in_a_row += 1
-        self.skipped_steps += 1
-        message = f"non-finite loss {loss} / grad norm {grad_norm}: step skipped ({self.nonfinite_in_a_row} in a row)"
-        self.metrics.write(message)
-        if policy.action == "stop" or self.nonfinite_in_a_row > policy.max_consecutive:
-            raise NonFiniteLossError(
-                f"{message}; stopping (training.nonfinite.action={policy.action}, "
-                f"max_consecutive={policy.max_consecutive}). Lower the lr, check the data, or resume from the "
-                "last checkpoint."
-            )
+    def _describe_samples(self, sample_ids: list[int]) -> str:
+        """The samples of a step in words: their global indices, and where the batch stream can tell,
+        which rows of the data they are (``describe_samples``)."""
+        describe = getattr(self.batches, "describe_samples", None)
+        return describe(sample_ids) if callable(describe) else f"global sample ids {sample_ids}"
+
+    def _save_if_finite(self, iteration: int, loss: float) -> bool:
+        """Save ``iteration`` unless its loss or parameters are non-finite (then say so); every rank."""
+        problem = state_is_finite(loss, self.params, self.device)
+        if problem is None:
+            assert self.save_fn is not None
+            self.save_fn(iteration)
+            return True
+        self.metrics.write(
+            f"not saving iteration {iteration}: {problem}; the latest checkpoint stays the last finite one "
+            "(saved at the next finite step)"
+        )
+        return False
 
     def _check_bad_samples(self, total: int) -> None:
         """Stop when this epoch's bad samples, summed over data-parallel ranks, pass the dataset's limit."""
@@ -240,9 +251,13 @@ class TrainEngine:
         values = t.tolist()
         return values[start], values[start + 1 : start + width], int(values[-1])
 
-    def _stop_message(self, requests: int, iteration: int) -> str:
+    def _stop_message(self, requests: int, iteration: int, saved_it: bool) -> str:
         world = dist.get_world_size() if dist.is_initialized() else 1
-        saved = f"saved iteration {iteration}" if self.save_fn else "nothing saved (no training.save)"
+        saved = (
+            f"saved iteration {iteration}"
+            if saved_it
+            else ("nothing saved (non-finite state)" if self.save_fn else "nothing saved (no training.save)")
+        )
         return f"stop requested (SIGTERM / SIGINT) on {requests} of {world} rank(s): {saved}, exiting"
 
     def _metrics(self, r: StepResult, elapsed: float) -> dict[str, Any]:
@@ -255,7 +270,7 @@ class TrainEngine:
             "tokens_per_s": r.tokens / elapsed if elapsed > 0 else 0.0,
             "peak_memory_bytes": peak_memory_bytes(self.device.type),
             "skipped": r.skipped,
-            "skipped_total": self.skipped_steps,
+            "skipped_total": len(self.nonfinite.skipped),
         }
         if getattr(self.batches, "bad_limit", None) is not None:
             out["bad_samples_epoch"] = r.bad_samples

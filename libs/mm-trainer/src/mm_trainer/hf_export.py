@@ -13,7 +13,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mm_checkpoint import export_checkpoint
+from mm_checkpoint import export_checkpoint, export_into
+from mm_checkpoint.layout import resolve_dcp_dir
+from mm_checkpoint.runtime import get_rank
 
 from mm_trainer.hf_model import HFCausalLM, HFModel, hf_class, load_hf_config
 from mm_trainer.registry import MODEL_REGISTRY
@@ -44,14 +46,15 @@ def export_hf_model(
     upstream = upstream_class(args)
     hf_config = load_hf_config(args, upstream.config_class)
     hf_config.architectures = [upstream.__name__]
-    with tempfile.TemporaryDirectory() as side:
+    source = args.from_pretrained or args.checkpoint_path
+    read = resolve_dcp_dir(checkpoint)[0]
+    with tempfile.TemporaryDirectory() as side, export_into(out, sources=(read, source)) as folder:
         hf_config.save_pretrained(side)
         export_checkpoint(
-            checkpoint, out, to="hf", config_from=side, submodule="model", max_shard_size=max_shard_size
+            checkpoint, folder, to="hf", config_from=side, submodule="model", max_shard_size=max_shard_size
         )
-    source = args.from_pretrained or args.checkpoint_path
-    if source and Path(source).is_dir():
-        for pattern in _SIDE_FILES:
-            for file in Path(source).glob(pattern):
-                shutil.copy2(file, Path(out) / file.name)
+        if source and Path(source).is_dir() and get_rank() == 0:
+            for pattern in _SIDE_FILES:
+                for file in Path(source).glob(pattern):
+                    shutil.copy2(file, folder / file.name)
     return Path(out)

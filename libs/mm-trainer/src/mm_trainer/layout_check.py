@@ -120,10 +120,11 @@ def check_layouts(
         raise ValueError("check-layouts needs at least two layouts to compare")
     _check_same_global_batch(config, layouts, overrides)
     work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
     losses = []
     for i, layout in enumerate(layouts):
-        run_dir = work / f"layout_{i}"
-        run_dir.mkdir(parents=True, exist_ok=True)
+        # a fresh folder per check: an earlier check's logs in the same work dir are another run's
+        run_dir = Path(tempfile.mkdtemp(prefix=f"layout_{i}-", dir=work))
         losses.append(_train(config, layout, steps, overrides, run_dir, timeout))
     return LayoutReport(list(layouts), losses, tolerance)
 
@@ -204,7 +205,9 @@ def build_parser(prog: str = "mm-train check-layouts") -> argparse.ArgumentParse
         "--tolerance", type=float, default=1e-4, help="largest relative loss difference (1e-4)"
     )
     parser.add_argument(
-        "--work-dir", default=None, help="where runs write logs and metrics (default: a temp dir)"
+        "--work-dir",
+        default=None,
+        help="where runs write logs and metrics, one new layout_<i>-* folder per layout and check (default: a temp dir)",
     )
     parser.add_argument("--timeout", type=float, default=None, help="seconds each run may take")
     parser.add_argument("overrides", nargs="*", help="dotted overrides applied to every layout")

@@ -21,6 +21,19 @@ OFFLINE_LAYOUT = (
 """Overrides that make a training config valid as one process: the layout is no concern of offline tools."""
 
 
+def weight_sources(model: Any) -> dict[str, str]:
+    """Sub-model name -> the resolved folder (or file) its weights come from (``checkpoint_path`` over
+    ``from_pretrained``), for every sub-model of a ``model`` section that names one. A checkpoint records
+    it (``mm_checkpoint.json``: ``sources``), so an export of a run root finds each sub-model's
+    ``config.json`` there."""
+    sources = {}
+    for name, sub in model.sub_models().items():
+        path = sub.checkpoint_path or sub.from_pretrained
+        if path:
+            sources[name] = str(Path(path).resolve())
+    return sources
+
+
 def load_offline_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> TrainConfig:
     """A user's training config for a tool that runs outside training (e.g. an encoder cache's
     preprocess, sharded by ``RANK`` alone): validated as one process, whatever its parallel layout."""

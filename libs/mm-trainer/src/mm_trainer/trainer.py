@@ -49,8 +49,9 @@ from mm_trainer.plugins import import_plugins
 from mm_trainer.preflight import preflight
 from mm_trainer.profiling import MemoryProfiler, StepProfiler
 from mm_trainer.regional_compile import check_compile
+from mm_trainer.resume_settings import check_resume, keep_configured_hyperparameters, refuse_dropped_tensors
 from mm_trainer.rng import seed_everything
-from mm_trainer.run_config import RUN_CONFIG_NAME
+from mm_trainer.run_config import RUN_CONFIG_NAME, weight_sources
 from mm_trainer.run_dir import open_run_directory
 from mm_trainer.validation import Validator
 from mm_trainer.weight_staging import stage_model_weights
@@ -85,6 +86,9 @@ class Trainer:
             )
         # Lock the save / log dirs for this run and decide where it starts (training.resume).
         self.run_dir = open_run_directory(config.training)
+        # Settings that define what the checkpoint trained must match it; the others apply, logged.
+        for line in check_resume(config, self.run_dir.resume_from):
+            _log_rank0(line)
         import_plugins(config.training.plugin)
         seed_everything(config.training.seed)
         if config.training.deterministic:
@@ -218,7 +222,10 @@ class Trainer:
     def save(self, iteration: int) -> None:
         """Save a checkpoint (atomic) and the resolved config beside it."""
         assert self.checkpointer is not None
-        self.checkpointer.save(self.state(), iteration, submodels=self.model.checkpoint_submodels)
+        sources = {"sources": weight_sources(self.config.model)}  # where an export finds config.json
+        self.checkpointer.save(
+            self.state(), iteration, submodels=self.model.checkpoint_submodels, info=sources
+        )
         if self.rank == 0:
             dump_config(self.config, Path(self.config.training.save) / RUN_CONFIG_NAME)
 
@@ -229,7 +236,9 @@ class Trainer:
         )
 
     def _resume(self) -> int:
-        """Restore model, optimizer, scheduler and data position in place; return the iteration.
+        """Restore model, optimizer, scheduler and data position in place; return the iteration. The
+        optimizer's hyperparameters and the schedule's base lr stay the config's
+        (:mod:`mm_trainer.resume_settings`).
 
         ``training.reset_data_position`` leaves the data out: it starts over at epoch 0."""
         root = str(self.run_dir.resume_from)
@@ -237,7 +246,9 @@ class Trainer:
         reset = self.config.training.reset_data_position
         if reset:
             del state["dataloader"]
-        iteration = self._checkpointer(root).load(state)
+        refuse_dropped_tensors(self.model, root)
+        with keep_configured_hyperparameters(self.optimizer, self.lr_scheduler):  # the config's lr, decay...
+            iteration = self._checkpointer(root).load(state)
         note = " (data position reset to epoch 0: training.reset_data_position)" if reset else ""
         _log_rank0(f"resumed from {root} at iteration {iteration}{note}")
         return iteration

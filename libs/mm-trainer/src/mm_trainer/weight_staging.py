@@ -2,8 +2,9 @@
 
 Runs before the model is built (``from_pretrained`` may read the weights while building). What is
 copied is what the load reads: ``checkpoint_path`` or ``from_pretrained``; with ``load_format: dcp``
-the conversion cache once it is complete (the conversion itself writes to the shared cache, so the
-first run converts there and later runs stage the result).
+the conversion cache once it is complete and holds the source's current content (the conversion
+itself writes to the shared cache, so the first run, or the first after the source changed, converts
+there and later runs stage the result; rank 0 decides, by the content hashes the cache recorded).
 """
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ import logging
 import os
 from typing import Any
 
-from mm_checkpoint import looks_like_dcp_checkpoint_dir, resolve_checkpoint_source, stage_on_node
+from mm_checkpoint import (
+    cache_content_change,
+    looks_like_dcp_checkpoint_dir,
+    resolve_checkpoint_source,
+    stage_on_node,
+)
+from mm_checkpoint.runtime import on_rank0
 from mm_config import ModelConfig, SubModelConfig
 
 logger = logging.getLogger("mm_trainer")
@@ -35,12 +42,23 @@ def _staged_source(sub: SubModelConfig, root: str) -> dict[str, Any]:
         return {}
     cache = source.conversion_dir
     if source.declared_format == "dcp" and cache and cache != source.path:
-        if not looks_like_dcp_checkpoint_dir(cache):
-            logger.warning("%s: DCP conversion cache not complete yet; converting on shared storage", cache)
+        stale = on_rank0(lambda: _stale_cache(source.path, cache))  # the same answer on every rank
+        if stale:
+            logger.warning("%s: DCP conversion cache %s; converting on shared storage", cache, stale)
             return {}
         return {"checkpoint_conversion_dir": str(stage_on_node(cache, root).path)}
     key = "checkpoint_path" if sub.checkpoint_path == source.path else "from_pretrained"
     return {key: str(stage_on_node(source.path, root).path)}
+
+
+def _stale_cache(source: str, cache: str) -> str | None:
+    """Why the conversion cache ``cache`` may not be staged for ``source`` (None: it may)."""
+    if not looks_like_dcp_checkpoint_dir(cache):
+        return "not complete yet"
+    if not os.path.exists(source):  # the load uses the cache of a deleted source, with a warning
+        return None
+    change = cache_content_change(source, cache)
+    return f"out of date ({change})" if change else None
 
 
 __all__ = ["stage_model_weights"]
