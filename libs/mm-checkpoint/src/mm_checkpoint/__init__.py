@@ -71,6 +71,7 @@ _EXPORTS: dict[str, str] = {
     "source_identity": "source_identity",
     "CheckpointSource": "sources",
     "resolve_checkpoint_source": "sources",
+    "remove_stale_temporaries": "stage_temporaries",
     "StagedCopy": "staging",
     "stage_on_node": "staging",
     "staged_location": "staging",

@@ -5,7 +5,9 @@ collective that also carries each copier's outcome, so that a failed copy raises
 instead of leaving the others blocked). A copy is made into a temporary sibling and renamed into
 place, with a record of the source's files (relative names, sizes, modification times) inside it
 (``.mm_stage.json``); a later run reuses a copy whose record matches the source and replaces one
-that does not. The copy of a source lives at ``<stage root>/<name>-<hash of its resolved path>``.
+that does not. The copy of a source lives at ``<stage root>/<name>-<hash of its resolved path>``. The
+temporaries of copies that were interrupted are removed by the node's next copier
+(:mod:`mm_checkpoint.stage_temporaries`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from .runtime import is_distributed
+from .stage_temporaries import remove_stale_temporaries, temporary_path
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +75,7 @@ def _copy(source: Path, copy_dir: Path) -> bool:
     record = _record(source)
     if _is_current(copy_dir, record):
         return False
-    tmp = copy_dir.with_name(f"{copy_dir.name}.tmp-{os.getpid()}")
+    tmp = temporary_path(copy_dir)
     shutil.rmtree(tmp, ignore_errors=True)
     if source.is_file():
         tmp.mkdir(parents=True)
@@ -105,6 +108,7 @@ def stage_on_node(source: str | os.PathLike, stage_root: str | os.PathLike) -> S
     copied, error = False, None
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         try:
+            remove_stale_temporaries(copy_dir.parent)  # an interrupted earlier copy's (docs: stage_temporaries)
             copied = _copy(src.resolve(), copy_dir)
         except OSError as exc:  # raised below on every rank
             error = f"rank {os.environ.get('RANK', '0')} could not copy {src} to {copy_dir}: {exc}"
