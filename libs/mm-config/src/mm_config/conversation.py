@@ -59,11 +59,13 @@ class ConversationDatasetConfig(ConfigModel):
     packing: bool = False
     """Pack a micro-batch into one row (position ids restart per sample, no cross-sample attention)."""
     image_max_pixels: int = Field(default=768 * 768, ge=0)
-    """Images larger than this many pixels are scaled down (aspect kept); 0 = no limit."""
+    """Images larger than this many pixels are scaled down (aspect kept); 0 = no limit. A model plugin
+    whose processor resizes by its own rule applies that rule with these bounds (``qwen2_vl``: the
+    processor's ``smart_resize``, 0 = the processor's own bound), so training sees inference's size."""
     image_min_pixels: int = Field(default=0, ge=0)
-    """Images smaller than this many pixels are scaled up; 0 = no limit."""
+    """Images smaller than this many pixels are scaled up; 0 = no limit (see ``image_max_pixels``)."""
     video_max_pixels: int = Field(default=256 * 256, ge=0)
-    """Video frames larger than this many pixels are scaled down; 0 = no limit."""
+    """Video frames larger than this many pixels are scaled down; 0 = no limit (see ``image_max_pixels``)."""
     video_min_pixels: int = Field(default=0, ge=0)
     """Video frames smaller than this many pixels are scaled up; 0 = no limit."""
     video_fps: float = Field(default=2.0, gt=0)

@@ -132,8 +132,19 @@ class MultimodalPlugin:
         return [{"type": kinds[p]} if p in kinds else {"type": "text", "text": p} for p in pieces]
 
     # -- 3. reading media ----------------------------------------------------------------------
+    def image_size(self, height: int, width: int) -> tuple[int, int]:
+        """The size an image of ``height x width`` is read at: aspect kept, scaled into
+        ``[image_min_pixels, image_max_pixels]``. A model plugin whose processor resizes by its own rule
+        returns the size unchanged and has the processor apply that rule with these bounds in
+        :meth:`process`, so an image is resized once, as at inference."""
+        return _budget_size(height, width, self.budget.image_min_pixels, self.budget.image_max_pixels)
+
+    def video_size(self, height: int, width: int) -> tuple[int, int]:
+        """The size video frames of ``height x width`` are decoded at (scaled into the video pixel budget)."""
+        return _budget_size(height, width, self.budget.video_min_pixels, self.budget.video_max_pixels)
+
     def load_image(self, path: str) -> Any:
-        """An RGB PIL image scaled (aspect kept) into ``[image_min_pixels, image_max_pixels]``."""
+        """An RGB PIL image at :meth:`image_size`."""
         from PIL import Image
 
         if not Path(path).is_file():
@@ -143,14 +154,12 @@ class MultimodalPlugin:
                 image = im.convert("RGB")
         except OSError as e:
             raise SampleError(f"image {path}: cannot read: {e}") from e
-        h, w = _budget_size(
-            image.height, image.width, self.budget.image_min_pixels, self.budget.image_max_pixels
-        )
+        h, w = self.image_size(image.height, image.width)
         return image if (h, w) == (image.height, image.width) else image.resize((w, h), Image.BICUBIC)
 
     def load_video(self, path: str) -> VideoClip:
         """Frames at ``video_fps`` (at most ``video_max_frames``, a multiple of :attr:`frame_multiple`),
-        scaled into the video pixel budget."""
+        decoded at :meth:`video_size`."""
         if not Path(path).is_file():
             raise SampleError(f"video {path}: no such file")
         try:
@@ -168,8 +177,7 @@ class MultimodalPlugin:
                     f"video_fps={self.budget.video_fps:g}; at least {max(1, self.frame_multiple)} needed"
                 )
             indices = np.linspace(0, info.num_frames - 1, count).round().astype(int).tolist()
-            b = self.budget
-            h, w = _budget_size(info.height, info.width, b.video_min_pixels, b.video_max_pixels)
+            h, w = self.video_size(info.height, info.width)
             frames = decode_frames(path, indices, h, w, info)
         except DecodeError as e:
             raise SampleError(str(e)) from e
