@@ -113,3 +113,22 @@ def test_too_many_bad_samples_stop_with_a_report(tiny_dataset):
              "images": ["image_0000.png"]}]  # fmt: skip
     with pytest.raises(BadSampleError, match=r"rows_\d+\.json\[0\] \(id bad\): 0 <image> placeholder"):
         tiny_dataset(rows, max_bad_fraction=0.0)[0]
+
+
+def test_a_fifo_listed_as_an_image_is_a_bad_sample_and_decode_timeout_s_reaches_the_dataset(tiny_dataset, tiny_root):
+    import os
+
+    fifo = tiny_root / "data" / "stalled.png"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    rows = [
+        {"id": "fifo", "conversations": [{"from": "human", "value": "<image>hi"}, {"from": "gpt", "value": "x"}],
+         "images": ["stalled.png"]},
+        {"id": "good", "conversations": [{"from": "human", "value": "<image>hi"}, {"from": "gpt", "value": "x"}],
+         "images": ["image_0000.png"]},
+    ]  # fmt: skip
+    ds = tiny_dataset(rows, max_bad_fraction=1.0, decode_timeout_s=7.5)
+    assert ds.decode_timeout_s == 7.5
+    assert ds[0]["index"] == 1  # a FIFO is refused without being opened: no wait
+    (bad,) = ds.tracker.bad_samples
+    assert bad.path.endswith("[0] (id fifo)") and f"image {fifo}: a FIFO (named pipe)" in bad.reason

@@ -74,6 +74,9 @@ class ConversationDatasetConfig(ConfigModel):
     """At most this many frames per video."""
     max_bad_fraction: float = Field(default=0.05, ge=0, le=1)
     """Stop when more than this fraction of the samples is bad (each is logged with its row and reason)."""
+    decode_timeout_s: float | None = Field(default=120.0, gt=0)
+    """Seconds one sample may take to read and decode; a sample past it is a bad sample, named with its
+    path (a hung read, e.g. a stalled network file system, no longer blocks the step); null = no deadline."""
 
     @field_validator("processor")
     @classmethod

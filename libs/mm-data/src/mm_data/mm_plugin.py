@@ -21,7 +21,6 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,7 @@ import torch
 
 from .chat_template import IGNORE_INDEX
 from .conversation import Conversation
-from .decode import DecodeError, decode_frames, probe_video
+from .decode import DecodeError, decode_frames, probe_video, require_regular_file
 from .registry import Registry
 
 __all__ = ["MM_PLUGINS", "MediaBudget", "MediaFeatures", "MultimodalPlugin", "SampleError", "VideoClip"]
@@ -147,8 +146,7 @@ class MultimodalPlugin:
         """An RGB PIL image at :meth:`image_size`."""
         from PIL import Image
 
-        if not Path(path).is_file():
-            raise SampleError(f"image {path}: no such file")
+        _regular_file("image", path)
         try:
             with Image.open(path) as im:
                 image = im.convert("RGB")
@@ -160,8 +158,7 @@ class MultimodalPlugin:
     def load_video(self, path: str) -> VideoClip:
         """Frames at ``video_fps`` (at most ``video_max_frames``, a multiple of :attr:`frame_multiple`),
         decoded at :meth:`video_size`."""
-        if not Path(path).is_file():
-            raise SampleError(f"video {path}: no such file")
+        _regular_file("video", path)
         try:
             info = probe_video(path)
             fps = info.fps or self.budget.video_fps
@@ -223,6 +220,14 @@ class MultimodalPlugin:
         """0 for text, 1 for image tokens, 2 for video tokens."""
         kinds = {self.image_token_id: 1, self.video_token_id: 2}
         return [kinds.get(t, 0) for t in input_ids]
+
+
+def _regular_file(kind: str, path: str) -> None:
+    """:class:`SampleError` unless ``path`` is a regular file (a FIFO is refused without opening it)."""
+    try:
+        require_regular_file(path)
+    except DecodeError as e:
+        raise SampleError(f"{kind} {e}") from None
 
 
 def _budget_size(height: int, width: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
