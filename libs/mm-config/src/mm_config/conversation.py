@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from .base import ConfigModel
+from .base import ConfigModel, InputPath
+from .known_ids import declare_ids, registered_name
 from .registry import register_dataset_schema
+
+BUILTIN_TEMPLATES = ("chatml",)
+"""mm-data's own chat templates (``mm_data.TEMPLATES`` before plugins add theirs; a test ties them)."""
+BUILTIN_MM_PLUGINS = ("text",)
+"""mm-data's own multimodal plugins (``mm_data.MM_PLUGINS`` before plugins add theirs)."""
 
 
 class ConversationColumnsConfig(ConfigModel):
@@ -42,15 +48,15 @@ class ConversationColumnsConfig(ConfigModel):
 class ConversationDatasetConfig(ConfigModel):
     """Conversations with images / videos rendered by a chat template, labels on assistant turns."""
 
-    processor: str | None = None
+    processor: InputPath | None = None
     """Directory of the tokenizer (and image processor) files, usually the model's own folder."""
     formatting: Literal["sharegpt", "openai", "alpaca"] = "sharegpt"
     """Row layout of ``data.data_path`` (a JSON list or JSONL)."""
     columns: ConversationColumnsConfig = ConversationColumnsConfig()
     """Column and tag names when they differ from the ``formatting`` defaults."""
-    template: str = "tokenizer"
+    template: Annotated[str, registered_name("template", also=("tokenizer",))] = "tokenizer"
     """Chat template: ``tokenizer`` (the tokenizer's own Jinja template) or a registered name (``chatml``)."""
-    mm_plugin: str = "text"
+    mm_plugin: Annotated[str, registered_name("mm_plugin")] = "text"
     """Registered multimodal plugin (placeholder checks, media tokens): ``text`` or a model's (``qwen2_vl``)."""
     train_on: Literal["assistant", "last", "all"] = "assistant"
     """Tokens with a loss: every assistant turn, only the last one, or the whole conversation."""
@@ -89,5 +95,7 @@ class ConversationDatasetConfig(ConfigModel):
 
 
 register_dataset_schema("conversation", ConversationDatasetConfig)
+declare_ids("template", *BUILTIN_TEMPLATES)
+declare_ids("mm_plugin", *BUILTIN_MM_PLUGINS)
 
-__all__ = ["ConversationColumnsConfig", "ConversationDatasetConfig"]
+__all__ = ["BUILTIN_MM_PLUGINS", "BUILTIN_TEMPLATES", "ConversationColumnsConfig", "ConversationDatasetConfig"]
