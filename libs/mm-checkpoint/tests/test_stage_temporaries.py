@@ -21,7 +21,9 @@ def write_source(folder: Path) -> Path:
 
 def dead_pid() -> int:
     """The pid of a process that has exited (and been reaped)."""
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True
+    )
     return int(proc.stdout)
 
 

@@ -42,9 +42,13 @@ def test_each_misspelt_id_of_a_container_config_is_one_error_with_the_closest_na
     data["model"]["container_id"] = "toy_containr"
     data["model"]["models"]["ae"]["model_id"] = "toy_vea"  # a sub-model without a config section
     err = check_error(write_config, data)
-    assert sorted(err.paths) == ["data.dataset_id", "model.container_id", "model.models.ae.model_id"], str(err)
+    assert sorted(err.paths) == ["data.dataset_id", "model.container_id", "model.models.ae.model_id"], str(
+        err
+    )
     assert "model.models.ae.model_id = 'toy_vea': unknown model id; did you mean `toy_vae`?" in str(err)
-    assert "model.container_id = 'toy_containr': unknown container id; did you mean `toy_container`?" in str(err)
+    assert "model.container_id = 'toy_containr': unknown container id; did you mean `toy_container`?" in str(
+        err
+    )
     assert "data.dataset_id = 'video_txt': unknown dataset id; did you mean `video_text`?" in str(err)
 
 
@@ -66,8 +70,15 @@ def test_conversation_template_plugin_and_attention_names_are_checked(write_conf
 
 def test_the_tokenizer_template_and_a_hub_kernel_need_no_registration(write_config, tmp_path):
     data = {
-        "model": {"model_id": "hf_causal_lm", "config": {"attn_implementation": "kernels-community/flash-attn"}},
-        "data": {"dataset_id": "conversation", "data_path": "rows.json", "dataset": {"processor": str(tmp_path)}},
+        "model": {
+            "model_id": "hf_causal_lm",
+            "config": {"attn_implementation": "kernels-community/flash-attn"},
+        },
+        "data": {
+            "dataset_id": "conversation",
+            "data_path": "rows.json",
+            "dataset": {"processor": str(tmp_path)},
+        },
     }
     assert check_config(write_config(data), check_paths=False, model_checks=False).config
 
@@ -97,6 +108,8 @@ def test_a_provider_makes_names_known(write_config):
     register_id_provider(provider)
     try:
         assert "provided_model" in known_ids("model")
-        assert check_config(write_config({"model": {"model_id": "provided_model"}}), model_checks=False).config
+        assert check_config(
+            write_config({"model": {"model_id": "provided_model"}}), model_checks=False
+        ).config
     finally:
         _PROVIDERS.remove(provider)

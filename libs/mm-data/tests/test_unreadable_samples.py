@@ -61,7 +61,9 @@ def metadata_with(first: Path, clips: Path, out: Path) -> Path:
 
 
 def test_a_fifo_listed_as_a_clip_is_a_bad_sample_named_at_once(fifo, two_clips, tmp_path):
-    dataset = VideoTextDataset(metadata_with(fifo, two_clips, tmp_path / "meta.json"), **SIZE, max_bad_fraction=0.5)
+    dataset = VideoTextDataset(
+        metadata_with(fifo, two_clips, tmp_path / "meta.json"), **SIZE, max_bad_fraction=0.5
+    )
     item = finishes(lambda: dataset[0], within_s=10)
     assert item["index"] == 1 and item["skipped"] == [0]
     (bad,) = dataset.bad_samples

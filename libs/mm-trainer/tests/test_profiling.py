@@ -57,7 +57,12 @@ def test_a_cpu_trace_holds_the_ops_of_the_profiled_steps_only(tmp_path):
     train_steps(profiler)
     names = event_names(tmp_path / "trace_rank0.json")
     assert {"train_step_1", "train_step_2"} <= names and not {"train_step_0", "train_step_3"} & names
-    assert {"aten::addmm", "aten::mm", "aten::relu", "Optimizer.step#SGD.step"} <= names  # forward, backward, step
+    assert {
+        "aten::addmm",
+        "aten::mm",
+        "aten::relu",
+        "Optimizer.step#SGD.step",
+    } <= names  # forward, backward, step
 
 
 def test_a_cpu_memory_profile_writes_the_allocator_timeline_of_the_profiled_steps(tmp_path):
@@ -111,7 +116,9 @@ def standin_torch_npu(monkeypatch):  # noqa: ANN001, ANN201
             self.cpu.export_chrome_trace(path)
 
     def record_memory_history(*args, **kwargs) -> None:  # noqa: ANN002, ANN003
-        npu.calls.append(("record_memory_history", PINS.bind(PINS.RECORD_MEMORY_HISTORY, args, kwargs)["enabled"]))
+        npu.calls.append(
+            ("record_memory_history", PINS.bind(PINS.RECORD_MEMORY_HISTORY, args, kwargs)["enabled"])
+        )
 
     def dump_snapshot(*args, **kwargs) -> None:  # noqa: ANN002, ANN003
         filename = PINS.bind(PINS.DUMP_SNAPSHOT, args, kwargs)["filename"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
 from typing import Any
 
 from .errors import ConfigError, Loc, Problem, suggest

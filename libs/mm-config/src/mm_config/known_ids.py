@@ -96,7 +96,9 @@ def unknown_name(kind: IdKind, value: Any, context: Any, also: Iterable[str] = (
     return f"unknown {_WHAT[kind]}; {hint} (known: {_SOURCES[kind]})"
 
 
-def registered_name(kind: IdKind, *, also: Iterable[str] = (), accept: Callable[[str], bool] | None = None) -> Any:
+def registered_name(
+    kind: IdKind, *, also: Iterable[str] = (), accept: Callable[[str], bool] | None = None
+) -> Any:
     """A pydantic validator (``Annotated[str, registered_name("template", also=("tokenizer",))]``) refusing
     a name of ``kind`` that is not known, when the validation context asks (``check_ids``); ``also`` are
     further valid names, ``accept`` a predicate for names that need no registration."""

@@ -46,7 +46,9 @@ def run_model_checks(
         try:
             check: ModelCheck = ep.load()
         except ImportError as exc:
-            warnings.append(Problem((), f"model checks {ep.name!r} ({ep.value}) skipped: cannot import: {exc}"))
+            warnings.append(
+                Problem((), f"model checks {ep.name!r} ({ep.value}) skipped: cannot import: {exc}")
+            )
             continue
         new, noted = check(pruned)
         found += new

@@ -56,8 +56,12 @@ def call_with_deadline(load: Callable[[], T], seconds: float | None, what: str) 
     helper.start()
     helper.join(seconds)
     if helper.is_alive():
-        logger.warning("mm_data: %s still reading after %g s; its reader thread is left behind", what, seconds)
-        raise SampleTimeout(f"{what}: not read within decode_timeout_s={seconds:g} s (a hung or too slow read)")
+        logger.warning(
+            "mm_data: %s still reading after %g s; its reader thread is left behind", what, seconds
+        )
+        raise SampleTimeout(
+            f"{what}: not read within decode_timeout_s={seconds:g} s (a hung or too slow read)"
+        )
     ok, value = outcome[0]
     if ok:
         return value  # type: ignore[return-value]

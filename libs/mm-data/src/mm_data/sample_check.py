@@ -67,9 +67,7 @@ def check_samples(
     by index. ``progress(done, total, bad)`` is called about every ``progress_every_s`` seconds and at the end."""
     if workers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
-    loader = DataLoader(
-        _OneSampleChecks(dataset), batch_size=None, num_workers=workers, collate_fn=_as_is
-    )
+    loader = DataLoader(_OneSampleChecks(dataset), batch_size=None, num_workers=workers, collate_fn=_as_is)
     bad: list[BadSample] = []
     last = time.monotonic()
     for done, found in enumerate(loader, start=1):

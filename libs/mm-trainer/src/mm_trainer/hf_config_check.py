@@ -63,7 +63,9 @@ def hf_model_problems(data: dict[str, Any]) -> list[Problem]:
     return out
 
 
-def _model_class(section: dict[str, Any], options: dict[str, Any], loc: Loc, out: list[Problem]) -> type | None:
+def _model_class(
+    section: dict[str, Any], options: dict[str, Any], loc: Loc, out: list[Problem]
+) -> type | None:
     """The :class:`HFModel` class a section builds, or None (not a transformers model, or unknown id)."""
     model_id = section.get("model_id")
     if model_id in MODEL_REGISTRY:
@@ -80,7 +82,13 @@ def _model_class(section: dict[str, Any], options: dict[str, Any], loc: Loc, out
     transformers = import_transformers(f"model {model_id!r}")
     if architecture is not None and not isinstance(getattr(transformers, str(architecture), None), type):
         models = [n for n in dir(transformers) if n.endswith(("ForCausalLM", "ForConditionalGeneration"))]
-        out.append(Problem(loc, f"not a transformers model class; {suggest(str(architecture), models, 'class')}", architecture))
+        out.append(
+            Problem(
+                loc,
+                f"not a transformers model class; {suggest(str(architecture), models, 'class')}",
+                architecture,
+            )
+        )
         return None
     sources = {key: section.get(key) for key in ("from_pretrained", "checkpoint_path")}
     try:
@@ -93,7 +101,11 @@ def _model_class(section: dict[str, Any], options: dict[str, Any], loc: Loc, out
 def config_fields(config_class: type) -> frozenset[str]:
     """The keys a transformers config class reads: its fields and ``__init__`` keywords, what its default
     instance serializes, and its ``attribute_map`` aliases."""
-    names = {f.name for f in dataclasses.fields(config_class)} if dataclasses.is_dataclass(config_class) else set()
+    names = (
+        {f.name for f in dataclasses.fields(config_class)}
+        if dataclasses.is_dataclass(config_class)
+        else set()
+    )
     params = inspect.signature(config_class.__init__).parameters.values()
     names |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self"}
     names |= set(config_class().to_dict())
@@ -108,17 +120,31 @@ def _hf_config_problems(config_class: type, overrides: dict[str, Any], loc: Loc)
     for key, value in overrides.items():
         if key not in fields:
             hint = suggest(str(key), fields, "field")
-            out.append(Problem(loc + (key,), f"not a field of transformers' {config_class.__name__}; {hint}", value))
-        elif isinstance(value, dict) and isinstance(sub_configs.get(key), type) and hasattr(sub_configs[key], "to_dict"):
+            out.append(
+                Problem(loc + (key,), f"not a field of transformers' {config_class.__name__}; {hint}", value)
+            )
+        elif (
+            isinstance(value, dict)
+            and isinstance(sub_configs.get(key), type)
+            and hasattr(sub_configs[key], "to_dict")
+        ):
             out += _hf_config_problems(sub_configs[key], value, loc + (key,))
     return out
 
 
 def _freeze_group_problems(model_class: type, groups: list[Any], loc: Loc) -> list[Problem]:
     known = sorted(getattr(model_class, "module_groups", None) or {})
-    name = model_class.upstream_class().__name__ if hasattr(model_class, "upstream_class") else model_class.__name__
+    name = (
+        model_class.upstream_class().__name__
+        if hasattr(model_class, "upstream_class")
+        else model_class.__name__
+    )
     return [
-        Problem(loc + (i,), f"{name} has no module group `{group}`; {suggest(str(group), known, 'module group')}", group)
+        Problem(
+            loc + (i,),
+            f"{name} has no module group `{group}`; {suggest(str(group), known, 'module group')}",
+            group,
+        )
         for i, group in enumerate(groups)
         if group not in known
     ]

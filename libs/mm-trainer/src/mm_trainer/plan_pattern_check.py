@@ -60,7 +60,11 @@ def _model_section(data: dict[str, Any]) -> tuple[ModelConfig | None, set[str]]:
     checks refused (None when it still does not validate), and the names of those left out."""
     section = copy.deepcopy(data.get("model") or {})
     models = section.get("models")
-    left_out = {n for n, sub in models.items() if not (isinstance(sub, dict) and sub.get("model_id"))} if isinstance(models, dict) else set()
+    left_out = (
+        {n for n, sub in models.items() if not (isinstance(sub, dict) and sub.get("model_id"))}
+        if isinstance(models, dict)
+        else set()
+    )
     for name in left_out:
         del models[name]
     if models and not section.get("container_id"):
@@ -79,7 +83,9 @@ def _pattern_lists(data: dict[str, Any]) -> list[tuple[Loc, str | None, list[Any
     for base, section in sub_model_sections(data):
         targets = _at(section, ("lora", "target_modules"))
         if isinstance(targets, list) and targets:
-            lists.append((base + ("lora", "target_modules"), base[-1] if len(base) == 3 else "model", targets))
+            lists.append(
+                (base + ("lora", "target_modules"), base[-1] if len(base) == 3 else "model", targets)
+            )
     return lists
 
 
@@ -107,5 +113,7 @@ def plan_pattern_problems(data: dict[str, Any]) -> tuple[list[Problem], list[Pro
                 continue
             if sub_model is None and pattern.split(".", 1)[0] in unjudged:
                 continue
-            problems.append(Problem(loc + (i,), f"matches no module: {unmatched_segment(pattern, paths)}", pattern))
+            problems.append(
+                Problem(loc + (i,), f"matches no module: {unmatched_segment(pattern, paths)}", pattern)
+            )
     return problems, warnings

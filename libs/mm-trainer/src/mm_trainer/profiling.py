@@ -105,7 +105,14 @@ class MemoryProfiler:
     docstring), and the peak RSS of each of those steps."""
 
     def __init__(
-        self, *, enable: bool, start_step: int, end_step: int, output_dir: str, rank: int, device_type: str = "cpu"
+        self,
+        *,
+        enable: bool,
+        start_step: int,
+        end_step: int,
+        output_dir: str,
+        rank: int,
+        device_type: str = "cpu",
     ) -> None:
         self.enable, self.start, self.end = enable, start_step, end_step
         self.output_dir, self.rank = Path(output_dir), rank
