@@ -58,7 +58,9 @@ def test_every_listed_typo_of_the_qwen_vl_config_is_one_error_of_one_check_befor
     }
     paths = [f"model.from_pretrained={model}", f"data.data_path={tiny_root / 'data' / 'sharegpt.json'}"]
     with pytest.raises(ConfigError) as info:
-        check_config(CONFIGS / "tiny_sft.yaml", [*paths, *(f"{k}={v}" for k, v in typos.items())], world_size=2)
+        check_config(
+            CONFIGS / "tiny_sft.yaml", [*paths, *(f"{k}={v}" for k, v in typos.items())], world_size=2
+        )
     found = info.value.paths
     expected = {
         "data.dataset.processor": "path not found",

@@ -8,13 +8,11 @@ import torch
 from mm_data import IGNORE_INDEX
 
 
+# within the budget: 48 x 32 (sides rounded to the 8-pixel factor); over it: 64 x 56 (scaling into the
+# budget first trained 72 x 56, 63 tokens); under image_min_pixels: 40 x 32
 @pytest.mark.parametrize(
     ("height", "width", "min_pixels", "max_pixels", "tokens"),
-    [
-        (44, 36, 0, 64 * 64, 24),  # within the budget: 48 x 32 (sides rounded to the 8-pixel factor)
-        (96, 80, 0, 64 * 64, 56),  # over it: 64 x 56 (scaling into the budget first trained 72 x 56, 63 tokens)
-        (12, 10, 32 * 32, 64 * 64, 20),  # under image_min_pixels: 40 x 32
-    ],
+    [(44, 36, 0, 64 * 64, 24), (96, 80, 0, 64 * 64, 56), (12, 10, 32 * 32, 64 * 64, 20)],
 )
 def test_images_train_at_the_resolution_and_pixels_the_processor_gives_the_raw_image(
     tiny_dataset, tiny_root, height, width, min_pixels, max_pixels, tokens
@@ -115,7 +113,9 @@ def test_too_many_bad_samples_stop_with_a_report(tiny_dataset):
         tiny_dataset(rows, max_bad_fraction=0.0)[0]
 
 
-def test_a_fifo_listed_as_an_image_is_a_bad_sample_and_decode_timeout_s_reaches_the_dataset(tiny_dataset, tiny_root):
+def test_a_fifo_listed_as_an_image_is_a_bad_sample_and_decode_timeout_s_reaches_the_dataset(
+    tiny_dataset, tiny_root
+):
     import os
 
     fifo = tiny_root / "data" / "stalled.png"

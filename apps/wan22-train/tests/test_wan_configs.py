@@ -104,7 +104,10 @@ def test_every_misspelt_id_and_a_pattern_typo_are_one_error_each_of_one_check(ti
     assert "did you mean `wan2_2_container`?" in messages["model.container_id"]
     assert "did you mean `video_text`?" in messages["data.dataset_id"]
     assert "did you mean `wan_video_vae`?" in messages["model.models.ae.model_id"]
-    assert "segment `atn` matches no module under `predictor.blocks.{*}`" in messages["features.recompute_plan.apply_modules[0]"]
+    assert (
+        "segment `atn` matches no module under `predictor.blocks.{*}`"
+        in messages["features.recompute_plan.apply_modules[0]"]
+    )
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,9 @@ B, S, H, D = 2, 10, 3, 8
 
 def _load_pins() -> types.ModuleType:
     """``upstream_apis.py`` beside this file (tests import with --import-mode=importlib: no sys.path)."""
-    spec = importlib.util.spec_from_file_location("mm_parallel_upstream_apis", Path(__file__).with_name("upstream_apis.py"))
+    spec = importlib.util.spec_from_file_location(
+        "mm_parallel_upstream_apis", Path(__file__).with_name("upstream_apis.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -224,7 +226,12 @@ def _standin_flash_attn() -> tuple[types.ModuleType, types.ModuleType]:
         a = UPSTREAM.bind(bwd_api, args, kwargs)
         dout, q, k, v, out, lse = (a[n] for n in ("dout", "q", "k", "v", "out", "softmax_lse"))
         scale, causal = a["softmax_scale"], a["causal"]
-        assert (a["window_size_left"], a["window_size_right"], a["softcap"], a["dropout_p"]) == (-1, -1, 0.0, 0.0)
+        assert (a["window_size_left"], a["window_size_right"], a["softcap"], a["dropout_p"]) == (
+            -1,
+            -1,
+            0.0,
+            0.0,
+        )
         assert lse.shape == (q.size(0), q.size(2), q.size(1)) and lse.is_contiguous()
         s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
         if causal:

@@ -48,7 +48,10 @@ class QwenVLPlugin(MultimodalPlugin):
     def pixel_bounds(self, min_pixels: int, max_pixels: int) -> dict[str, int]:
         """The processor's ``size`` for budget bounds (0: the processor's own bound)."""
         own = self.image_processor.size
-        return {"shortest_edge": min_pixels or own["shortest_edge"], "longest_edge": max_pixels or own["longest_edge"]}
+        return {
+            "shortest_edge": min_pixels or own["shortest_edge"],
+            "longest_edge": max_pixels or own["longest_edge"],
+        }
 
     def image_size(self, height: int, width: int) -> tuple[int, int]:
         """Unchanged: :meth:`process` has the processor resize the raw image (once)."""
@@ -88,7 +91,9 @@ class QwenVLPlugin(MultimodalPlugin):
         if len(frames) % tp:  # repeat the last frame, as the video processor does
             frames = np.concatenate([frames, np.repeat(frames[-1:], tp - len(frames) % tp, axis=0)])
         size = self.pixel_bounds(self.budget.video_min_pixels, self.budget.video_max_pixels)
-        result = self.image_processor(images=[Image.fromarray(f) for f in frames], size=size, return_tensors="pt")
+        result = self.image_processor(
+            images=[Image.fromarray(f) for f in frames], size=size, return_tensors="pt"
+        )
         grid = result["image_grid_thw"][0]
         per_frame = int(grid[1] * grid[2])
         p = int(self.image_processor.patch_size)

@@ -109,7 +109,9 @@ def tiny_text_encoder(vocab_size: int) -> UMT5EncoderModel:
 def tiny_scheduler() -> UniPCMultistepScheduler:
     """The sampling scheduler of the released Wan2.2 folders (UniPC on flow-matching sigmas), at
     :data:`TINY_FLOW_SHIFT`."""
-    return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=TINY_FLOW_SHIFT)
+    return UniPCMultistepScheduler(
+        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=TINY_FLOW_SHIFT
+    )
 
 
 def make_tiny(

@@ -108,7 +108,7 @@ def stage_on_node(source: str | os.PathLike, stage_root: str | os.PathLike) -> S
     copied, error = False, None
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         try:
-            remove_stale_temporaries(copy_dir.parent)  # an interrupted earlier copy's (docs: stage_temporaries)
+            remove_stale_temporaries(copy_dir.parent)  # left by interrupted copies (stage_temporaries)
             copied = _copy(src.resolve(), copy_dir)
         except OSError as exc:  # raised below on every rank
             error = f"rank {os.environ.get('RANK', '0')} could not copy {src} to {copy_dir}: {exc}"

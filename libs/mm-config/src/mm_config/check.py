@@ -81,7 +81,12 @@ def _check(
     cfg = None
     try:
         cfg = validate_config(
-            data, world_size, source, check_paths=check_paths, ranks_per_node=ranks_per_node, check_ids=plugins
+            data,
+            world_size,
+            source,
+            check_paths=check_paths,
+            ranks_per_node=ranks_per_node,
+            check_ids=plugins,
         )
     except ConfigError as err:
         problems += err.problems

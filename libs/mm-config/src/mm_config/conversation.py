@@ -98,4 +98,9 @@ register_dataset_schema("conversation", ConversationDatasetConfig)
 declare_ids("template", *BUILTIN_TEMPLATES)
 declare_ids("mm_plugin", *BUILTIN_MM_PLUGINS)
 
-__all__ = ["BUILTIN_MM_PLUGINS", "BUILTIN_TEMPLATES", "ConversationColumnsConfig", "ConversationDatasetConfig"]
+__all__ = [
+    "BUILTIN_MM_PLUGINS",
+    "BUILTIN_TEMPLATES",
+    "ConversationColumnsConfig",
+    "ConversationDatasetConfig",
+]

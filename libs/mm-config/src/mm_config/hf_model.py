@@ -15,6 +15,9 @@ ATTN_IMPLEMENTATIONS = (
 a test in mm-trainer ties them to the installed transformers). A name with a ``/`` is a Hub kernel
 repository, which transformers resolves itself."""
 
+AttnImplementation = Annotated[str, registered_name("attn_implementation", accept=lambda name: "/" in name)]
+"""A name of :data:`ATTN_IMPLEMENTATIONS` (or one a plugin declares), or a Hub kernel ``org/repo``."""
+
 
 class HFModelConfig(ConfigModel):
     """How a transformers model class is built and which of its module groups train."""
@@ -22,7 +25,7 @@ class HFModelConfig(ConfigModel):
     architecture: str | None = None
     """transformers class name (``Qwen2_5_VLForConditionalGeneration``); None = the id's own class, else
     ``architectures[0]`` of the source's ``config.json``."""
-    attn_implementation: Annotated[str, registered_name("attn_implementation", accept=lambda v: "/" in v)] = "sdpa"
+    attn_implementation: AttnImplementation = "sdpa"
     """transformers attention implementation (``sdpa``, ``eager``, ``flash_attention_2``...)."""
     freeze_groups: list[str] = []
     """Module groups the model class names (e.g. ``vision_tower``, ``multi_modal_projector``,

@@ -156,16 +156,21 @@ def validate_config(
 
     With ``check_paths`` every path the run reads (``from_pretrained``, ``checkpoint_path``,
     ``data.data_path``, ``data.data_root``, ``training.load`` and the paths plugin schemas declare as
-    :data:`~mm_config.base.InputPath`) must exist; with ``check_ids`` every registered name the config uses
-(model, container and dataset ids, templates, plugins, attention implementations) must be known
-(:mod:`mm_config.known_ids`). Field errors are reported first. To report rule
+    :data:`~mm_config.base.InputPath`) must exist; with ``check_ids`` every registered name the config
+    uses (model, container and dataset ids, templates, plugins, attention implementations) must be
+    known (:mod:`mm_config.known_ids`). Field errors are reported first. To report rule
     violations in the same pass, offending keys are dropped (falling back to defaults) and
     validation repeats; a rule that read a dropped key is left out, since it would only echo the
     first error.
     """
     world = context_world_size({"world_size": world_size})
     per_node = context_ranks_per_node({"ranks_per_node": ranks_per_node}, world)
-    context = {"world_size": world, "ranks_per_node": per_node, "check_paths": check_paths, "check_ids": check_ids}
+    context = {
+        "world_size": world,
+        "ranks_per_node": per_node,
+        "check_paths": check_paths,
+        "check_ids": check_ids,
+    }
     try:
         return TrainConfig.model_validate(data, context=context)
     except ValidationError as err:
