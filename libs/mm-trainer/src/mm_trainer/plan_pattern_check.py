@@ -17,7 +17,6 @@ from typing import Any
 from mm_config import ModelConfig, Problem
 from mm_config.errors import Loc
 from mm_parallel import module_paths, pattern_matches, unmatched_segment
-from pydantic import ValidationError
 from torch import nn
 
 from mm_trainer.container import container_class
@@ -71,7 +70,7 @@ def _model_section(data: dict[str, Any]) -> tuple[ModelConfig | None, set[str]]:
         section.pop("pipeline", None)  # its container's id was refused: the plain container has no options
     try:
         return ModelConfig.model_validate(section, context={"world_size": 1}), left_out
-    except ValidationError:
+    except ValueError:  # pydantic's ValidationError
         return None, left_out  # the schema pass reports the model section's problems
 
 
