@@ -58,9 +58,8 @@ def _allocator_memory(device_type: str) -> Any:
     return torch.cuda.memory
 
 
-class StepProfiler:
-    """A trace of the optimizer steps in ``[start_step, end_step)`` on ``device_type`` (see the module
-    docstring)."""
+class _StepRangeTool:
+    """What both tools take: the step range ``[start_step, end_step)``, where files go, the rank, the device."""
 
     def __init__(
         self,
@@ -70,14 +69,19 @@ class StepProfiler:
         end_step: int,
         output_dir: str,
         rank: int,
-        record_shapes: bool = False,
-        with_stack: bool = False,
         device_type: str = "cpu",
     ) -> None:
         self.enable, self.start, self.end = enable, start_step, end_step
-        self.output_dir, self.rank = Path(output_dir), rank
+        self.output_dir, self.rank, self.device_type = Path(output_dir), rank, device_type
+
+
+class StepProfiler(_StepRangeTool):
+    """A trace of the optimizer steps in ``[start_step, end_step)`` on ``device_type`` (see the module
+    docstring)."""
+
+    def __init__(self, *, record_shapes: bool = False, with_stack: bool = False, **step_range: Any) -> None:
+        super().__init__(**step_range)
         self.record_shapes, self.with_stack = record_shapes, with_stack
-        self.device_type = device_type
         self._prof: Any = None
 
     @property
@@ -100,23 +104,12 @@ class StepProfiler:
             self._prof = None
 
 
-class MemoryProfiler:
+class MemoryProfiler(_StepRangeTool):
     """An allocator snapshot of the steps in ``[start_step, end_step)`` on ``device_type`` (see the module
     docstring), and the peak RSS of each of those steps."""
 
-    def __init__(
-        self,
-        *,
-        enable: bool,
-        start_step: int,
-        end_step: int,
-        output_dir: str,
-        rank: int,
-        device_type: str = "cpu",
-    ) -> None:
-        self.enable, self.start, self.end = enable, start_step, end_step
-        self.output_dir, self.rank = Path(output_dir), rank
-        self.device_type = device_type
+    def __init__(self, **step_range: Any) -> None:
+        super().__init__(**step_range)
         self._records: list[dict] = []
         self._cpu_prof: Any = None
 
