@@ -127,3 +127,15 @@ def test_mm_data_check_lists_a_fifo_with_its_path_in_parallel(fifo, two_clips, t
     captured = capsys.readouterr()
     assert "3 samples, 1 bad" in captured.out and f"[0] {fifo}: a FIFO (named pipe)" in captured.out
     assert "checked 3/3 samples, 1 bad" in captured.err  # progress
+
+
+def test_the_deadline_holds_in_a_dataloader_worker(monkeypatch, fifo, two_clips):
+    from mm_data import dataset as dataset_module
+    from torch.utils.data import DataLoader
+
+    hung = two_clips.parent / json.loads(two_clips.read_text())[0]["path"]
+    monkeypatch.setattr(dataset_module, "decode_frames", _hang_on(hung, fifo))  # the forked worker inherits it
+    dataset = VideoTextDataset(two_clips, **SIZE, max_bad_fraction=0.5, decode_timeout_s=0.5)
+    loader = DataLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context="fork")
+    item = finishes(lambda: next(iter(loader)), within_s=30)
+    assert item["index"] == 1 and item["skipped"] == [0]

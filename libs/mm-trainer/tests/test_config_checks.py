@@ -153,3 +153,11 @@ def test_mm_configs_builtin_names_are_mm_datas_and_transformers():
 
     assert set(ATTN_IMPLEMENTATIONS) == {"eager", *AttentionInterface._global_mapping}
     assert set(BUILTIN_TEMPLATES) <= set(TEMPLATES) and set(BUILTIN_MM_PLUGINS) <= set(MM_PLUGINS)
+
+
+def test_mm_config_check_no_model_checks_skips_them(write_config, tiny_lm, capsys):
+    from mm_config.cli import main
+
+    path = write_config(lm(tiny_lm, hf_config={"rms_norm_epss": 1e-5}))
+    assert main(["check", str(path)]) == 2 and "rms_norm_epss" in capsys.readouterr().err
+    assert main(["check", str(path), "--no-model-checks"]) == 0
