@@ -134,7 +134,8 @@ def test_the_deadline_holds_in_a_dataloader_worker(monkeypatch, fifo, two_clips)
     from torch.utils.data import DataLoader
 
     hung = two_clips.parent / json.loads(two_clips.read_text())[0]["path"]
-    monkeypatch.setattr(dataset_module, "decode_frames", _hang_on(hung, fifo))  # the forked worker inherits it
+    # the forked worker inherits the patched reader
+    monkeypatch.setattr(dataset_module, "decode_frames", _hang_on(hung, fifo))
     dataset = VideoTextDataset(two_clips, **SIZE, max_bad_fraction=0.5, decode_timeout_s=0.5)
     loader = DataLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context="fork")
     item = finishes(lambda: next(iter(loader)), within_s=30)
