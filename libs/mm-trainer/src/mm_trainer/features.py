@@ -187,9 +187,20 @@ def offload_options(args: Any) -> dict[str, Any]:
     ``torch.<device_type>.is_available()``, and copies back with ``non_blocking=pin_memory``: without
     ``device_type`` an NPU's copies were pageable and blocking.
     """
-    tensor = next((t for t in torch.utils._pytree.tree_leaves(args) if isinstance(t, torch.Tensor)), None)
-    device_type = tensor.device.type if tensor is not None else "cpu"
+    device_type = next((t.device.type for t in _flat(args) if isinstance(t, torch.Tensor)), "cpu")
     return {"pin_memory": device_type not in ("cpu", "meta"), "device_type": device_type}
+
+
+def _flat(value: Any) -> Iterable[Any]:
+    """The leaves of nested tuples, lists and dicts (a forward's positional and keyword arguments)."""
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _flat(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _flat(item)
+    else:
+        yield value
 
 
 def _offload_forward(forward: Callable[..., Any]) -> Callable[..., Any]:
