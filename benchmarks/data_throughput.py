@@ -1,10 +1,11 @@
-"""Decode + transform throughput of `mm_data.VideoTextDataset` (clips/s) on 0, 1 and 2 DataLoader workers.
+"""Decode + transform throughput of `mm_data.VideoTextDataset` (clips/s) on 0, 1 and 2 DataLoader workers,
+with and without the per-sample deadline (``decode_timeout_s``: each sample read in a helper thread).
 
 Writes synthetic 480x832 H.264 clips (81 frames, 16 fps, keyframe every 16 frames) and times
 loading 49-frame samples at 480x832 (PyAV seek + decode of the needed range, resize/crop,
 normalize to [-1, 1]). Usage:
 
-    python benchmarks/data_throughput.py [--clips 4] [--samples 24] [--workers 0 1 2]
+    python benchmarks/data_throughput.py [--clips 4] [--samples 24] [--workers 0 1 2] [--deadlines none 120]
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from pathlib import Path
 
 import torch
-from mm_data import VideoTextDataset, collate_video_text, make_synthetic_dataset
+from mm_data import VideoTextDataset, call_with_deadline, collate_video_text, make_synthetic_dataset
 from torch.utils.data import DataLoader
 
 
@@ -32,6 +33,14 @@ def measure(dataset: VideoTextDataset, samples: int, workers: int) -> float:
     return count / (time.perf_counter() - start)
 
 
+def deadline_overhead_us(calls: int = 2000) -> float:
+    """Microseconds ``call_with_deadline`` adds to one call (a helper thread started and joined)."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        call_with_deadline(lambda: None, 120.0, "noop")
+    return (time.perf_counter() - start) / calls * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--clips", type=int, default=4)
@@ -40,6 +49,12 @@ def main() -> None:
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--width", type=int, default=832)
     parser.add_argument("--num-frames", type=int, default=49)
+    parser.add_argument(
+        "--deadlines",
+        nargs="+",
+        default=["none", "120"],
+        help="decode_timeout_s values to compare ('none': off)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -53,14 +68,20 @@ def main() -> None:
             gop_size=16,
         )
         print(f"wrote {args.clips} clips {args.height}x{args.width}x81 in {time.perf_counter() - t0:.1f}s")
-        dataset = VideoTextDataset(
-            meta, num_frames=args.num_frames, height=args.height, width=args.width, fps=16
-        )
-        print(f"\n{'workers':>7} | {'clips/s':>8} | {'ms/clip':>8} | {'frames/s':>8}")
-        print("-" * 42)
-        for workers in args.workers:
-            rate = measure(dataset, args.samples, workers)
-            print(f"{workers:>7} | {rate:8.2f} | {1000 / rate:8.1f} | {rate * args.num_frames:8.0f}")
+        print(f"the deadline's helper thread adds {deadline_overhead_us():.0f} us per sample")
+        print(f"\n{'deadline':>8} | {'workers':>7} | {'clips/s':>8} | {'ms/clip':>8} | {'frames/s':>8}")
+        print("-" * 53)
+        for deadline in args.deadlines:
+            timeout = None if deadline.lower() == "none" else float(deadline)
+            dataset = VideoTextDataset(
+                meta, num_frames=args.num_frames, height=args.height, width=args.width, fps=16,
+                decode_timeout_s=timeout,
+            )  # fmt: skip
+            for workers in args.workers:
+                rate = measure(dataset, args.samples, workers)
+                print(
+                    f"{deadline:>8} | {workers:>7} | {rate:8.2f} | {1000 / rate:8.1f} | {rate * args.num_frames:8.0f}"
+                )
 
 
 if __name__ == "__main__":

@@ -35,3 +35,42 @@ def test_a_freeze_group_typo_is_a_config_error():
         ConfigError, match="model.config.freeze_group: unknown key; did you mean `freeze_groups`"
     ):
         load_config(CONFIGS / "tiny_sft.yaml", ["model.config.freeze_group=[vision_tower]"], world_size=2)
+
+
+def test_every_listed_typo_of_the_qwen_vl_config_is_one_error_of_one_check_before_any_weight_is_read(
+    tiny_root, tmp_path
+):
+    import shutil
+
+    from mm_config import ConfigError, check_config
+
+    model = shutil.copytree(tiny_root / "model", tmp_path / "model")
+    for weights in model.glob("*.safetensors"):
+        weights.write_bytes(b"junk: a check that read the weights would fail on it")
+    typos = {
+        "data.dataset.processor": f"{tmp_path / 'nowhere'}",
+        "data.dataset.mm_plugin": "qwen2vl",
+        "data.dataset.template": "chatmlx",
+        "model.config.attn_implementation": "sdpaa",
+        "model.config.freeze_groups": "[vision_towr]",
+        "model.config.hf_config": "{text_config: {rms_norm_epss: 1.0e-6}}",
+        "parallel.fsdp_plan.apply_modules": '["model.model.visual.blocks.{*}", "model.model.language_model.layer.{*}"]',
+    }
+    paths = [f"model.from_pretrained={model}", f"data.data_path={tiny_root / 'data' / 'sharegpt.json'}"]
+    with pytest.raises(ConfigError) as info:
+        check_config(
+            CONFIGS / "tiny_sft.yaml", [*paths, *(f"{k}={v}" for k, v in typos.items())], world_size=2
+        )
+    found = info.value.paths
+    expected = {
+        "data.dataset.processor": "path not found",
+        "data.dataset.mm_plugin": "did you mean `qwen2_vl`?",
+        "data.dataset.template": "did you mean `chatml`?",
+        "model.config.attn_implementation": "did you mean `sdpa`?",
+        "model.config.freeze_groups[0]": "did you mean `vision_tower`?",
+        "model.config.hf_config.text_config.rms_norm_epss": "did you mean `rms_norm_eps`?",
+        "parallel.fsdp_plan.apply_modules[1]": "segment `layer` matches no module",
+    }
+    assert sorted(found) == sorted(expected), str(info.value)
+    for problem in info.value.problems:
+        assert expected[problem.path] in problem.message, problem

@@ -8,17 +8,32 @@ import torch
 from mm_data import IGNORE_INDEX
 
 
-def test_image_tokens_are_what_the_image_processor_reports(tiny_dataset):
-    ds = tiny_dataset()
-    plugin = ds.plugin
-    for index in range(len(ds)):
-        item = ds.encode(index)
-        if "image_grid_thw" not in item["media"]:
-            continue
-        image = plugin.load_image(str(ds.root / ds.rows[index]["images"][0]))
-        patches = plugin.image_processor.get_number_of_image_patches(image.height, image.width, {})
-        assert item["input_ids"].count(plugin.image_token_id) == patches // plugin.merge**2
-        assert patches == int(item["media"]["image_grid_thw"].prod())
+# within the budget: 48 x 32 (sides rounded to the 8-pixel factor); over it: 64 x 56 (scaling into the
+# budget first trained 72 x 56, 63 tokens); under image_min_pixels: 40 x 32
+@pytest.mark.parametrize(
+    ("height", "width", "min_pixels", "max_pixels", "tokens"),
+    [(44, 36, 0, 64 * 64, 24), (96, 80, 0, 64 * 64, 56), (12, 10, 32 * 32, 64 * 64, 20)],
+)
+def test_images_train_at_the_resolution_and_pixels_the_processor_gives_the_raw_image(
+    tiny_dataset, tiny_root, height, width, min_pixels, max_pixels, tokens
+):
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
+    raw = Image.fromarray(np.random.default_rng(height).integers(0, 256, (height, width, 3), dtype=np.uint8))
+    raw.save(tiny_root / "data" / f"raw_{height}x{width}.png")
+    rows = [{"conversations": [{"from": "human", "value": "<image>what is it?"}, {"from": "gpt", "value": "noise"}],
+             "images": [f"raw_{height}x{width}.png"]}]  # fmt: skip
+    ds = tiny_dataset(rows, image_min_pixels=min_pixels, image_max_pixels=max_pixels)
+    item = ds.encode(0)
+    # inference: the model's processor on the raw image, its pixel bounds set to the training budget
+    processor = AutoImageProcessor.from_pretrained(tiny_root / "model")
+    bounds = {"shortest_edge": min_pixels or processor.size["shortest_edge"], "longest_edge": max_pixels}
+    reference = processor(images=[raw], size=bounds, return_tensors="pt")
+    assert item["input_ids"].count(ds.plugin.image_token_id) == tokens
+    assert int(reference["image_grid_thw"].prod()) // ds.plugin.merge**2 == tokens
+    assert torch.equal(item["media"]["image_grid_thw"], reference["image_grid_thw"])
+    assert torch.equal(item["media"]["pixel_values"], reference["pixel_values"])
 
 
 def test_media_tokens_are_what_the_vision_tower_produces(tiny_dataset, tiny_model):
@@ -96,3 +111,24 @@ def test_too_many_bad_samples_stop_with_a_report(tiny_dataset):
              "images": ["image_0000.png"]}]  # fmt: skip
     with pytest.raises(BadSampleError, match=r"rows_\d+\.json\[0\] \(id bad\): 0 <image> placeholder"):
         tiny_dataset(rows, max_bad_fraction=0.0)[0]
+
+
+def test_a_fifo_listed_as_an_image_is_a_bad_sample_and_decode_timeout_s_reaches_the_dataset(
+    tiny_dataset, tiny_root
+):
+    import os
+
+    fifo = tiny_root / "data" / "stalled.png"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    rows = [
+        {"id": "fifo", "conversations": [{"from": "human", "value": "<image>hi"}, {"from": "gpt", "value": "x"}],
+         "images": ["stalled.png"]},
+        {"id": "good", "conversations": [{"from": "human", "value": "<image>hi"}, {"from": "gpt", "value": "x"}],
+         "images": ["image_0000.png"]},
+    ]  # fmt: skip
+    ds = tiny_dataset(rows, max_bad_fraction=1.0, decode_timeout_s=7.5)
+    assert ds.decode_timeout_s == 7.5
+    assert ds[0]["index"] == 1  # a FIFO is refused without being opened: no wait
+    (bad,) = ds.tracker.bad_samples
+    assert bad.path.endswith("[0] (id fifo)") and f"image {fifo}: a FIFO (named pipe)" in bad.reason

@@ -81,3 +81,50 @@ def test_a_cache_of_random_frame_offsets_or_of_clip_level_caption_draws_is_refus
         err.value
     )
     assert "data.dataset.preprocess.clips.seed = 3: drawn at train time from the cache" in str(err.value)
+
+
+def test_every_misspelt_id_and_a_pattern_typo_are_one_error_each_of_one_check(tiny_folder, tmp_path):
+    from mm_config import check_config
+    from wan22_train.tiny import tiny_overrides
+
+    folder = tiny_folder
+    typos = [
+        "model.container_id=wan2_2_containr", "data.dataset_id=video_txt",
+        "model.models.ae.model_id=wan_video_vea",  # a sub-model without a config section
+        'features.recompute_plan.apply_modules=["predictor.blocks.{*}.atn"]',
+    ]  # fmt: skip
+    overrides = [*tiny_overrides(folder), f"training.save={tmp_path / 'ckpt'}", *typos]
+    with pytest.raises(ConfigError) as info:
+        check_config(config_path("tiny_t2v.yaml"), overrides, world_size=2)
+    messages = {p.path: p.message for p in info.value.problems}
+    assert sorted(messages) == [
+        "data.dataset_id", "features.recompute_plan.apply_modules[0]", "model.container_id",
+        "model.models.ae.model_id",
+    ], str(info.value)  # fmt: skip
+    assert "did you mean `wan2_2_container`?" in messages["model.container_id"]
+    assert "did you mean `video_text`?" in messages["data.dataset_id"]
+    assert "did you mean `wan_video_vae`?" in messages["model.models.ae.model_id"]
+    assert (
+        "segment `atn` matches no module under `predictor.blocks.{*}`"
+        in messages["features.recompute_plan.apply_modules[0]"]
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    from wan22_train.tiny import make_tiny
+
+    return make_tiny(tmp_path_factory.mktemp("tiny"), num_clips=1)
+
+
+@pytest.mark.parametrize("name", [n for n in SHIPPED if n.startswith("tiny")])
+def test_shipped_tiny_configs_pass_the_model_checks(name, tiny_folder, tmp_path):
+    from mm_config import check_config
+    from wan22_train.tiny import tiny_cached_overrides, tiny_overrides
+
+    folder = tiny_folder
+    overrides = tiny_cached_overrides(folder, tmp_path) if "cached" in name else tiny_overrides(folder)
+    if "both" in name:
+        overrides.append(f"model.models.predictor_low.from_pretrained={folder / 'transformer'}")
+    report = check_config(config_path(name), overrides, world_size=2, check_paths=False)
+    assert [str(w) for w in report.warnings if "plan patterns" in str(w)] == []

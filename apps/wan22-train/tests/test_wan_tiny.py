@@ -27,3 +27,15 @@ def test_make_tiny_refuses_a_folder_with_a_predictor_of_another_config(tmp_path)
         match=r"transformer/config.json: written with patch_size=\[1, 2, 2\] \(expected \[9, 16, 16\]\)",
     ):
         make_tiny(tmp_path, num_clips=1, transformer={"patch_size": whole_clip_patch(CLIP)})
+
+
+def test_diffusers_wan_pipeline_loads_the_make_tiny_folder_and_samples_from_it(tmp_path):
+    from diffusers import UniPCMultistepScheduler, WanPipeline
+
+    pipe = WanPipeline.from_pretrained(make_tiny(tmp_path, num_clips=1))
+    assert isinstance(pipe.scheduler, UniPCMultistepScheduler) and pipe.transformer_2 is None
+    latents = pipe(
+        prompt="a red circle moving up", num_inference_steps=2, guidance_scale=1.0, output_type="latent",
+        **{k: CLIP[k] for k in ("num_frames", "height", "width")},
+    ).frames  # fmt: skip
+    assert latents.shape == (1, 4, 5, 16, 16) and latents.isfinite().all()  # TINY_VAE: x2 in time and space

@@ -2,7 +2,9 @@
 
 Neither ``torch_npu`` nor ``flash_attn`` runs here, so each test registers, for its own duration
 only, a stand-in module under the real name that computes what the package documents on CPU
-float64 tensors and records how it was called:
+float64 tensors and records how it was called. Every stand-in binds its call through the real
+function's signature, pinned from the package's source in ``upstream_apis.py`` (parameter names,
+kinds, defaults, outputs), so a call the real function would refuse fails here too:
 
 - ``torch_npu`` stand-in: ``npu_fusion_attention`` / ``npu_fusion_attention_grad`` with layout
   ``BSND``, ``atten_mask`` True = masked out, ``scale`` defaulting to 1, ``sparse_mode=2`` =
@@ -18,9 +20,11 @@ A wrong layout, mask polarity, scale or LSE formula in the adapters gives wrong 
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.util
 import math
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +32,19 @@ import torch.nn.functional as F
 from mm_parallel import get_backend
 
 B, S, H, D = 2, 10, 3, 8
+
+
+def _load_pins() -> types.ModuleType:
+    """``upstream_apis.py`` beside this file (tests import with --import-mode=importlib: no sys.path)."""
+    spec = importlib.util.spec_from_file_location(
+        "mm_parallel_upstream_apis", Path(__file__).with_name("upstream_apis.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+UPSTREAM = _load_pins()
 
 
 def _module(name: str) -> types.ModuleType:
@@ -71,47 +88,47 @@ def _npu_scores(query, key, head_num, input_layout, atten_mask, scale, sparse_mo
     return s if masked is None else s.masked_fill(masked, float("-inf"))
 
 
-#: Keyword arguments torch_npu documents for the forward and the grad (anything else is an error).
-FWD_KEYWORDS = {
-    "pse", "padding_mask", "atten_mask", "scale", "keep_prob", "pre_tockens", "next_tockens", "inner_precise",
-    "prefix", "actual_seq_qlen", "actual_seq_kvlen", "sparse_mode", "gen_mask_parallel", "sync",
-}  # fmt: skip
-GRAD_KEYWORDS = (FWD_KEYWORDS - {"scale"}) | {
-    "softmax_max", "softmax_sum", "softmax_in", "attention_in", "scale_value", "seed", "offset", "numels",
-}  # fmt: skip
-
-
 def _standin_torch_npu() -> types.ModuleType:
     npu = _module("torch_npu")
     npu.calls = []
+    fwd_api, grad_api = UPSTREAM.NPU_FUSION_ATTENTION, UPSTREAM.NPU_FUSION_ATTENTION_GRAD
+    stats = UPSTREAM.NPU_SOFTMAX_STATS_LAST_DIM
 
-    def npu_fusion_attention(query, key, value, head_num, input_layout, **kw):  # noqa: ANN001, ANN003, ANN202
-        assert set(kw) <= FWD_KEYWORDS, set(kw) - FWD_KEYWORDS
-        mask, scale, mode = kw.get("atten_mask"), kw.get("scale", 1.0), kw.get("sparse_mode", 0)
-        npu.calls.append({"op": "fwd", "layout": input_layout, "scale": scale, "mask": mask, "mode": mode})
-        s = _npu_scores(query, key, head_num, input_layout, mask, scale, mode)
+    def npu_fusion_attention(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        a = UPSTREAM.bind(fwd_api, args, kwargs)  # TypeError for a call the real op refuses
+        query, key, value, layout = a["query"], a["key"], a["value"], a["input_layout"]
+        mask, scale, mode = a["atten_mask"], a["scale"], a["sparse_mode"]
+        npu.calls.append({"op": "fwd", "layout": layout, "scale": scale, "mask": mask, "mode": mode})
+        s = _npu_scores(query, key, a["head_num"], layout, mask, scale, mode)
         row_max = s.amax(-1, keepdim=True)
         e = torch.exp(s - row_max)
         row_sum = e.sum(-1, keepdim=True)
         out = torch.einsum("bhqk,bkhd->bqhd", e / row_sum, value)
-        stats = [t.expand(*t.shape[:-1], 8).float() for t in (row_max, row_sum)]
-        return out, *stats, torch.empty(0), 0, 0, 0
+        softmax_max, softmax_sum = (t.expand(*t.shape[:-1], stats).float() for t in (row_max, row_sum))
+        outputs = (out, softmax_max, softmax_sum, torch.empty(0), 0, 0, 0)
+        assert len(outputs) == len(fwd_api["returns"])
+        return outputs
 
-    def npu_fusion_attention_grad(query, key, value, dy, head_num, input_layout, **kw):  # noqa: ANN001, ANN003, ANN202
-        assert set(kw) <= GRAD_KEYWORDS, set(kw) - GRAD_KEYWORDS
-        mask, scale, mode = kw.get("atten_mask"), kw.get("scale_value", 1.0), kw.get("sparse_mode", 0)
-        npu.calls.append({"op": "grad", "layout": input_layout, "scale": scale, "mask": mask})
-        softmax_max, softmax_sum = kw["softmax_max"], kw["softmax_sum"]
-        assert softmax_max.shape[-1] == 8 and softmax_sum.shape == softmax_max.shape
-        s = _npu_scores(query, key, head_num, input_layout, mask, scale, mode)
+    def npu_fusion_attention_grad(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        a = UPSTREAM.bind(grad_api, args, kwargs)
+        query, key, value, dy, layout = a["query"], a["key"], a["value"], a["dy"], a["input_layout"]
+        mask, scale, mode = a["atten_mask"], a["scale_value"], a["sparse_mode"]
+        npu.calls.append({"op": "grad", "layout": layout, "scale": scale, "mask": mask})
+        softmax_max, softmax_sum = a["softmax_max"], a["softmax_sum"]
+        assert softmax_max.shape[-1] == stats and softmax_sum.shape == softmax_max.shape
+        s = _npu_scores(query, key, a["head_num"], layout, mask, scale, mode)
         p = torch.exp(s - softmax_max[..., :1].to(s.dtype)) / softmax_sum[..., :1].to(s.dtype)
-        delta = (dy * kw["attention_in"]).sum(-1).transpose(1, 2)[..., None]
+        delta = (dy * a["attention_in"]).sum(-1).transpose(1, 2)[..., None]
         dv = torch.einsum("bhqk,bqhd->bkhd", p, dy)
         ds = p * (torch.einsum("bqhd,bkhd->bhqk", dy, value) - delta)
         dq = torch.einsum("bhqk,bkhd->bqhd", ds, key) * scale
         dk = torch.einsum("bhqk,bqhd->bkhd", ds, query) * scale
-        return dq, dk, dv, None
+        outputs = (dq, dk, dv, None, None)
+        assert len(outputs) == len(grad_api["returns"])
+        return outputs
 
+    npu_fusion_attention.__signature__ = UPSTREAM.signature(fwd_api)
+    npu_fusion_attention_grad.__signature__ = UPSTREAM.signature(grad_api)
     npu.npu_fusion_attention = npu_fusion_attention
     npu.npu_fusion_attention_grad = npu_fusion_attention_grad
     return npu
@@ -189,59 +206,58 @@ def _second_block_mask(causal: bool) -> torch.Tensor | None:
 
 def _standin_flash_attn() -> tuple[types.ModuleType, types.ModuleType]:
     package, interface = _module("flash_attn"), _module("flash_attn.flash_attn_interface")
-    package.__version__ = "2.7.4"
+    package.__version__ = UPSTREAM.FLASH_ATTN_VERSION
     package.flash_attn_interface = interface
+    fwd_api, bwd_api = UPSTREAM.FLASH_ATTN_FUNC, UPSTREAM.FLASH_ATTN_BACKWARD
 
-    def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, return_attn_probs=False):  # noqa: ANN001, ANN202
-        assert return_attn_probs and dropout_p == 0.0
+    def flash_attn_func(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        a = UPSTREAM.bind(fwd_api, args, kwargs)
+        q, k, v, scale, causal = a["q"], a["k"], a["v"], a["softmax_scale"], a["causal"]
+        assert a["return_attn_probs"] and a["dropout_p"] == 0.0 and a["window_size"] == (-1, -1)
+        scale = q.size(-1) ** -0.5 if scale is None else scale
         keep = torch.ones(q.size(1), k.size(1), dtype=torch.bool).tril() if causal else None
-        s = torch.einsum("bqhd,bkhd->bhqk", q, k) * softmax_scale
+        s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
         s = s if keep is None else s.masked_fill(~keep, float("-inf"))
-        return torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v), s.logsumexp(-1).float(), None
+        outputs = (torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v), s.logsumexp(-1).float(), torch.empty(0))
+        assert len(outputs) == len(fwd_api["returns"])
+        return outputs
 
-    def _flash_attn_backward(
-        dout,
-        q,
-        k,
-        v,
-        out,
-        softmax_lse,
-        dq,
-        dk,
-        dv,
-        dropout_p,
-        softmax_scale,
-        causal,
-        window_size_left,
-        window_size_right,
-        softcap,
-        alibi_slopes,
-        deterministic,
-        rng_state=None,
-    ):  # noqa: ANN001, ANN202
-        assert softmax_lse.shape == (q.size(0), q.size(2), q.size(1)) and softmax_lse.is_contiguous()
-        s = torch.einsum("bqhd,bkhd->bhqk", q, k) * softmax_scale
+    def _flash_attn_backward(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        a = UPSTREAM.bind(bwd_api, args, kwargs)
+        dout, q, k, v, out, lse = (a[n] for n in ("dout", "q", "k", "v", "out", "softmax_lse"))
+        scale, causal = a["softmax_scale"], a["causal"]
+        assert (a["window_size_left"], a["window_size_right"], a["softcap"], a["dropout_p"]) == (
+            -1,
+            -1,
+            0.0,
+            0.0,
+        )
+        assert lse.shape == (q.size(0), q.size(2), q.size(1)) and lse.is_contiguous()
+        s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
         if causal:
             s = s.masked_fill(~torch.ones(q.size(1), k.size(1), dtype=torch.bool).tril(), float("-inf"))
-        p = torch.exp(s - softmax_lse[..., None].to(s.dtype))
+        p = torch.exp(s - lse[..., None].to(s.dtype))
         delta = (dout * out).sum(-1).transpose(1, 2)[..., None]
         ds = p * (torch.einsum("bqhd,bkhd->bhqk", dout, v) - delta)
-        dv.copy_(torch.einsum("bhqk,bqhd->bkhd", p, dout))
-        dq.copy_(torch.einsum("bhqk,bkhd->bqhd", ds, k) * softmax_scale)
-        dk.copy_(torch.einsum("bhqk,bqhd->bkhd", ds, q) * softmax_scale)
+        a["dv"].copy_(torch.einsum("bhqk,bqhd->bkhd", p, dout))
+        a["dq"].copy_(torch.einsum("bhqk,bkhd->bqhd", ds, k) * scale)
+        a["dk"].copy_(torch.einsum("bhqk,bqhd->bkhd", ds, q) * scale)
         return torch.empty(0)
 
+    flash_attn_func.__signature__ = UPSTREAM.signature(fwd_api)
+    _flash_attn_backward.__signature__ = UPSTREAM.signature(bwd_api)
     package.flash_attn_func = flash_attn_func
     interface._flash_attn_backward = _flash_attn_backward
     return package, interface
 
 
 @pytest.fixture
-def standin_flash_attn(monkeypatch) -> None:  # noqa: ANN001
+def standin_flash_attn(monkeypatch) -> types.ModuleType:  # noqa: ANN001
     """A flash_attn STAND-IN (package + flash_attn_interface) in sys.modules for one test."""
     package, interface = _standin_flash_attn()
     monkeypatch.setitem(sys.modules, "flash_attn", package)
     monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", interface)
+    return package
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -268,3 +284,15 @@ def test_flash_attn_older_than_2_7_is_not_offered(monkeypatch) -> None:  # noqa:
     monkeypatch.setitem(sys.modules, "flash_attn", package)
     with pytest.raises(RuntimeError, match="not available"):
         get_backend("flash_attn")
+
+
+def test_the_stand_ins_refuse_calls_the_real_functions_refuse(standin_torch_npu, standin_flash_attn) -> None:  # noqa: ANN001
+    q, k, v, dout = _qkv()
+    with pytest.raises(TypeError, match="scale_value"):  # the grad's name for the scale, not the forward's
+        standin_torch_npu.npu_fusion_attention(q, k, v, H, "BSND", scale_value=0.5)
+    with pytest.raises(TypeError, match="positional"):  # everything after input_layout is keyword-only
+        standin_torch_npu.npu_fusion_attention_grad(q, k, v, dout, H, "BSND", None)
+    from flash_attn.flash_attn_interface import _flash_attn_backward
+
+    with pytest.raises(TypeError, match="missing"):  # no defaults before rng_state
+        _flash_attn_backward(dout, q, k, v, dout, None, q, k, v, 0.0, 1.0, False)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from mm_parallel import PatternMatchError, match_modules, pattern_matches
+from mm_parallel import PatternMatchError, match_modules, pattern_matches, unmatched_segment
 
 
 @pytest.mark.parametrize(
@@ -55,3 +55,23 @@ def test_non_strict_reports_no_match_as_empty(toy) -> None:
 def test_empty_range_is_rejected(toy) -> None:
     with pytest.raises(ValueError, match="range"):
         match_modules(toy.make_container(), ["predictor.blocks.{3-1}"])
+
+
+PATHS = ["predictor", "predictor.blocks", "predictor.blocks.0", "predictor.blocks.0.attn1", "predictor.blocks.1",
+         "predictor.blocks.1.attn1", "predictor.head", "text_encoder", "text_encoder.layers"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("pattern", "reason"),
+    [
+        ("predictor.blocks.{*}.atn", "segment `atn` matches no module under `predictor.blocks.{*}` (2 module(s), "
+         "e.g. `predictor.blocks.0`); did you mean `attn1`?"),
+        ("predictor.blokcs.{*}", "segment `blokcs` matches no module under `predictor` (1 module(s), e.g. "
+         "`predictor`); did you mean `blocks`?"),
+        ("predictr.blocks", "segment `predictr` matches no module at the top level; did you mean `predictor`?"),
+        ("*.atn1", "segment `atn1` matches no module under `*`"),
+        ("predictor.blocks.{5-9}", "segment `{5-9}` matches no module under `predictor.blocks`"),
+    ],
+)  # fmt: skip
+def test_unmatched_segment_names_the_first_segment_that_matches_nothing(pattern: str, reason: str) -> None:
+    assert unmatched_segment(pattern, PATHS).startswith(reason)

@@ -103,3 +103,14 @@ def test_data_persistent_workers_keeps_the_same_worker_for_every_epoch():
 def test_without_persistent_workers_every_epoch_has_a_new_worker():
     first, second, third = readers_per_epoch()
     assert len(first | second | third) == 3
+
+
+@pytest.mark.parametrize("deadline", [0.5, None])
+def test_data_dataset_decode_timeout_s_reaches_the_video_text_dataset(tmp_path, deadline):
+    from mm_trainer.batches import build_dataset
+
+    meta = tmp_path / "metadata.json"
+    meta.write_text('[{"path": "clip.mp4", "caption": "a clip"}]')
+    options = {"num_frames": 5, "height": 16, "width": 16, "decode_timeout_s": deadline}
+    data = DataConfig(dataset_id="video_text", data_path=str(meta), dataset=options)
+    assert build_dataset(data).decode_timeout_s == deadline

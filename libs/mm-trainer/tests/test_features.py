@@ -203,3 +203,47 @@ def test_selective_recompute_of_a_compiled_block_keeps_the_gradients():
     plain, model = compiled_pair("aot_eager", recompute_modules=["blocks.0"], recompute_policy="selective")
     assert_same_grads(model, plain)
     assert counters["stats"]["unique_graphs"] >= 1  # compiled, not silently left eager
+
+
+class SaveOnCpuSpy(torch.autograd.graph.save_on_cpu):
+    """torch's own ``save_on_cpu``, recording the keywords of each use and the devices it packed to."""
+
+    uses: list[dict] = []
+
+    def __init__(self, **kwargs) -> None:  # noqa: ANN003
+        super().__init__(**kwargs)
+        use = {"kwargs": kwargs, "packed_to": set()}
+        SaveOnCpuSpy.uses.append(use)
+        pack = self.pack_hook
+
+        def recording_pack(tensor):  # noqa: ANN001, ANN202
+            device, packed = pack(tensor)
+            use["packed_to"].add(packed.device.type)
+            return device, packed
+
+        self.pack_hook = recording_pack
+
+
+@pytest.fixture
+def save_on_cpu_spy(monkeypatch):  # noqa: ANN001, ANN201
+    SaveOnCpuSpy.uses = []
+    monkeypatch.setattr(torch.autograd.graph, "save_on_cpu", SaveOnCpuSpy)
+    return SaveOnCpuSpy.uses
+
+
+def test_offload_names_the_device_in_use_to_save_on_cpu(save_on_cpu_spy):
+    _, model = featured(activation_offload_modules=["blocks.0"])
+    model(torch.randn(BATCH, DIM)).sum().backward()
+    assert [u["kwargs"] for u in save_on_cpu_spy] == [{"pin_memory": False, "device_type": "cpu"}]
+
+
+def test_offload_pins_host_copies_on_an_accelerator_and_names_its_type():
+    # CUDA fake tensors in the CPU build (autograd itself cannot run on them here): the options follow the
+    # activations' device, whatever accelerator the host has
+    from mm_trainer.features import offload_options
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        activation = torch.empty(BATCH, DIM, device="cuda")
+    assert offload_options(((activation,), {"scale": 2.0})) == {"pin_memory": True, "device_type": "cuda"}
+    assert offload_options(((), {"x": torch.ones(1)})) == {"pin_memory": False, "device_type": "cpu"}

@@ -3,7 +3,8 @@
 Imports only pydantic and mm-config (no torch), so it is installed as the ``mm_config.schemas``
 entry point ``wan22`` and runs on a login node. It registers the schemas of ``model.pipeline``
 (container ``wan2_2_container``) and of the ``config`` of the sub-model ids ``wan2_2_predictor``,
-``umt5`` and ``wan_video_vae``, and of ``data.dataset`` of the encoder cache ``wan22_cached``. The option names below are the pipeline's own (``Wan22Pipeline``
+``umt5`` and ``wan_video_vae``, and of ``data.dataset`` of the encoder cache ``wan22_cached``, and
+declares the container id, so the check knows every id the plugin registers. The option names below are the pipeline's own (``Wan22Pipeline``
 imports them), so the schema and the code that reads the keys cannot drift apart.
 """
 
@@ -20,6 +21,7 @@ from mm_config import (
     RuleViolations,
     SubModelConfig,
     VideoTextDatasetConfig,
+    declare_ids,
     keyword_schema,
     register_dataset_schema,
     register_model_schema,
@@ -293,6 +295,7 @@ register_model_schema("wan2_2_predictor", WanPredictorConfig)
 register_model_schema("umt5", UMT5EncoderConfig)
 register_model_schema("wan_video_vae", WanVAEConfig)
 register_dataset_schema("wan22_cached", WanCachedSchema)
+declare_ids("container", "wan2_2_container")  # the other ids have schemas (known through them)
 
 __all__ = [
     "EXPERTS",

@@ -1,10 +1,12 @@
 """``wan22-train make-tiny``: a complete tiny Wan2.2 model set + clip dataset, built locally.
 
-Layout (diffusers pipeline folder, what a user's real Wan2.2-T2V-A14B-Diffusers folder looks like):
-``model_index.json``, ``transformer/`` (``WanTransformer3DModel``), ``vae/`` (``AutoencoderKLWan``),
-``text_encoder/`` (``UMT5EncoderModel``), ``tokenizer/`` (a word-level tokenizer built with
-``tokenizers``), and ``data/`` (mp4 clips of moving shapes + ``metadata.json``). Fixed seeds: the
-same call writes the same weights.
+Layout (diffusers pipeline folder, what a user's real Wan2.2-T2V-A14B-Diffusers folder looks like, and
+what diffusers' ``WanPipeline.from_pretrained`` loads): ``model_index.json``, ``transformer/``
+(``WanTransformer3DModel``), ``vae/`` (``AutoencoderKLWan``), ``text_encoder/`` (``UMT5EncoderModel``),
+``tokenizer/`` (a word-level tokenizer built with ``tokenizers``), ``scheduler/`` (the released
+folders' ``UniPCMultistepScheduler`` on flow sigmas, at the tiny configs' time shift), and ``data/``
+(mp4 clips of moving shapes + ``metadata.json``). One expert: ``transformer_2`` is null, as in the
+TI2V-5B release. Fixed seeds: the same call writes the same weights.
 
 With ``vae_fit_steps`` > 0 (the CLI's and the demo's default, :data:`VAE_FIT_STEPS`) the VAE is
 fitted to the clips' frames (``mm_trainer.fit_autoencoder``) so that its decoder draws them: a
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from diffusers import AutoencoderKLWan, WanTransformer3DModel
+from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanTransformer3DModel
 from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
 from mm_checkpoint import write_pipeline_folder
 from mm_data import load_clip_tensors, make_synthetic_dataset, write_caption_tokenizer
@@ -33,6 +35,8 @@ from mm_trainer import fit_or_reuse_autoencoder
 from transformers import UMT5Config, UMT5EncoderModel
 
 TEXT_DIM = 32
+#: Time shift of the tiny set's scheduler: the tiny configs' training shift (``Wan22Pipeline``'s default).
+TINY_FLOW_SHIFT = 3.0
 #: The tiny clips: frames, size and rate (what the shipped tiny configs train on).
 CLIP = {"num_frames": 9, "height": 32, "width": 32, "fps": 8}
 #: Fit steps of the tiny VAE for ``wan22-train make-tiny`` and the demo (0: a random VAE): ~33 dB on
@@ -102,6 +106,14 @@ def tiny_text_encoder(vocab_size: int) -> UMT5EncoderModel:
     return UMT5EncoderModel(config).eval()
 
 
+def tiny_scheduler() -> UniPCMultistepScheduler:
+    """The sampling scheduler of the released Wan2.2 folders (UniPC on flow-matching sigmas), at
+    :data:`TINY_FLOW_SHIFT`."""
+    return UniPCMultistepScheduler(
+        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=TINY_FLOW_SHIFT
+    )
+
+
 def make_tiny(
     out: str | Path,
     *,
@@ -141,10 +153,11 @@ def make_tiny(
         "transformer": ("diffusers", "WanTransformer3DModel", lambda: tiny_transformer(**transformer)),
         "vae": ("diffusers", "AutoencoderKLWan", tiny_vae),
         "text_encoder": ("transformers", "UMT5EncoderModel", lambda: tiny_text_encoder(len(tokenizer))),
+        "scheduler": ("diffusers", "UniPCMultistepScheduler", tiny_scheduler),
     }
     write_pipeline_folder(
         out, "WanPipeline", components, diffusers_version="0.35.0",
-        extra_index={"tokenizer": ["transformers", "PreTrainedTokenizerFast"]},
+        extra_index={"tokenizer": ["transformers", "PreTrainedTokenizerFast"], "transformer_2": [None, None]},
     )  # fmt: skip
     return out
 

@@ -83,6 +83,7 @@ _EXPORTS: dict[str, str] = {
     "RegroupTransform": "regroup",
     "SequenceRegroup": "regroup",
     "open_weights": "weight_readers",
+    "remove_stale_temporaries": "stage_temporaries",
     "StagedCopy": "staging",
     "stage_on_node": "staging",
     "staged_location": "staging",

@@ -18,16 +18,18 @@ def write_pipeline_folder(
     components: Mapping[str, Component],
     *,
     diffusers_version: str = "0.35.0",
-    extra_index: Mapping[str, list[str]] | None = None,
+    extra_index: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Build and save each component whose ``<name>/config.json`` is missing, then write the index.
+    """Build and save each component whose ``<name>/config.json`` (a scheduler's
+    ``scheduler_config.json``) is missing, then write the index.
 
-    ``extra_index`` adds index entries for parts saved otherwise (e.g. a tokenizer).
+    ``extra_index`` adds index entries for parts saved otherwise (e.g. a tokenizer) or absent (an
+    optional component as ``[None, None]``).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for name, (_, _, build) in components.items():
-        if not (out / name / "config.json").is_file():
+        if not any((out / name / f).is_file() for f in ("config.json", "scheduler_config.json")):
             build().save_pretrained(out / name)
     index: dict[str, Any] = {"_class_name": class_name, "_diffusers_version": diffusers_version}
     index.update({name: [library, cls] for name, (library, cls, _) in components.items()})

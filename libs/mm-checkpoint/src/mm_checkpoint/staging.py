@@ -7,7 +7,9 @@ place, with a record of the source's files inside it (``.mm_stage.json``: relati
 SHA-256 of each file's bytes, :mod:`.source_identity`); a later run reuses a copy whose record
 matches the source's content and replaces one that does not. Hashes are computed while copying (the
 source is read once) and reused while a file's size, times and inode are unchanged. The copy of a
-source lives at ``<stage root>/<name>-<hash of its resolved path>``.
+source lives at ``<stage root>/<name>-<hash of its resolved path>``. The
+temporaries of copies that were interrupted are removed by the node's next copier
+(:mod:`mm_checkpoint.stage_temporaries`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch.distributed as dist
 
 from .runtime import is_distributed
 from .source_identity import IDENTITY_VERSION, content_of, files_identity
+from .stage_temporaries import remove_stale_temporaries, temporary_path
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +105,7 @@ def _copy(source: Path, copy_dir: Path) -> bool:
     """Make ``copy_dir`` a current copy of ``source``; False when one was already there."""
     if _current_copy(source, copy_dir):
         return False
-    tmp = copy_dir.with_name(f"{copy_dir.name}.tmp-{os.getpid()}")
+    tmp = temporary_path(copy_dir)
     shutil.rmtree(tmp, ignore_errors=True)
     records: list[dict] = []
     if source.is_file():
@@ -141,6 +144,7 @@ def stage_on_node(source: str | os.PathLike, stage_root: str | os.PathLike) -> S
     copied, error = False, None
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         try:
+            remove_stale_temporaries(copy_dir.parent)  # left by interrupted copies (stage_temporaries)
             copied = _copy(src.resolve(), copy_dir)
         except OSError as exc:  # raised below on every rank
             error = f"rank {os.environ.get('RANK', '0')} could not copy {src} to {copy_dir}: {exc}"

@@ -4,7 +4,12 @@ __version__ = "0.1.0"
 
 from .base import ConfigModel, DType, InputPath, ModulePattern, PartialConfigModel, keyword_schema  # noqa: E402
 from .check import CheckReport, check_config, config_warnings, recheck_config  # noqa: E402
-from .conversation import ConversationColumnsConfig, ConversationDatasetConfig  # noqa: E402
+from .conversation import (  # noqa: E402
+    BUILTIN_MM_PLUGINS,
+    BUILTIN_TEMPLATES,
+    ConversationColumnsConfig,
+    ConversationDatasetConfig,
+)
 from .data import DataConfig  # noqa: E402
 from .datasets import PrecomputedLatentsConfig, VideoTextDatasetConfig, frame_rule_problem  # noqa: E402
 from .errors import ConfigError, Problem, RuleViolations  # noqa: E402
@@ -15,7 +20,16 @@ from .features import (  # noqa: E402
     ModulePlanConfig,
     RecomputePlanConfig,
 )
-from .hf_model import HFModelConfig  # noqa: E402
+from .hf_model import ATTN_IMPLEMENTATIONS, HFModelConfig  # noqa: E402
+from .known_ids import (  # noqa: E402
+    ID_KINDS,
+    declare_ids,
+    declared_ids,
+    known_ids,
+    register_id_provider,
+    registered_name,
+    undeclare_ids,
+)
 from .loader import (  # noqa: E402
     apply_overrides,
     config_to_data,
@@ -23,12 +37,14 @@ from .loader import (  # noqa: E402
     dump_config,
     load_config,
     parse_override,
+    prune_problems,
     read_yaml,
     validate_config,
     validate_with_plugins,
 )
 from .lora import LoraConfig  # noqa: E402
 from .model import LoadFormat, ModelConfig, SubModelConfig  # noqa: E402
+from .model_checks import CHECKS_ENTRY_POINT_GROUP, run_model_checks  # noqa: E402
 from .parallel import FSDPPlanConfig, ParallelConfig, SubPlanConfig  # noqa: E402
 from .registry import (  # noqa: E402
     ENTRY_POINT_GROUP,
@@ -50,6 +66,19 @@ from .warning_policy import ALLOWED_WARNINGS, AllowedWarning, install_warning_fi
 
 __all__ = [
     "ALLOWED_WARNINGS",
+    "ATTN_IMPLEMENTATIONS",
+    "BUILTIN_MM_PLUGINS",
+    "BUILTIN_TEMPLATES",
+    "CHECKS_ENTRY_POINT_GROUP",
+    "ID_KINDS",
+    "declare_ids",
+    "declared_ids",
+    "known_ids",
+    "prune_problems",
+    "register_id_provider",
+    "registered_name",
+    "run_model_checks",
+    "undeclare_ids",
     "AllowedWarning",
     "install_warning_filters",
     "CheckReport",

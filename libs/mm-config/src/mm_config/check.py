@@ -1,9 +1,12 @@
 """The check a run passes before any heavy work: ``mm-config check`` and the trainer's first step.
 
-:func:`check_config` validates a YAML file completely (plugin sub-schemas, strict types, bounds,
-and with ``check_paths`` the existence of every path the run reads) and returns the config with the
-warnings a valid config may still deserve; :func:`recheck_config` does the same for a config object
-(what the trainer receives).
+:func:`check_config` validates a YAML file completely, in one report: plugin sub-schemas, strict
+types, bounds, every registered name the config uses (model, container and dataset ids, templates,
+multimodal plugins, attention implementations: :mod:`mm_config.known_ids`), with ``check_paths`` the
+existence of every path the run reads, and with ``model_checks`` what only the model's libraries can
+judge (``hf_config`` keys, freeze groups, plan patterns against the model built on meta:
+:mod:`mm_config.model_checks`). It returns the config with the warnings a valid config may still
+deserve; :func:`recheck_config` does the same for a config object (what the trainer receives).
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from .errors import Loc, Problem, suggest
-from .loader import config_to_data, load_config, validate_with_plugins
+from .errors import ConfigError, Loc, Problem, suggest
+from .loader import apply_overrides, config_to_data, load_plugins, read_yaml, validate_config
+from .model_checks import run_model_checks
 from .registry import SchemaKind, dataset_schema, model_schema, pipeline_schema, registered_ids
 from .root import TrainConfig
 
@@ -36,25 +41,64 @@ def check_config(
     check_paths: bool = True,
     plugins: bool = True,
     ranks_per_node: int | None = None,
+    model_checks: bool = True,
 ) -> CheckReport:
     """Load and validate ``path`` as a run would (paths included unless ``check_paths`` is False), with
-    ``ranks_per_node`` ranks on each node (see :func:`~mm_config.validate_config`).
+    ``ranks_per_node`` ranks on each node (see :func:`~mm_config.validate_config`). Registered names are
+    checked with the plugins (``plugins``), the model checks run with ``model_checks``.
 
     Raises :class:`~mm_config.ConfigError` listing every problem at once.
     """
-    cfg = load_config(
-        path, overrides, world_size, plugins=plugins, check_paths=check_paths, ranks_per_node=ranks_per_node
-    )
-    return CheckReport(cfg, config_warnings(cfg))
+    raw = read_yaml(path)
+    if not raw:
+        empty = Problem((), "the config file is empty (or only comments): nothing to run")
+        raise ConfigError([empty], str(path))
+    data = apply_overrides(raw, overrides or [])
+    return _check(data, world_size, str(path), check_paths, plugins, ranks_per_node, model_checks)
 
 
-def recheck_config(cfg: TrainConfig, *, check_paths: bool = True) -> CheckReport:
+def recheck_config(cfg: TrainConfig, *, check_paths: bool = True, model_checks: bool = True) -> CheckReport:
     """:func:`check_config` for a config object, at the world size it was resolved for.
 
     The trainer calls it first, so a config built in Python gets the same check as a YAML file.
     """
-    checked = validate_with_plugins(config_to_data(cfg), cfg.parallel.world_size, check_paths=check_paths)
-    return CheckReport(checked, config_warnings(checked))
+    data = config_to_data(cfg)
+    return _check(data, cfg.parallel.world_size, None, check_paths, True, None, model_checks)
+
+
+def _check(
+    data: dict[str, Any],
+    world_size: int | None,
+    source: str | None,
+    check_paths: bool,
+    plugins: bool,
+    ranks_per_node: int | None,
+    model_checks: bool,
+) -> CheckReport:
+    """Plugins, the schema pass (with registered names when the plugins are loaded) and the model checks,
+    in one report."""
+    problems = load_plugins(data) if plugins else []
+    cfg = None
+    try:
+        cfg = validate_config(
+            data,
+            world_size,
+            source,
+            check_paths=check_paths,
+            ranks_per_node=ranks_per_node,
+            check_ids=plugins,
+        )
+    except ConfigError as err:
+        problems += err.problems
+    warnings: list[Problem] = []
+    if model_checks and plugins:  # the model checks build through the plugins' registrations
+        found, warnings = run_model_checks(data, problems)
+        problems += found
+    if problems or cfg is None:
+        sections = list(TrainConfig.model_fields)
+        problems.sort(key=lambda p: sections.index(p.loc[0]) if p.loc and p.loc[0] in sections else -1)
+        raise ConfigError(problems, source)
+    return CheckReport(cfg, config_warnings(cfg) + warnings)
 
 
 def config_warnings(cfg: TrainConfig) -> list[Problem]:

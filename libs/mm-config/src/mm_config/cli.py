@@ -41,7 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--no-plugins",
         action="store_true",
-        help="import neither the modules in training.plugin nor the installed schema entry points",
+        help="import neither the modules in training.plugin nor the installed schema entry points (registered "
+        "names and the model checks are then not checked)",
+    )
+    check.add_argument(
+        "--no-model-checks",
+        action="store_true",
+        help="skip the checks that import the model's libraries (hf_config keys, freeze groups, plan patterns "
+        "against the model built on the meta device)",
     )
     check.add_argument(
         "--no-path-check",
@@ -67,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             plugins=not args.no_plugins,
             check_paths=not args.no_path_check,
             ranks_per_node=args.nproc_per_node,
+            model_checks=not args.no_model_checks,
         )
     except (ConfigError, ValueError) as err:
         print(err, file=sys.stderr)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from .base import ConfigModel
+from .base import ConfigModel, InputPath
+from .known_ids import declare_ids, registered_name
 from .registry import register_dataset_schema
+
+BUILTIN_TEMPLATES = ("chatml",)
+"""mm-data's own chat templates (``mm_data.TEMPLATES`` before plugins add theirs; a test ties them)."""
+BUILTIN_MM_PLUGINS = ("text",)
+"""mm-data's own multimodal plugins (``mm_data.MM_PLUGINS`` before plugins add theirs)."""
 
 
 class ConversationColumnsConfig(ConfigModel):
@@ -42,15 +48,15 @@ class ConversationColumnsConfig(ConfigModel):
 class ConversationDatasetConfig(ConfigModel):
     """Conversations with images / videos rendered by a chat template, labels on assistant turns."""
 
-    processor: str | None = None
+    processor: InputPath | None = None
     """Directory of the tokenizer (and image processor) files, usually the model's own folder."""
     formatting: Literal["sharegpt", "openai", "alpaca"] = "sharegpt"
     """Row layout of ``data.data_path`` (a JSON list or JSONL)."""
     columns: ConversationColumnsConfig = ConversationColumnsConfig()
     """Column and tag names when they differ from the ``formatting`` defaults."""
-    template: str = "tokenizer"
+    template: Annotated[str, registered_name("template", also=("tokenizer",))] = "tokenizer"
     """Chat template: ``tokenizer`` (the tokenizer's own Jinja template) or a registered name (``chatml``)."""
-    mm_plugin: str = "text"
+    mm_plugin: Annotated[str, registered_name("mm_plugin")] = "text"
     """Registered multimodal plugin (placeholder checks, media tokens): ``text`` or a model's (``qwen2_vl``)."""
     train_on: Literal["assistant", "last", "all"] = "assistant"
     """Tokens with a loss: every assistant turn, only the last one, or the whole conversation."""
@@ -59,11 +65,13 @@ class ConversationDatasetConfig(ConfigModel):
     packing: bool = False
     """Pack a micro-batch into one row (position ids restart per sample, no cross-sample attention)."""
     image_max_pixels: int = Field(default=768 * 768, ge=0)
-    """Images larger than this many pixels are scaled down (aspect kept); 0 = no limit."""
+    """Images larger than this many pixels are scaled down (aspect kept); 0 = no limit. A model plugin
+    whose processor resizes by its own rule applies that rule with these bounds (``qwen2_vl``: the
+    processor's ``smart_resize``, 0 = the processor's own bound), so training sees inference's size."""
     image_min_pixels: int = Field(default=0, ge=0)
-    """Images smaller than this many pixels are scaled up; 0 = no limit."""
+    """Images smaller than this many pixels are scaled up; 0 = no limit (see ``image_max_pixels``)."""
     video_max_pixels: int = Field(default=256 * 256, ge=0)
-    """Video frames larger than this many pixels are scaled down; 0 = no limit."""
+    """Video frames larger than this many pixels are scaled down; 0 = no limit (see ``image_max_pixels``)."""
     video_min_pixels: int = Field(default=0, ge=0)
     """Video frames smaller than this many pixels are scaled up; 0 = no limit."""
     video_fps: float = Field(default=2.0, gt=0)
@@ -72,6 +80,9 @@ class ConversationDatasetConfig(ConfigModel):
     """At most this many frames per video."""
     max_bad_fraction: float = Field(default=0.05, ge=0, le=1)
     """Stop when more than this fraction of the samples is bad (each is logged with its row and reason)."""
+    decode_timeout_s: float | None = Field(default=120.0, gt=0)
+    """Seconds one sample may take to read and decode; a sample past it is a bad sample, named with its
+    path (a hung read, e.g. a stalled network file system, no longer blocks the step); null = no deadline."""
 
     @field_validator("processor")
     @classmethod
@@ -84,5 +95,12 @@ class ConversationDatasetConfig(ConfigModel):
 
 
 register_dataset_schema("conversation", ConversationDatasetConfig)
+declare_ids("template", *BUILTIN_TEMPLATES)
+declare_ids("mm_plugin", *BUILTIN_MM_PLUGINS)
 
-__all__ = ["ConversationColumnsConfig", "ConversationDatasetConfig"]
+__all__ = [
+    "BUILTIN_MM_PLUGINS",
+    "BUILTIN_TEMPLATES",
+    "ConversationColumnsConfig",
+    "ConversationDatasetConfig",
+]

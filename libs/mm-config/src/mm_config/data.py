@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from .base import ConfigModel, InputPath
 from .errors import Problem, RuleViolations
+from .known_ids import registered_name
 from .registry import dataset_schema, validate_plugin_dict
 
 
 class DataConfig(ConfigModel):
     """The ``data`` section."""
 
-    dataset_id: str | None = None
+    dataset_id: Annotated[str | None, registered_name("dataset")] = None
     """Registered dataset id; selects the dataset builder and the schema of ``dataset``."""
     data_path: InputPath | None = None
     """Annotation / index file (or directory) listing the samples."""

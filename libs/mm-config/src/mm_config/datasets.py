@@ -73,6 +73,9 @@ class VideoTextDatasetConfig(PartialConfigModel):
     """Source column name(s) per canonical metadata key (``path``, ``caption``, ...)."""
     frame_offset: Literal["random", "start", "center"] = "random"
     """Where in a clip the sampled frames start."""
+    decode_timeout_s: float | None = Field(default=120.0, gt=0)
+    """Seconds one sample may take to read and decode; a sample past it is a bad sample, named with its
+    path (a hung read, e.g. a stalled network file system, no longer blocks the step); null = no deadline."""
 
     @model_validator(mode="after")
     def _frames_follow_the_rule(self) -> VideoTextDatasetConfig:

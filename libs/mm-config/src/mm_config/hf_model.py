@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from .base import ConfigModel
+from .known_ids import declare_ids, registered_name
 from .registry import register_model_schema
+
+ATTN_IMPLEMENTATIONS = (
+    "eager", "flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention", "paged|eager", "sdpa",
+)  # fmt: skip
+"""transformers' attention implementations (``eager`` and ``AttentionInterface``'s, transformers 5.24;
+a test in mm-trainer ties them to the installed transformers). A name with a ``/`` is a Hub kernel
+repository, which transformers resolves itself."""
+
+AttnImplementation = Annotated[str, registered_name("attn_implementation", accept=lambda name: "/" in name)]
+"""A name of :data:`ATTN_IMPLEMENTATIONS` (or one a plugin declares), or a Hub kernel ``org/repo``."""
 
 
 class HFModelConfig(ConfigModel):
@@ -14,7 +25,7 @@ class HFModelConfig(ConfigModel):
     architecture: str | None = None
     """transformers class name (``Qwen2_5_VLForConditionalGeneration``); None = the id's own class, else
     ``architectures[0]`` of the source's ``config.json``."""
-    attn_implementation: str = "sdpa"
+    attn_implementation: AttnImplementation = "sdpa"
     """transformers attention implementation (``sdpa``, ``eager``, ``flash_attention_2``...)."""
     freeze_groups: list[str] = []
     """Module groups the model class names (e.g. ``vision_tower``, ``multi_modal_projector``,
@@ -25,5 +36,6 @@ class HFModelConfig(ConfigModel):
 
 
 register_model_schema("hf_causal_lm", HFModelConfig)
+declare_ids("attn_implementation", *ATTN_IMPLEMENTATIONS)
 
-__all__ = ["HFModelConfig"]
+__all__ = ["ATTN_IMPLEMENTATIONS", "HFModelConfig"]

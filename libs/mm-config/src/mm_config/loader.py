@@ -147,6 +147,7 @@ def validate_config(
     *,
     check_paths: bool = False,
     ranks_per_node: int | None = None,
+    check_ids: bool = False,
 ) -> TrainConfig:
     """Validate raw config data for ``world_size`` (None: ``$WORLD_SIZE`` or 1); raise one :class:`ConfigError`.
 
@@ -155,14 +156,21 @@ def validate_config(
 
     With ``check_paths`` every path the run reads (``from_pretrained``, ``checkpoint_path``,
     ``data.data_path``, ``data.data_root``, ``training.load`` and the paths plugin schemas declare as
-    :data:`~mm_config.base.InputPath`) must exist. Field errors are reported first. To report rule
+    :data:`~mm_config.base.InputPath`) must exist; with ``check_ids`` every registered name the config
+    uses (model, container and dataset ids, templates, plugins, attention implementations) must be
+    known (:mod:`mm_config.known_ids`). Field errors are reported first. To report rule
     violations in the same pass, offending keys are dropped (falling back to defaults) and
     validation repeats; a rule that read a dropped key is left out, since it would only echo the
     first error.
     """
     world = context_world_size({"world_size": world_size})
     per_node = context_ranks_per_node({"ranks_per_node": ranks_per_node}, world)
-    context = {"world_size": world, "ranks_per_node": per_node, "check_paths": check_paths}
+    context = {
+        "world_size": world,
+        "ranks_per_node": per_node,
+        "check_paths": check_paths,
+        "check_ids": check_ids,
+    }
     try:
         return TrainConfig.model_validate(data, context=context)
     except ValidationError as err:
@@ -186,6 +194,15 @@ def validate_config(
 
 def _touches(problem: Problem, pruned: list[Loc]) -> bool:
     return any(a[: len(b)] == b or b[: len(a)] == a for a in problem.reads() for b in map(tuple, pruned))
+
+
+def prune_problems(data: dict[str, Any], locs: Sequence[Loc]) -> dict[str, Any]:
+    """A copy of ``data`` without the values at ``locs`` (a whole list where a loc points into one), so
+    that what reads the rest meets only values no check refused."""
+    data = copy.deepcopy(data)
+    for loc in locs:
+        _prune(data, loc)
+    return data
 
 
 def _prune(data: Any, loc: Loc) -> bool:
@@ -284,6 +301,7 @@ __all__ = [
     "load_plugins",
     "parse_override",
     "parse_yaml_value",
+    "prune_problems",
     "read_yaml",
     "validate_config",
     "validate_with_plugins",

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
 from pydantic import ValidationInfo, field_validator, model_validator
 
 from .base import ConfigModel, DType, InputPath
 from .errors import Problem, RuleViolations
+from .known_ids import registered_name, unknown_name
 from .lora import LoraConfig
 from .registry import model_schema, pipeline_schema, validate_plugin_dict
 
@@ -51,6 +54,24 @@ class SubModelConfig(ConfigModel):
     def _validate_plugin_config(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         return validate_plugin_dict(model_schema(info.data.get("model_id")), value, info.context)
 
+    @model_validator(mode="after")
+    def _model_id_is_registered(self, info: ValidationInfo) -> SubModelConfig:
+        """With ``check_ids`` (``mm-config check``, the trainer's preflight): a registered model id, or
+        any id over a transformers folder (built by the generic ``hf_causal_lm`` path, as the trainer does)."""
+        why = unknown_name("model", self.model_id, info.context)
+        if why and not _is_transformers_dir(self.from_pretrained):
+            raise RuleViolations([Problem(("model_id",), why, self.model_id)])
+        return self
+
+
+def _is_transformers_dir(path: str | None) -> bool:
+    """Whether ``path`` holds a transformers ``config.json`` (one with a ``model_type``)."""
+    config = Path(path) / "config.json" if path else None
+    try:
+        return config is not None and "model_type" in json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False
+
 
 _SINGLE_KEYS = tuple(SubModelConfig.model_fields)
 """Keys of the single-model form (set at ``model`` level); in the ``models`` form they stay default."""
@@ -62,7 +83,7 @@ class ModelConfig(SubModelConfig):
     models: dict[str, SubModelConfig] = {}
     """Named sub-models of a container (``ae``, ``text_encoder``, ``predictor``); their names are
     the first segment of module paths in plans."""
-    container_id: str | None = None
+    container_id: Annotated[str | None, registered_name("container")] = None
     """Registered container id holding ``models`` (e.g. ``wan2_2_container``)."""
     pipeline: dict[str, Any] = {}
     """Options of the training pipeline, validated by the schema its owner registered: the container

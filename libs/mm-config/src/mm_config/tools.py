@@ -26,7 +26,8 @@ class _StepRange(ConfigModel):
 
 
 class ProfileConfig(_StepRange):
-    """``tools.profile``: a torch profiler trace of steps [start_step, end_step)."""
+    """``tools.profile``: a profiler trace of steps [start_step, end_step) (``torch_npu.profiler`` on NPU,
+    ``torch.profiler`` otherwise)."""
 
     enable: bool = False
     """Record a trace."""
@@ -43,7 +44,8 @@ class ProfileConfig(_StepRange):
 
 
 class MemoryProfileConfig(_StepRange):
-    """``tools.memory_profile``: an allocator history snapshot of steps [start_step, end_step)."""
+    """``tools.memory_profile``: an allocator history snapshot of steps [start_step, end_step) (CUDA / NPU;
+    on CPU the profiler's allocator events: ``memory_timeline_rank<r>.json``)."""
 
     enable: bool = False
     """Record allocator history and dump a snapshot."""

@@ -22,7 +22,8 @@ from .contact_sheet import contact_sheet, contact_sheet_size, write_contact_shee
 from .conversation import Conversation, ConversationColumns, ConversationError, Message, to_conversation
 from .conversation_dataset import ConversationDataset
 from .dataset import VideoTextDataset, load_clip_tensors, to_video_tensor
-from .decode import DecodeError, VideoInfo, decode_frames, load_image, probe_video
+from .deadline import SampleTimeout, call_with_deadline
+from .decode import DecodeError, VideoInfo, decode_frames, load_image, probe_video, require_regular_file
 from .frames import check_frame_rule, frame_step, sample_frame_indices
 from .loader import ResumableDataLoader, build_dataloader
 from .metadata import MetadataError, read_metadata
@@ -30,6 +31,7 @@ from .mm_plugin import MM_PLUGINS, MediaBudget, MediaFeatures, MultimodalPlugin,
 from .multimodal_collate import MultimodalCollator
 from .precomputed import PrecomputedLatentDataset, load_precomputed, save_precomputed
 from .registry import Registry
+from .sample_check import check_samples
 from .sampler import GlobalOrderSampler
 from .synthetic import (
     caption_vocabulary,
@@ -77,6 +79,10 @@ __all__ = [
     "Registry",
     "ResumableDataLoader",
     "SampleError",
+    "SampleTimeout",
+    "call_with_deadline",
+    "check_samples",
+    "require_regular_file",
     "VideoClip",
     "VideoInfo",
     "VideoTextDataset",

@@ -15,6 +15,7 @@ from . import __version__
 from .cache import cache_dataset
 from .dataset import VideoTextDataset
 from .metadata import read_metadata
+from .sample_check import check_samples, default_check_workers
 from .synthetic import make_synthetic_dataset
 
 __all__ = ["main"]
@@ -59,8 +60,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("metadata")
     p.add_argument("--data-root", default=None)
     p.add_argument("--rows", type=int, default=3, help="rows to print")
-    p = sub.add_parser("check", help="decode every sample; list the bad ones (exit 1 if any)")
+    p = sub.add_parser(
+        "check",
+        help="decode every sample (in parallel, each under a deadline); list the bad ones (exit 1 if any)",
+        description="Read every sample as training would, with --workers processes; a sample that is not a "
+        "regular file, cannot be decoded or takes longer than --decode-timeout-s is listed with its path.",
+    )
     _dataset_args(p)
+    p.add_argument(
+        "--workers", type=int, default=default_check_workers(),
+        help="decoding processes (default: the usable CPUs, at most 8; 0 = this process)",
+    )  # fmt: skip
+    p.add_argument(
+        "--decode-timeout-s", type=float, default=120.0,
+        help="seconds one sample may take before it is reported as bad (default 120; 0 = no deadline)",
+    )  # fmt: skip
     p = sub.add_parser(
         "cache", help="encode a dataset into per-sample safetensors (rank/world from torchrun env)"
     )
@@ -70,8 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _dataset(args: argparse.Namespace) -> VideoTextDataset:
-    kwargs: dict[str, Any] = json.loads(args.dataset_kwargs)
+def _dataset(args: argparse.Namespace, **extra: Any) -> VideoTextDataset:
+    kwargs: dict[str, Any] = {**json.loads(args.dataset_kwargs), **extra}
     kwargs.setdefault("frame_offset", "start")
     return VideoTextDataset(
         args.metadata,
@@ -115,8 +129,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    dataset = _dataset(args)
-    bad = dataset.check()
+    dataset = _dataset(args, decode_timeout_s=args.decode_timeout_s or None)
+    bad = check_samples(dataset, workers=args.workers)
     print(f"{len(dataset)} samples, {len(bad)} bad")
     for b in bad:
         print(f"  [{b.index}] {b.path}: {b.reason}")

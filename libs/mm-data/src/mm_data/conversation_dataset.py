@@ -4,8 +4,9 @@ inputs for a (vision-)language model.
 Per sample: row -> :class:`~mm_data.Conversation` (``columns``) -> placeholders checked and media read
 (``plugin``) -> rendered by the chat template with labels (``template``, ``train_on``) -> media tokens
 expanded to the processor's counts. A sample that fails (bad row, placeholders that do not match its
-media, a missing or unreadable file, longer than ``cutoff_len``) is a bad sample: logged with its
-file, row and reason, counted against ``max_bad_fraction`` and replaced by the next row.
+media, a missing, unreadable or non-regular file, longer than ``cutoff_len``, not read within
+``decode_timeout_s``: :mod:`mm_data.deadline`) is a bad sample: logged with its file, row and reason,
+counted against ``max_bad_fraction`` and replaced by the next row.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch.utils.data import Dataset
 from .bad_samples import BadSample, BadSampleTracker
 from .chat_template import IGNORE_INDEX, ChatTemplate, TrainOn
 from .conversation import ConversationColumns, ConversationError, to_conversation
+from .deadline import SampleTimeout, call_with_deadline
 from .metadata import MetadataError, _read_rows
 from .mm_plugin import MultimodalPlugin, SampleError
 from .multimodal_collate import MultimodalCollator
@@ -46,7 +48,11 @@ class ConversationDataset(Dataset):
         cutoff_len: int | None = None,
         packing: bool = False,
         max_bad_fraction: float = 0.05,
+        decode_timeout_s: float | None = 120.0,
     ) -> None:
+        if decode_timeout_s is not None and not decode_timeout_s > 0:
+            raise ValueError(f"decode_timeout_s must be > 0 (or None: no deadline), got {decode_timeout_s}")
+        self.decode_timeout_s = decode_timeout_s
         self.data_path = Path(data_path)
         if not self.data_path.is_file():
             raise MetadataError(f"conversation file not found: {self.data_path}")
@@ -69,7 +75,12 @@ class ConversationDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         candidates = ((int(index) + offset) % len(self) for offset in range(len(self)))
         describe = lambda i, e: BadSample(i, self.sample_name(i), str(e))  # noqa: E731
-        return self.tracker.first_good(candidates, self.encode, describe, (SampleError, ConversationError))
+        errors = (SampleError, ConversationError, SampleTimeout)
+        return self.tracker.first_good(candidates, self._timed_encode, describe, errors)
+
+    def _timed_encode(self, index: int) -> dict[str, Any]:
+        """:meth:`encode` under ``decode_timeout_s``."""
+        return call_with_deadline(lambda: self.encode(index), self.decode_timeout_s, self.sample_name(index))
 
     def sample_name(self, index: int) -> str:
         """``<file>[<row>]`` plus the row's ``id`` when it has one."""

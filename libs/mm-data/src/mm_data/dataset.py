@@ -14,6 +14,7 @@ from torch.utils.data import Dataset
 from .bad_samples import BadSample, BadSampleTracker
 from .buckets import Bucket, assign_bucket, parse_buckets, same_bucket_order
 from .captions import draw_caption, sample_rng
+from .deadline import call_with_deadline
 from .decode import DecodeError, VideoInfo, decode_frames, is_image, load_image, probe_video
 from .frames import check_frame_rule, frame_step, sample_frame_indices
 from .metadata import read_metadata
@@ -42,7 +43,8 @@ class VideoTextDataset(Dataset):
 
     Random choices (temporal offset, caption, dropout) are drawn from ``(seed, epoch, index)``, so
     an item is reproducible in any worker and on resume; :meth:`set_epoch` varies them per epoch.
-    A bad sample (undecodable, too short, wrong channels) is replaced by the next index of the same
+    A bad sample (undecodable, too short, wrong channels, not a regular file, or not read within
+    ``decode_timeout_s``: :mod:`mm_data.deadline`) is replaced by the next index of the same
     bucket, logged, counted and named in the item's ``skipped``; more than ``max_bad_fraction`` of
     the dataset seen by one process raises :class:`BadSampleError` listing the paths (the trainer
     also sums ``skipped`` over all workers and ranks, see ``mm_trainer.BatchStream``).
@@ -68,8 +70,12 @@ class VideoTextDataset(Dataset):
         seed: int = 0,
         columns: Mapping[str, Any] | None = None,
         frame_offset: str = "random",
+        decode_timeout_s: float | None = 120.0,
     ) -> None:
         frame_step(30.0, fps, frame_stride)  # validates the fps / frame_stride combination
+        if decode_timeout_s is not None and not decode_timeout_s > 0:
+            raise ValueError(f"decode_timeout_s must be > 0 (or None: no deadline), got {decode_timeout_s}")
+        self.decode_timeout_s = decode_timeout_s
         if not 0.0 <= caption_dropout <= 1.0:
             raise ValueError(f"caption_dropout must be in [0, 1], got {caption_dropout}")
         self.metadata_path = str(metadata_path)
@@ -106,7 +112,7 @@ class VideoTextDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         bucket_id = self.bucket_ids[int(index)]
         return self.tracker.first_good(
-            same_bucket_order(self.bucket_ids, int(index)), lambda i: self._item(i, bucket_id), self._bad,
+            same_bucket_order(self.bucket_ids, int(index)), lambda i: self._timed_item(i, bucket_id), self._bad,
             (DecodeError,),
         )  # fmt: skip
 
@@ -115,16 +121,22 @@ class VideoTextDataset(Dataset):
         return BadSample(index, path, str(error).removeprefix(f"{path}: "))
 
     def check(self, indices: Sequence[int] | None = None) -> list[BadSample]:
-        """Load every sample (or ``indices``) without replacement; return the bad ones."""
+        """Load every sample (or ``indices``) without replacement, each under the deadline; return the
+        bad ones (``mm_data.check_samples`` runs this in parallel)."""
         bad = []
         for i in range(len(self)) if indices is None else indices:
             try:
-                self._item(i, self.bucket_ids[i])
+                self._timed_item(i, self.bucket_ids[i])
             except DecodeError as e:
                 bad.append(self._bad(i, e))
         return bad
 
     # -- one sample -------------------------------------------------------------------------
+
+    def _timed_item(self, index: int, bucket_id: int) -> dict[str, Any]:
+        """:meth:`_item` under ``decode_timeout_s`` (:class:`~mm_data.deadline.SampleTimeout` past it)."""
+        path = self.rows[index]["path"]
+        return call_with_deadline(lambda: self._item(index, bucket_id), self.decode_timeout_s, str(path))
 
     def _item(self, index: int, bucket_id: int) -> dict[str, Any]:
         row, bucket = self.rows[index], self.buckets[bucket_id]

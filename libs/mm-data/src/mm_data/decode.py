@@ -1,12 +1,16 @@
 """PyAV decoding of selected frames (seek to the needed range) and image loading.
 
 Frames are resized (to cover the target, aspect preserved) by swscale while they are
-converted to RGB, then center-cropped: ``uint8`` arrays ``[T, H, W, 3]``.
+converted to RGB, then center-cropped: ``uint8`` arrays ``[T, H, W, 3]``. Every read starts with
+:func:`require_regular_file`: a FIFO, device or directory listed as a sample is refused before it is
+opened (opening a FIFO blocks until something writes to it).
 """
 
 from __future__ import annotations
 
 import math
+import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +23,7 @@ from PIL import Image
 __all__ = [
     "IMAGE_EXTENSIONS",
     "DecodeError",
+    "require_regular_file",
     "VideoInfo",
     "is_image",
     "probe_video",
@@ -42,6 +47,27 @@ class VideoInfo:
     fps: float
     height: int
     width: int
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+
+
+def require_regular_file(path: str | Path) -> None:
+    """Raise :class:`DecodeError` naming ``path`` unless it is a regular file (links followed).
+
+    ``stat`` does not open the file, so a FIFO (whose open would wait for a writer), a device or a
+    directory is refused without blocking.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise DecodeError(f"{path}: no such file") from None
+    except OSError as e:
+        raise DecodeError(f"{path}: cannot stat: {e.strerror or e}") from e
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        raise DecodeError(f"{path}: {kind}, not a regular file; refused without opening it")
 
 
 def is_image(path: str | Path) -> bool:
@@ -70,6 +96,7 @@ def _stream_info(container: av.container.InputContainer, stream: av.video.stream
 
 def probe_video(path: str | Path) -> VideoInfo:
     """Read frame count, fps and size from the container header (no decoding)."""
+    require_regular_file(path)
     if is_image(path):
         try:
             with Image.open(path) as im:
@@ -117,6 +144,7 @@ def decode_frames(
     if not indices:
         raise ValueError("decode_frames needs at least one frame index")
     wanted = sorted(set(int(i) for i in indices))
+    require_regular_file(path)
     try:
         with av.open(str(path)) as container:
             stream = _video_stream(container, path)
@@ -169,6 +197,7 @@ def _decode_wanted(
 
 def load_image(path: str | Path, height: int, width: int) -> np.ndarray:
     """Load an image as ``uint8 [1, height, width, 3]`` (RGB; resized to cover, center-cropped)."""
+    require_regular_file(path)
     try:
         with Image.open(path) as im:
             im = im.convert("RGB")

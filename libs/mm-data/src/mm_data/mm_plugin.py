@@ -21,7 +21,6 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,7 @@ import torch
 
 from .chat_template import IGNORE_INDEX
 from .conversation import Conversation
-from .decode import DecodeError, decode_frames, probe_video
+from .decode import DecodeError, decode_frames, probe_video, require_regular_file
 from .registry import Registry
 
 __all__ = ["MM_PLUGINS", "MediaBudget", "MediaFeatures", "MultimodalPlugin", "SampleError", "VideoClip"]
@@ -132,27 +131,34 @@ class MultimodalPlugin:
         return [{"type": kinds[p]} if p in kinds else {"type": "text", "text": p} for p in pieces]
 
     # -- 3. reading media ----------------------------------------------------------------------
+    def image_size(self, height: int, width: int) -> tuple[int, int]:
+        """The size an image of ``height x width`` is read at: aspect kept, scaled into
+        ``[image_min_pixels, image_max_pixels]``. A model plugin whose processor resizes by its own rule
+        returns the size unchanged and has the processor apply that rule with these bounds in
+        :meth:`process`, so an image is resized once, as at inference."""
+        return _budget_size(height, width, self.budget.image_min_pixels, self.budget.image_max_pixels)
+
+    def video_size(self, height: int, width: int) -> tuple[int, int]:
+        """The size video frames of ``height x width`` are decoded at (scaled into the video pixel budget)."""
+        return _budget_size(height, width, self.budget.video_min_pixels, self.budget.video_max_pixels)
+
     def load_image(self, path: str) -> Any:
-        """An RGB PIL image scaled (aspect kept) into ``[image_min_pixels, image_max_pixels]``."""
+        """An RGB PIL image at :meth:`image_size`."""
         from PIL import Image
 
-        if not Path(path).is_file():
-            raise SampleError(f"image {path}: no such file")
+        _regular_file("image", path)
         try:
             with Image.open(path) as im:
                 image = im.convert("RGB")
         except OSError as e:
             raise SampleError(f"image {path}: cannot read: {e}") from e
-        h, w = _budget_size(
-            image.height, image.width, self.budget.image_min_pixels, self.budget.image_max_pixels
-        )
+        h, w = self.image_size(image.height, image.width)
         return image if (h, w) == (image.height, image.width) else image.resize((w, h), Image.BICUBIC)
 
     def load_video(self, path: str) -> VideoClip:
         """Frames at ``video_fps`` (at most ``video_max_frames``, a multiple of :attr:`frame_multiple`),
-        scaled into the video pixel budget."""
-        if not Path(path).is_file():
-            raise SampleError(f"video {path}: no such file")
+        decoded at :meth:`video_size`."""
+        _regular_file("video", path)
         try:
             info = probe_video(path)
             fps = info.fps or self.budget.video_fps
@@ -168,8 +174,7 @@ class MultimodalPlugin:
                     f"video_fps={self.budget.video_fps:g}; at least {max(1, self.frame_multiple)} needed"
                 )
             indices = np.linspace(0, info.num_frames - 1, count).round().astype(int).tolist()
-            b = self.budget
-            h, w = _budget_size(info.height, info.width, b.video_min_pixels, b.video_max_pixels)
+            h, w = self.video_size(info.height, info.width)
             frames = decode_frames(path, indices, h, w, info)
         except DecodeError as e:
             raise SampleError(str(e)) from e
@@ -215,6 +220,14 @@ class MultimodalPlugin:
         """0 for text, 1 for image tokens, 2 for video tokens."""
         kinds = {self.image_token_id: 1, self.video_token_id: 2}
         return [kinds.get(t, 0) for t in input_ids]
+
+
+def _regular_file(kind: str, path: str) -> None:
+    """:class:`SampleError` unless ``path`` is a regular file (a FIFO is refused without opening it)."""
+    try:
+        require_regular_file(path)
+    except DecodeError as e:
+        raise SampleError(f"{kind} {e}") from None
 
 
 def _budget_size(height: int, width: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:

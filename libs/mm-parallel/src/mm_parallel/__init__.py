@@ -20,7 +20,13 @@ from mm_parallel.node_layout import (
     sub_plan_rank_groups,
 )
 from mm_parallel.parallel_state import ParallelState
-from mm_parallel.patterns import PatternMatchError, match_modules, pattern_matches
+from mm_parallel.patterns import (
+    PatternMatchError,
+    match_modules,
+    module_paths,
+    pattern_matches,
+    unmatched_segment,
+)
 from mm_parallel.process_exit import exit_process
 from mm_parallel.timeouts import set_collective_timeout
 from mm_parallel.unit_layout import SKIP_ROOT_WRAP_ATTR, plan_units
@@ -107,10 +113,12 @@ __all__ += [
     "get_local_device",
     "init_distributed",
     "match_modules",
+    "module_paths",
     "mesh_rank_groups",
     "node_crossings",
     "parse_dtype",
     "pattern_matches",
+    "unmatched_segment",
     "plan_units",
     "set_collective_timeout",
     "set_gradient_sync",

@@ -29,6 +29,11 @@ CANN 7.0 ptaoplist_000139 for ``sparse_mode``):
   ring attention calls it with the merged statistics). Passing ``softmax_max = lse`` and
   ``softmax_sum = 1`` gives the probabilities ``exp(s - lse)`` of the global softmax.
 
+These signatures (and the flash_attn ones of :mod:`mm_parallel.cuda_attention`) are pinned from the
+packages' sources in ``libs/mm-parallel/tests/upstream_apis.py`` (torch_npu from Ascend/pytorch master,
+where ``npu_fusion_attention`` also takes ``softmax_layout`` / ``sink`` and the grad returns five tensors);
+the tests' stand-ins bind every call through them.
+
 A block with a key padding mask gets a dense ``[B, 1, Sq, Sk]`` bool mask (the kernel takes no
 broadcast key mask in the BSND layout); blocks without padding get none.
 """

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from torch import nn
 
@@ -86,6 +86,37 @@ def closest_paths(pattern: str, paths: Iterable[str], limit: int = 3) -> list[st
 
     ranked = sorted((p for p in paths if p), key=lambda p: (-score(p), p))
     return ranked[:limit]
+
+
+def unmatched_segment(pattern: str, paths: Sequence[str]) -> str:
+    """Why ``pattern`` matches none of ``paths``, segment by segment (a config check's message).
+
+    The pattern's dot-separated segments are matched as growing prefixes (``predictor``,
+    ``predictor.blocks``, ``predictor.blocks.{*}``, ...) against the paths; the first prefix that matches
+    nothing names the segment at fault, the modules its shorter prefix still matched, and the closest of
+    the names their children really have (integer names shown as ``{*}``).
+    """
+    segments = pattern.split(".")
+    matched: list[str] = []
+    for k in range(1, len(segments) + 1):
+        hits = [path for path in paths if pattern_matches(".".join(segments[:k]), path)]
+        if not hits:
+            break
+        matched = hits
+    else:
+        return f"`{pattern}` matches {len(matched)} module(s)"
+    bad = segments[k - 1]
+    if k == 1:
+        children = {path.split(".", 1)[0] for path in paths}
+        where = "at the top level"
+    else:
+        children = {p[len(h) + 1 :].split(".", 1)[0] for h in matched for p in paths if p.startswith(h + ".")}
+        prefix = ".".join(segments[: k - 1])
+        where = f"under `{prefix}` ({len(matched)} module(s), e.g. `{matched[0]}`)"
+    names = sorted({"{*}" if c.isdigit() else c for c in children})
+    close = difflib.get_close_matches(bad, names, n=1, cutoff=0.5)
+    hint = f"did you mean `{close[0]}`?" if close else f"names there: {', '.join(names[:12]) or 'none'}"
+    return f"segment `{bad}` matches no module {where}; {hint}"
 
 
 def module_paths(model: nn.Module) -> list[str]:

@@ -33,6 +33,7 @@ from mm_trainer.plugins import import_plugins  # noqa: E402
 from mm_trainer.preflight import preflight  # noqa: E402
 from mm_trainer.recompute_policy import SAVED_OPS, selective_recompute_contexts  # noqa: E402
 from mm_trainer.regional_compile import check_compile  # noqa: E402
+from mm_trainer.registered_names import registered_names  # noqa: E402
 from mm_trainer.registry import (  # noqa: E402
     DATA_REGISTRY,
     MODEL_REGISTRY,
@@ -135,6 +136,7 @@ __all__ = [
     "model_register",
     "open_run_directory",
     "preflight",
+    "registered_names",
     "posterior_means",
     "reconstruct",
     "save_fitted",

@@ -77,4 +77,5 @@ def conversation_dataset(
         cutoff_len=options.cutoff_len,
         packing=options.packing,
         max_bad_fraction=options.max_bad_fraction,
+        decode_timeout_s=options.decode_timeout_s,
     )

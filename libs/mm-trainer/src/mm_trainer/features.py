@@ -179,6 +179,30 @@ def _recompute_forward(forward: Callable[..., Any], *, selective: bool) -> Calla
     return recomputed
 
 
+def offload_options(args: Any) -> dict[str, Any]:
+    """``save_on_cpu`` keywords for a forward called with ``args``: the device type of its first tensor
+    (the device in use), and pinned copies on an accelerator.
+
+    ``save_on_cpu(pin_memory, device_type="cuda")`` pins the host copies only where
+    ``torch.<device_type>.is_available()``, and copies back with ``non_blocking=pin_memory``: without
+    ``device_type`` an NPU's copies were pageable and blocking.
+    """
+    device_type = next((t.device.type for t in _flat(args) if isinstance(t, torch.Tensor)), "cpu")
+    return {"pin_memory": device_type not in ("cpu", "meta"), "device_type": device_type}
+
+
+def _flat(value: Any) -> Iterable[Any]:
+    """The leaves of nested tuples, lists and dicts (a forward's positional and keyword arguments)."""
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _flat(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _flat(item)
+    else:
+        yield value
+
+
 def _offload_forward(forward: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(forward)
     def offloaded(*args: Any, **kwargs: Any) -> Any:
@@ -186,8 +210,7 @@ def _offload_forward(forward: Callable[..., Any]) -> Callable[..., Any]:
             return forward(*args, **kwargs)
         # Saved activations go to host memory (pinned, copied asynchronously on accelerators)
         # and come back on use in backward. On CPU tensors already live on the host.
-        pin = torch.cuda.is_available() or hasattr(torch, "npu")
-        with torch.autograd.graph.save_on_cpu(pin_memory=pin):
+        with torch.autograd.graph.save_on_cpu(**offload_options((args, kwargs))):
             return forward(*args, **kwargs)
 
     return offloaded

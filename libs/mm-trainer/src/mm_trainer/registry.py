@@ -65,6 +65,10 @@ class Registry:
             "`mm_trainer.plugins` entry point?"
         )
 
+    def registered(self) -> dict[str, Any]:
+        """What is registered now, by id (the installed entry points are not loaded for it)."""
+        return dict(self._items)
+
     def __contains__(self, name: object) -> bool:
         if name not in self._items:
             load_entry_point_plugins()

@@ -296,6 +296,7 @@ class Trainer:
                 rank=self.rank,
                 record_shapes=profile.record_shapes,
                 with_stack=profile.with_stack,
+                device_type=self.device.type,
             ),
             MemoryProfiler(
                 enable=memory.enable,
@@ -303,6 +304,7 @@ class Trainer:
                 end_step=memory.end_step,
                 output_dir=memory.output_dir or str(base / "memory"),
                 rank=self.rank,
+                device_type=self.device.type,
             ),
         )
 
