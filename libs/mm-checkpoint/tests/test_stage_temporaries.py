@@ -34,13 +34,16 @@ def interrupted_copy(source: Path, stage_root: Path) -> Path:
     if pid == 0:  # the child: a copier killed in the middle of its copy
         copied, real_copytree = [], shutil.copytree
 
-        def copy_then_die(src, dst):  # noqa: ANN001, ANN202
-            if copied:
-                os._exit(9)
-            copied.append(src)
-            return shutil.copy2(src, dst)
+        def copytree_dying_after_one_file(src, dst, copy_function=shutil.copy2, **kwargs):  # noqa: ANN001, ANN202
+            def copy_then_die(s, d):  # noqa: ANN001, ANN202
+                if copied:
+                    os._exit(9)
+                copied.append(s)
+                return copy_function(s, d)
 
-        shutil.copytree = lambda src, dst: real_copytree(src, dst, copy_function=copy_then_die)
+            return real_copytree(src, dst, copy_function=copy_then_die, **kwargs)
+
+        shutil.copytree = copytree_dying_after_one_file
         try:
             stage_on_node(source, stage_root)
         finally:
