@@ -30,7 +30,13 @@ def encode(item):
         "metadata": {"encoder": "test", "prompt": item["prompt"]},
     }
 """
-DATASET_KWARGS = {"num_frames": 9, "height": 16, "width": 16, "frame_offset": "start", "max_bad_fraction": 0.3}
+DATASET_KWARGS = {
+    "num_frames": 9,
+    "height": 16,
+    "width": 16,
+    "frame_offset": "start",
+    "max_bad_fraction": 0.3,
+}
 
 
 @pytest.fixture

@@ -27,7 +27,9 @@ CLIPS = {
 IDENTITY = {"encoder": "toy"}
 
 
-def test_the_cache_gives_the_clip_datasets_samples_prompts_and_buckets_in_every_epoch(clips: Path, tmp_path, toy):
+def test_the_cache_gives_the_clip_datasets_samples_prompts_and_buckets_in_every_epoch(
+    clips: Path, tmp_path, toy
+):
     online = VideoTextDataset(clips, seed=5, caption_dropout=0.5, **CLIPS)
     cache_dataset(online, toy.encoder(online), tmp_path, identity=IDENTITY, num_workers=0, progress=False)
     cached = CachedVideoTextDataset(tmp_path, seed=5, caption_dropout=0.5, max_bad_fraction=0.3)
@@ -54,7 +56,9 @@ def test_the_cache_gives_the_clip_datasets_samples_prompts_and_buckets_in_every_
 
 def test_a_per_file_cache_of_earlier_versions_reads_as_the_sharded_one(clips: Path, tmp_path, toy):
     online = VideoTextDataset(clips, seed=5, caption_dropout=0.5, **CLIPS)
-    cache_dataset(online, toy.encoder(online), tmp_path / "sharded", identity=IDENTITY, num_workers=0, progress=False)
+    cache_dataset(
+        online, toy.encoder(online), tmp_path / "sharded", identity=IDENTITY, num_workers=0, progress=False
+    )
     per_file = write_per_file_copy(tmp_path / "sharded", tmp_path / "per_file")
     assert not (per_file / "index.json").exists() and len(list(per_file.glob("*.safetensors"))) == 6
     sharded, legacy = (CachedVideoTextDataset(p, seed=5, caption_dropout=0.5, max_bad_fraction=0.3)
@@ -69,7 +73,9 @@ def test_a_per_file_cache_of_earlier_versions_reads_as_the_sharded_one(clips: Pa
 
 def test_an_unfinished_per_file_cache_is_refused_naming_the_missing_samples(clips: Path, tmp_path, toy):
     online = VideoTextDataset(clips, **CLIPS)
-    cache_dataset(online, toy.encoder(online), tmp_path / "sharded", identity=IDENTITY, num_workers=0, progress=False)
+    cache_dataset(
+        online, toy.encoder(online), tmp_path / "sharded", identity=IDENTITY, num_workers=0, progress=False
+    )
     per_file = write_per_file_copy(tmp_path / "sharded", tmp_path / "per_file")
     for row in (1, 3):
         (per_file / cache_file_name(row)).unlink(missing_ok=True)

@@ -35,7 +35,9 @@ READ = {"num_frames": 9, "height": 16, "width": 16, "frame_offset": "start", "ma
 IDENTITY = {"encoder": "toy", "version": 1}
 
 
-DISTINCT = list(itertools.product(["red", "green", "blue", "yellow", "white"], ["square", "circle"], ["left", "right"]))
+DISTINCT = list(
+    itertools.product(["red", "green", "blue", "yellow", "white"], ["square", "circle"], ["left", "right"])
+)
 
 
 def tiny_clips(root: Path, num_clips: int = 20, corrupt: int = 0) -> Path:
@@ -168,7 +170,12 @@ def test_the_encoders_identity_and_the_reading_parameters_are_in_the_keys(tmp_pa
     metadata = tiny_clips(tmp_path / "clips", num_clips=4)
     write_cache(metadata, tmp_path / "cache", toy)
     assert write_cache(metadata, tmp_path / "cache", toy).computed == []
-    assert write_cache(metadata, tmp_path / "cache", toy, identity={**IDENTITY, "version": 2}).computed == [0, 1, 2, 3]
+    assert write_cache(metadata, tmp_path / "cache", toy, identity={**IDENTITY, "version": 2}).computed == [
+        0,
+        1,
+        2,
+        3,
+    ]
     dataset = VideoTextDataset(metadata, **{**READ, "frame_offset": "center"})
     report = cache_dataset(dataset, toy.encoder(dataset), tmp_path / "cache", identity={**IDENTITY, "version": 2},
                            uses_prompt=False, num_workers=0, progress=False)  # fmt: skip
@@ -179,7 +186,11 @@ def test_rows_are_keyed_by_position_only_when_the_encoder_reads_a_drawn_prompt(t
     metadata = tiny_clips(tmp_path / "clips", num_clips=4)  # synthetic captions are lists of two
     write_cache(metadata, tmp_path / "cache", toy, uses_prompt=True)
     metadata.write_text(json.dumps(rows_of(metadata)[1:]))
-    assert write_cache(metadata, tmp_path / "cache", toy, uses_prompt=True).computed == [0, 1, 2]  # drawn anew
+    assert write_cache(metadata, tmp_path / "cache", toy, uses_prompt=True).computed == [
+        0,
+        1,
+        2,
+    ]  # drawn anew
     write_cache(metadata, tmp_path / "other", toy)
     metadata.write_text(json.dumps(rows_of(metadata)[1:]))
     assert write_cache(metadata, tmp_path / "other", toy).computed == []
@@ -216,7 +227,9 @@ def test_a_training_epoch_opens_each_shard_once_not_each_sample(tmp_path, toy):
 
 def test_clip_facts_are_probed_once_beside_the_metadata_and_again_when_a_clip_changes(tmp_path, monkeypatch):
     metadata = tiny_clips(tmp_path, num_clips=3)
-    metadata.write_text(json.dumps([{"path": r["path"], "cap": r["cap"]} for r in rows_of(metadata)]))  # no sizes
+    metadata.write_text(
+        json.dumps([{"path": r["path"], "cap": r["cap"]} for r in rows_of(metadata)])
+    )  # no sizes
     buckets = [[16, 16, 9], [16, 32, 9]]
     first = VideoTextDataset(metadata, **READ, buckets=buckets)
     stored = json.loads(clip_info_path(metadata).read_text())["records"]
@@ -230,7 +243,9 @@ def test_clip_facts_are_probed_once_beside_the_metadata_and_again_when_a_clip_ch
     write_clip(tmp_path / "clip_0001.mp4", np.zeros((13, 16, 32, 3), np.uint8), fps=8)
     changed = VideoTextDataset(metadata, **READ, buckets=buckets)
     assert changed.bucket_ids[1] != first.bucket_ids[1]
-    assert json.loads(clip_info_path(metadata).read_text())["records"][str(tmp_path / "clip_0001.mp4")]["probe"] == [13, 8.0, 16, 32]
+    assert json.loads(clip_info_path(metadata).read_text())["records"][str(tmp_path / "clip_0001.mp4")][
+        "probe"
+    ] == [13, 8.0, 16, 32]
 
 
 def _text_model() -> torch.nn.Module:
@@ -267,7 +282,9 @@ def _two_ranks(rank: int, world_size: int, metadata: Path, out: Path, toy) -> di
 
 
 @pytest.mark.slow
-def test_two_ranks_with_a_text_encoder_sharded_over_them_write_the_bytes_of_one_rank(tmp_path, toy, distributed):
+def test_two_ranks_with_a_text_encoder_sharded_over_them_write_the_bytes_of_one_rank(
+    tmp_path, toy, distributed
+):
     """21 rows (one corrupt): the ranks encode 11 / 10 rows, a decode failure on one of them, and call the
     FSDP-sharded model in lockstep; the cache equals one process's with the unsharded model."""
     metadata = tiny_clips(tmp_path / "clips", corrupt=1)

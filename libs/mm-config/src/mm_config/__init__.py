@@ -30,6 +30,7 @@ from .loader import (  # noqa: E402
 from .lora import LoraConfig  # noqa: E402
 from .model import LoadFormat, ModelConfig, SubModelConfig  # noqa: E402
 from .parallel import FSDPPlanConfig, ParallelConfig, SubPlanConfig  # noqa: E402
+from .preprocess import PreprocessRunConfig  # noqa: E402
 from .registry import (  # noqa: E402
     ENTRY_POINT_GROUP,
     dataset_schema,
@@ -49,6 +50,7 @@ from .validation import ValidationConfig  # noqa: E402
 from .warning_policy import ALLOWED_WARNINGS, AllowedWarning, install_warning_filters  # noqa: E402
 
 __all__ = [
+    "PreprocessRunConfig",
     "ALLOWED_WARNINGS",
     "AllowedWarning",
     "install_warning_filters",

@@ -21,15 +21,15 @@ from .cached_dataset import CAPTION_KEY, CachedVideoTextDataset, caption_entries
 from .caption_tokenizer import write_caption_tokenizer
 from .captions import caption_candidates, draw_caption, sample_rng
 from .chat_template import IGNORE_INDEX, TEMPLATES, ChatTemplate, EncodedConversation, register_template
-from .clip_info import clip_info, clip_info_path, record_info
 from .clip_checks import caption_direction, moves_as_captioned, psnr, shape_centroids
+from .clip_info import clip_info, clip_info_path, record_info
 from .collate import collate_video_text
 from .contact_sheet import contact_sheet, contact_sheet_size, write_contact_sheet
 from .conversation import Conversation, ConversationColumns, ConversationError, Message, to_conversation
 from .conversation_dataset import ConversationDataset
-from .file_records import FileRecords, file_stat, sha256_file
 from .dataset import VideoTextDataset, load_clip_tensors, to_video_tensor
 from .decode import DecodeError, VideoInfo, decode_frames, load_image, probe_video
+from .file_records import FileRecords, file_stat, sha256_file
 from .frames import check_frame_rule, frame_step, sample_frame_indices
 from .loader import ResumableDataLoader, build_dataloader
 from .metadata import MetadataError, read_metadata

@@ -129,7 +129,9 @@ class _Ranks:
 def _check_dataset(dataset: Any) -> None:
     for name in ("rows", "bucket_ids", "buckets", "metadata_path", "sample", "reading_params"):
         if not hasattr(dataset, name):
-            raise TypeError(f"cache_dataset needs a mm_data.VideoTextDataset; {type(dataset).__name__} has no {name!r}")
+            raise TypeError(
+                f"cache_dataset needs a mm_data.VideoTextDataset; {type(dataset).__name__} has no {name!r}"
+            )
     if dataset.frame_offset == "random":
         raise ValueError(
             "a cache holds one window per clip: read the clips with frame_offset 'start' or 'center' "
@@ -176,7 +178,9 @@ def cache_dataset(
     ranks = _Ranks(rank, world_size)
     _check_dataset(dataset)
     if shard_size < 1 or num_workers < 0 or prefetch < 1:
-        raise ValueError(f"need shard_size >= 1, num_workers >= 0, prefetch >= 1; got {shard_size}, {num_workers}, {prefetch}")
+        raise ValueError(
+            f"need shard_size >= 1, num_workers >= 0, prefetch >= 1; got {shard_size}, {num_workers}, {prefetch}"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -253,7 +257,9 @@ def _pack(plan: CachePlan, layout: list[list[str]], ranks: _Ranks) -> list[str]:
     return written
 
 
-def _commit(plan: CachePlan, layout: list[list[str]], bad: dict[int, tuple[str, str]], shard_size: int) -> list[str]:
+def _commit(
+    plan: CachePlan, layout: list[list[str]], bad: dict[int, tuple[str, str]], shard_size: int
+) -> list[str]:
     """Write the index (atomically), then remove unlisted shards, temporaries and the staging folder."""
     shards = []
     for keys in layout:

@@ -145,7 +145,9 @@ class CacheIndex:
         try:
             data: dict[str, Any] = json.loads(path.read_text())
         except FileNotFoundError:
-            raise FileNotFoundError(f"{path}: no cache index; write the cache with mm_data.cache_dataset") from None
+            raise FileNotFoundError(
+                f"{path}: no cache index; write the cache with mm_data.cache_dataset"
+            ) from None
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not JSON ({e}); run the preprocess again to rewrite it") from e
         if data.get("format") != _FORMAT or data.get("version") != _VERSION:

@@ -70,6 +70,8 @@ def tree_digest(path: str | Path, records: FileRecords | None = None, *, workers
     for p in files:
         record = found[str(p)]
         if record is None:
-            raise FileNotFoundError(f"{p}: cannot read it (an encoder's weights are hashed into the cache keys)")
+            raise FileNotFoundError(
+                f"{p}: cannot read it (an encoder's weights are hashed into the cache keys)"
+            )
         listing.append([p.relative_to(root).as_posix() if p != root else p.name, record["sha256"]])
     return content_key({"files": listing})

@@ -145,7 +145,9 @@ def _scan(root: Path, previous: CacheIndex | None) -> tuple[dict[str, Location],
         path = root / shard.name
         size = path.stat().st_size if path.is_file() else None
         if size != shard.bytes:
-            why = "the file is missing" if size is None else f"{size} bytes, the cache index says {shard.bytes}"
+            why = (
+                "the file is missing" if size is None else f"{size} bytes, the cache index says {shard.bytes}"
+            )
             corrupt.append(CorruptShardError(path, why, previous.shard_rows(shard.name)))  # type: ignore[union-attr]
             continue
         available.update({key: Location(path) for key in shard.keys})
@@ -192,7 +194,9 @@ def plan_cache(
 ) -> CachePlan:
     """The plan of a run writing ``dataset``'s cache into ``root`` (see the module docstring)."""
     root = Path(root)
-    keys, digests, unreadable = sample_keys(dataset, identity, uses_prompt=uses_prompt, probe_workers=probe_workers)
+    keys, digests, unreadable = sample_keys(
+        dataset, identity, uses_prompt=uses_prompt, probe_workers=probe_workers
+    )
     previous = previous_index(root)
     available, corrupt = _scan(root, previous)
     staged, bad = _staged(root)

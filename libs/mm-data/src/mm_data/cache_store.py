@@ -83,7 +83,7 @@ class ShardedStore:
         max_open: Shards each process keeps open.
     """
 
-    def __init__(self, root: str | Path, *, max_open: int = 16) -> None:
+    def __init__(self, root: str | Path, *, max_open: int = 4096) -> None:
         self.root = Path(root)
         self.index = CacheIndex.load(self.root)
         self.bucket_ids = self.index.bucket_ids
@@ -160,7 +160,7 @@ def write_per_file_copy(root: str | Path, out: str | Path) -> Path:
     return out
 
 
-def open_cache(root: str | Path, *, max_open: int = 16) -> ShardedStore | FileStore:
+def open_cache(root: str | Path, *, max_open: int = 4096) -> ShardedStore | FileStore:
     """The cache folder ``root``: sharded when it has ``index.json``, else per-file (``cache.json``).
 
     Raises:

@@ -71,7 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="cache folder")
     p.add_argument("--encoder", required=True, help="module:function; called as fn(item) -> dict of tensors")
     p.add_argument("--shard-size", type=int, default=64, help="samples per shard file (on average)")
-    p.add_argument("--workers", type=int, default=2, help="DataLoader workers decoding clips (0: main process)")
+    p.add_argument(
+        "--workers", type=int, default=2, help="DataLoader workers decoding clips (0: main process)"
+    )
     p.add_argument("--prefetch", type=int, default=2, help="decoded clips each worker keeps ready")
     p.add_argument(
         "--uses-prompt", action="store_true",
@@ -146,8 +148,14 @@ def _cache(args: argparse.Namespace) -> int:
 
         dist.init_process_group("gloo")
     report = cache_dataset(
-        _dataset(args), encode_fn, args.out, identity=identity, uses_prompt=args.uses_prompt,
-        shard_size=args.shard_size, num_workers=args.workers, prefetch=args.prefetch,
+        _dataset(args),
+        encode_fn,
+        args.out,
+        identity=identity,
+        uses_prompt=args.uses_prompt,
+        shard_size=args.shard_size,
+        num_workers=args.workers,
+        prefetch=args.prefetch,
     )  # fmt: skip  (rank / world size: torchrun's env)
     print(report)
     return 0

@@ -121,7 +121,9 @@ class FileRecords:
             self.store.parent.mkdir(parents=True, exist_ok=True)
             lock = open(f"{self.store}.lock", "a")  # noqa: SIM115 - held for the with block
         except OSError as e:
-            logger.warning("mm_data: cannot write %s (%s); its records are kept in memory only", self.store, e)
+            logger.warning(
+                "mm_data: cannot write %s (%s); its records are kept in memory only", self.store, e
+            )
             yield False
             return
         with lock:
@@ -134,7 +136,9 @@ class FileRecords:
         try:
             data = json.loads(self.store.read_text())
         except (OSError, json.JSONDecodeError) as e:
-            logger.warning("mm_data: ignoring unreadable %s (%s); its records are computed again", self.store, e)
+            logger.warning(
+                "mm_data: ignoring unreadable %s (%s); its records are computed again", self.store, e
+            )
             return {}
         if not isinstance(data, dict) or data.get("version") != _VERSION:
             return {}
@@ -148,7 +152,9 @@ class FileRecords:
             os.replace(tmp, self.store)
         except OSError as e:
             tmp.unlink(missing_ok=True)
-            logger.warning("mm_data: cannot write %s (%s); its records are kept in memory only", self.store, e)
+            logger.warning(
+                "mm_data: cannot write %s (%s); its records are kept in memory only", self.store, e
+            )
 
 
 def _run(compute: Callable[[str], dict[str, Any]], paths: list[str], workers: int) -> list[dict[str, Any]]:

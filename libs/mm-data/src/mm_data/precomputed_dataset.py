@@ -51,12 +51,16 @@ class PrecomputedLatentDataset(Dataset):
             self.files: list[Path] = []
         else:
             self.files = sorted(
-                p for p in self.root.iterdir() if p.suffix in PRECOMPUTED_EXTENSIONS and not p.name.startswith(".")
+                p
+                for p in self.root.iterdir()
+                if p.suffix in PRECOMPUTED_EXTENSIONS and not p.name.startswith(".")
             )
             self.rows = list(range(len(self.files)))
             shapes = [_latents_shape(p) for p in self.files]
         if not self.rows:
-            raise ValueError(f"{self.root}: no cached samples ({INDEX_NAME} or {'/'.join(PRECOMPUTED_EXTENSIONS)} files)")
+            raise ValueError(
+                f"{self.root}: no cached samples ({INDEX_NAME} or {'/'.join(PRECOMPUTED_EXTENSIONS)} files)"
+            )
         ids: dict[Any, int] = {}
         self.bucket_ids = [ids.setdefault(s, len(ids)) for s in shapes]
 

@@ -6,9 +6,11 @@ entry ``mm_data.shard``: canonical JSON ``{"version": 1, "samples": {key: {"meta
 entry, keys sorted, because safetensors writes a multi-entry header in hash-map order, which would make
 two writes of the same shard differ byte for byte.
 
-Reading: :class:`ShardReader` keeps a few shards open per process (a safetensors handle memory-maps the
-file; a DataLoader worker reopens its own after a fork), so a training step opens a file only when it
-reaches a shard it has not kept, instead of one file per sample. A file that is truncated, has an
+Reading: :class:`ShardReader` keeps shards open per process (a safetensors handle is a memory map of the
+file and holds no file descriptor; a DataLoader worker reopens its own after a fork), up to ``max_open``
+(4096 by default, well under Linux's 65530 maps per process), so each reading process opens each shard
+once instead of one file per sample. Keep a cache's shard count under ``max_open`` (``shard_size`` about
+samples / 4096 or more) and a training step opens no file once every shard has been reached. A file that is truncated, has an
 unreadable header, lacks a sample or whose bytes fail the CRC raises :class:`CorruptShardError` naming
 the file and the samples it held.
 """
@@ -97,7 +99,9 @@ def write_shard(path: str | Path, samples: Sequence[Sample]) -> int:
     return _atomic_save(path, tensors, {"version": _VERSION, "samples": entries})
 
 
-def write_sample_file(path: str | Path, key: str, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> int:
+def write_sample_file(
+    path: str | Path, key: str, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]
+) -> int:
     """One sample as a one-sample shard (the preprocess's staging files); size in bytes."""
     return write_shard(path, [(key, tensors, meta)])
 
@@ -165,14 +169,14 @@ class ShardReader:
     """Reads samples by shard path and key, keeping up to ``max_open`` shards open in this process.
 
     Args:
-        max_open: Shards kept open (least recently used closed first).
+        max_open: Shards kept open (memory maps; least recently used closed first).
         describe: ``describe(path) -> samples`` names what a shard held, for a corrupt shard's message.
         expected_bytes: ``expected_bytes(path) -> size`` (or None) as the cache index recorded it.
     """
 
     def __init__(
         self,
-        max_open: int = 16,
+        max_open: int = 4096,
         describe: Callable[[Path], Sequence[Any]] | None = None,
         expected_bytes: Callable[[Path], int | None] | None = None,
     ) -> None:
