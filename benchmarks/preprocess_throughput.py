@@ -64,7 +64,7 @@ def rank_run(args: argparse.Namespace) -> None:
     @torch.no_grad()
     def encode(item: dict) -> dict:
         latents = vae.encode(item["video"][None]).latent_dist.mode()[0]
-        ids = torch.tensor([[ord(c) % 256 for c in item["prompt"][:64]]])
+        ids = torch.tensor([[ord(c) % 256 for c in item["prompt"][:64].ljust(64)]])  # 64 tokens
         return {"latents": latents, "prompt_embeds": text(input_ids=ids).last_hidden_state[0]}
 
     report = cache_dataset(dataset, encode, args.out, identity={"bench": args.vae_dim}, shard_size=8,
