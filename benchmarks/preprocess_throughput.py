@@ -114,12 +114,13 @@ def _cache_opens(cache: Path, steps: int, batch: int) -> int:
     return sum(str(cache) in line and ".safetensors" in line for line in log.read_text().splitlines())
 
 
-def _opens_per_step(cache: Path, args: argparse.Namespace) -> float | None:
-    """Files of ``cache`` opened per training step: the opens of a ``--steps``-step read minus those of a
-    0-step one (building the dataset), over ``--steps``."""
+def _opens(cache: Path, args: argparse.Namespace) -> tuple[int, float] | None:
+    """``openat`` calls on ``cache``'s files while building the dataset (a 0-step read), and per training
+    step: the opens of a ``--steps``-step read minus those, over ``--steps``."""
     if shutil.which("strace") is None:
         return None
-    return (_cache_opens(cache, args.steps, args.batch) - _cache_opens(cache, 0, args.batch)) / args.steps
+    start = _cache_opens(cache, 0, args.batch)
+    return start, (_cache_opens(cache, args.steps, args.batch) - start) / args.steps
 
 
 def main() -> None:
@@ -165,18 +166,20 @@ def main() -> None:
         print(f"\n{'run':<40} {'clips':>5} {'encode s':>9} {'clips/s':>8} {'vs 1 rank':>9} {'load':>5}")
         for name, _, _ in runs:
             r = results[name]
-            print(
-                f"{name:<40} {r['computed']:>5} {r['encode_s']:>9.2f} {r['rate']:>8.3f} {r['rate'] / base:>9.2f} {r['load']:>5.1f}"
-            )
+            ratio = r["rate"] / base
+            print(f"{name:<40} {r['computed']:>5} {r['encode_s']:>9.2f} {r['rate']:>8.3f} {ratio:>9.2f} {r['load']:>5.1f}")
         sharded = root / "cache_1_0"
         per_file = write_per_file_copy(sharded, root / "per_file")
-        opens = {
-            "sharded (shard_size 8)": _opens_per_step(sharded, args),
-            "per-file": _opens_per_step(per_file, args),
-        }
-        print(f"\nfiles opened per training step ({args.batch} samples, {args.steps} steps, strace openat):")
-        for name, value in opens.items():
-            print(f"  {name:<24} {'strace not found' if value is None else f'{value:.2f}'}")
+        shards = len(list(sharded.glob("shard-*.safetensors")))
+        layouts = {f"sharded ({shards} shards)": sharded, f"per-file ({args.clips} files)": per_file}
+        print(f"\nopenat calls on cache files (strace), {args.batch} samples per step, {args.steps} steps:")
+        print(f"  {'layout':<24} {'building the dataset':>20} {'per step':>9}")
+        for name, cache in layouts.items():
+            value = _opens(cache, args)
+            if value is None:
+                print(f"  {name:<24} strace not found")
+            else:
+                print(f"  {name:<24} {value[0]:>20} {value[1]:>9.2f}")
         print(f"load average at the end {os.getloadavg()[0]:.2f}")
 
 
