@@ -171,7 +171,7 @@ def main() -> None:
         sharded = root / "cache_1_0"
         per_file = write_per_file_copy(sharded, root / "per_file")
         shards = len(list(sharded.glob("shard-*.safetensors")))
-        layouts = {f"sharded ({shards} shards)": sharded, f"per-file ({args.clips} files)": per_file}
+        layouts = {f"sharded ({shards} shard(s))": sharded, f"per-file ({args.clips} files)": per_file}
         print(f"\nopenat calls on cache files (strace), {args.batch} samples per step, {args.steps} steps:")
         print(f"  {'layout':<24} {'building the dataset':>20} {'per step':>9}")
         for name, cache in layouts.items():

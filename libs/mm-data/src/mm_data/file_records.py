@@ -4,7 +4,8 @@ JSON file, valid while the file's size and modification time are unchanged.
 The store is read, completed and rewritten under an exclusive ``fcntl`` lock on ``<store>.lock``, so
 the ranks (and DataLoader-less processes) of a job that ask for the same records at once compute them
 once: the first to take the lock computes what is missing, in parallel over ``workers`` processes, and
-the others then find every record valid. Writes are atomic (temporary file + rename). A store whose
+the others then find every record valid (on a file system without ``flock`` they may compute the same
+records; the last write wins). Writes are atomic (temporary file + rename). A store whose
 folder cannot be written is skipped with a logged warning: the records are then computed in memory for
 this process only (slower, never wrong).
 
@@ -127,7 +128,10 @@ class FileRecords:
             yield False
             return
         with lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            except OSError as e:  # a file system without flock (some NFS mounts): never wrong, maybe repeated
+                logger.warning("mm_data: cannot lock %s (%s); processes may compute the same records", lock.name, e)
             yield True
 
     def _load(self) -> dict[str, dict[str, Any]]:
