@@ -36,7 +36,7 @@ def main() -> None:
         one_token_transformer,
         tiny_transformer,
     )
-    from mm_data import VideoTextDataset, moves_as_captioned, psnr, to_video_frames
+    from mm_data import VideoTextDataset, moves_as_captioned, psnr, sha256_file, to_video_frames
     from mm_pipelines import FlowMatchScheduler, SampleRNG
     from mm_trainer import reconstruct
 
@@ -61,10 +61,14 @@ def main() -> None:
     encoders = LTX2Encoders.load(out, audio=audio, device=torch.device("cpu"), dtype=torch.float32)
     size = {k: CLIP[k] for k in ("num_frames", "height", "width")}
     clips = VideoTextDataset(out / "data" / "metadata.json", **size, frame_offset="start")
-    items = [encode_sample(encoders, clips[i], frame_rate=8.0, max_length=16) for i in range(len(clips))]
+    items = [  # as preprocess encodes them: a silent clip's tone follows its content
+        encode_sample(encoders, {**clips[i], "clip_sha256": sha256_file(clips.rows[i]["path"])}, frame_rate=8.0,
+                      max_length=16)
+        for i in range(len(clips))
+    ]  # fmt: skip
     captions = [clips[i]["prompt"] for i in range(len(clips))]  # what preprocess caches (caption at epoch 0)
     print(captions, flush=True)
-    batch = {k: torch.stack([it[k] for it in items]) for k in items[0]}
+    batch = {k: torch.stack([it[k] for it in items]) for k in items[0] if k != "metadata"}
     reference = reconstruct(encoders.vae, load_clips(out / "data" / "metadata.json")).clamp(-1, 1)
     torch.manual_seed(args.seed)
     overrides = {k: int(v) for k, v in (kv.split("=") for kv in args.transformer.split(",") if kv)}

@@ -77,3 +77,19 @@ def test_the_schemas_load_without_torch():
     code = "import sys, ltx2_train.config_schema; print('torch' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "False", proc.stderr
+
+
+def test_the_preprocess_frame_offset_reaches_the_clip_reader_and_random_is_refused(tmp_path):
+    from ltx2_train.preprocess import preprocess_options, source_dataset
+    from mm_data import make_synthetic_dataset
+
+    meta = make_synthetic_dataset(tmp_path, num_clips=1, sizes=[(16, 16)], num_frames=9)
+    for value in ("start", "center"):
+        overrides = [
+            f"data.dataset.preprocess.source={meta}",
+            f"data.dataset.preprocess.frame_offset={value}",
+        ]
+        config = load_config(TINY, overrides, world_size=2)
+        assert source_dataset(preprocess_options(config)).frame_offset == value
+    with pytest.raises(ConfigError, match="frame_offset"):
+        load_config(TINY, ["data.dataset.preprocess.frame_offset=random"], world_size=2)

@@ -11,6 +11,7 @@ pytestmark = pytest.mark.slow
 def test_precomputed_dataset_yields_the_tensors_of_a_direct_encode(tiny_cache, run_config):
     from ltx2_train.preprocess import LTX2Encoders, encode_sample, preprocess_options, source_dataset
     from mm_config import load_config
+    from mm_data import sha256_file
     from mm_trainer.registry import DATA_REGISTRY
 
     config = load_config(run_config(tiny_cache), ["parallel.ulysses_parallel_size=1"], world_size=1)
@@ -21,12 +22,14 @@ def test_precomputed_dataset_yields_the_tensors_of_a_direct_encode(tiny_cache, r
         options.model_root, audio=True, device=torch.device("cpu"), dtype=torch.float32
     )
     assert len(dataset) == len(clips) == 4
-    for index in (0, 3):  # one file of each rank's shard
+    for index in (0, 3):
         cached = dataset[index]
-        direct = encode_sample(encoders, clips[index], frame_rate=8.0, max_length=16)
-        assert cached["prompt"] == clips[index]["prompt"]
-        assert set(direct) <= set(cached)
-        for key, value in direct.items():
+        item = {**clips.sample(index), "clip_sha256": sha256_file(clips.rows[index]["path"])}
+        direct = encode_sample(encoders, item, frame_rate=8.0, max_length=16)
+        assert cached["prompt"] == clips[index]["prompt"] == direct["metadata"]["prompt"]
+        tensors = {k: v for k, v in direct.items() if isinstance(v, torch.Tensor)}
+        assert set(tensors) <= set(cached)
+        for key, value in tensors.items():
             torch.testing.assert_close(cached[key], value, rtol=0, atol=0, msg=key)
     sample = dataset[0]
     assert sample["latents"].shape == (8, 3, 4, 4)  # 5 frames 16x16 -> x2 time, x4 space
@@ -36,22 +39,24 @@ def test_precomputed_dataset_yields_the_tensors_of_a_direct_encode(tiny_cache, r
     assert not torch.equal(sample["prompt_embeds"], sample["audio_prompt_embeds"])  # two connectors
 
 
-def test_a_second_preprocess_run_skips_complete_files(tiny_cache, run_config):
+def test_a_second_preprocess_run_reuses_every_sample(tiny_cache, run_config):
     from ltx2_train.preprocess import run_preprocess
     from mm_config import load_config
 
     config = load_config(run_config(tiny_cache), ["parallel.ulysses_parallel_size=1"], world_size=1)
-    report = run_preprocess(config, rank=0, world_size=1)
-    assert report.written == [] and report.skipped == list(range(4))
+    report = run_preprocess(config)
+    assert report.computed == [] and report.reused == list(range(4))
 
 
-def test_silent_clips_get_a_sample_dependent_tone():
+def test_silent_clips_get_a_tone_chosen_by_their_content():
     from ltx2_train.audio import synthetic_tone
-    from ltx2_train.preprocess import clip_waveform
+    from ltx2_train.preprocess import clip_waveform, content_tone
 
     wave = clip_waveform(None, 3, sample_rate=16000, seconds=0.5)
     torch.testing.assert_close(wave, synthetic_tone(3, 16000, 8000))
     assert not torch.equal(wave, synthetic_tone(4, 16000, 8000))
+    assert content_tone({"index": 5, "clip_sha256": "0000000a" + "f" * 56}) == 10  # the clip, not its row
+    assert content_tone({"index": 5}) == 5
 
 
 def test_make_tiny_reports_a_vae_that_reconstructs_the_clips_and_reuses_its_fit(tiny_cache, capsys, readme):

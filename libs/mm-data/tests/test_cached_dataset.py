@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import pytest
@@ -10,12 +9,12 @@ import torch
 from mm_data import (
     CachedVideoTextDataset,
     VideoTextDataset,
+    bad_marker_name,
     cache_dataset,
-    caption_candidates,
-    caption_entries,
+    cache_file_name,
+    write_per_file_copy,
 )
 
-TEXT_LEN = 12
 CLIPS = {
     "num_frames": 9,
     "height": 16,
@@ -25,29 +24,14 @@ CLIPS = {
     "max_bad_fraction": 0.3,
 }
 
-
-def embed(text: str) -> torch.Tensor:
-    """A stand-in text encoder: one row per word and one for the end token, a function of the text."""
-    seed = int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
-    return torch.randn(len(text.split()) + 1, 4, generator=torch.Generator().manual_seed(seed))
+IDENTITY = {"encoder": "toy"}
 
 
-def latents(video: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.avg_pool3d(video[None], (1, 4, 4))[0]
-
-
-def encoder(dataset: VideoTextDataset):
-    def encode(item: dict) -> dict:
-        caption = dataset.rows[int(item["index"])]["caption"]
-        embeddings = [embed(text) for text in caption_candidates(caption)]
-        return {"latents": latents(item["video"]), **caption_entries(caption, embeddings, TEXT_LEN)}
-
-    return encode
-
-
-def test_the_cache_gives_the_clip_datasets_samples_prompts_and_buckets_in_every_epoch(clips: Path, tmp_path):
+def test_the_cache_gives_the_clip_datasets_samples_prompts_and_buckets_in_every_epoch(
+    clips: Path, tmp_path, toy
+):
     online = VideoTextDataset(clips, seed=5, caption_dropout=0.5, **CLIPS)
-    cache_dataset(online, encoder(online), tmp_path, progress=False)
+    cache_dataset(online, toy.encoder(online), tmp_path, identity=IDENTITY, num_workers=0, progress=False)
     cached = CachedVideoTextDataset(tmp_path, seed=5, caption_dropout=0.5, max_bad_fraction=0.3)
 
     assert cached.bucket_ids == online.bucket_ids and len(set(online.bucket_ids)) == 3
@@ -59,9 +43,9 @@ def test_the_cache_gives_the_clip_datasets_samples_prompts_and_buckets_in_every_
             clip, item = online[i], cached[i]
             keys = ("index", "bucket", "skipped", "prompt")
             assert [item[k] for k in keys] == [clip[k] for k in keys], (epoch, i)
-            assert torch.equal(item["latents"], latents(clip["video"]))
+            assert torch.equal(item["latents"], toy.pooled(clip["video"]))
             want = torch.cat(
-                [embed(clip["prompt"]), torch.zeros(TEXT_LEN - len(clip["prompt"].split()) - 1, 4)]
+                [toy.embed(clip["prompt"]), torch.zeros(toy.text_len - len(clip["prompt"].split()) - 1, 4)]
             )
             assert torch.equal(item["prompt_embeds"], want), (epoch, i)
             prompts.add(clip["prompt"])
@@ -70,8 +54,31 @@ def test_the_cache_gives_the_clip_datasets_samples_prompts_and_buckets_in_every_
     assert len(skipped) == 2  # the corrupt and the too-short clip: replaced in their buckets, as online
 
 
-def test_an_unfinished_cache_is_refused_naming_the_missing_samples(clips: Path, tmp_path):
+def test_a_per_file_cache_of_earlier_versions_reads_as_the_sharded_one(clips: Path, tmp_path, toy):
+    online = VideoTextDataset(clips, seed=5, caption_dropout=0.5, **CLIPS)
+    cache_dataset(
+        online, toy.encoder(online), tmp_path / "sharded", identity=IDENTITY, num_workers=0, progress=False
+    )
+    per_file = write_per_file_copy(tmp_path / "sharded", tmp_path / "per_file")
+    assert not (per_file / "index.json").exists() and len(list(per_file.glob("*.safetensors"))) == 6
+    sharded, legacy = (CachedVideoTextDataset(p, seed=5, caption_dropout=0.5, max_bad_fraction=0.3)
+                       for p in (tmp_path / "sharded", per_file))  # fmt: skip
+    assert legacy.bucket_ids == sharded.bucket_ids
+    for i in range(len(online)):
+        a, b = sharded[i], legacy[i]
+        assert a.keys() == b.keys() and all(
+            torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a
+        ), i
+
+
+def test_an_unfinished_per_file_cache_is_refused_naming_the_missing_samples(clips: Path, tmp_path, toy):
     online = VideoTextDataset(clips, **CLIPS)
-    cache_dataset(online, encoder(online), tmp_path, rank=0, world_size=2, progress=False)
-    with pytest.raises(FileNotFoundError, match=r"4 of 8 samples are not cached \(first: \[1, 3, 5, 7\]\)"):
-        CachedVideoTextDataset(tmp_path)
+    cache_dataset(
+        online, toy.encoder(online), tmp_path / "sharded", identity=IDENTITY, num_workers=0, progress=False
+    )
+    per_file = write_per_file_copy(tmp_path / "sharded", tmp_path / "per_file")
+    for row in (1, 3):
+        (per_file / cache_file_name(row)).unlink(missing_ok=True)
+        (per_file / bad_marker_name(row)).unlink(missing_ok=True)
+    with pytest.raises(FileNotFoundError, match=r"2 of 8 samples are not cached \(first: \[1, 3\]\)"):
+        CachedVideoTextDataset(per_file)

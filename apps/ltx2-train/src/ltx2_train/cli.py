@@ -22,7 +22,7 @@ from ltx2_train import __version__
 
 COMMANDS: dict[str, str] = {
     "make-tiny": "write a tiny LTX-2 model set (diffusers layout) + clips",
-    "preprocess": "encode clips into the cache data.data_path (torchrun shards it)",
+    "preprocess": "encode clips into the sharded latent cache data.data_path; reruns encode only what changed (torchrun: ranks split the clips)",
     "export": "export the trained transformer as a diffusers folder",
     "sample": "generate a clip (and its audio, as a .wav beside it) with a trained run",
 }
@@ -108,7 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command == "preprocess":
         from ltx2_train.preprocess import run_preprocess
 
-        print(run_preprocess(_load(args.config, args.overrides)))
+        report = run_preprocess(_load(args.config, args.overrides))
+        if report.rank == 0:  # the same totals on every rank
+            print(report)
     elif args.command == "sample":
         from ltx2_train.sampling import load_for_sampling, sample_clip, write_sample
 

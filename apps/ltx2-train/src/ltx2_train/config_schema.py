@@ -15,6 +15,7 @@ from mm_config import (
     ConfigModel,
     DType,
     PartialConfigModel,
+    PreprocessRunConfig,
     Problem,
     RuleViolations,
     frame_rule_problem,
@@ -143,6 +144,10 @@ class PreprocessOptions(ConfigModel):
     """Encoder compute dtype (fp32 | bf16 | fp16); cached tensors keep it."""
     device: str | None = Field(default=None, pattern=r"^(cpu|cuda|npu)(:\d+)?$")
     """Encoder device; None = this rank's accelerator (``LOCAL_RANK``), else cpu."""
+    frame_offset: Literal["start", "center"] = "start"
+    """Where in each clip the cached frames start (a cache holds one window per clip)."""
+    run: PreprocessRunConfig = PreprocessRunConfig()
+    """How the preprocess runs: shard size, decode workers, Gemma-3 sharding (FSDP2), VAE tiling."""
 
     @model_validator(mode="after")
     def _frames_follow_the_rule(self) -> PreprocessOptions:

@@ -8,8 +8,12 @@ transformer trains: the video VAE (``AutoencoderKLLTX2Video``), the audio VAE
 packing), ``prompt_embeds`` / ``audio_prompt_embeds [S, D]`` (connector outputs for the video and
 audio streams), ``prompt_attention_mask [S]`` and ``frame_rate`` (for the RoPE time axis).
 
-Sharded across ranks (rank ``r`` of ``W`` writes indices ``r::W``, under ``torchrun`` or alone) and
-resumable (complete files are skipped): both from :func:`mm_data.cache_dataset`.
+The cache is :func:`mm_data.cache_dataset`'s (through :func:`mm_trainer.write_latent_cache`): sharded,
+keyed by each clip's content, the row (and, for a row whose prompt is drawn from a caption list, its
+position), the reading parameters and the encoders' identity, so a re-run encodes only what changed and
+resumes an interrupted run. Under ``torchrun`` the ranks split the clips; Gemma-3 is sharded over them
+with FSDP2 when ``run.text_encoder_fsdp`` says so (docs/DESIGN.md "Latent cache"). A silent clip's
+stand-in tone is chosen by the clip's content (its digest), not its row.
 """
 
 from __future__ import annotations
@@ -24,12 +28,25 @@ from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video
 from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
 from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline as Upstream
 from mm_config import TrainConfig
-from mm_data import CacheReport, VideoTextDataset, cache_dataset
-from mm_parallel import get_local_device, parse_dtype
-from mm_trainer import preprocess_section
+from mm_data import CacheReport, VideoTextDataset
+from mm_parallel import parse_dtype
+from mm_trainer import (
+    enable_vae_tiling,
+    preprocess_ranks,
+    preprocess_section,
+    shard_frozen,
+    use_text_encoder_fsdp,
+    weights_identity,
+    write_latent_cache,
+)
 
 from ltx2_train.audio import log_mel, read_audio, synthetic_tone
 from ltx2_train.config_schema import PreprocessOptions
+
+ENCODE_VERSION = 1
+"""Bumped when what this module caches per sample changes (it is part of every sample's key)."""
+GEMMA_BLOCKS = "*layers.{*}"
+"""The FSDP units of a sharded Gemma-3 (its decoder layers, plus the root)."""
 
 
 @dataclass
@@ -45,12 +62,21 @@ class LTX2Encoders:
     dtype: torch.dtype
     n_fft: int = 1024
     """STFT size of the log-mel front end: LTX-2's audio encoder uses 1024 (the diffusers config omits it)."""
+    sharded: bool = False
+    """Gemma-3 is FSDP-sharded over the ranks (every rank must call it equally often)."""
 
     @classmethod
     def load(
-        cls, model_root: str | Path, *, audio: bool, device: torch.device, dtype: torch.dtype
+        cls,
+        model_root: str | Path,
+        *,
+        audio: bool,
+        device: torch.device,
+        dtype: torch.dtype,
+        shard_text_encoder: bool = False,
     ) -> LTX2Encoders:
-        """Load ``vae/``, ``audio_vae/`` (when ``audio``), ``text_encoder/``, ``tokenizer/``, ``connectors/``."""
+        """Load ``vae/``, ``audio_vae/`` (when ``audio``), ``text_encoder/``, ``tokenizer/``, ``connectors/``,
+        in ``dtype``; Gemma-3 sharded over the ranks with ``shard_text_encoder``."""
         from transformers import AutoModel, AutoTokenizer
 
         root = Path(model_root)
@@ -70,14 +96,20 @@ class LTX2Encoders:
             return ready(cls_.from_pretrained(root / name, torch_dtype=dtype))
 
         audio_vae = diffusers_part(AutoencoderKLLTX2Audio, "audio_vae") if audio else None
+        text_encoder = (
+            AutoModel.from_pretrained(root / "text_encoder", dtype=dtype).eval().requires_grad_(False)
+        )
+        if shard_text_encoder:
+            text_encoder = shard_frozen(text_encoder, blocks=GEMMA_BLOCKS, device=device)
         encoders = cls(
             vae=diffusers_part(AutoencoderKLLTX2Video, "vae"),
             audio_vae=audio_vae,
-            text_encoder=ready(AutoModel.from_pretrained(root / "text_encoder", dtype=dtype)),
+            text_encoder=ready(text_encoder),
             tokenizer=tokenizer,
             connectors=diffusers_part(LTX2TextConnectors, "connectors"),
             device=device,
             dtype=dtype,
+            sharded=shard_text_encoder,
         )
         return encoders
 
@@ -125,13 +157,20 @@ class LTX2Encoders:
 
 
 def clip_waveform(
-    path: str | None, index: int, *, sample_rate: int, seconds: float, start_s: float = 0.0
+    path: str | None, tone: int, *, sample_rate: int, seconds: float, start_s: float = 0.0
 ) -> torch.Tensor:
     """``seconds`` of the clip's audio from ``start_s`` (its first sampled frame), or
-    :func:`synthetic_tone` when it has no audio track."""
+    :func:`synthetic_tone` number ``tone`` when it has no audio track."""
     num_samples = int(round(seconds * sample_rate))
     wave = read_audio(path, sample_rate, num_samples, start_s) if path else None
-    return wave if wave is not None else synthetic_tone(index, sample_rate, num_samples)
+    return wave if wave is not None else synthetic_tone(tone, sample_rate, num_samples)
+
+
+def content_tone(item: dict[str, Any]) -> int:
+    """The stand-in tone of a silent clip, from its content (``clip_sha256``, set by the cache writer), so
+    that it follows the clip and not its row; the row index for an item read outside the cache writer."""
+    digest = item.get("clip_sha256")
+    return int(digest[:8], 16) if digest else int(item["index"])
 
 
 def encode_sample(
@@ -147,10 +186,11 @@ def encode_sample(
     out.update(encoders.encode_text(item["prompt"], max_length))
     if encoders.audio_vae is not None:
         seconds = item["video"].shape[1] / frame_rate
-        wave = clip_waveform(path, int(item["index"]), sample_rate=encoders.audio_vae.config.sample_rate,
+        wave = clip_waveform(path, content_tone(item), sample_rate=encoders.audio_vae.config.sample_rate,
                              seconds=seconds, start_s=float(item.get("start_s", 0.0)))  # fmt: skip
         out["audio_latents"] = encoders.encode_audio(wave)
     out["frame_rate"] = torch.tensor(frame_rate, dtype=torch.float32)
+    out["metadata"] = {"prompt": item["prompt"]}
     return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
 
 
@@ -158,7 +198,7 @@ def source_dataset(options: PreprocessOptions) -> VideoTextDataset:
     """The clips to encode, at the configured size and frame count (caption chosen as at epoch 0)."""
     return VideoTextDataset(
         options.source, data_root=options.source_root, num_frames=options.num_frames, height=options.height,
-        width=options.width, fps=options.fps, frame_rule=options.frame_rule,
+        width=options.width, fps=options.fps, frame_rule=options.frame_rule, frame_offset=options.frame_offset,
     )  # fmt: skip
 
 
@@ -169,15 +209,39 @@ def preprocess_options(config: TrainConfig) -> PreprocessOptions:
     )
 
 
+def encoders_identity(options: PreprocessOptions, out_dir: str) -> dict[str, Any]:
+    """What the cached tensors depend on besides the sample: the model set's weights and the encoding
+    options."""
+    root = Path(options.model_root)
+    parts = ["vae", "text_encoder", "tokenizer", "connectors", *(["audio_vae"] if options.audio else [])]
+    return {
+        "encoder": "ltx2-train preprocess", "version": ENCODE_VERSION, "dtype": options.dtype,
+        "max_sequence_length": options.max_sequence_length, "audio": options.audio, "fps": options.fps,
+        "weights": weights_identity(out_dir, {name: root / name for name in parts}),
+    }  # fmt: skip
+
+
 def run_preprocess(
     config: TrainConfig, *, rank: int | None = None, world_size: int | None = None
 ) -> CacheReport:
-    """Encode this rank's share of the clips into ``data.data_path`` (rank/world from ``torchrun``'s env)."""
+    """Encode what ``data.data_path`` does not hold yet; under ``torchrun`` the ranks split the clips.
+    ``rank`` / ``world_size`` default to (and must agree with) torchrun's."""
     options = preprocess_options(config)
-    device = torch.device(options.device) if options.device else get_local_device()
+    device, env_rank, env_world = preprocess_ranks(options.device)
+    if (rank, world_size) not in ((None, None), (env_rank, env_world)):
+        raise ValueError(
+            f"rank={rank}, world_size={world_size}: this process is rank {env_rank} of {env_world}"
+        )
     dtype = parse_dtype(options.dtype, key="data.dataset.preprocess.dtype") or torch.float32
-    encoders = LTX2Encoders.load(options.model_root, audio=options.audio, device=device, dtype=dtype)
-    dataset = source_dataset(options)
+    dataset = source_dataset(options)  # first: a bad source fails before any model loads
+    run = options.run
+    shard = use_text_encoder_fsdp(run.text_encoder_fsdp, weights=Path(options.model_root) / "text_encoder",
+                                  world_size=env_world)  # fmt: skip
+    encoders = LTX2Encoders.load(options.model_root, audio=options.audio, device=device, dtype=dtype,
+                                 shard_text_encoder=shard)  # fmt: skip
+    if run.vae_tiling:
+        enable_vae_tiling(encoders.vae, run.vae_tile)
+    out = str(config.data.data_path)
 
     def encode(item: dict[str, Any]) -> dict[str, Any]:
         row = dataset.rows[int(item["index"])]
@@ -187,4 +251,10 @@ def run_preprocess(
         return encode_sample(encoders, item, frame_rate=rate, max_length=options.max_sequence_length,
                              path=str(row["path"]))  # fmt: skip
 
-    return cache_dataset(dataset, encode, config.data.data_path, rank=rank, world_size=world_size)
+    def idle() -> None:
+        encoders.encode_text("", options.max_sequence_length)
+
+    return write_latent_cache(
+        dataset, encode, out, run=run, identity=encoders_identity(options, out), uses_prompt=True,
+        idle=idle if encoders.sharded else None,
+    )  # fmt: skip

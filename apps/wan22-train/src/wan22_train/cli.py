@@ -26,7 +26,7 @@ from wan22_train import __version__
 
 COMMANDS: dict[str, str] = {
     "make-tiny": "write a tiny Wan2.2 model set (diffusers layout) + mp4 clips",
-    "preprocess": "encode clips into the VAE/UMT5 cache data.data_path (torchrun shards it)",
+    "preprocess": "encode clips into the sharded VAE/UMT5 cache data.data_path; reruns encode only what changed (torchrun: ranks split the clips)",
     "sample": "generate a clip with a trained predictor",
     "export": "export the trained predictor (diffusers or official layout) or its LoRA (a pair for two experts)",
     "demo": "make-tiny (if missing) + train on 2 CPU processes + export + sample",
@@ -150,7 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if not Path(args.config).is_file():
             raise SystemExit(f"error: no config at {args.config}")
-        print(run_preprocess(load_offline_config(args.config, args.overrides)))
+        report = run_preprocess(load_offline_config(args.config, args.overrides))
+        if report.rank == 0:  # the same totals on every rank
+            print(report)
     elif args.command == "sample":
         from wan22_train.demo import training_shift
         from wan22_train.sampling import load_for_sampling, sample_video, write_video

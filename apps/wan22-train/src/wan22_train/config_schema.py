@@ -17,6 +17,7 @@ from mm_config import (
     DType,
     InputPath,
     PartialConfigModel,
+    PreprocessRunConfig,
     Problem,
     RuleViolations,
     SubModelConfig,
@@ -245,6 +246,8 @@ class WanPreprocessOptions(ConfigModel):
     """UMT5 (``model_id: umt5``, ``from_pretrained``, ``dtype``, ``config.tokenizer`` / ``text_len``)."""
     device: str | None = Field(default=None, pattern=r"^(cpu|cuda|npu)(:\d+)?$")
     """Encoder device; None = this rank's accelerator (``LOCAL_RANK``), else cpu."""
+    run: PreprocessRunConfig = PreprocessRunConfig()
+    """How the preprocess runs: shard size, decode workers, UMT5 sharding (FSDP2), VAE tiling."""
 
     @model_validator(mode="after")
     def _one_window_per_clip(self) -> WanPreprocessOptions:

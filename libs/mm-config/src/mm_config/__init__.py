@@ -46,6 +46,7 @@ from .lora import LoraConfig  # noqa: E402
 from .model import LoadFormat, ModelConfig, SubModelConfig  # noqa: E402
 from .model_checks import CHECKS_ENTRY_POINT_GROUP, run_model_checks  # noqa: E402
 from .parallel import FSDPPlanConfig, ParallelConfig, SubPlanConfig  # noqa: E402
+from .preprocess import PreprocessRunConfig  # noqa: E402
 from .registry import (  # noqa: E402
     ENTRY_POINT_GROUP,
     dataset_schema,
@@ -65,6 +66,7 @@ from .validation import ValidationConfig  # noqa: E402
 from .warning_policy import ALLOWED_WARNINGS, AllowedWarning, install_warning_filters  # noqa: E402
 
 __all__ = [
+    "PreprocessRunConfig",
     "ALLOWED_WARNINGS",
     "ATTN_IMPLEMENTATIONS",
     "BUILTIN_MM_PLUGINS",

@@ -4,19 +4,25 @@ __version__ = "0.1.0"
 
 from .bad_samples import BadSample, BadSampleError, BadSampleTracker
 from .buckets import Bucket, assign_bucket, make_buckets, parse_buckets, same_bucket_order
-from .cache import (
+from .cache import CacheReport, cache_dataset
+from .cache_index import INDEX_NAME, CacheIndex, ShardEntry, shard_layout, shard_name
+from .cache_keys import canonical_json, content_key, tree_digest
+from .cache_store import (
     CACHE_MANIFEST,
-    CacheReport,
+    FileStore,
+    ShardedStore,
     bad_marker_name,
-    cache_dataset,
     cache_file_name,
+    open_cache,
     read_cache_manifest,
+    write_per_file_copy,
 )
 from .cached_dataset import CAPTION_KEY, CachedVideoTextDataset, caption_entries
 from .caption_tokenizer import write_caption_tokenizer
 from .captions import caption_candidates, draw_caption, sample_rng
 from .chat_template import IGNORE_INDEX, TEMPLATES, ChatTemplate, EncodedConversation, register_template
 from .clip_checks import caption_direction, moves_as_captioned, psnr, shape_centroids
+from .clip_info import clip_info, clip_info_path, record_info
 from .collate import collate_video_text
 from .contact_sheet import contact_sheet, contact_sheet_size, write_contact_sheet
 from .conversation import Conversation, ConversationColumns, ConversationError, Message, to_conversation
@@ -24,15 +30,18 @@ from .conversation_dataset import ConversationDataset
 from .dataset import VideoTextDataset, load_clip_tensors, to_video_tensor
 from .deadline import SampleTimeout, call_with_deadline
 from .decode import DecodeError, VideoInfo, decode_frames, load_image, probe_video, require_regular_file
+from .file_records import FileRecords, file_stat, sha256_file
 from .frames import check_frame_rule, frame_step, sample_frame_indices
 from .loader import ResumableDataLoader, build_dataloader
 from .metadata import MetadataError, read_metadata
 from .mm_plugin import MM_PLUGINS, MediaBudget, MediaFeatures, MultimodalPlugin, SampleError, VideoClip
 from .multimodal_collate import MultimodalCollator
-from .precomputed import PrecomputedLatentDataset, load_precomputed, save_precomputed
+from .precomputed import load_precomputed, save_precomputed
+from .precomputed_dataset import PrecomputedLatentDataset
 from .registry import Registry
 from .sample_check import check_samples
 from .sampler import GlobalOrderSampler
+from .shards import CorruptShardError, ShardReader, read_shard_header, write_shard
 from .synthetic import (
     caption_vocabulary,
     frame_index_from_colour,
@@ -44,6 +53,28 @@ from .video_out import to_video_frames, write_video
 
 __all__ = [
     "CACHE_MANIFEST",
+    "INDEX_NAME",
+    "CacheIndex",
+    "CorruptShardError",
+    "FileRecords",
+    "FileStore",
+    "ShardEntry",
+    "ShardReader",
+    "ShardedStore",
+    "canonical_json",
+    "clip_info",
+    "clip_info_path",
+    "content_key",
+    "file_stat",
+    "open_cache",
+    "read_shard_header",
+    "record_info",
+    "sha256_file",
+    "shard_layout",
+    "shard_name",
+    "tree_digest",
+    "write_per_file_copy",
+    "write_shard",
     "CAPTION_KEY",
     "CachedVideoTextDataset",
     "bad_marker_name",

@@ -1,169 +1,307 @@
-"""`cache_dataset`: run the user's encoders over a dataset once, one file per sample, resumably.
+"""`cache_dataset`: run the user's encoders over a clip dataset once, into a sharded, content-keyed,
+incremental cache (docs/DESIGN.md "Latent cache").
 
-A cache folder holds ``cache.json`` (the source dataset's length and bucket id per index: the sample
-order of a run over the cache is the order over the source), one ``NNNNNNNN.safetensors`` per encoded
-sample, and one ``NNNNNNNN.bad.json`` (path, reason) per sample the source could not read.
+A run, on every rank (one process, or each rank of ``torchrun``):
+
+1. **plan** (:mod:`mm_data.cache_plan`): each row's content key; what the folder already holds; this
+   rank's rows (``i % W == rank`` among the rows whose key is cached nowhere);
+2. **encode** (:mod:`mm_data.cache_encode`): decode in DataLoader workers, encode, stage each sample
+   as its own file (atomic; an interrupted run keeps every finished sample);
+3. **pack** (after all ranks have encoded): the shard layout of the good samples
+   (:func:`mm_data.cache_index.shard_layout`, a function of the samples alone); rank ``r`` writes the
+   shards ``j % W == r`` that do not exist yet, copying reused samples from their old shards and new
+   ones from the staging folder;
+4. **commit** (rank 0): write ``index.json`` atomically, then remove the shards no longer listed and the
+   staging folder.
+
+A re-run therefore encodes only what changed, drops what was removed, and a run killed at any point
+resumes where it stopped and ends with the same bytes as an uninterrupted run. Ranks meet at three
+barriers (a gloo group with a long timeout: a rank with more rows is waited for); a failing rank ends
+the job through ``torchrun``, as any failure.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors import SafetensorError, safe_open
-from tqdm.auto import tqdm
+import torch.distributed as dist
 
 from .bad_samples import BadSample
-from .precomputed import save_precomputed
+from .cache_encode import EncodeResult, encode_rows, kill_hook
+from .cache_index import CacheIndex, ShardEntry, shard_layout, shard_name
+from .cache_plan import STAGING, CachePlan, Location, plan_cache, staged_file
+from .shards import CorruptShardError, ShardReader, read_shard_header, write_shard
 
-__all__ = [
-    "CACHE_MANIFEST",
-    "CacheReport",
-    "bad_marker_name",
-    "cache_dataset",
-    "cache_file_name",
-    "read_cache_manifest",
-]
+__all__ = ["CacheReport", "cache_dataset"]
 
-CACHE_MANIFEST = "cache.json"
-"""Name of the manifest file in a cache folder."""
+BARRIER_TIMEOUT = timedelta(hours=24)
+"""How long a rank that finished encoding waits for the others (ranks' shares differ by what is cached)."""
 
 
 @dataclass
 class CacheReport:
-    """What one rank did: indices written, skipped (already complete) and bad (not cached)."""
+    """What a preprocess run did (the same totals on every rank).
+
+    ``reused``: rows whose sample was cached before this run (``resumed``: of those, left by an
+    interrupted run); ``computed``: rows encoded by this run; ``failed``: rows the source could not read
+    (not cached: training replaces them as it replaces bad clips); ``dropped``: cached samples no row
+    needs any more (removed or changed rows); ``corrupt``: damaged shards found (their samples encoded
+    again).
+    """
 
     out_dir: str
     rank: int
     world_size: int
-    written: list[int] = field(default_factory=list)
-    skipped: list[int] = field(default_factory=list)
-    bad: list[BadSample] = field(default_factory=list)
+    samples: int
+    reused: list[int] = field(default_factory=list)
+    resumed: list[int] = field(default_factory=list)
+    computed: list[int] = field(default_factory=list)
+    failed: list[BadSample] = field(default_factory=list)
+    dropped: int = 0
+    corrupt: list[str] = field(default_factory=list)
+    shards_written: int = 0
+    shards_kept: int = 0
+    shards_removed: int = 0
+    encode_seconds: float = 0.0
+    """Longest encode phase of any rank."""
     seconds: float = 0.0
 
+    @property
+    def clips_per_second(self) -> float:
+        """Clips encoded per second over all ranks (encode phase)."""
+        return len(self.computed) / self.encode_seconds if self.encode_seconds > 0 else 0.0
+
     def __str__(self) -> str:
+        resumed = f" ({len(self.resumed)} from an interrupted run)" if self.resumed else ""
         lines = [
-            f"rank {self.rank}/{self.world_size}: wrote {len(self.written)}, kept {len(self.skipped)} "
-            f"existing, {len(self.bad)} bad, in {self.seconds:.1f}s -> {self.out_dir}"
+            f"cache {self.out_dir}: {self.samples} samples: reused {len(self.reused)}{resumed}, computed "
+            f"{len(self.computed)}, dropped {self.dropped}, failed {len(self.failed)}",
+            f"  shards: {self.shards_written} written, {self.shards_kept} kept, {self.shards_removed} removed; "
+            f"{self.world_size} rank(s), {self.clips_per_second:.2f} clips/s encoding, {self.seconds:.1f} s in all",
         ]
-        lines += [f"  bad [{b.index}] {b.path}: {b.reason}" for b in self.bad]
+        lines += [f"  corrupt: {c}" for c in self.corrupt]
+        lines += [f"  failed [{b.index}] {b.path}: {b.reason}" for b in self.failed]
         return "\n".join(lines)
 
 
-def cache_file_name(index: int) -> str:
-    """File name of sample ``index`` in a cache folder."""
-    return f"{index:08d}.safetensors"
+class _Ranks:
+    """Rank, world size and the collectives of a run (none in one process)."""
+
+    def __init__(self, rank: int | None, world_size: int | None) -> None:
+        self.rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+        self.world = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+        if not 0 <= self.rank < self.world:
+            raise ValueError(f"need 0 <= rank < world_size, got rank={self.rank}, world_size={self.world}")
+        self.group = None
+        if self.world > 1:
+            if not dist.is_initialized():
+                raise RuntimeError(
+                    f"cache_dataset with world_size={self.world} needs torch.distributed initialized on every "
+                    "rank (run it under torchrun; the apps' preprocess commands do it)"
+                )
+            if (dist.get_rank(), dist.get_world_size()) != (self.rank, self.world):
+                raise ValueError(
+                    f"rank={self.rank}, world_size={self.world} but the process group has rank "
+                    f"{dist.get_rank()} of {dist.get_world_size()}"
+                )
+            self.group = dist.new_group(backend="gloo", timeout=BARRIER_TIMEOUT)
+
+    def barrier(self) -> None:
+        if self.group is not None:
+            dist.barrier(group=self.group)
+
+    def all_gather(self, value: Any) -> list[Any]:
+        if self.group is None:
+            return [value]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, value, group=self.group)
+        return out
 
 
-def bad_marker_name(index: int) -> str:
-    """File name of the marker of sample ``index`` that the source could not read (not cached)."""
-    return f"{index:08d}.bad.json"
-
-
-def read_cache_manifest(root: str | Path) -> dict[str, Any]:
-    """``cache.json`` of a cache folder: ``num_samples`` and ``bucket_ids`` of the source dataset."""
-    path = Path(root) / CACHE_MANIFEST
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no cache manifest; write the cache with mm_data.cache_dataset")
-    manifest = json.loads(path.read_text())
-    if len(manifest.get("bucket_ids", [])) != manifest.get("num_samples"):
-        raise ValueError(f"{path}: bucket_ids must list one bucket per sample (num_samples)")
-    return manifest
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
-def _write_manifest(dataset: Any, out: Path) -> None:
-    """Every rank writes the same manifest (atomically), so any rank's share finishes it."""
-    bucket_ids = [int(b) for b in getattr(dataset, "bucket_ids", [0] * len(dataset))]
-    _write_json(out / CACHE_MANIFEST, {"num_samples": len(dataset), "bucket_ids": bucket_ids})
-
-
-def _is_complete(path: Path) -> bool:
-    if not path.is_file():
-        return False
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return len(list(f.keys())) > 0
-    except (SafetensorError, OSError, ValueError):
-        return False
-
-
-def _split(encoded: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    tensors = {k: v for k, v in encoded.items() if isinstance(v, torch.Tensor)}
-    metadata = dict(encoded.get("metadata", {}) or {})
-    metadata.update({k: v for k, v in encoded.items() if k != "metadata" and not isinstance(v, torch.Tensor)})
-    if not tensors:
-        raise ValueError(f"encode_fn returned no tensors (keys {sorted(encoded)})")
-    return tensors, metadata
+def _check_dataset(dataset: Any) -> None:
+    for name in ("rows", "bucket_ids", "buckets", "metadata_path", "sample", "reading_params"):
+        if not hasattr(dataset, name):
+            raise TypeError(
+                f"cache_dataset needs a mm_data.VideoTextDataset; {type(dataset).__name__} has no {name!r}"
+            )
+    if dataset.frame_offset == "random":
+        raise ValueError(
+            "a cache holds one window per clip: read the clips with frame_offset 'start' or 'center' "
+            "(a random offset would freeze one draw per clip)"
+        )
 
 
 def cache_dataset(
     dataset: Any,
-    encode_fn: Callable[[dict[str, Any]], Mapping[str, Any]],
+    encode: Callable[[dict[str, Any]], Mapping[str, Any]],
     out_dir: str | Path,
     *,
+    identity: Mapping[str, Any],
+    uses_prompt: bool = True,
+    shard_size: int = 64,
+    num_workers: int = 2,
+    prefetch: int = 2,
+    probe_workers: int | None = None,
+    idle: Callable[[], None] | None = None,
     rank: int | None = None,
     world_size: int | None = None,
     progress: bool = True,
 ) -> CacheReport:
-    """Encode this rank's share of ``dataset`` (indices ``rank::world_size``) into ``out_dir``.
+    """Encode what ``out_dir`` does not hold yet of ``dataset`` (a :class:`~mm_data.VideoTextDataset`).
 
-    ``encode_fn(item)`` returns tensors (``latents``, ``prompt_embeds``, ``prompt_attention_mask``, ...)
-    and optionally other values or a ``metadata`` dict, stored as JSON in the file's header
-    (``prompt``, ``index`` and ``path`` are added unless given). Complete files are skipped, so an
-    interrupted run can simply be rerun (bad samples are tried again); files appear atomically
-    (temporary file + rename). A bad sample (the dataset replaced it) is reported, not cached, and
-    marked ``NNNNNNNN.bad.json``; ``cache.json`` records the dataset's length and buckets.
-    ``rank`` / ``world_size`` default to torchrun's ``RANK`` / ``WORLD_SIZE`` (0 / 1 without it).
+    Args:
+        encode: ``encode(item) -> {name: tensor, ..., "metadata": {...}}``; ``item`` is the row's clip as
+            the dataset reads it plus ``key`` and ``clip_sha256``. It must be a function of the clip, the
+            row and ``identity`` (not of the row's position: that is not in the key).
+        identity: What the encoders' output depends on besides the sample (weights digests, dtypes,
+            options), JSON-serializable; it is hashed into every key.
+        uses_prompt: ``encode`` reads ``item["prompt"]`` (drawn per row): rows whose draw varies are keyed
+            by their position too.
+        shard_size: Samples per shard (on average; :func:`~mm_data.cache_index.shard_layout`).
+        num_workers: DataLoader workers decoding clips (0: the main process).
+        prefetch: Decoded clips each worker keeps ready (memory: ``num_workers * prefetch`` clips).
+        probe_workers: Processes hashing clips (default: the CPUs, at most 8).
+        idle: Set when ``encode`` runs a model sharded over the ranks: called instead of ``encode`` so that
+            every rank calls the model equally often (a rank with fewer rows, an undecodable clip).
+        rank / world_size: default: torchrun's ``RANK`` / ``WORLD_SIZE`` (0 / 1 without it); more than one
+            rank needs ``torch.distributed`` initialized.
+        progress: Show a progress bar (clips/s, ETA) on rank 0.
     """
-    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
-    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
-    if not 0 <= rank < world_size:
-        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    ranks = _Ranks(rank, world_size)
+    _check_dataset(dataset)
+    if shard_size < 1 or num_workers < 0 or prefetch < 1:
+        raise ValueError(
+            f"need shard_size >= 1, num_workers >= 0, prefetch >= 1; got {shard_size}, {num_workers}, {prefetch}"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _write_manifest(dataset, out)
-    report = CacheReport(str(out), rank, world_size)
     start = time.perf_counter()
-    indices = range(rank, len(dataset), world_size)
-    bar = tqdm(indices, desc=f"cache rank {rank}", disable=not progress or rank != 0)
-    for index in bar:
-        path = out / cache_file_name(index)
-        if _is_complete(path):
-            report.skipped.append(index)
-            continue
-        item = dataset[index]
-        if int(item.get("index", index)) != index:
-            bad = _bad(dataset, index)
-            _write_json(out / bad_marker_name(index), {"path": bad.path, "reason": bad.reason})
-            report.bad.append(bad)
-            continue
-        tensors, metadata = _split(encode_fn(item))
-        metadata.setdefault("index", index)
-        metadata.setdefault("prompt", item.get("prompt", ""))
-        if hasattr(dataset, "rows"):
-            metadata.setdefault("path", dataset.rows[index]["path"])
-        save_precomputed(path, tensors, metadata)
-        (out / bad_marker_name(index)).unlink(missing_ok=True)  # a sample fixed since an earlier run
-        report.written.append(index)
+    plan = plan_cache(dataset, out, identity, uses_prompt=uses_prompt, probe_workers=probe_workers)
+    mine = plan.rank_todo(ranks.rank, ranks.world)
+    lockstep = max(ranks.all_gather(len(mine))) if idle is not None else None
+    result = encode_rows(
+        dataset, plan, mine, encode, num_workers=num_workers, prefetch=prefetch, lockstep_calls=lockstep,
+        idle=idle, progress=progress, rank=ranks.rank,
+    )  # fmt: skip
+    ranks.barrier()  # every sample is staged
+    layout, bad = _layout(plan, shard_size)
+    written = _pack(plan, layout, ranks)
+    ranks.barrier()  # every shard is written
+    results: list[tuple[EncodeResult, list[str]]] = ranks.all_gather((result, written))
+    removed = _commit(plan, layout, bad, shard_size) if ranks.rank == 0 else []
+    removed = ranks.all_gather(removed)[0]
+    report = _report(plan, layout, bad, results, removed, ranks)
     report.seconds = time.perf_counter() - start
     return report
 
 
-def _bad(dataset: Any, index: int) -> BadSample:
-    for bad in getattr(dataset, "bad_samples", []):
-        if bad.index == index:
-            return bad
-    path = dataset.rows[index]["path"] if hasattr(dataset, "rows") else "?"
-    return BadSample(index, str(path), "replaced by the next sample")
+def _layout(plan: CachePlan, shard_size: int) -> tuple[list[list[str]], dict[int, tuple[str, str]]]:
+    """The shards of the good samples, and every bad row with its path and reason."""
+    bad = dict(plan.unreadable)
+    folder = plan.root / STAGING
+    for row, key in enumerate(plan.keys):
+        if key is None:
+            continue
+        marker = folder / f"{key}.bad.json"
+        if key in plan.staged_bad or marker.is_file():
+            bad[row] = plan.staged_bad.get(key) or _read_bad(marker)
+    good = [k for row, k in enumerate(plan.keys) if k is not None and row not in bad]
+    return shard_layout(list(dict.fromkeys(good)), shard_size), bad
+
+
+def _read_bad(marker: Path) -> tuple[str, str]:
+    data = json.loads(marker.read_text())
+    return str(data["path"]), str(data["reason"])
+
+
+def _keeps(plan: CachePlan, path: Path, keys: list[str]) -> bool:
+    """Whether the shard file ``path`` exists as the layout wants it (same keys)."""
+    if not path.is_file():
+        return False
+    previous = {s.name: s for s in plan.previous.shards} if plan.previous else {}
+    listed = previous.get(path.name)
+    if listed is not None and listed.bytes == path.stat().st_size:
+        return True
+    try:
+        return set(read_shard_header(path)) == set(keys)
+    except CorruptShardError:
+        return False
+
+
+def _pack(plan: CachePlan, layout: list[list[str]], ranks: _Ranks) -> list[str]:
+    """Write this rank's shards of ``layout`` that do not exist yet; return their names."""
+    reader = ShardReader(max_open=8)
+    written = []
+    for j, keys in enumerate(layout):
+        if j % ranks.world != ranks.rank:
+            continue
+        path = plan.root / shard_name(keys)
+        if _keeps(plan, path, keys):
+            continue
+        samples = []
+        for key in keys:
+            where = plan.available.get(key) or Location(staged_file(plan.root, key), staged=True)
+            tensors, meta = reader.read(where.path, key)
+            samples.append((key, tensors, meta))
+        write_shard(path, samples)
+        written.append(path.name)
+        kill_hook("packed", len(written))
+    return written
+
+
+def _commit(
+    plan: CachePlan, layout: list[list[str]], bad: dict[int, tuple[str, str]], shard_size: int
+) -> list[str]:
+    """Write the index (atomically), then remove unlisted shards, temporaries and the staging folder."""
+    shards = []
+    for keys in layout:
+        name = shard_name(keys)
+        shards.append(ShardEntry(name, (plan.root / name).stat().st_size, keys))
+    keys = [None if row in bad else key for row, key in enumerate(plan.keys)]
+    index = CacheIndex(len(plan.keys), plan.bucket_ids, keys, shards, bad, shard_size)
+    index.save(plan.root)
+    listed = {s.name for s in shards}
+    removed = []
+    for path in sorted(plan.root.glob("shard-*.safetensors")):
+        if path.name not in listed:
+            path.unlink()
+            removed.append(path.name)
+    for path in plan.root.glob(".*.tmp*"):
+        path.unlink(missing_ok=True)  # temporaries of an interrupted write
+    shutil.rmtree(plan.root / STAGING, ignore_errors=True)
+    return removed
+
+
+def _report(
+    plan: CachePlan,
+    layout: list[list[str]],
+    bad: dict[int, tuple[str, str]],
+    results: list[tuple[EncodeResult, list[str]]],
+    removed: list[str],
+    ranks: _Ranks,
+) -> CacheReport:
+    computed_rows = sorted(r for result, _ in results for r in result.computed)
+    computed_keys = {plan.keys[r] for r in computed_rows}
+    good = [(row, key) for row, key in enumerate(plan.keys) if key is not None and row not in bad]
+    new_keys = {key for _, key in good}
+    resumed = plan.resumed
+    written = [name for _, names in results for name in names]
+    report = CacheReport(str(plan.root), ranks.rank, ranks.world, len(plan.keys))
+    report.computed = [row for row, key in good if key in computed_keys]
+    report.reused = [row for row, key in good if key not in computed_keys]
+    report.resumed = [row for row in report.reused if plan.keys[row] in resumed]
+    report.failed = [BadSample(row, *bad[row]) for row in sorted(bad)]
+    report.dropped = len(set(plan.previous.shard_of) - new_keys) if plan.previous else 0
+    report.corrupt = [str(e) for e in plan.corrupt]
+    report.shards_written, report.shards_removed = len(written), len(removed)
+    report.shards_kept = len(layout) - len(written)
+    report.encode_seconds = max(result.seconds for result, _ in results)
+    return report

@@ -13,13 +13,15 @@ training from the clips, sample for sample):
   length); each epoch draws the prompt with :func:`~mm_data.captions.draw_caption` from
   ``(seed, epoch, index)``, exactly as the clip dataset does, and zero-pads its embeddings to
   ``text_len`` (the padding positions an online text encoder zeroes);
-- the sample order: ``cache.json`` keeps the source's length and bucket ids, and a sample the source
-  could not read (``NNNNNNNN.bad.json``) is replaced by the next one of its bucket, as the source did.
+- the sample order: the cache keeps the source's length and bucket ids, and a sample the source
+  could not read is replaced by the next one of its bucket, as the source did.
+
+The folder is a sharded cache (``index.json``) or a per-file one of earlier versions (``cache.json``):
+:func:`mm_data.open_cache` reads either.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,9 +31,8 @@ from torch.utils.data import Dataset
 
 from .bad_samples import BadSample, BadSampleTracker
 from .buckets import same_bucket_order
-from .cache import bad_marker_name, cache_file_name, read_cache_manifest
+from .cache_store import open_cache
 from .captions import caption_candidates, draw_caption, sample_rng
-from .precomputed import load_precomputed
 
 __all__ = ["CAPTION_KEY", "CachedVideoTextDataset", "caption_entries"]
 
@@ -64,14 +65,14 @@ def caption_entries(
 
 
 class CachedVideoTextDataset(Dataset):
-    """A cache folder of :func:`~mm_data.cache_dataset` with :func:`caption_entries` in each file.
+    """A cache folder of :func:`~mm_data.cache_dataset` with :func:`caption_entries` in each sample.
 
     Items: the file's tensors but the per-caption ones, ``prompt_embeds [text_len, D]`` (the drawn
     caption's), ``prompt``, ``index`` (the sample actually read), ``bucket`` and ``skipped`` (the bad
     samples passed over), as :class:`~mm_data.VideoTextDataset` gives them.
 
     Args:
-        root: The cache folder.
+        root: The cache folder (sharded, or per-file of earlier versions).
         seed: Seed of the caption draw (the source dataset's ``seed``).
         caption_dropout: Probability of the empty prompt.
         max_bad_fraction: Stop when more than this fraction of the samples is bad (as the source).
@@ -87,17 +88,14 @@ class CachedVideoTextDataset(Dataset):
         if not 0.0 <= caption_dropout <= 1.0:
             raise ValueError(f"caption_dropout must be in [0, 1], got {caption_dropout}")
         self.root = Path(root)
-        manifest = read_cache_manifest(self.root)
-        self.bucket_ids: list[int] = [int(b) for b in manifest["bucket_ids"]]
+        self.store = open_cache(self.root)
+        self.bucket_ids: list[int] = list(self.store.bucket_ids)
         self.seed, self.caption_dropout, self.epoch = seed, caption_dropout, 0
         self.tracker = BadSampleTracker(len(self.bucket_ids), max_bad_fraction)
         self._check_complete()
 
     def _check_complete(self) -> None:
-        names = {p.name for p in self.root.iterdir()}
-        missing = [
-            i for i in range(len(self)) if cache_file_name(i) not in names and bad_marker_name(i) not in names
-        ]
+        missing = self.store.incomplete()
         if missing:
             raise FileNotFoundError(
                 f"{self.root}: {len(missing)} of {len(self)} samples are not cached (first: {missing[:5]}); "
@@ -120,26 +118,25 @@ class CachedVideoTextDataset(Dataset):
         return BadSample(index, *error.args)
 
     def _item(self, index: int) -> dict[str, Any]:
-        path = self.root / cache_file_name(index)
-        if not path.is_file():
-            marker = json.loads((self.root / bad_marker_name(index)).read_text())
-            raise _BadCacheEntry(str(marker.get("path", "?")), str(marker.get("reason", "unreadable")))
-        tensors, metadata = load_precomputed(path)
+        bad = self.store.bad(index)
+        if bad is not None:
+            raise _BadCacheEntry(*bad)
+        tensors, metadata = self.store.read(index)
         prompt = draw_caption(metadata.get("caption", ""), sample_rng(self.seed, self.epoch, index),
                               self.caption_dropout)  # fmt: skip
         item: dict[str, Any] = {k: v for k, v in tensors.items() if not k.startswith(f"{CAPTION_KEY}.")}
-        item[CAPTION_KEY] = _padded(tensors, metadata, prompt, path)
+        item[CAPTION_KEY] = _padded(tensors, metadata, prompt, f"{self.root} sample {index}")
         item.update(prompt=prompt, index=index, bucket=self.bucket_ids[index])
         return item
 
 
 def _padded(
-    tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, Any], prompt: str, path: Path
+    tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, Any], prompt: str, where: str
 ) -> torch.Tensor:
     """The embeddings of ``prompt``, zero-padded to the file's ``text_len`` tokens."""
     texts = list(metadata.get("captions", []))
     if prompt not in texts:
-        raise KeyError(f"{path}: no embeddings of the prompt {prompt!r}; it has {texts}")
+        raise KeyError(f"{where}: no embeddings of the prompt {prompt!r}; it has {texts}")
     embeds = tensors[f"{CAPTION_KEY}.{texts.index(prompt)}"]
     text_len = int(metadata["text_len"])
     return torch.nn.functional.pad(embeds, (0, 0, 0, text_len - embeds.shape[0]))

@@ -14,6 +14,7 @@ from typing import Any
 from . import __version__
 from .cache import cache_dataset
 from .dataset import VideoTextDataset
+from .file_records import sha256_file
 from .metadata import read_metadata
 from .sample_check import check_samples, default_check_workers
 from .synthetic import make_synthetic_dataset
@@ -76,11 +77,22 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds one sample may take before it is reported as bad (default 120; 0 = no deadline)",
     )  # fmt: skip
     p = sub.add_parser(
-        "cache", help="encode a dataset into per-sample safetensors (rank/world from torchrun env)"
+        "cache",
+        help="encode a dataset into a sharded, content-keyed latent cache; a re-run encodes only what changed "
+        "(under torchrun the ranks split the work)",
     )
     _dataset_args(p)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="cache folder")
     p.add_argument("--encoder", required=True, help="module:function; called as fn(item) -> dict of tensors")
+    p.add_argument("--shard-size", type=int, default=64, help="samples per shard file (on average)")
+    p.add_argument(
+        "--workers", type=int, default=2, help="DataLoader workers decoding clips (0: main process)"
+    )
+    p.add_argument("--prefetch", type=int, default=2, help="decoded clips each worker keeps ready")
+    p.add_argument(
+        "--uses-prompt", action="store_true",
+        help="the encoder reads item['prompt'] (drawn per row): key rows with caption lists by position too",
+    )  # fmt: skip
     return parser
 
 
@@ -138,11 +150,27 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _cache(args: argparse.Namespace) -> int:
-    module, _, attr = args.encoder.partition(":")
+    module_name, _, attr = args.encoder.partition(":")
     if not attr:
         raise SystemExit(f"--encoder must look like module:function, got {args.encoder!r}")
-    encode_fn = getattr(importlib.import_module(module), attr)
-    report = cache_dataset(_dataset(args), encode_fn, args.out)  # rank / world size: torchrun's env
+    module = importlib.import_module(module_name)
+    encode_fn = getattr(module, attr)
+    # the encoder's identity: its name and its module's source (edit the encoder: every sample is encoded again)
+    identity = {"encoder": args.encoder, "source": sha256_file(module.__file__) if module.__file__ else None}
+    if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    report = cache_dataset(
+        _dataset(args),
+        encode_fn,
+        args.out,
+        identity=identity,
+        uses_prompt=args.uses_prompt,
+        shard_size=args.shard_size,
+        num_workers=args.workers,
+        prefetch=args.prefetch,
+    )  # fmt: skip  (rank / world size: torchrun's env)
     print(report)
     return 0
 

@@ -14,6 +14,7 @@ from torch.utils.data import Dataset
 from .bad_samples import BadSample, BadSampleTracker
 from .buckets import Bucket, assign_bucket, parse_buckets, same_bucket_order
 from .captions import draw_caption, sample_rng
+from .clip_info import clip_info, record_info
 from .deadline import call_with_deadline
 from .decode import DecodeError, VideoInfo, decode_frames, is_image, load_image, probe_video
 from .frames import check_frame_rule, frame_step, sample_frame_indices
@@ -120,6 +121,25 @@ class VideoTextDataset(Dataset):
         path = self.rows[index]["path"]
         return BadSample(index, path, str(error).removeprefix(f"{path}: "))
 
+    def sample(self, index: int) -> dict[str, Any]:
+        """Row ``index`` itself, never a replacement (the latent cache encodes each row as it is).
+
+        Raises:
+            DecodeError: the row's clip cannot be read at its bucket's size.
+        """
+        item = self._item(int(index), self.bucket_ids[int(index)])
+        item["skipped"] = []
+        return item
+
+    def reading_params(self) -> dict[str, Any]:
+        """What an item depends on besides its row and bucket (hashed into the latent cache's keys)."""
+        return {
+            "fps": self.fps, "frame_stride": self.frame_stride, "frame_offset": self.frame_offset,
+            "return_first_frame": self.return_first_frame, "seed": self.seed,
+            "caption_dropout": self.caption_dropout, "max_text_length": self.max_text_length,
+            "tokenizer": None if self.tokenizer is None else type(self.tokenizer).__name__,
+        }  # fmt: skip
+
     def check(self, indices: Sequence[int] | None = None) -> list[BadSample]:
         """Load every sample (or ``indices``) without replacement, each under the deadline; return the
         bad ones (``mm_data.check_samples`` runs this in parallel)."""
@@ -202,25 +222,30 @@ class VideoTextDataset(Dataset):
             vid = video_ids[0] if video_ids else image_ids[0]
             img = image_ids[0] if image_ids else vid
             return [img if is_image(r["path"]) else vid for r in self.rows]
-        return [assign_bucket(*self._size_of(r), self.buckets) for r in self.rows]
+        unknown = [r["path"] for r in self.rows if self._needs_probe(r)]
+        probed = clip_info(unknown, metadata_path=self.metadata_path) if unknown else {}
+        return [assign_bucket(*self._size_of(r, probed), self.buckets) for r in self.rows]
 
-    def _size_of(self, row: Mapping[str, Any]) -> tuple[int, int, int | None]:
-        """(height, width, sampled frames available) from metadata, else from the file header."""
+    def _needs_probe(self, row: Mapping[str, Any]) -> bool:
+        h, w, n, src_fps = row.get("height"), row.get("width"), row.get("num_frames"), row.get("fps")
+        if is_image(row["path"]) and h and w:
+            return False
+        return not (h and w and n and (src_fps or self.fps is None))
+
+    def _size_of(
+        self, row: Mapping[str, Any], probed: Mapping[str, dict[str, Any] | None]
+    ) -> tuple[int, int, int | None]:
+        """(height, width, sampled frames available) from metadata, else from the file header (probed
+        once, in parallel, and stored beside the metadata file: :func:`mm_data.clip_info`)."""
         h, w, n, src_fps = row.get("height"), row.get("width"), row.get("num_frames"), row.get("fps")
         if is_image(row["path"]) and h and w:
             return h, w, 1
-        if not (h and w and n and (src_fps or self.fps is None)):
-            try:
-                info = probe_video(row["path"])
-                h, w, n, src_fps = (
-                    h or info.height,
-                    w or info.width,
-                    n or info.num_frames,
-                    src_fps or info.fps,
-                )
-            except DecodeError:
+        if self._needs_probe(row):
+            info = record_info(probed.get(row["path"]))
+            if info is None:
                 b = self.buckets[0]
                 return b.height, b.width, None  # decided later: the sample is skipped as bad
+            h, w, n, src_fps = h or info.height, w or info.width, n or info.num_frames, src_fps or info.fps
         try:
             step = frame_step(src_fps, self.fps, self.frame_stride)
         except ValueError:

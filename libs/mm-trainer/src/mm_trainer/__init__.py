@@ -22,6 +22,14 @@ from mm_trainer.conversation_data import conversation_dataset  # noqa: E402
 from mm_trainer.ema import ParameterEMA  # noqa: E402
 from mm_trainer.engine import TrainEngine  # noqa: E402
 from mm_trainer.features import FeaturesReport, apply_features, feature_plans, plan_features  # noqa: E402
+from mm_trainer.frozen_encoders import (  # noqa: E402
+    FSDP_AUTO_BYTES,
+    enable_vae_tiling,
+    load_frozen,
+    shard_frozen,
+    use_text_encoder_fsdp,
+    weights_bytes,
+)
 from mm_trainer.fsdp_plan_config import fsdp_plan_from_config  # noqa: E402
 from mm_trainer.hf_export import export_hf_model  # noqa: E402
 from mm_trainer.hf_model import HFModel, TransformersKeyRenaming, hf_model_class  # noqa: E402
@@ -31,6 +39,7 @@ from mm_trainer.model_hub import ModelHub  # noqa: E402
 from mm_trainer.nonfinite import NonFiniteGuard, NonFiniteLossError, state_is_finite  # noqa: E402
 from mm_trainer.plugins import import_plugins  # noqa: E402
 from mm_trainer.preflight import preflight  # noqa: E402
+from mm_trainer.preprocess_run import preprocess_ranks, weights_identity, write_latent_cache  # noqa: E402
 from mm_trainer.recompute_policy import SAVED_OPS, selective_recompute_contexts  # noqa: E402
 from mm_trainer.regional_compile import check_compile  # noqa: E402
 from mm_trainer.registered_names import registered_names  # noqa: E402
@@ -133,6 +142,15 @@ __all__ = [
     "load_offline_config",
     "load_run_config",
     "preprocess_section",
+    "FSDP_AUTO_BYTES",
+    "enable_vae_tiling",
+    "load_frozen",
+    "preprocess_ranks",
+    "shard_frozen",
+    "use_text_encoder_fsdp",
+    "weights_bytes",
+    "weights_identity",
+    "write_latent_cache",
     "model_register",
     "open_run_directory",
     "preflight",

@@ -1,0 +1,294 @@
+"""The sharded, content-keyed latent cache: incremental re-runs, resumed interruptions, corrupt shards,
+ranks, and the clip facts probed once (docs/DESIGN.md "Latent cache")."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from mm_data import (
+    INDEX_NAME,
+    CachedVideoTextDataset,
+    CacheIndex,
+    CorruptShardError,
+    PrecomputedLatentDataset,
+    VideoTextDataset,
+    build_dataloader,
+    cache_dataset,
+    clip_info_path,
+    make_synthetic_dataset,
+    shard_layout,
+    write_clip,
+)
+from mm_data.cache_encode import KILL_HOOK_ENV
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+READ = {"num_frames": 9, "height": 16, "width": 16, "frame_offset": "start", "max_bad_fraction": 0.3}
+IDENTITY = {"encoder": "toy", "version": 1}
+
+
+DISTINCT = list(
+    itertools.product(["red", "green", "blue", "yellow", "white"], ["square", "circle"], ["left", "right"])
+)
+
+
+def tiny_clips(root: Path, num_clips: int = 20, corrupt: int = 0) -> Path:
+    """``num_clips`` (at most 20) distinct 16x16 9-frame mp4s (+ ``corrupt`` unreadable ones): the metadata
+    file. (Two rows with the same clip and captions are one sample of the cache.)"""
+    return make_synthetic_dataset(
+        root, num_clips=num_clips, sizes=[(16, 16)], fps=8, num_frames=9, corrupt=corrupt, shapes=DISTINCT
+    )
+
+
+def write_cache(metadata: Path, out: Path, toy, **kwargs):
+    dataset = VideoTextDataset(metadata, **READ)
+    kwargs = {"identity": IDENTITY, "uses_prompt": False, "shard_size": 4, "num_workers": 0, **kwargs}
+    return cache_dataset(dataset, toy.encoder(dataset), out, progress=False, **kwargs)
+
+
+def folder_bytes(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def rows_of(metadata: Path) -> list[dict]:
+    return json.loads(metadata.read_text())
+
+
+def assert_each_row_holds_its_own_clip_and_captions(metadata: Path, out: Path, toy) -> None:
+    """Every cached row equals a direct encode of that row's clip and captions."""
+    clips = VideoTextDataset(metadata, **READ)
+    cached = CachedVideoTextDataset(out, max_bad_fraction=0.3)
+    for row in range(len(clips)):
+        direct = toy.encoder(clips)(clips.sample(row))
+        tensors, meta = cached.store.read(row)
+        assert torch.equal(tensors["latents"], direct["latents"]), row
+        assert meta["caption"] == clips.rows[row]["caption"], row
+        assert all(torch.equal(tensors[k], direct[k]) for k in direct if k.startswith("prompt_embeds.")), row
+
+
+def test_changing_one_clip_of_twenty_encodes_exactly_that_one_and_reuses_nineteen(tmp_path, toy):
+    metadata = tiny_clips(tmp_path / "clips")
+    first = write_cache(metadata, tmp_path / "cache", toy)
+    assert len(first.computed) == 20 and first.reused == [] and first.shards_written > 1
+    before = folder_bytes(tmp_path / "cache")
+    noise = np.random.default_rng(0).integers(0, 255, (9, 16, 16, 3), dtype=np.uint8)
+    write_clip(tmp_path / "clips" / "clip_0007.mp4", noise, fps=8)
+
+    report = write_cache(metadata, tmp_path / "cache", toy)
+
+    assert report.computed == [7] and report.reused == [r for r in range(20) if r != 7]
+    assert (report.dropped, report.failed, report.shards_written) == (1, [], 1)  # the old clip 7's shard
+    after = folder_bytes(tmp_path / "cache")
+    assert len(set(after) - set(before)) == 1 and len(set(before) - set(after)) == 1  # one shard replaced
+    assert_each_row_holds_its_own_clip_and_captions(metadata, tmp_path / "cache", toy)
+
+
+def test_removing_a_row_drops_it_and_every_other_sample_keeps_its_own_latents_and_captions(tmp_path, toy):
+    metadata = tiny_clips(tmp_path / "clips")
+    write_cache(metadata, tmp_path / "cache", toy)
+    rows = rows_of(metadata)
+    metadata.write_text(json.dumps(rows[:5] + rows[6:]))
+
+    report = write_cache(metadata, tmp_path / "cache", toy)
+
+    assert report.samples == 19 and report.computed == [] and report.reused == list(range(19))
+    assert report.dropped == 1 and report.shards_written <= 2  # its shard (and at most the next) repacked
+    assert_each_row_holds_its_own_clip_and_captions(metadata, tmp_path / "cache", toy)
+    cached = CachedVideoTextDataset(tmp_path / "cache")
+    assert [cached[i]["index"] for i in range(19)] == list(range(19))
+
+
+def killed(run, at: str) -> None:
+    """``run()`` in a forked child that SIGKILLs itself at the hook point ``at`` (``encoded:N`` / ``packed:N``)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        torch.set_num_threads(1)  # the parent's OpenMP pool does not survive a fork
+        os.environ[KILL_HOOK_ENV] = at
+        try:
+            run()
+        finally:
+            os._exit(0)  # the hook did not fire: the parent's assertion fails
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"not killed at {at}"
+
+
+def test_a_run_killed_while_encoding_or_packing_resumes_to_the_bytes_of_an_uninterrupted_run(tmp_path, toy):
+    """Fresh run killed after 7 encoded samples; an update (one clip changed, one row removed) killed after
+    its first shard is written, before the index: each re-run ends with an uninterrupted run's bytes."""
+    metadata = tiny_clips(tmp_path / "clips", corrupt=1)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    write_cache(metadata, straight, toy)
+    killed(lambda: write_cache(metadata, resumed, toy), "encoded:7")
+    assert len(list((resumed / "staging").glob("*.safetensors"))) == 7 and not (resumed / INDEX_NAME).exists()
+    report = write_cache(metadata, resumed, toy)
+    assert len(report.resumed) == 7 and len(report.computed) == 13 and len(report.failed) == 1
+    assert folder_bytes(resumed) == folder_bytes(straight)
+
+    rows = rows_of(metadata)
+    metadata.write_text(json.dumps(rows[:2] + rows[3:]))
+    write_clip(tmp_path / "clips" / "clip_0010.mp4", np.full((9, 16, 16, 3), 200, np.uint8), fps=8)
+    write_cache(metadata, straight, toy)
+    killed(lambda: write_cache(metadata, resumed, toy), "packed:1")
+    assert CacheIndex.load(resumed).num_samples == 21  # the old index still rules the folder
+    write_cache(metadata, resumed, toy)
+    assert folder_bytes(resumed) == folder_bytes(straight)
+
+
+def test_a_corrupt_shard_is_reported_with_its_path_and_samples_and_a_rerun_recomputes_them(tmp_path, toy):
+    metadata = tiny_clips(tmp_path / "clips", num_clips=8)
+    write_cache(metadata, tmp_path / "cache", toy)
+    index = CacheIndex.load(tmp_path / "cache")
+    shard = index.shards[1]
+    path = tmp_path / "cache" / shard.name
+    rows = index.shard_rows(shard.name)
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF  # one flipped bit pattern in the last tensor's bytes
+    path.write_bytes(bytes(data))
+
+    cached = CachedVideoTextDataset(tmp_path / "cache")
+    with pytest.raises(CorruptShardError, match="fails its CRC-32") as error:
+        [cached[row] for row in rows]
+    assert error.value.path == str(path) and error.value.samples == rows and str(path) in str(error.value)
+    assert f"it held samples {rows}" in str(error.value)
+
+    path.write_bytes(bytes(data[:100]))  # truncated: the rerun finds it before reading it
+    report = write_cache(metadata, tmp_path / "cache", toy)
+    assert len(report.corrupt) == 1 and str(path) in report.corrupt[0] and str(rows) in report.corrupt[0]
+    assert report.computed == rows
+    assert_each_row_holds_its_own_clip_and_captions(metadata, tmp_path / "cache", toy)
+
+
+def test_the_encoders_identity_and_the_reading_parameters_are_in_the_keys(tmp_path, toy):
+    metadata = tiny_clips(tmp_path / "clips", num_clips=4)
+    write_cache(metadata, tmp_path / "cache", toy)
+    assert write_cache(metadata, tmp_path / "cache", toy).computed == []
+    assert write_cache(metadata, tmp_path / "cache", toy, identity={**IDENTITY, "version": 2}).computed == [
+        0,
+        1,
+        2,
+        3,
+    ]
+    dataset = VideoTextDataset(metadata, **{**READ, "frame_offset": "center"})
+    report = cache_dataset(dataset, toy.encoder(dataset), tmp_path / "cache", identity={**IDENTITY, "version": 2},
+                           uses_prompt=False, num_workers=0, progress=False)  # fmt: skip
+    assert report.computed == [0, 1, 2, 3] and report.dropped == 4
+
+
+def test_rows_are_keyed_by_position_only_when_the_encoder_reads_a_drawn_prompt(tmp_path, toy):
+    metadata = tiny_clips(tmp_path / "clips", num_clips=4)  # synthetic captions are lists of two
+    write_cache(metadata, tmp_path / "cache", toy, uses_prompt=True)
+    metadata.write_text(json.dumps(rows_of(metadata)[1:]))
+    assert write_cache(metadata, tmp_path / "cache", toy, uses_prompt=True).computed == [
+        0,
+        1,
+        2,
+    ]  # drawn anew
+    write_cache(metadata, tmp_path / "other", toy)
+    metadata.write_text(json.dumps(rows_of(metadata)[1:]))
+    assert write_cache(metadata, tmp_path / "other", toy).computed == []
+
+
+def test_a_random_frame_offset_is_refused(tmp_path, toy):
+    dataset = VideoTextDataset(tiny_clips(tmp_path, num_clips=1), **{**READ, "frame_offset": "random"})
+    with pytest.raises(ValueError, match="one window per clip"):
+        cache_dataset(dataset, toy.encoder(dataset), tmp_path / "cache", identity=IDENTITY, progress=False)
+
+
+def test_the_shard_layout_is_cut_by_content_so_a_change_stays_local():
+    keys = [f"{i:064x}"[::-1] for i in range(1, 400)]  # distinct, pseudo-random leading digits
+    keys = [__import__("hashlib").sha256(k.encode()).hexdigest() for k in keys]
+    layout = shard_layout(keys, 16)
+    assert [k for shard in layout for k in shard] == keys
+    assert 8 <= min(len(s) for s in layout[:-1]) and max(len(s) for s in layout) <= 64
+    assert 12 <= len(keys) / len(layout) <= 20
+    changed = shard_layout(keys[:100] + ["f" * 64] + keys[101:], 16)
+    assert len({tuple(s) for s in changed} - {tuple(s) for s in layout}) <= 2
+    removed = shard_layout(keys[:100] + keys[101:], 16)
+    assert len({tuple(s) for s in removed} - {tuple(s) for s in layout}) <= 2
+
+
+def test_a_training_epoch_opens_each_shard_once_not_each_sample(tmp_path, toy):
+    metadata = tiny_clips(tmp_path / "clips", num_clips=16)
+    write_cache(metadata, tmp_path / "cache", toy, shard_size=8)
+    cached = PrecomputedLatentDataset(tmp_path / "cache", required=["latents"])
+    loader = build_dataloader(cached, global_batch_size=4, dp_rank=0, dp_size=1, seed=0)
+    batches = list(loader)
+    assert len(batches) == 4 and cached.store is not None
+    assert cached.store.reader.opened == len(CacheIndex.load(tmp_path / "cache").shards) < 16
+
+
+def test_clip_facts_are_probed_once_beside_the_metadata_and_again_when_a_clip_changes(tmp_path, monkeypatch):
+    metadata = tiny_clips(tmp_path, num_clips=3)
+    metadata.write_text(
+        json.dumps([{"path": r["path"], "cap": r["cap"]} for r in rows_of(metadata)])
+    )  # no sizes
+    buckets = [[16, 16, 9], [16, 32, 9]]
+    first = VideoTextDataset(metadata, **READ, buckets=buckets)
+    stored = json.loads(clip_info_path(metadata).read_text())["records"]
+    assert len(stored) == 3 and all(r["probe"] == [9, 8.0, 16, 16] for r in stored.values())
+
+    probed = []
+    monkeypatch.setattr(sys.modules["mm_data.clip_info"], "probe_video", probed.append)
+    again = VideoTextDataset(metadata, **READ, buckets=buckets)
+    assert again.bucket_ids == first.bucket_ids and probed == []  # read back, not probed
+    monkeypatch.undo()
+    write_clip(tmp_path / "clip_0001.mp4", np.zeros((13, 16, 32, 3), np.uint8), fps=8)
+    changed = VideoTextDataset(metadata, **READ, buckets=buckets)
+    assert changed.bucket_ids[1] != first.bucket_ids[1]
+    assert json.loads(clip_info_path(metadata).read_text())["records"][str(tmp_path / "clip_0001.mp4")][
+        "probe"
+    ] == [13, 8.0, 16, 32]
+
+
+def _text_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+
+
+def _write_with_text_model(metadata: Path, out: Path, toy, text_model: torch.nn.Module, **kwargs) -> dict:
+    """The toy cache with every caption embedding passed through ``text_model`` (sharded or not)."""
+    dataset = VideoTextDataset(metadata, **READ)
+    base = toy.encoder(dataset)
+
+    @torch.no_grad()
+    def encode(item: dict) -> dict:
+        out = base(item)
+        return {k: text_model(v) if k.startswith("prompt_embeds.") else v for k, v in out.items()}
+
+    @torch.no_grad()
+    def idle() -> None:
+        text_model(torch.zeros(1, 4))
+
+    report = cache_dataset(dataset, encode, out, identity=IDENTITY, uses_prompt=False, shard_size=4,
+                           progress=False, idle=idle, **kwargs)  # fmt: skip
+    return {"computed": report.computed, "failed": [b.index for b in report.failed]}
+
+
+def _two_ranks(rank: int, world_size: int, metadata: Path, out: Path, toy) -> dict:
+    model = _text_model()
+    mesh = init_device_mesh("cpu", (world_size,))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return _write_with_text_model(metadata, out, toy, model, num_workers=1, rank=rank, world_size=world_size)
+
+
+@pytest.mark.slow
+def test_two_ranks_with_a_text_encoder_sharded_over_them_write_the_bytes_of_one_rank(
+    tmp_path, toy, distributed
+):
+    """21 rows (one corrupt): the ranks encode 11 / 10 rows, a decode failure on one of them, and call the
+    FSDP-sharded model in lockstep; the cache equals one process's with the unsharded model."""
+    metadata = tiny_clips(tmp_path / "clips", corrupt=1)
+    one = _write_with_text_model(metadata, tmp_path / "one", toy, _text_model(), num_workers=0)
+    reports = distributed(_two_ranks, 2, metadata, tmp_path / "two", toy)
+    assert reports[0] == reports[1] == one and len(one["computed"]) == 20 and one["failed"] == [20]
+    assert folder_bytes(tmp_path / "two") == folder_bytes(tmp_path / "one")
