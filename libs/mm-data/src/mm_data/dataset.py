@@ -125,9 +125,10 @@ class VideoTextDataset(Dataset):
         """Row ``index`` itself, never a replacement (the latent cache encodes each row as it is).
 
         Raises:
-            DecodeError: the row's clip cannot be read at its bucket's size.
+            DecodeError: the row's clip cannot be read at its bucket's size, or within
+                ``decode_timeout_s`` (:class:`~mm_data.deadline.SampleTimeout`).
         """
-        item = self._item(int(index), self.bucket_ids[int(index)])
+        item = self._timed_item(int(index), self.bucket_ids[int(index)])
         item["skipped"] = []
         return item
 
