@@ -170,8 +170,10 @@ class ModelContainerHub:
         *,
         device: torch.device | str,
         trainable: tuple[str, ...] | list[str],
+        meta_init: bool | None = None,
     ) -> ModelContainer:
-        """Build each sub-model with its own ``meta_init``/``dtype``/``freeze``.
+        """Build each sub-model with its own ``meta_init``/``dtype``/``freeze`` (``meta_init=True``
+        builds every one on meta: the planner, which reads no weights).
 
         Frozen sub-models go to eval with ``requires_grad`` off; a frozen
         sub-model that is already materialized moves to ``device`` at once, meta
@@ -180,7 +182,7 @@ class ModelContainerHub:
         """
         sub_models: dict[str, nn.Module] = {}
         for name, args in model_section.sub_models().items():
-            module = ModelHub.build(args, meta_init=args.meta_init)
+            module = ModelHub.build(args, meta_init=args.meta_init if meta_init is None else meta_init)
             if name not in trainable:
                 freeze(module)
                 if not _is_meta(module) and not getattr(module, "_skip_to_device", False):
