@@ -39,9 +39,12 @@ def log_rank0(message: str) -> None:
         logger.warning(message)
 
 
-def parallel_state_for(config: TrainConfig, world_size: int, device_type: str) -> ParallelState:
+def parallel_state_for(
+    config: TrainConfig, world_size: int, device_type: str, *, timeouts: bool = True
+) -> ParallelState:
     """The run's :class:`ParallelState` from the resolved ``parallel`` section (meshes when a process
-    group exists: every rank must call this at the same point)."""
+    group exists: every rank must call this at the same point). Without ``timeouts`` the groups keep
+    their backend's (the planner's fake groups have none to set)."""
     parallel = config.parallel
     return ParallelState(
         world_size=world_size,
@@ -49,7 +52,7 @@ def parallel_state_for(config: TrainConfig, world_size: int, device_type: str) -
         ulysses=parallel.ulysses_parallel_size,
         ring=parallel.ring_attention_size,
         device_type=device_type,
-        timeout_s=config.training.collective_timeout_s,
+        timeout_s=config.training.collective_timeout_s if timeouts else None,
     )
 
 

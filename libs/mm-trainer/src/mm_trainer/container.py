@@ -139,6 +139,28 @@ class ModelContainer(nn.Module):
             )
         return self.pipeline.validation_loss(self, batch, rng, num_timesteps)
 
+    def planning_batch(self, data: Any, micro_batch_size: int) -> dict[str, Any]:
+        """One micro-batch of the run's real shapes, for ``mm-train plan`` (docs/DESIGN.md "The model
+        contract"): the keys the batch stream yields (``sample_ids`` included), built from the ``data``
+        section and the sub-models' configs (frames, resolution, VAE compression, text length). The
+        planner calls it under ``FakeTensorMode``, so the tensors hold no data.
+
+        The container's pipeline answers (``pipeline.planning_batch(container, data, micro_batch_size)``),
+        else in the single-model form the model (``model.planning_batch(data, micro_batch_size)``).
+        """
+        hook = getattr(self.pipeline, "planning_batch", None)
+        if callable(hook):
+            return hook(self, data, micro_batch_size)
+        if len(self.sub_model_names) == 1:
+            single = getattr(getattr(self, self.sub_model_names[0]), "planning_batch", None)
+            if callable(single):
+                return single(data, micro_batch_size)
+        raise NotImplementedError(
+            f"{type(self).__name__} (pipeline {type(self.pipeline).__name__}) does not describe a batch of its real "
+            "shapes: mm-train plan needs planning_batch(data, micro_batch_size) on the container, its pipeline "
+            "(planning_batch(container, data, micro_batch_size)) or the single model (docs/DESIGN.md \"The model contract\")"
+        )
+
     @property
     def has_validation_loss(self) -> bool:
         """Whether the pipeline computes a held-out loss at fixed timesteps (:meth:`validation_loss`)."""

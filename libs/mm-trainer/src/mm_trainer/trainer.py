@@ -44,7 +44,8 @@ from mm_trainer.build import (
 )
 from mm_trainer.conditions import ConditionStream
 from mm_trainer.engine import TrainEngine
-from mm_trainer.metrics import MetricsLogger
+from mm_trainer.metrics import MetricsLogger, peak_memory_bytes
+from mm_trainer.plan_check import PlanCheck
 from mm_trainer.plugins import import_plugins
 from mm_trainer.preflight import preflight
 from mm_trainer.profiling import MemoryProfiler, StepProfiler
@@ -72,6 +73,10 @@ class Trainer:
         if nodes.num_nodes > 1:
             log_rank0(describe_node_layout(self.parallel_state.rank_groups(), nodes))
         self.device = get_local_device(device_type)
+        # accelerators: `mm-train plan` of this run in the background, compared after the first step
+        self.plan_check = PlanCheck.start(
+            config, rank=self.rank, world_size=self.world_size, device_type=self.device.type
+        )
         if parallel.ring_attention_size > 1:  # the ring's block kernel (before any model is built)
             log_rank0(
                 f"ring attention kernel: {use_attention_backend(parallel.attention_backend, self.device)}"
@@ -228,12 +233,26 @@ class Trainer:
             cp_rank=self.parallel_state.cp_rank,
             cp_size=self.parallel_state.cp_size,
             save_fn=self.save if self.checkpointer else None,
-            validate_fn=(lambda step: validator.run(step, metrics)) if validator else None,
+            validate_fn=self._after_step(validator, metrics),
             metrics=metrics,
             profilers=self._profilers(log_dir),
             peak_flops=cfg.training.peak_flops,
         )
         return engine.train(self.start_iteration)
+
+    def _after_step(self, validator: Validator | None, metrics: MetricsLogger) -> Any:
+        """What runs after every step: validation (``training.validation``) and the plan check."""
+        check = self.plan_check
+        if validator is None and check is None:
+            return None
+
+        def after(step: int) -> dict[str, Any]:
+            out = validator.run(step, metrics) if validator is not None else {}
+            if check is not None:
+                out = {**out, **check.after_step(step, peak_memory_bytes(self.device.type))}
+            return out
+
+        return after
 
     def _profilers(self, log_dir: str | None) -> tuple[StepProfiler, MemoryProfiler]:
         profile, memory = self.config.tools.profile, self.config.tools.memory_profile
@@ -262,5 +281,7 @@ class Trainer:
         done need not wait for each other (the last step or save already synchronized them), and a
         rank that failed must not call it, but leave at once (:func:`mm_trainer.cli.run`)."""
         self.run_dir.release()  # every save has completed on all ranks by now
+        if self.plan_check is not None:
+            self.plan_check.close()
         if dist.is_initialized():
             dist.destroy_process_group()
