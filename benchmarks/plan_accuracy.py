@@ -84,6 +84,8 @@ def wan_config(name: str, tiny: Path) -> dict[str, Any]:
             "blocks.{*}.ffn.2",
         ]
         predictor["lora"] = {"target_modules": targets, "rank": 32, "alpha": 32}
+        # LoRA adapts pretrained weights: the scaled predictor, saved once with random values
+        predictor["from_pretrained"] = str(_scaled_predictor(tiny.parent / "wan_predictor"))
     elif name == "selective":
         cfg["features"] = {
             "recompute_plan": {"apply_modules": ["predictor.blocks.{*}"], "policy": "selective"}
@@ -91,6 +93,16 @@ def wan_config(name: str, tiny: Path) -> dict[str, Any]:
     elif name == "ema":
         cfg["training"]["ema"] = {"decay": 0.99}
     return cfg
+
+
+def _scaled_predictor(out: Path) -> Path:
+    """The scaled predictor with random weights as a native Wan folder (the LoRA run's base)."""
+    if not (out / "config.json").is_file():
+        from wan22_train.model import WanDiT, WanDiTConfig, save_wan_dit
+
+        config = {k: tuple(v) if isinstance(v, list) else v for k, v in WAN_PREDICTOR.items()}
+        save_wan_dit(WanDiT(WanDiTConfig(**config)), out)
+    return out
 
 
 def ltx2_config(tiny: Path, cache: Path) -> dict[str, Any]:

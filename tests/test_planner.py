@@ -8,8 +8,9 @@ import pytest
 from mm_config import load_config
 from mm_trainer.cli import main
 from mm_trainer.device_specs import device_spec
-from mm_trainer.planner import summarize, trace_run
+from mm_trainer.planner import render_search, search_layouts, summarize, trace_run
 from mm_trainer.planner.layouts import layout_view
+from mm_trainer.planner.report import gib
 
 BIG = {"model": {"models": {"predictor": {"config": {"dim": 64, "hidden": 512, "num_blocks": 3}}}},
        "data": {"dataset": {"dim": 64}}, "features": {"activation_offload_plan": {"apply_modules": []}}}  # fmt: skip
@@ -67,11 +68,22 @@ def test_units_kept_gathered_after_forward_equal_a_trace_without_resharding(toy_
 
 def test_the_planner_reads_no_weights_and_names_what_it_traced(toy_yaml, tmp_path, capsys):
     path = toy_yaml("plan", **BIG)
-    text = path.read_text().replace(str(tmp_path), "/nonexistent")  # placeholder paths, as the shipped configs
+    text = path.read_text().replace(
+        str(tmp_path), "/nonexistent"
+    )  # placeholder paths, as the shipped configs
     (tmp_path / "placeholders.yaml").write_text(text)
-    assert main(["plan", "--config", str(tmp_path / "placeholders.yaml"), "--world-size", "2", "--device", "h200"]) == 0
+    assert (
+        main(
+            ["plan", "--config", str(tmp_path / "placeholders.yaml"), "--world-size", "2", "--device", "h200"]
+        )
+        == 0
+    )
     out = capsys.readouterr()
-    assert "peak memory per rank" in out.out and "FITS on NVIDIA H200" in out.out and "step time (roofline" in out.out
+    assert (
+        "peak memory per rank" in out.out
+        and "FITS on NVIDIA H200" in out.out
+        and "step time (roofline" in out.out
+    )
     assert "forward" in out.err and "optimizer step" in out.err  # progress lines while tracing
 
 
@@ -86,3 +98,27 @@ def test_a_bad_layout_gets_the_config_check_report_and_exit_2(toy_yaml, capsys, 
     assert main(["plan", "--config", str(toy_yaml("plan")), *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def _search(path, memory_gib):
+    return search_layouts(str(path), ["training.micro_batch_size=1"], world=2, ranks_per_node=2,
+                          device=device_spec("h100", memory_gib))  # fmt: skip
+
+
+def test_search_ranks_the_layouts_that_fit_fastest_first_and_gives_their_overrides(toy_yaml):
+    result = _search(toy_yaml("plan", **BIG), 2.0)  # H100 figures with 2 GiB (0.5 GiB usable)
+    fits = result.fitting
+    assert fits and [c.summary.step_seconds for c in fits] == sorted(c.summary.step_seconds for c in fits)
+    assert all(c.layout.ulysses == c.layout.ring == 1 for c in fits)  # the toy predictor has no CP hooks
+    text = render_search(result, top=2)
+    assert "layouts fit; fastest first" in text and text.count("layout 1:\n  torchrun") == 1
+
+
+def test_search_names_the_smallest_gap_when_nothing_fits(toy_yaml):
+    result = _search(toy_yaml("plan", **BIG), 1.501)  # ~1 MiB usable: not even a gathered unit
+    assert not result.fitting and result.closest is not None
+    closest = result.closest.summary
+    assert render_search(result).endswith(f"of {gib(closest.usable_bytes * 0.9)} usable)")
+    assert "nothing fits: the smallest gap is" in render_search(result)
+    # full recompute did not fit: less recomputation was not traced, every layout of it accounted for
+    assert result.traces <= 3 and all(c.status for c in result.candidates)

@@ -45,7 +45,9 @@ def accelerator_spec(device_type: str) -> DeviceSpec | None:
 class PlanCheck:
     """One background ``mm-train plan`` of this run and the step-1 comparison (module docstring)."""
 
-    def __init__(self, config: TrainConfig, *, world_size: int, ranks_per_node: int, device: str) -> None:
+    def __init__(
+        self, config: TrainConfig, *, world_size: int, ranks_per_node: int, device: str, niceness: int = 19
+    ) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="mm_train_plan_"))
         config_path = self.folder / "config.yaml"
         dump_config(config, config_path)
@@ -56,7 +58,7 @@ class PlanCheck:
         ]  # fmt: skip
         self.log = (self.folder / "plan.log").open("w")
         self.process = subprocess.Popen(
-            command, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(19)
+            command, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(niceness)
         )
         self.done = False
 

@@ -98,11 +98,11 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "mm-train plan") -> i
     world, per_node = world_layout(parser, args)
     try:
         device = device_spec(args.device, args.device_memory)
+        if args.search:  # the config's own layout need not suit this world size: the search replaces it
+            return _search(args, world, per_node, device)
         config = load_config(
             args.config, args.overrides, world_size=world, check_paths=False, ranks_per_node=per_node
         )
-        if args.search:
-            return _search(args, world, per_node, device)
         run = trace_run(
             config, world_size=world, device=device, ranks_per_node=per_node, progress=_progress()
         )

@@ -251,8 +251,8 @@ def _module_table(s: PlanSummary) -> list[str]:
     if not s.modules:
         return []
     out = [
-        "largest modules (per rank, per instance):",
-        f"  {'module':<44} {'x':>3} {'params':>10} {'activations':>12} {'time':>9}",
+        "largest modules (per rank, per instance: parameters, activations its forward leaves, forward time):",
+        f"  {'module':<44} {'x':>3} {'params':>10} {'activations':>12} {'forward':>10}",
     ]
     for m in s.modules:
         out.append(

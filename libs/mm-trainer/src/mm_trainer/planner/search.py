@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from mm_config import ConfigError, TrainConfig, load_config
+from mm_config import ConfigError, TrainConfig, load_config, parse_override
 
 from mm_trainer.device_specs import DeviceSpec
 from mm_trainer.planner.layouts import layout_view
@@ -96,6 +96,7 @@ class SearchResult:
     traces: int
     seconds: float
     rejected: dict[str, int] = field(default_factory=dict)
+    base: TrainConfig | None = None
 
     @property
     def fitting(self) -> list[Candidate]:
@@ -147,9 +148,7 @@ def search_layouts(
 ) -> SearchResult:
     """Trace, filter and rank the layouts of ``path`` (+ ``overrides``) on ``world`` ranks (module docstring)."""
     started = time.perf_counter()
-    base = load_config(
-        path, list(overrides), world_size=world, check_paths=False, ranks_per_node=ranks_per_node
-    )
+    base = _base_config(path, overrides, world, ranks_per_node)
     modules, batch = recompute_modules(base), int(base.training.global_batch_size)
     steps = base.features.condition_micro_steps
     candidates, rejected = [], {}
@@ -177,13 +176,47 @@ def search_layouts(
                     f"not traced: needs at least the memory of {blocker.layout.label()}, which does not fit"
                 )
             continue
-        traces += 1
         progress(
-            f"trace {traces}: ulysses {key[0]} x ring {key[1]}, recompute {key[2]}, micro-batch {key[3]}"
+            f"trace {traces + 1}: ulysses {key[0]} x ring {key[1]}, recompute {key[2]}, micro-batch {key[3]}"
         )
-        _trace_group(path, overrides, group, (modules, batch, steps), world=world, per_node=ranks_per_node,
-                     device=device, margin=margin, progress=progress)  # fmt: skip
-    return SearchResult(candidates, traces, time.perf_counter() - started, rejected)
+        traces += 1
+        try:
+            _trace_group(path, overrides, group, (modules, batch, steps), world=world, per_node=ranks_per_node,
+                         device=device, margin=margin, progress=progress)  # fmt: skip
+        except (ValueError, NotImplementedError) as err:  # the build refused the layout (e.g. no CP support)
+            reason = str(err).splitlines()[0]
+            traces -= 1
+            progress(f"  refused by the build: {reason}")
+            for c in group:
+                c.status = f"refused by the build: {reason}"
+    return SearchResult(candidates, traces, time.perf_counter() - started, rejected, base)
+
+
+def _base_config(path: str, overrides: Sequence[str], world: int, ranks_per_node: int) -> TrainConfig:
+    """The config at ``world`` ranks; when its own context-parallel layout does not fit that world,
+    the config without it (the search replaces the layout anyway; its global batch is then the
+    data-parallel one at micro-batch x accumulation)."""
+    try:
+        return load_config(
+            path, list(overrides), world_size=world, check_paths=False, ranks_per_node=ranks_per_node
+        )
+    except ConfigError:
+        plain = [*overrides, "parallel.ulysses_parallel_size=1", "parallel.ring_attention_size=1"]
+        return load_config(path, plain, world_size=world, check_paths=False, ranks_per_node=ranks_per_node)
+
+
+def differing(config: TrainConfig, overrides: Sequence[str]) -> list[str]:
+    """The overrides that change ``config`` (a layout printed for pasting names only what it changes)."""
+    tree = config.model_dump(mode="json")
+    out = []
+    for override in overrides:
+        path, value = parse_override(override)
+        node: object = tree
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if node != value:
+            out.append(override)
+    return out
 
 
 def _trace_order(by_key: dict[tuple, list[Candidate]]) -> list[tuple]:
@@ -262,6 +295,7 @@ def render_search(
             f"  {i:>2} {s.step_seconds:>6.2f} s {gib(s.peak_bytes):>10} {mfu:>6}  {c.layout.label()}"
         )  # type: ignore[union-attr]
     for i, c in enumerate(fits[:top], 1):
-        quoted = " ".join(f"'{o}'" if any(ch in o for ch in '[]{}" ') else o for o in c.overrides)
+        changes = differing(result.base, c.overrides) if result.base is not None else c.overrides
+        quoted = " ".join(f"'{o}'" if any(ch in o for ch in '[]{}" ') else o for o in changes)
         lines += [f"layout {i}:", f"  {command} {quoted}"]
     return "\n".join(lines)

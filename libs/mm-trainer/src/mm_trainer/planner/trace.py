@@ -6,8 +6,9 @@
 
 1. plugins, ``ParallelState`` (meshes over the fake group), the container on meta with LoRA,
    context-parallel hooks, features and the FSDP plan; materialization (``to_empty``) into fake
-   tensors; LoRA adapters initialized; the EMA, the optimizer (fused as on the target device) and
-   its states (steady state: the states of step 1 exist before step 2 starts). No weight is read.
+   tensors; the EMA, the optimizer (fused as on the target device) and its states (steady state:
+   the states of step 1 exist before step 2 starts). No weight is read, nor initialized (LoRA's
+   adapters neither: values change no shape).
 2. Under the tracker (:mod:`.tracker`): the micro-steps of one optimizer step on the batch the
    container's ``planning_batch(data, micro_batch_size)`` describes (the config's real shapes), with
    gradient sync on the last one only; with ``gradient_accumulation_steps > 1`` the first and the
@@ -120,7 +121,6 @@ def trace_run(
         with fake:  # materialized into fake tensors: shapes, dtypes and storage sizes, no data
             for name, module in model.sub_models().items():
                 materialize(name, module, CPU)
-            sharded.lora.init_adapters(model, config.training.seed)
             ema = build_ema(model, config.training)
             optimizer, _ = build_optimization(model, config.training, device.device_type)
             _prime_optimizer(model, optimizer)

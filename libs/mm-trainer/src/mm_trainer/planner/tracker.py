@@ -100,8 +100,10 @@ class ModuleStats:
     path: str
     param_bytes: int = 0
     kept_bytes: int = 0
-    """Activations its first forward under autograd left allocated (saved for backward, its output)."""
+    """Activations its first forward under autograd left allocated: what it saved for backward, its
+    output, and the copies FSDP cast its inputs into."""
     seconds: float = 0.0
+    """Forward time, all calls (recomputation in backward apart)."""
     calls: int = 0
 
 
@@ -264,10 +266,11 @@ class PlanTracker(FSDPMemTracker):
             part.attention_s += seconds
         if self._in_ac:
             part.recompute_flops += flops
-        for name in self._mod_tracker.parents:
-            path = name.split(".", 1)[1] if "." in name else None
-            if path is not None and path in self.modules:
-                self.modules[path].seconds += seconds
+        if not self._mod_tracker.is_bw:  # backward nesting is not tracked reliably (torch's ModTracker)
+            for name in self._mod_tracker.parents:
+                path = name.split(".", 1)[1] if "." in name else None
+                if path is not None and path in self.modules:
+                    self.modules[path].seconds += seconds
         return res
 
     def _small_draw(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
