@@ -8,15 +8,18 @@ data. Together they run the trainer's own build and step at real size with nothi
 
 Process-wide state that planning changes is put back on exit: the process group, the ring kernel
 chosen for the CPU (the planner traces on ``cpu_flash``), DTensor's shape propagation, which gets a
-fake mode of its own while inside (its global-shape tensors are not allocations of the run), and
-the size up to which fake tensors keep their values (small random draws, made for real by the
+fake mode of its own while inside (its global-shape tensors are not allocations of the run) and
+a linear scan for strided shards (:func:`_strided_flag_once`), and the size up to which fake
+tensors keep their values (small random draws, made for real by the
 tracker, keep theirs through the pipeline's index arithmetic).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.tensor._sharding_prop as sharding_prop
@@ -46,13 +49,38 @@ def fake_world(world_size: int, rank: int = 0) -> Iterator[FakeTensorMode]:
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     chosen = dict(attention_choice._CHOSEN)
     detect, limit = sharding_prop.detect_fake_mode, fake_tensor.CONSTANT_NUMEL_LIMIT
-    sharding_prop.detect_fake_mode = lambda *args: None  # propagation: FakeTensorMode() of its own
+    propagation = FakeTensorMode()  # DTensor's shape inference: a fake mode of its own, made once
+    sharding_prop.detect_fake_mode = lambda *args: propagation
+    strided = sharding_prop._propagate_use_strided_shard_flag
+    sharding_prop._propagate_use_strided_shard_flag = _strided_flag_once(strided)
     fake_tensor.CONSTANT_NUMEL_LIMIT = CONSTANT_VALUES
     try:
         yield FakeTensorMode(allow_non_fake_inputs=True)
     finally:
         fake_tensor.CONSTANT_NUMEL_LIMIT = limit
+        sharding_prop._propagate_use_strided_shard_flag = strided
         sharding_prop.detect_fake_mode = detect
         attention_choice._CHOSEN.clear()
         attention_choice._CHOSEN.update(chosen)
         dist.destroy_process_group()
+
+
+def _strided_flag_once(original: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+    """torch 2.13's ``_propagate_use_strided_shard_flag`` scans every input spec once per output
+    strategy: quadratic in the list length of a foreach op (the fused AdamW step over an LTX-2's 3,510
+    parameters: minutes of CPU on fake tensors; a real run pays it once, then hits the sharding
+    cache). It changes nothing unless an input spec has a ``_StridedShard`` placement: that scan is
+    made once per op schema here, and the original runs only where it finds one."""
+    has_strided: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def propagate(op_strategy: Any, op_schema: Any) -> None:
+        if op_schema not in has_strided:
+            has_strided[op_schema] = any(
+                isinstance(p, sharding_prop._StridedShard)
+                for spec in op_schema.args_spec
+                for p in spec.placements
+            )
+        if has_strided[op_schema]:
+            original(op_strategy, op_schema)
+
+    return propagate

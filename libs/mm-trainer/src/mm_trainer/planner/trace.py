@@ -19,7 +19,8 @@
 
 What is not the trainer's code path: weights are not loaded (nothing is read), compile plans are
 left out (the trace is eager: an upper bound for the compiled blocks' activations), and the
-engine's host-side bookkeeping (loss logging, stop requests) is skipped.
+engine's host-side bookkeeping (loss logging, stop requests) is skipped, and the optimizer holds
+the local shards of the parameters rather than the DTensors (:class:`LocalShards`: the same step).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import torch
 from mm_config import TrainConfig
 from mm_parallel import clip_grad_norm_, set_gradient_sync, use_attention_backend
 from mm_pipelines import SampleRNG
+from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_map_only
 
 from mm_trainer.build import (
@@ -122,41 +124,76 @@ def trace_run(
             for name, module in model.sub_models().items():
                 materialize(name, module, CPU)
             ema = build_ema(model, config.training)
-            optimizer, _ = build_optimization(model, config.training, device.device_type)
-            _prime_optimizer(model, optimizer)
-            shards = param_shards(model, config, int(config.parallel.fully_shard_parallel_size))
-            views = [layout_view(CONFIGURED, shards, default_shard=0, cpu_offload=False, traced=True)]
-            views += extra_views(shards) if extra_views else []
+            shards = LocalShards(model)
+            optimizer, _ = build_optimization(shards, config.training, device.device_type)
+            shards.prime(optimizer)
+            facts = param_shards(model, config, int(config.parallel.fully_shard_parallel_size))
+            views = [layout_view(CONFIGURED, facts, default_shard=0, cpu_offload=False, traced=True)]
+            views += extra_views(facts) if extra_views else []
             tracker = PlanTracker(
                 model, optimizer, device=device, cost=CostModel(device, per_node), views=views, ema=ema
             )
             progress(f"tracing one step at world size {world_size} ({len(sharded.fsdp.units)} FSDP units)")
             with tracker:
-                flops = _step(model, optimizer, ema, config, tracker, progress)
+                flops = _step(model, shards, optimizer, ema, config, tracker, progress)
     notes = [f"compile not traced: {line}" for line in sharded.features.lines() if line.startswith("compile")]
     return TracedRun(
         config=config, world_size=world_size, device=device, ranks_per_node=per_node,
         peaks=tracker.view_peaks, views=tracker.views, parts=tracker.parts,
         accumulation=config.training.gradient_accumulation_steps,
         modules=list(tracker.modules.values()), kernels=tracker.kernels, placeholders=tracker.placeholders,
-        shards=shards, features=sharded.features.lines(), units=len(sharded.fsdp.units), pipeline_flops=flops,
+        shards=facts, features=sharded.features.lines(), units=len(sharded.fsdp.units), pipeline_flops=flops,
         seconds=time.perf_counter() - started,
         max_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, notes=notes,
     )  # fmt: skip
 
 
-def _prime_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Create the optimizer states (what step 1 leaves for every later step) with zero gradients."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+class LocalShards(torch.nn.Module):
+    """The trainable parameters as this rank's local shards, for the optimizer.
+
+    A run's AdamW steps FSDP's DTensor parameters, which is the same step on every rank's local
+    shard: same states, same memory, same kernel. On fake tensors torch's DTensor sharding
+    propagation of a fused optimizer op costs about a millisecond per parameter and list entry (an
+    LTX-2 has 3,510 parameters), so the planner's optimizer holds the local shards (views of the
+    same storages, under the same names) and is handed their gradients before it steps.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.pairs: list[tuple[torch.Tensor, torch.nn.Parameter]] = []
+        self._named: list[tuple[str, torch.nn.Parameter]] = []
+        for name, param in model.named_parameters():
+            if param.requires_grad:
+                local = torch.nn.Parameter(_local(param), requires_grad=True)
+                self.pairs.append((param, local))
+                self._named.append((name, local))
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:  # the names param_groups reads
+        return iter(self._named)
+
+    def parameters(self, *args: Any, **kwargs: Any) -> Any:
+        return (p for _, p in self._named)
+
+    def take_gradients(self) -> None:
+        """Each local shard's gradient: the local part of its parameter's (None stays None)."""
+        for param, local in self.pairs:
+            local.grad = None if param.grad is None else _local(param.grad)
+
+    def prime(self, optimizer: torch.optim.Optimizer) -> None:
+        """Create the optimizer states (what step 1 leaves for every later step) with zero gradients."""
+        for _, local in self.pairs:
+            local.grad = torch.zeros_like(local)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def _step(
-    model: Any, optimizer: torch.optim.Optimizer, ema: Any, config: TrainConfig, tracker: PlanTracker,
-    progress: Progress,
+    model: Any, shards: LocalShards, optimizer: torch.optim.Optimizer, ema: Any, config: TrainConfig,
+    tracker: PlanTracker, progress: Progress,
 ) -> float | None:  # fmt: skip
     """The traced optimizer step (the module docstring); returns the pipeline's FLOPs per micro-batch."""
     training = config.training
@@ -188,10 +225,12 @@ def _step(
     tracker.part = "optimizer"
     progress("optimizer step, EMA")
     clip_grad_norm_([p for p in model.parameters() if p.requires_grad], training.clip_grad or 0.0)
+    shards.take_gradients()
     optimizer.step()
     if ema is not None:
         ema.update()
     optimizer.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)
     return float(flops) if flops is not None else None
 
 

@@ -46,8 +46,8 @@ from mm_trainer.planner.cost_model import BACKWARD_GATHER, CostModel, StepCost, 
 aten = torch.ops.aten
 c10d = torch.ops.c10d
 _COMM_OUTPUT = {c10d.alltoall_base_.default: (0, 1), c10d.recv_.default: (0,), c10d.broadcast_.default: (0,)}
-SMALL_DRAW = 1 << 16
-"""Random draws up to this many elements are made for real (see ``PlanTracker._small_draw``)."""
+SMALL_VALUES = 1 << 16
+"""Tensors made from no tensor up to this many elements are made for real too (``PlanTracker._small_factory``)."""
 MODULE_DEPTH = 4
 """Modules up to this many path segments (the container's sub-model counts as one) get statistics."""
 
@@ -241,10 +241,11 @@ class PlanTracker(FSDPMemTracker):
             except DataDependentOutputException:  # a value the trace does not have
                 self.placeholders += 1
                 return _placeholder(args[0].dtype)
-        if torch.Tag.nondeterministic_seeded in func.tags:
-            drawn = self._small_draw(func, args, kwargs)
-            if drawn is not None:
-                return drawn
+        made = self._small_factory(func, args, kwargs)
+        if made is not None:
+            self._track(Tag.TEMP if self._mod_tracker.is_bw and not self._in_ac else Tag.ACT, made)
+            self._update_peak_stats(None)
+            return made
         res = super().__torch_dispatch__(func, types, args, kwargs)
         if res is NotImplemented:
             return res
@@ -273,20 +274,21 @@ class PlanTracker(FSDPMemTracker):
                     self.modules[path].seconds += seconds
         return res
 
-    def _small_draw(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
-        """A small random draw from no fake input (a grid index, a per-sample sigma or coin), made for
-        real and kept as a fake tensor with its value, so that code reading it (an index check, an
-        expert switch) sees the value a run would; large draws (noise) stay fake."""
-        if any(isinstance(t, FakeTensor) for t in tree_leaves((args, kwargs))):
+    def _small_factory(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        """A small tensor made from no tensor (a grid index or a per-sample coin drawn from its
+        generator, a ``zeros`` / ``arange`` of a few thousand elements), made for real as well and
+        kept as a fake tensor with its value: code that reads it (an index check, an expert switch,
+        ``mask.any()``) then sees what a run would, through fake tensors' constant propagation.
+        Large ones (noise, activations) stay fake: their shape is asked of the fake mode first."""
+        if func._schema.is_mutable or any(isinstance(t, torch.Tensor) for t in tree_leaves((args, kwargs))):
+            return None
+        shape = func(*args, **kwargs)  # the fake mode's answer: shape only, nothing drawn
+        if not isinstance(shape, torch.Tensor) or shape.numel() > SMALL_VALUES:
             return None
         with unset_fake_temporarily():
             real = func(*args, **kwargs)
-        if not isinstance(real, torch.Tensor) or real.numel() > SMALL_DRAW:
-            return None
         fake_mode = self._fake_mode_on_entry
-        out = fake_mode.fake_tensor_converter.from_real_tensor(fake_mode, real, make_constant=True)
-        self._track(Tag.TEMP if self._mod_tracker.is_bw and not self._in_ac else Tag.ACT, out)
-        return out
+        return fake_mode.fake_tensor_converter.from_real_tensor(fake_mode, real, make_constant=True)
 
     def _collective(self, func: Any, args: tuple, kwargs: dict, res: Any, part: StepCost) -> None:
         for index in _COMM_OUTPUT.get(func, ()):
