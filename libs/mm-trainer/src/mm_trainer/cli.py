@@ -74,6 +74,11 @@ def build_parser(
         "--world-size", type=int, default=None, help="world size for --dry-run (default: $WORLD_SIZE or 1)"
     )
     parser.add_argument(
+        "--no-plan",
+        action="store_true",
+        help="--dry-run: leave out the full estimate (its one-step trace takes about a minute at real size)",
+    )
+    parser.add_argument(
         "--device",
         default=DEFAULT_DEVICE,
         help=f"--dry-run: the device of the full estimate ({', '.join(DEVICES)}; default {DEFAULT_DEVICE}; "
@@ -155,7 +160,8 @@ def main(
         from mm_trainer.dry_run import dry_run
 
         try:
-            print(dry_run(config, world_size=world, ranks_per_node=per_node, device=args.device))
+            device = None if args.no_plan else args.device
+            print(dry_run(config, world_size=world, ranks_per_node=per_node, device=device))
         except ValueError as err:  # an unknown --device, or what the build refuses
             print(f"{prog}: {err}", file=sys.stderr)
             return 2

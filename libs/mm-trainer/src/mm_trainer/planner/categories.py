@@ -63,7 +63,7 @@ class Category:
 DEVICE_CATEGORIES: list[Category] = [
     Category("parameters", (Tag.SHARDED_PARAM, Tag.UNSHARDED_PARAM, Tag.PARAM, Tag.BUFFER),
              "sharded + gathered units + unsharded (ignored / not wrapped) + buffers"),
-    Category("gradients", (Tag.SHARDED_GRAD, Tag.UNSHARDED_GRAD, Tag.GRAD), "sharded + unsharded (before reduce-scatter)"),
+    Category("gradients", (Tag.SHARDED_GRAD, Tag.UNSHARDED_GRAD, Tag.GRAD), "sharded + unsharded (before reduce-scatter; kept whole between micro-steps without gradient sync)"),
     Category("optimizer states", (Tag.OPT,), "AdamW exp_avg + exp_avg_sq + step (+ its temporaries while it steps)"),
     Category("EMA", (Tag.EMA,), "training.ema, fp32 on the shards"),
     Category("activations", (Tag.ACT, Tag.INP), "kept for backward, forward outputs, the batch"),

@@ -328,6 +328,22 @@ class PlanTracker(FSDPMemTracker):
 
         return post_forward
 
+    def _fsdp_param_group_post_backward(self, fsdp_mod: Any, orig: Any) -> Any:
+        inner = super()._fsdp_param_group_post_backward(fsdp_mod, orig)
+
+        def post_backward(*args: Any, **kwargs: Any) -> Any:
+            out = inner(*args, **kwargs)
+            group = fsdp_mod._get_fsdp_state()._fsdp_param_group
+            for fsdp_param in group.fsdp_params if group is not None else ():
+                # without gradient sync (accumulation) FSDP keeps the whole unsharded gradient, in reduce_dtype
+                kept = getattr(fsdp_param, "unsharded_accumulated_grad", None)
+                for grad in (kept, fsdp_param._unsharded_param.grad):
+                    if grad is not None:
+                        self._update_and_maybe_create_winfos(grad, Tag.UNSHARDED_GRAD)
+            return out
+
+        return post_backward
+
     def _instrument_fsdp_module(self) -> None:
         """torch's instrumentation, and each unit's ``unshard``: where backward (or its prefetch)
         gathers a unit again, a layout that kept it gathered holds it once, not twice."""
