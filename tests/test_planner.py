@@ -8,7 +8,8 @@ import pytest
 from mm_config import load_config
 from mm_trainer.cli import main
 from mm_trainer.device_specs import device_spec
-from mm_trainer.planner import render_search, search_layouts, summarize, trace_run
+from mm_trainer.planner import register_host_term, render, render_search, search_layouts, summarize, trace_run
+from mm_trainer.planner.categories import HOST_TERMS
 from mm_trainer.planner.layouts import layout_view
 from mm_trainer.planner.report import gib
 
@@ -38,6 +39,24 @@ def test_per_rank_state_is_the_shards_of_the_trainable_parameters(toy_yaml):
     assert summary.categories["optimizer states"] == 2 * 4 * shard_numel + steps  # exp_avg + exp_avg_sq
     assert summary.categories["EMA"] == 4 * shard_numel
     assert summary.peak_bytes == pytest.approx(sum(summary.categories.values()))
+
+
+def test_a_later_change_adds_a_host_memory_line_as_a_term_of_the_traced_run(toy_yaml):
+    def staging(run):  # e.g. an asynchronous checkpoint's host copy of the per-rank state
+        return (
+            "checkpoint staging",
+            sum(p.local_numel(p.traced_shard) * p.itemsize for p in run.shards),
+            "async saves",
+        )
+
+    register_host_term(staging)
+    try:
+        run = _plan(toy_yaml("plan", **BIG), 2)
+        summary = summarize(run)
+    finally:
+        HOST_TERMS.remove(staging)
+    assert summary.host["checkpoint staging"] == staging(run)[1] > 0
+    assert "checkpoint staging" in render(summary, run)
 
 
 @pytest.mark.parametrize(
