@@ -2,7 +2,7 @@
 
 What ``ltx2_precomputed`` yields for ``data.dataset.preprocess``'s clips: ``latents [B, C, F', H', W']``
 (F' = 1 + (F - 1) / t, H' = H / s, W' = W / s, with the video VAE's compression from
-``model_root/vae/config.json`` when it is there, upstream's defaults otherwise: 8 x 32 x 32; C = the
+``model_root/vae/config.json`` when it is there, else the transformer's ``vae_scale_factors``: 8 x 32 x 32; C = the
 transformer's ``in_channels`` over its patch volume), ``prompt_embeds`` (and, with audio,
 ``audio_prompt_embeds``) ``[B, max_sequence_length, caption_channels]`` in the preprocess dtype,
 ``prompt_attention_mask [B, max_sequence_length]``, and with audio ``audio_latents [B, C_a, L, M]``
@@ -34,12 +34,19 @@ def _vae_config(root: str, name: str, cls: Any) -> dict[str, Any]:
     return {**defaults, **(json.loads(path.read_text()) if path.is_file() else {})}
 
 
-def video_compression(model_root: str) -> tuple[int, int]:
-    """``(temporal, spatial)`` compression of the video VAE (the formula of ``AutoencoderKLLTX2Video``)."""
-    cfg = _vae_config(model_root, "vae", AutoencoderKLLTX2Video)
-    scalings = sum(bool(s) for s in cfg["spatio_temporal_scaling"])
-    spatial = cfg["spatial_compression_ratio"] or cfg["patch_size"] * 2**scalings
-    temporal = cfg["temporal_compression_ratio"] or cfg["patch_size_t"] * 2**scalings
+def video_compression(model_root: str, transformer: Any) -> tuple[int, int]:
+    """``(temporal, spatial)`` compression of the video VAE: its ``config.json`` where it is there, else
+    the factors the transformer declares for its RoPE grid (``vae_scale_factors``: upstream's 8, 32, 32).
+    (``AutoencoderKLLTX2Video``'s own defaults would compute 16 x 64: the released config states the
+    ratios explicitly.)"""
+    path = Path(model_root) / "vae" / "config.json"
+    if path.is_file():
+        cfg = _vae_config(model_root, "vae", AutoencoderKLLTX2Video)
+        scalings = sum(bool(s) for s in cfg["spatio_temporal_scaling"])
+        spatial = cfg["spatial_compression_ratio"] or cfg["patch_size"] * 2**scalings
+        temporal = cfg["temporal_compression_ratio"] or cfg["patch_size_t"] * 2**scalings
+        return int(temporal), int(spatial)
+    temporal, spatial, _ = transformer.config.vae_scale_factors
     return int(temporal), int(spatial)
 
 
@@ -58,7 +65,7 @@ def planning_batch(
     """One micro-batch of the run's real shapes with ``sample_ids`` (see the module docstring)."""
     options = PreprocessOptions(**(dict(data.dataset or {}).get("preprocess") or {}))
     transformer = container.model
-    temporal, spatial = video_compression(options.model_root)
+    temporal, spatial = video_compression(options.model_root, transformer)
     patch = int(transformer.config.patch_size) ** 2 * int(transformer.config.patch_size_t)
     channels = int(transformer.config.in_channels) // patch
     grid = (1 + (options.num_frames - 1) // temporal, options.height // spatial, options.width // spatial)
