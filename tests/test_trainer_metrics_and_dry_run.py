@@ -84,6 +84,8 @@ def test_dry_run_of_a_10b_config_prints_units_without_allocating(toy_yaml, mm_tr
     assert "predictor.blocks.79" in out
     # 80 blocks x 2 x (8192^2 + 8192) fp32 params over 8 ranks
     assert "sharded params per rank, predictor: 5.0 GiB" in out
+    # and the full estimate (mm-train plan's one-step trace on fake tensors; h100 by default)
+    assert "full estimate (mm-train plan --device h100):" in out and "\n  optimizer states " in out
     assert "features: compile (torch.compile backend=inductor mode=default): 80 module(s)" in out
     assert (
         "features: recompute (selective, every 40 matched): 2 module(s): predictor.blocks.0, predictor.blocks.40"

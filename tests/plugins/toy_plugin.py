@@ -148,6 +148,16 @@ class ToyContainer(ModelContainer):
     def build_pipeline(cls, options: dict) -> ToyPipeline:
         return ToyPipeline(**options)
 
+    def planning_batch(self, data: Any, micro_batch_size: int) -> dict:
+        """One micro-batch of ``toy_regression``'s shapes, for ``mm-train plan`` (the model contract)."""
+        options, size = dict(data.dataset or {}), micro_batch_size
+        return {
+            "x0": torch.zeros(size, options.get("dim", 8)),
+            "features": torch.zeros(size, options.get("in_dim", 8)),
+            "index": torch.arange(size),
+            "sample_ids": list(range(size)),
+        }
+
 
 @data_register("toy_regression")
 class ToyRegression(Dataset):

@@ -10,7 +10,7 @@ from wan22_train.configs import config_path
 
 def layout_rows(capsys, *args: str) -> dict[str, str]:
     """The rows of the node layout table ``--dry-run`` prints, by group name."""
-    assert main(["--config", str(config_path("t2v_a14b_high.yaml")), "--dry-run", *args]) == 0
+    assert main(["--config", str(config_path("t2v_a14b_high.yaml")), "--dry-run", "--no-plan", *args]) == 0
     out = capsys.readouterr().out
     table = out[out.index("nodes: ") :].splitlines()
     return {"title": table[0], **{line.split()[0]: line for line in table[3:]}}

@@ -30,6 +30,7 @@ import torch
 from mm_pipelines import GenerativePipelineBase, SampleRNG
 
 from ltx2_train.config_schema import PIPELINE_KEYS, SAMPLER_KEYS
+from ltx2_train.planning import planning_batch
 from ltx2_train.timesteps import SigmaSampler
 
 
@@ -136,6 +137,10 @@ class LTX2Pipeline(GenerativePipelineBase):
                 f"{sorted([*SAMPLER_KEYS, *PIPELINE_KEYS])}"
             )
         return cls(sampler, **options)
+
+    def planning_batch(self, container: Any, data: Any, micro_batch_size: int) -> dict[str, Any]:
+        """A micro-batch of the run's real shapes for ``mm-train plan`` (:mod:`ltx2_train.planning`)."""
+        return planning_batch(container, data, micro_batch_size, audio=self.audio, frame_rate=self.frame_rate)
 
     # ------------------------------------------------------------------ stages
     def prepare_conditions(self, container: Any, batch: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import torch
 from mm_trainer import ModelContainer, model_register
 
 from wan22_train.pipeline import LOW_NOISE_ROLE, OTHER_EXPERT_ROLE, Wan22Pipeline
+from wan22_train.planning import planning_batch
 from wan22_train.sampling import sample_video
 
 
@@ -30,6 +31,10 @@ class Wan22Container(ModelContainer):
     @classmethod
     def build_pipeline(cls, options: Mapping[str, Any]) -> Wan22Pipeline:
         return Wan22Pipeline.from_options(options)
+
+    def planning_batch(self, data: Any, micro_batch_size: int) -> dict[str, Any]:
+        """A micro-batch of the run's real shapes for ``mm-train plan`` (:mod:`wan22_train.planning`)."""
+        return planning_batch(self, data, micro_batch_size)
 
     # ------------------------------------------------------ validation hooks (training.validation)
     def check_sampling(self) -> None:

@@ -43,7 +43,7 @@ from mm_parallel.attention_backends import (
     ring_backend_names,
 )
 from mm_parallel.attention_choice import AttentionChoice, resolve_attention_backend, use_attention_backend
-from mm_parallel.attention_memory import BlockShape, block_step_bytes
+from mm_parallel.attention_memory import BlockShape, block_step_bytes, kernel_workspace_bytes
 from mm_parallel.ring import ring_attention
 from mm_parallel.sequence import (
     gather_for_usp,
@@ -68,6 +68,7 @@ __all__ = [
     "attention",
     "available_backends",
     "block_step_bytes",
+    "kernel_workspace_bytes",
     "gather_for_usp",
     "gather_sequence",
     "get_backend",

@@ -153,3 +153,48 @@ def block_step_bytes(kernel: str, shape: BlockShape, *, threads: int = 1) -> tup
     largest = max(s.q_elems, s.k_elems)
     accumulate = grads + (s.acc * largest if s.half and kernel != "math" else 0)
     return max(kernel_fwd, merge), max(kernel_bwd, accumulate)
+
+
+def kernel_workspace_bytes(kernel: str, shape: BlockShape, *, threads: int = 1) -> tuple[int, int]:
+    """Bytes one kernel call allocates *inside* the kernel, beyond the tensors it returns:
+    ``(forward, backward)``.
+
+    What a trace of the surrounding code cannot see (the planner traces torch's CPU flash kernel on
+    fake tensors, which shows its outputs only, and adds this for the target kernel). The terms are
+    those of :func:`block_step_bytes`'s kernel phases (same sources), less the returned outputs and
+    the LSE preparation the callers do in Python:
+
+    - ``math``: the score tensors (3 S forward, 4 S backward), float32 copies of half inputs, the
+      row statistics and ``dv`` / ``delta`` of its backward;
+    - ``cpu_flash``: the per-thread tiles;
+    - ``flash`` (half): nothing forward; backward the float32 dq accumulator and ``softmax_d``;
+    - ``flash`` (float32) / ``efficient``: the LSE's padding to 32 rows forward; backward a float32
+      dq accumulator and two padded row vectors;
+    - ``npu``: ``softmax_max`` / ``softmax_sum`` ``[B, H, Sq, 8]`` float32 beyond the returned LSE
+      forward; backward the two of them again and a row vector.
+    """
+    s = shape
+    if kernel == "math":
+        score = math_score_bytes(s.batch, s.heads, s.q_len, s.k_len, s.dtype)
+        half_casts = s.acc != s.itemsize
+        fwd_casts = s.acc * (s.q_elems + 2 * s.k_elems) if half_casts else 0
+        bwd_casts = s.acc * (3 * s.q_elems + 2 * s.k_elems) if half_casts else 0
+        return 3 * score + s.acc * s.rows + fwd_casts, 4 * score + s.acc * (s.k_elems + s.rows) + bwd_casts
+    if kernel == "cpu_flash":
+        qs, ks = _cpu_splits(s)
+        forward = threads * (
+            s.acc * (qs * ks + 2 * qs + qs * s.head_dim) + (s.itemsize * qs * ks if s.half else 0)
+        )
+        backward = threads * (s.acc * (2 * qs * ks + qs) + (s.itemsize * 2 * qs * ks if s.half else 0))
+        return forward, backward
+    if kernel == "flash" and s.half:
+        q_rounded = _ceil(s.q_len, 128)
+        dq_accum = 4 * s.batch * q_rounded * s.heads * _ceil(s.head_dim, 32)
+        return 0, dq_accum + 4 * s.batch * s.heads * q_rounded
+    if kernel in ("flash", "efficient"):
+        padded_rows = 4 * s.batch * s.heads * _ceil(s.q_len, 32)
+        return padded_rows - 4 * s.rows, 4 * s.q_elems + 2 * padded_rows
+    if kernel == "npu":
+        stats = 2 * 4 * 8 * s.rows
+        return stats - 4 * s.rows, stats + s.acc * s.rows
+    raise ValueError(f"no memory model for kernel {kernel!r}; modelled: {KERNELS}")

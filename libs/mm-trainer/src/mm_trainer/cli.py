@@ -2,8 +2,10 @@
 
 mm-train --config run.yaml training.lr=1e-5 parallel.ulysses_parallel_size=2
 torchrun --nproc-per-node 8 -m mm_trainer --config run.yaml
-mm-train --config run.yaml --dry-run --world-size 64   # FSDP plan, bytes per rank; no weights
+mm-train --config run.yaml --dry-run --world-size 64   # FSDP plan, layout, full memory / time estimate; no weights
 mm-train --config run.yaml --dry-run --nnodes 8 --nproc-per-node 8   # + which process groups cross nodes
+mm-train plan --config run.yaml --world-size 8 --device h200   # memory per rank by category, fit, step time, MFU
+mm-train plan --config run.yaml --world-size 8 --device h100 --search   # the layouts that fit, fastest first
 mm-train check-layouts --config run.yaml --layouts 1 2 2:ulysses=2 --steps 4   # same losses at each layout?
 mm-train plot runs/my_run/ckpt [--out curves.png]   # loss, lr, grad norm, validation loss as a PNG
 """
@@ -21,6 +23,7 @@ from typing import NoReturn
 from mm_config import install_warning_filters, load_config
 
 from mm_trainer import __version__
+from mm_trainer.device_specs import DEFAULT_DEVICE, DEVICES
 from mm_trainer.exit_codes import EXIT_FAILED, EXIT_FINISHED, EXIT_INCOMPLETE
 
 EMA_HELP = (
@@ -30,6 +33,7 @@ EMA_HELP = (
 """``--ema`` of the apps' ``export`` commands."""
 
 TRAINER_COMMANDS = {
+    "plan": "trace one real-size step on fake tensors: memory per rank by category, fit, step time, MFU; --search",
     "check-layouts": "train a config a few steps at several parallel layouts, compare the losses",
     "plot": "write a PNG of a run's loss (raw + smoothed), learning rate, grad norm and validation loss",
 }
@@ -62,11 +66,23 @@ def build_parser(
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        help="build the model on the meta device and print the FSDP plan (units, bytes per rank); "
-        "allocates no weights and starts no process group",
+        help="build the model on the meta device and print the FSDP plan (units, bytes per rank), the layout's "
+        "process groups and the full estimate of `plan` (one step traced on fake tensors: memory per rank by "
+        "category, fit, step time); allocates no weights and starts no real process group",
     )
     parser.add_argument(
         "--world-size", type=int, default=None, help="world size for --dry-run (default: $WORLD_SIZE or 1)"
+    )
+    parser.add_argument(
+        "--no-plan",
+        action="store_true",
+        help="--dry-run: leave out the full estimate (its one-step trace takes about a minute at real size)",
+    )
+    parser.add_argument(
+        "--device",
+        default=DEFAULT_DEVICE,
+        help=f"--dry-run: the device of the full estimate ({', '.join(DEVICES)}; default {DEFAULT_DEVICE}; "
+        "`plan --help` explains it)",
     )
     parser.add_argument(
         "--nnodes",
@@ -114,6 +130,10 @@ def main(
     """Validate the config, then train (or ``--dry-run``); returns the exit code. Rank 0 prints where
     the run's directory, checkpoints and metrics are when it starts and when it ends."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["plan"]:
+        from mm_trainer.planner.cli import main as plan_main
+
+        return plan_main(argv[1:], prog=f"{prog} plan")
     if argv[:1] == ["check-layouts"]:
         from mm_trainer.layout_check import main as check_layouts_main
 
@@ -139,7 +159,12 @@ def main(
     if args.dry_run:
         from mm_trainer.dry_run import dry_run
 
-        print(dry_run(config, world_size=world, ranks_per_node=per_node))
+        try:
+            device = None if args.no_plan else args.device
+            print(dry_run(config, world_size=world, ranks_per_node=per_node, device=device))
+        except ValueError as err:  # an unknown --device, or what the build refuses
+            print(f"{prog}: {err}", file=sys.stderr)
+            return 2
         return 0
     from mm_trainer.run_summary import end_lines, start_lines
     from mm_trainer.trainer import Trainer

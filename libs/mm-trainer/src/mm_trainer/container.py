@@ -139,6 +139,28 @@ class ModelContainer(nn.Module):
             )
         return self.pipeline.validation_loss(self, batch, rng, num_timesteps)
 
+    def planning_batch(self, data: Any, micro_batch_size: int) -> dict[str, Any]:
+        """One micro-batch of the run's real shapes, for ``mm-train plan`` (docs/DESIGN.md "The model
+        contract"): the keys the batch stream yields (``sample_ids`` included), built from the ``data``
+        section and the sub-models' configs (frames, resolution, VAE compression, text length). The
+        planner calls it under ``FakeTensorMode``, so the tensors hold no data.
+
+        The container's pipeline answers (``pipeline.planning_batch(container, data, micro_batch_size)``),
+        else in the single-model form the model (``model.planning_batch(data, micro_batch_size)``).
+        """
+        hook = getattr(self.pipeline, "planning_batch", None)
+        if callable(hook):
+            return hook(self, data, micro_batch_size)
+        if len(self.sub_model_names) == 1:
+            single = getattr(getattr(self, self.sub_model_names[0]), "planning_batch", None)
+            if callable(single):
+                return single(data, micro_batch_size)
+        raise NotImplementedError(
+            f"{type(self).__name__} (pipeline {type(self.pipeline).__name__}) does not describe a batch of its real "
+            "shapes: mm-train plan needs planning_batch(data, micro_batch_size) on the container, its pipeline "
+            "(planning_batch(container, data, micro_batch_size)) or the single model (docs/DESIGN.md \"The model contract\")"
+        )
+
     @property
     def has_validation_loss(self) -> bool:
         """Whether the pipeline computes a held-out loss at fixed timesteps (:meth:`validation_loss`)."""
@@ -170,8 +192,10 @@ class ModelContainerHub:
         *,
         device: torch.device | str,
         trainable: tuple[str, ...] | list[str],
+        meta_init: bool | None = None,
     ) -> ModelContainer:
-        """Build each sub-model with its own ``meta_init``/``dtype``/``freeze``.
+        """Build each sub-model with its own ``meta_init``/``dtype``/``freeze`` (``meta_init=True``
+        builds every one on meta: the planner, which reads no weights).
 
         Frozen sub-models go to eval with ``requires_grad`` off; a frozen
         sub-model that is already materialized moves to ``device`` at once, meta
@@ -180,7 +204,7 @@ class ModelContainerHub:
         """
         sub_models: dict[str, nn.Module] = {}
         for name, args in model_section.sub_models().items():
-            module = ModelHub.build(args, meta_init=args.meta_init)
+            module = ModelHub.build(args, meta_init=args.meta_init if meta_init is None else meta_init)
             if name not in trainable:
                 freeze(module)
                 if not _is_meta(module) and not getattr(module, "_skip_to_device", False):

@@ -1,5 +1,6 @@
 """``--dry-run``: the FSDP plan of a config's model and its features, explained without allocating
-weights, and the process groups of its layout with the nodes each spans."""
+weights, the process groups of its layout with the nodes each spans, and the full estimate of
+``mm-train plan`` (one step traced on fake tensors: memory per rank by category, fit, step time)."""
 
 from __future__ import annotations
 
@@ -13,43 +14,47 @@ from mm_parallel import (
     sub_plan_rank_groups,
 )
 
-from mm_trainer.container import ModelContainer, container_class, freeze
+from mm_trainer.container import ModelContainer, ModelContainerHub
+from mm_trainer.device_specs import device_spec
 from mm_trainer.features import feature_plans, plan_features
 from mm_trainer.fsdp_plan_config import fsdp_plan_from_config
 from mm_trainer.lora import inject_lora
-from mm_trainer.model_hub import ModelHub
+from mm_trainer.planner.report import render, summarize
+from mm_trainer.planner.trace import trace_run
 from mm_trainer.plugins import import_plugins
 
 
 def build_meta_model(config: TrainConfig) -> ModelContainer:
     """Every sub-model of ``config`` built on the meta device (no weights read, nothing allocated),
-    with its LoRA adapters when it has ``lora``."""
+    with its LoRA adapters when it has ``lora``: the trainer's container build (mm_trainer.build)."""
     import_plugins(config.training.plugin)
     trainable = config.training.trainable_submodels or config.model.trainable_submodels()
-    sub_models = {}
-    for name, args in config.model.sub_models().items():
-        module = ModelHub.build(args, meta_init=True)
-        if name not in trainable:
-            freeze(module)
-        sub_models[name] = module
-    model = container_class(config.model)(sub_models, trainable=tuple(trainable), pipeline=None)
+    model = ModelContainerHub.build(config.model, device="meta", trainable=trainable, meta_init=True)
     inject_lora(model, {name: args.lora for name, args in config.model.sub_models().items()})
     return model
 
 
-def dry_run(config: TrainConfig, *, world_size: int, ranks_per_node: int | None = None) -> str:
+def dry_run(
+    config: TrainConfig, *, world_size: int, ranks_per_node: int | None = None, device: str | None = None
+) -> str:
     """The plan explanation table for ``world_size`` ranks, the compile / recompute / offload choices
-    (``features``, applied as the trainer applies them before FSDP), then the process groups of the
+    (``features``, applied as the trainer applies them before FSDP), the process groups of the
     layout and whether each stays inside a node of ``ranks_per_node`` ranks (None: as the config
-    resolved it, ``$LOCAL_WORLD_SIZE`` under a launcher, else one node)."""
+    resolved it, ``$LOCAL_WORLD_SIZE`` under a launcher, else one node), then the full estimate of
+    ``mm-train plan`` for ``device`` (memory per rank by category, fit, step time; None: left out)."""
     model = build_meta_model(config)
     features = plan_features(model, **feature_plans(config.features)).lines() or ["none"]
     plan = fsdp_plan_from_config(config.parallel.fsdp_plan)
     p = config.parallel
     explanation = explain_fsdp_plan(model, plan, world_size, dp_replicate=int(p.replicate_parallel_size))
     nodes = NodeLayout(world_size, context_ranks_per_node({"ranks_per_node": ranks_per_node}, world_size))
-    lines = [str(explanation), *(f"features: {line}" for line in features)]
-    return "\n".join(lines) + f"\n\n{describe_layout(p, nodes)}"
+    lines = [str(explanation), *(f"features: {line}" for line in features), "", describe_layout(p, nodes)]
+    if device is not None:
+        run = trace_run(
+            config, world_size=world_size, device=device_spec(device), ranks_per_node=nodes.ranks_per_node
+        )
+        lines += ["", render(summarize(run), run, header=f"full estimate (mm-train plan --device {device}):")]
+    return "\n".join(lines)
 
 
 def describe_layout(parallel: ParallelConfig, nodes: NodeLayout) -> str:

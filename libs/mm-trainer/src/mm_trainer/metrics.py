@@ -16,14 +16,11 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-#: Dense bf16 peak FLOP/s per device, used for MFU when the model reports FLOPs per sample.
-PEAK_FLOPS: dict[str, float] = {
-    "H200": 989e12,
-    "H100": 989e12,
-    "A100": 312e12,
-    "Ascend910B": 313e12,
-    "910B": 313e12,
-}
+from mm_trainer.device_specs import peak_flops_by_device_name
+
+#: Dense bf16 peak FLOP/s by device-name substring, used for MFU when the model reports FLOPs per
+#: sample: the device table of ``mm-train plan`` (:mod:`mm_trainer.device_specs`).
+PEAK_FLOPS: dict[str, float] = peak_flops_by_device_name()
 
 
 def device_peak_flops(device_type: str, override: float | None = None) -> float | None:

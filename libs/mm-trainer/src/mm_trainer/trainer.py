@@ -21,12 +21,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from mm_checkpoint import DistributedCheckpointer, materialize_meta
+from mm_checkpoint import DistributedCheckpointer
 from mm_config import TrainConfig, dump_config
 from mm_parallel import (
     NodeLayout,
-    ParallelState,
-    apply_fsdp_plan,
     describe_node_layout,
     get_local_device,
     init_distributed,
@@ -36,15 +34,18 @@ from torch import nn
 
 from mm_trainer.base_model import init_module_weights, load_module_weights
 from mm_trainer.batches import BatchStream, build_batch_stream
+from mm_trainer.build import (
+    build_ema,
+    build_optimization,
+    build_sharded_model,
+    log_rank0,
+    materialize,
+    parallel_state_for,
+)
 from mm_trainer.conditions import ConditionStream
-from mm_trainer.container import ModelContainer, ModelContainerHub
-from mm_trainer.ema import ParameterEMA
 from mm_trainer.engine import TrainEngine
-from mm_trainer.features import apply_features, feature_plans
-from mm_trainer.fsdp_plan_config import fsdp_plan_from_config
-from mm_trainer.lora import inject_lora
-from mm_trainer.metrics import MetricsLogger
-from mm_trainer.optim import build_lr_scheduler, build_optimizer
+from mm_trainer.metrics import MetricsLogger, peak_memory_bytes
+from mm_trainer.plan_check import PlanCheck
 from mm_trainer.plugins import import_plugins
 from mm_trainer.preflight import preflight
 from mm_trainer.profiling import MemoryProfiler, StepProfiler
@@ -68,20 +69,17 @@ class Trainer:
         timeout_s = config.training.collective_timeout_s
         self.rank, self.world_size = init_distributed(device_type=device_type, timeout_s=timeout_s)
         parallel = config.parallel
-        self.parallel_state = ParallelState(
-            world_size=self.world_size,
-            dp_replicate=parallel.replicate_parallel_size,
-            ulysses=parallel.ulysses_parallel_size,
-            ring=parallel.ring_attention_size,
-            device_type=device_type,
-            timeout_s=timeout_s,
-        )
+        self.parallel_state = parallel_state_for(config, self.world_size, device_type)
         nodes = NodeLayout.from_env(self.world_size)  # refuses nodes that run different numbers of ranks
         if nodes.num_nodes > 1:
-            _log_rank0(describe_node_layout(self.parallel_state.rank_groups(), nodes))
+            log_rank0(describe_node_layout(self.parallel_state.rank_groups(), nodes))
         self.device = get_local_device(device_type)
+        # accelerators: `mm-train plan` of this run in the background, compared after the first step
+        self.plan_check = PlanCheck.start(
+            config, rank=self.rank, world_size=self.world_size, device_type=self.device.type
+        )
         if parallel.ring_attention_size > 1:  # the ring's block kernel (before any model is built)
-            _log_rank0(
+            log_rank0(
                 f"ring attention kernel: {use_attention_backend(parallel.attention_backend, self.device)}"
             )
         # Lock the save / log dirs for this run and decide where it starts (training.resume).
@@ -94,25 +92,9 @@ class Trainer:
         if config.training.deterministic:
             torch.use_deterministic_algorithms(True)
         self.model = self._build_model()
-        ema = config.training.ema
-        self.ema = ParameterEMA(self.model, decay=ema.decay) if ema is not None else None
+        self.ema = build_ema(self.model, config.training)
         # No reseeding by rank: training draws are keyed by (seed, step, sample), see TrainEngine.
-        self.optimizer = build_optimizer(
-            self.model,
-            lr=config.training.lr,
-            betas=(config.training.adam_beta1, config.training.adam_beta2),
-            eps=config.training.adam_eps,
-            weight_decay=config.training.weight_decay,
-            device_type=self.device.type,
-        )
-        self.lr_scheduler = build_lr_scheduler(
-            self.optimizer,
-            kind=config.training.lr_scheduler,
-            warmup=config.training.lr_warmup_iters,
-            total=config.training.train_iters,
-            lr=config.training.lr,
-            min_lr=config.training.min_lr,
-        )
+        self.optimizer, self.lr_scheduler = build_optimization(self.model, config.training, self.device.type)
         self.batches: BatchStream | ConditionStream = build_batch_stream(
             config.data,
             global_batch_size=config.training.global_batch_size,
@@ -139,28 +121,13 @@ class Trainer:
         cfg = self.config
         if cfg.features.compile.apply_modules:  # before any weight is read
             check_compile(cfg.features.compile.backend, cfg.features.compile.mode, self.device.type)
-        trainable = cfg.training.trainable_submodels or cfg.model.trainable_submodels()
         # training.stage_dir: read the weights from node-local copies (the saved config keeps the sources)
         model_cfg = (
             stage_model_weights(cfg.model, cfg.training.stage_dir) if cfg.training.stage_dir else cfg.model
         )
-        model = ModelContainerHub.build(model_cfg, device=self.device, trainable=trainable)
-        if cfg.features.condition_micro_steps > 1 and not model.encodes_conditions:
-            raise ValueError(
-                f"features.condition_micro_steps={cfg.features.condition_micro_steps} needs a pipeline that encodes conditions "
-                f"separately (prepare_conditions + train_on_conditions, mm_pipelines.GenerativePipelineBase); "
-                f"{type(model).__name__} has pipeline {type(model.pipeline).__name__}. Set it to 1"
-            )
-        self.lora = inject_lora(model, {name: sub.lora for name, sub in cfg.model.sub_models().items()})
-        if self.parallel_state.cp_enabled:
-            _setup_context_parallel(model, self.parallel_state)
-        for line in apply_features(model, **feature_plans(cfg.features)).lines():
-            _log_rank0(f"features: {line}")
-        self.fsdp_report = apply_fsdp_plan(
-            model, fsdp_plan_from_config(cfg.parallel.fsdp_plan), self.parallel_state
-        )
-        for source, target in self.fsdp_report.cross_submodel_prefetch.items():
-            _log_rank0(f"cross-sub-model prefetch: {source} gathers {target} (from step 2)")
+        # container -> LoRA -> CP hooks -> features -> FSDP plan: mm_trainer.build (the planner's path too)
+        sharded = build_sharded_model(cfg, self.parallel_state, self.device, model_section=model_cfg)
+        model, self.lora, self.fsdp_report = sharded.model, sharded.lora, sharded.fsdp
         resuming = self.run_dir.resume_from is not None
         sub_model_args = model_cfg.sub_models()
         for name, module in model.sub_models().items():
@@ -172,7 +139,7 @@ class Trainer:
                 self._materialize_and_load(name, module, sub_model_args[name], restored_by_checkpoint)
         self.lora.init_adapters(model, cfg.training.seed)  # a resume then restores them
         for line in self.lora.summary(model):
-            _log_rank0(line)
+            log_rank0(line)
         return model
 
     def _validator(self) -> Validator:
@@ -193,7 +160,7 @@ class Trainer:
     def _materialize_and_load(self, name: str, module: nn.Module, args: Any, restored: bool) -> None:
         was_meta = any(p.is_meta for p in module.parameters())
         if was_meta:
-            _materialize(name, module, self.device)
+            materialize(name, module, self.device)
         if restored or getattr(module, "weights_loaded", False):
             return
         setup = getattr(module, "setup_weights", None)
@@ -202,7 +169,7 @@ class Trainer:
             module.weights_loaded = True
             return
         if was_meta:
-            _log_rank0(f"model.models.{name}: no weights source; random initialization")
+            log_rank0(f"model.models.{name}: no weights source; random initialization")
             init = getattr(module, "random_init", None)
             init() if callable(init) else init_module_weights(module)
 
@@ -250,7 +217,7 @@ class Trainer:
         with keep_configured_hyperparameters(self.optimizer, self.lr_scheduler):  # the config's lr, decay...
             iteration = self._checkpointer(root).load(state)
         note = " (data position reset to epoch 0: training.reset_data_position)" if reset else ""
-        _log_rank0(f"resumed from {root} at iteration {iteration}{note}")
+        log_rank0(f"resumed from {root} at iteration {iteration}{note}")
         return iteration
 
     def train(self) -> int:
@@ -277,12 +244,26 @@ class Trainer:
             cp_rank=self.parallel_state.cp_rank,
             cp_size=self.parallel_state.cp_size,
             save_fn=self.save if self.checkpointer else None,
-            validate_fn=(lambda step: validator.run(step, metrics)) if validator else None,
+            validate_fn=self._after_step(validator, metrics),
             metrics=metrics,
             profilers=self._profilers(log_dir),
             peak_flops=cfg.training.peak_flops,
         )
         return engine.train(self.start_iteration)
+
+    def _after_step(self, validator: Validator | None, metrics: MetricsLogger) -> Any:
+        """What runs after every step: validation (``training.validation``) and the plan check."""
+        check = self.plan_check
+        if validator is None and check is None:
+            return None
+
+        def after(step: int) -> dict[str, Any]:
+            out = validator.run(step, metrics) if validator is not None else {}
+            if check is not None:
+                out = {**out, **check.after_step(step, peak_memory_bytes(self.device.type))}
+            return out
+
+        return after
 
     def _profilers(self, log_dir: str | None) -> tuple[StepProfiler, MemoryProfiler]:
         profile, memory = self.config.tools.profile, self.config.tools.memory_profile
@@ -313,36 +294,7 @@ class Trainer:
         done need not wait for each other (the last step or save already synchronized them), and a
         rank that failed must not call it, but leave at once (:func:`mm_trainer.cli.run`)."""
         self.run_dir.release()  # every save has completed on all ranks by now
+        if self.plan_check is not None:
+            self.plan_check.close()
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _materialize(name: str, module: nn.Module, device: torch.device) -> None:
-    """Allocate a meta-built sub-model on ``device`` (tied weights stay tied). Non-persistent buffers
-    are in no checkpoint: the module must rebuild them in ``init_non_persistent_buffers()``."""
-    lost = materialize_meta(module, device)
-    rebuild = getattr(module, "init_non_persistent_buffers", None)
-    if callable(rebuild):
-        rebuild()
-    elif lost:
-        raise ValueError(
-            f"model.models.{name}: meta_init leaves non-persistent buffers {lost} uninitialized and "
-            f"{type(module).__name__} has no init_non_persistent_buffers(); set meta_init: false or add it"
-        )
-
-
-def _setup_context_parallel(model: ModelContainer, parallel_state: ParallelState) -> None:
-    """Let every sub-model that supports context parallelism install it (plugin contract)."""
-    enabled = [n for n, m in model.sub_models().items() if hasattr(m, "setup_context_parallel")]
-    if not enabled:
-        raise ValueError(
-            "parallel: ulysses_parallel_size x ring_attention_size > 1 but no sub-model defines "
-            "setup_context_parallel(parallel_state)"
-        )
-    for name in enabled:
-        getattr(model, name).setup_context_parallel(parallel_state)
-
-
-def _log_rank0(message: str) -> None:
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        logger.warning(message)

@@ -1,0 +1,81 @@
+"""A micro-batch of a Wan2.2 run's real shapes, for ``mm-train plan`` (the container's ``planning_batch``).
+
+Online (``video_text``): what the dataset and its collate yield, ``video [B, 3, F, H, W]`` float32 in
+[-1, 1] at the largest bucket (the memory's worst case), and the prompt already tokenized
+(``input_ids`` / ``attention_mask [B, text_len]``: the pipeline skips its tokenizer, which a plan
+of placeholder paths does not have). From the encoder cache (``wan22_cached``): ``latents [B, z, T,
+h, w]`` float32 (z = the predictor's ``out_dim``; T, h, w from the clip size and the VAE's
+compression in the ``preprocess.ae`` config, Wan's 4 x 8 x 8 by default) and ``prompt_embeds [B,
+text_len, text_dim]`` in the text encoder's dtype; I2V adds ``image_latents``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from mm_data import parse_buckets
+from mm_parallel import parse_dtype
+
+CACHED_DATASET = "wan22_cached"
+
+
+def largest_clip(options: dict[str, Any]) -> tuple[int, int, int]:
+    """``(frames, height, width)`` of the largest bucket of a ``video_text`` section (by pixels)."""
+    frames, height, width = int(options["num_frames"]), int(options["height"]), int(options["width"])
+    buckets = options.get("buckets")
+    if buckets is None:
+        return frames, height, width
+    sizes = [(b.num_frames, b.height, b.width) for b in parse_buckets(buckets, frames)]
+    return max(sizes, key=lambda s: s[0] * s[1] * s[2])
+
+
+def latent_grid(clip: tuple[int, int, int], temporal: int, spatial: int) -> tuple[int, int, int]:
+    """The VAE's latent ``(T, h, w)`` of a clip ``(frames, height, width)`` (causal: 1 + (F - 1) / t)."""
+    frames, height, width = clip
+    return 1 + (frames - 1) // temporal, height // spatial, width // spatial
+
+
+def online_batch(container: Any, options: dict[str, Any], size: int) -> dict[str, Any]:
+    """``video`` + tokenized prompt, as ``video_text`` yields them."""
+    frames, height, width = largest_clip(options)
+    text_len = int(getattr(container.text_encoder, "text_len", 512))
+    return {
+        "video": torch.zeros(size, 3, frames, height, width),
+        "input_ids": torch.ones(size, text_len, dtype=torch.long),
+        "attention_mask": torch.ones(size, text_len, dtype=torch.long),
+    }
+
+
+def cached_batch(container: Any, options: dict[str, Any], size: int) -> dict[str, Any]:
+    """``latents`` + ``prompt_embeds`` (+ ``image_latents``), as the encoder cache yields them."""
+    preprocess = options.get("preprocess") or {}
+    ae_config = (preprocess.get("ae") or {}).get("config") or {}
+    encoder = preprocess.get("text_encoder") or {}
+    config = container.predictor.config
+    grid = latent_grid(
+        largest_clip(preprocess.get("clips") or {}),
+        int(ae_config.get("scale_factor_temporal", 4)),
+        int(ae_config.get("scale_factor_spatial", 8)),
+    )
+    dtype = (
+        parse_dtype(encoder.get("dtype"), key="data.dataset.preprocess.text_encoder.dtype") or torch.float32
+    )
+    batch = {
+        "latents": torch.zeros(size, config.out_dim, *grid),
+        "prompt_embeds": torch.zeros(size, config.text_len, config.text_dim, dtype=dtype),
+    }
+    if container.pipeline.task == "i2v":
+        batch["image_latents"] = torch.zeros(size, config.out_dim, *grid)
+    return batch
+
+
+def planning_batch(container: Any, data: Any, micro_batch_size: int) -> dict[str, Any]:
+    """One micro-batch of ``data``'s real shapes with ``sample_ids`` (see the module docstring)."""
+    options = dict(data.dataset or {})
+    if data.dataset_id == CACHED_DATASET:
+        batch = cached_batch(container, options, micro_batch_size)
+    else:
+        batch = online_batch(container, options, micro_batch_size)
+    batch["sample_ids"] = list(range(micro_batch_size))
+    return batch

@@ -1,0 +1,30 @@
+"""``mm-train plan``: one real-size training step traced on fake tensors, per-rank memory by category,
+fit, step time and MFU, and the search over layouts (docs/DESIGN.md "Planning a run")."""
+
+from mm_trainer.planner.categories import (
+    DEVICE_CATEGORIES,
+    HOST_CATEGORIES,
+    Category,
+    Tag,
+    register_host_term,
+)
+from mm_trainer.planner.report import PlanSummary, render, summarize
+from mm_trainer.planner.search import Layout, SearchResult, render_search, search_layouts
+from mm_trainer.planner.trace import TracedRun, trace_run
+
+__all__ = [
+    "DEVICE_CATEGORIES",
+    "HOST_CATEGORIES",
+    "Category",
+    "Layout",
+    "PlanSummary",
+    "SearchResult",
+    "Tag",
+    "TracedRun",
+    "register_host_term",
+    "render",
+    "render_search",
+    "search_layouts",
+    "summarize",
+    "trace_run",
+]

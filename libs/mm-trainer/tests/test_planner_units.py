@@ -1,0 +1,90 @@
+"""The planner's pieces that need no trace: device table, layout views, categories, the roofline."""
+
+import pytest
+import torch
+from mm_parallel import BlockShape, block_step_bytes, kernel_workspace_bytes
+from mm_trainer.device_specs import DEVICES, device_spec
+from mm_trainer.metrics import PEAK_FLOPS
+from mm_trainer.planner.categories import DEVICE_CATEGORIES, HOST_CATEGORIES, HOST_TAGS, Tag
+from mm_trainer.planner.cost_model import CostModel
+from mm_trainer.planner.layouts import ParamShard, layout_view
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+
+def test_an_unknown_device_is_refused_naming_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown device 'h300'.*h200.*910c.*cpu"):
+        device_spec("h300")
+
+
+def test_device_memory_replaces_the_table_entry_only_for_that_plan():
+    assert device_spec("h100", 24).memory_gib == 24 and DEVICES["h100"].memory_gib == pytest.approx(79.6)
+
+
+def test_the_mfu_metric_reads_the_planner_device_table():
+    assert PEAK_FLOPS["H200"] == PEAK_FLOPS["H100"] == 989e12 == DEVICES["h200"].bf16_tflops * 1e12
+    assert PEAK_FLOPS["910B"] == DEVICES["910b"].bf16_tflops * 1e12
+
+
+def test_every_tag_is_on_exactly_one_report_line_or_host_only():
+    device = [tag for c in DEVICE_CATEGORIES for tag in c.tags]
+    host_only = [tag for c in HOST_CATEGORIES for tag in c.tags if tag in HOST_TAGS]
+    assert sorted(device + host_only) == sorted(Tag) and len(set(device)) == len(device)
+
+
+def _shard(rows: int, *, trainable: bool = True, fixed: int | None = None) -> ParamShard:
+    return ParamShard(shape=(rows, 10), itemsize=4, trainable=trainable, fsdp=True, fixed_shard=fixed,
+                      owner_offload=None, traced_shard=fixed or 8, traced_offload=False)  # fmt: skip
+
+
+def test_a_view_at_another_shard_degree_scales_each_tag_by_its_exact_padded_bytes():
+    shards = [_shard(10), _shard(7, trainable=False)]  # 8 ranks: ceil(10/8)=2 and ceil(7/8)=1 rows
+    view = layout_view("replicate 2", shards, default_shard=4, cpu_offload=False)  # 4 ranks: 3 and 2 rows
+    assert view.device[Tag.SHARDED_PARAM] == pytest.approx((3 + 2) / (2 + 1))
+    assert view.device[Tag.SHARDED_GRAD] == view.device[Tag.OPT] == view.device[Tag.EMA] == pytest.approx(3 / 2)
+
+
+def test_a_sub_model_with_its_own_shard_size_keeps_it_in_every_view():
+    view = layout_view("v", [_shard(16, fixed=2)], default_shard=1, cpu_offload=False)
+    assert view.device[Tag.SHARDED_PARAM] == 1.0
+
+
+def test_cpu_offload_moves_the_per_rank_state_to_the_host_and_nothing_else():
+    view = layout_view("offload", [_shard(16)], default_shard=8, cpu_offload=True)
+    for tag in (Tag.SHARDED_PARAM, Tag.SHARDED_GRAD, Tag.OPT, Tag.EMA):
+        assert (view.device[tag], view.host[tag]) == (0.0, 1.0)
+    assert Tag.UNSHARDED_PARAM not in view.device and Tag.ACT not in view.device
+
+
+def test_the_roofline_of_a_matmul_is_its_flops_at_the_peak_or_its_bytes_at_the_bandwidth():
+    h200 = device_spec("h200")
+    model = CostModel(h200, ranks_per_node=8)
+    with FakeTensorMode():
+        a, b = torch.empty(4096, 4096, dtype=torch.bfloat16), torch.empty(4096, 4096, dtype=torch.bfloat16)
+        out = a @ b
+        small = torch.empty(4096, 1, dtype=torch.bfloat16)
+        thin = a @ small
+    func = torch.ops.aten.mm.default
+    flops = model.op_flops(func, (a, b), {}, out)
+    assert flops == 2 * 4096**3
+    assert model.op_seconds(func, flops, (a, b), {}, out) == pytest.approx(flops / 989e12)
+    moved = (4096 * 4096 + 4096 + 4096) * 2  # a, the thin operand and the output, bf16
+    thin_flops = model.op_flops(func, (a, small), {}, thin)
+    assert model.op_seconds(func, thin_flops, (a, small), {}, thin) == pytest.approx(moved / 4.8e12)
+
+
+def test_the_flash_kernel_workspace_is_its_fp32_dq_accumulator_and_softmax_d():
+    # FlashAttention-2 backward (flash_api.cpp mha_bwd): dq_accum [B, ceil128(Sq), H, ceil32(D)] and
+    # softmax_d [B, H, ceil128(Sq)], both float32; its forward returns all it allocates (out, lse)
+    shape = BlockShape(batch=1, q_len=1000, k_len=3000, heads=10, head_dim=100, dtype=torch.bfloat16)
+    assert kernel_workspace_bytes("flash", shape) == (0, 4 * 1024 * 10 * 128 + 4 * 10 * 1024)
+
+
+@pytest.mark.parametrize("kernel", ["flash", "efficient", "npu", "cpu_flash", "math"])
+def test_a_ring_block_step_holds_at_least_its_kernel_workspace_and_outputs(kernel):
+    shape = BlockShape(batch=1, q_len=1000, k_len=3000, heads=10, head_dim=128, dtype=torch.bfloat16)
+    forward, backward = kernel_workspace_bytes(kernel, shape)
+    step_forward, step_backward = block_step_bytes(kernel, shape)
+    grads = shape.itemsize * (shape.q_elems + 2 * shape.k_elems)
+    assert 0 <= forward <= step_forward and 0 <= backward <= step_backward
+    if kernel != "math":  # math's gradients are float32 inside its kernel phase
+        assert step_backward >= grads + backward
