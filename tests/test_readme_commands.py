@@ -141,6 +141,23 @@ COMMANDS: dict[tuple[str, str], How] = {
     (WAN, "wan22-train --config configs/t2v_a14b_high.yaml --dry-run --world-size 8"): How(
         "run", paths=WAN_CONFIGS
     ),
+    (WAN, "wan22-train plan --config configs/t2v_a14b_high_cached.yaml --world-size 8 --device h200"): covered(
+        "apps/wan22-train/tests/test_wan_plan.py"
+    ),
+    (WAN, "wan22-train plan --config configs/t2v_a14b_high.yaml --world-size 8 --device h200"): excused(
+        "a 20 s trace; test_wan_plan.py plans the same 14B expert end to end from the README (on its cached "
+        "config: the same step without the VAE and UMT5 passes), tests/test_planner.py the planner's parts"
+    ),
+    (WAN, "wan22-train plan --config configs/t2v_a14b_high.yaml --world-size 8 --device h100 --search"): excused(
+        "minutes (12 traces); tests/test_planner.py runs --search on the toy plugin"
+    ),
+    (
+        WAN,
+        "torchrun --standalone --nproc-per-node 8 -m wan22_train preprocess --config configs/t2v_a14b_high_cached.yaml",
+    ): excused(
+        "8 ranks and the 14B release; test_wan_conditions_e2e.py runs `preprocess` under 2 ranks (UMT5 FSDP2-"
+        "sharded) to the cache one process writes"
+    ),
     (LTX2, "hatch run wheels"): PACKAGING,
     (LTX2, "pip install --find-links dist ltx2-train"): PACKAGING,
     (LTX2, "ltx2-train --help"): RUN,
@@ -191,6 +208,10 @@ COMMANDS: dict[tuple[str, str], How] = {
     ): excused(
         "test_ltx2_train_e2e.py samples every training caption of the learned run (sample_clip, the command's "
         "code path)"
+    ),
+    (LTX2, "ltx2-train plan --config apps/ltx2-train/configs/t2v.yaml --world-size 8 --device h200"): excused(
+        "a 77-110 s trace of the 19B model; apps/ltx2-train/tests/test_ltx2_planning.py checks its planning "
+        "batch, apps/wan22-train/tests/test_wan_plan.py runs the same planner end to end"
     ),
     (QWEN, "hatch run wheels"): PACKAGING,
     (QWEN, "pip install --find-links dist qwen-vl-train"): PACKAGING,

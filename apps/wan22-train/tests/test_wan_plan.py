@@ -9,21 +9,23 @@ import sys
 import pytest
 from wan22_train.configs import config_path
 
-CONFIG = "t2v_a14b_high_cached.yaml"
-"""The real-size config with the least to trace: the 14B A14B expert at 480x832x81 (32,760 tokens over
-Ulysses 4 x Ring 2) on cached latents, without the VAE and UMT5 passes of the online configs."""
+CONFIGS = config_path("t2v_a14b_high_cached.yaml").parent
+"""The shipped configs. The README's plan line names the real-size config with the least to trace: the
+14B A14B expert at 480x832x81 (32,760 tokens over Ulysses 4 x Ring 2) on cached latents, without the
+VAE and UMT5 passes of the online configs."""
 
 
 @pytest.mark.slow
-def test_a_real_size_config_plans_to_completion_and_reports_every_part():
-    command = [sys.executable, "-m", "wan22_train", "plan", "--config", str(config_path(CONFIG)),
-               "--world-size", "8", "--device", "h200"]  # fmt: skip
+def test_a_real_size_config_plans_to_completion_and_reports_every_part(readme):
+    line = "wan22-train plan --config configs/t2v_a14b_high_cached.yaml --world-size 8 --device h200"
+    argv = readme.command("apps/wan22-train/README.md", line, paths={"configs": CONFIGS})
+    command = [sys.executable, "-m", "wan22_train", *argv[1:]]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
-    for line in ("parameters", "gradients", "optimizer states", "EMA", "activations", "temporaries",
+    for part in ("parameters", "gradients", "optimizer states", "EMA", "activations", "temporaries",
                  "attention kernel workspace", "communication buffers"):  # fmt: skip
-        assert f"\n  {line} " in out, out
+        assert f"\n  {part} " in out, out
     assert "FITS on NVIDIA H200" in out and "predictor.blocks.{*}" in out and "MFU" in out, out
     assert "attention: flash x" in out, out  # the target's kernel stood in for the CPU one
     assert "micro-step 1/1: backward" in done.stderr  # progress while tracing

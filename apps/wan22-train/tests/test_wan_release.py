@@ -7,7 +7,7 @@ import json
 
 import pytest
 from wan22_train.model import WanDiTConfig
-from wan22_train.release import component_path
+from wan22_train.release import WAN22_LATENTS_MEAN, WAN22_LATENTS_STD, component_path, vae_keywords
 
 
 def _official(root):
@@ -79,3 +79,14 @@ def test_an_official_config_json_takes_the_official_defaults_for_what_it_omits(t
         k: v for k, v in release.items() if k != "_diffusers_version"
     }
     assert config.official_mismatches() == []
+
+
+def test_a_48_channel_vae_without_statistics_takes_the_wan2_2_release_ones():
+    keywords = vae_keywords({"z_dim": 48, "is_residual": True})
+    assert keywords["latents_mean"] == WAN22_LATENTS_MEAN and keywords["latents_std"] == WAN22_LATENTS_STD
+    assert "latents_mean" not in vae_keywords({"z_dim": 16})  # diffusers' defaults are Wan2.1's already
+
+
+def test_vae_statistics_of_another_length_than_z_dim_are_refused():
+    with pytest.raises(ValueError, match=r"latents_std has 16 values; z_dim is 48"):
+        vae_keywords({"z_dim": 48, "latents_std": [1.0] * 16})

@@ -165,6 +165,25 @@ def vae_structure(keys: list[str]) -> dict[str, Any]:
     return dict(WAN22_VAE if nested else WAN21_VAE)
 
 
+def vae_keywords(config: dict[str, Any] | None) -> dict[str, Any]:
+    """``AutoencoderKLWan`` keywords of a VAE built from sub-model ``config`` keys alone (no download yet,
+    e.g. for a plan): a 48-channel VAE (``z_dim: 48``) whose keys name no ``latents_mean`` /
+    ``latents_std`` takes the Wan2.2 release's statistics (diffusers' defaults are Wan2.1's 16).
+
+    Raises:
+        ValueError: ``latents_mean`` or ``latents_std`` has a length other than ``z_dim``.
+    """
+    keywords = dict(config or {})
+    z_dim = int(keywords.get("z_dim", WAN21_VAE["z_dim"]))
+    if z_dim == WAN22_VAE["z_dim"]:
+        keywords.setdefault("latents_mean", WAN22_LATENTS_MEAN)
+        keywords.setdefault("latents_std", WAN22_LATENTS_STD)
+    for key in ("latents_mean", "latents_std"):
+        if key in keywords and len(keywords[key]) != z_dim:
+            raise ValueError(f"the VAE's config.{key} has {len(keywords[key])} values; z_dim is {z_dim}")
+    return keywords
+
+
 def source_of(args: Any) -> str | None:
     """The weights a sub-model section names: ``checkpoint_path`` over ``from_pretrained``."""
     source = getattr(args, "checkpoint_path", None) or getattr(args, "from_pretrained", None)

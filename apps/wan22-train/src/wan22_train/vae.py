@@ -12,7 +12,7 @@ from mm_checkpoint import LoadReport, open_weights
 from mm_trainer import BaseModel, load_module_weights, model_register
 from torch import nn
 
-from wan22_train.release import component_path, resolved_args, source_of, vae_structure
+from wan22_train.release import component_path, resolved_args, source_of, vae_keywords, vae_structure
 
 VAE_KEY_MAPS = {False: "wan2_1_vae", True: "wan2_2_vae"}
 """mm-checkpoint's key map of the official VAE names, by ``is_residual`` (both pass diffusers keys through)."""
@@ -52,7 +52,8 @@ class WanVideoVAE(BaseModel, nn.Module):
     def build_from_config(cls, args: Any) -> WanVideoVAE:
         """Structure only: the source's ``config.json``; for a weights file (an official ``.pth``, a
         ComfyUI file) the official structure its names show (:func:`wan22_train.release.vae_structure`)
-        updated by ``args.config``; without a source ``args.config`` alone (AutoencoderKLWan kwargs)."""
+        updated by ``args.config``; without a source ``args.config`` alone (AutoencoderKLWan kwargs; a
+        48-channel VAE without statistics takes the Wan2.2 release's: :func:`wan22_train.release.vae_keywords`)."""
         source = component_path(source_of(args), "vae")
         if source is not None and (source / "config.json").is_file():
             return cls(AutoencoderKLWan.from_config(AutoencoderKLWan.load_config(source)))
@@ -60,7 +61,7 @@ class WanVideoVAE(BaseModel, nn.Module):
             with open_weights(source) as reader:
                 keywords = vae_structure(reader.keys())
             return cls(AutoencoderKLWan(**(keywords | dict(args.config or {}))))
-        return cls(AutoencoderKLWan(**(args.config or {})))
+        return cls(AutoencoderKLWan(**vae_keywords(args.config)))
 
     def setup_weights(self, args: Any) -> LoadReport | None:
         """Load the VAE weights into ``self.vae`` (only when built by ``build_from_config``): diffusers

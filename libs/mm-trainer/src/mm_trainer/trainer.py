@@ -86,7 +86,7 @@ class Trainer:
         self.run_dir = open_run_directory(config.training)
         # Settings that define what the checkpoint trained must match it; the others apply, logged.
         for line in check_resume(config, self.run_dir.resume_from):
-            _log_rank0(line)
+            log_rank0(line)
         import_plugins(config.training.plugin)
         seed_everything(config.training.seed)
         if config.training.deterministic:
