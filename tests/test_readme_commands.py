@@ -4,7 +4,9 @@ with the reason it cannot be.
 Each line of the READMEs' ```bash blocks (``conftest.readme_shell_lines``) has one entry below:
 
 - ``RUN``: run by this file, in this process (a ``hatch run`` prefix dropped; placeholder paths replaced
-  by a shipped config, as listed);
+  by a shipped config, as listed; ``NO_PLAN``: a real-size ``--dry-run`` with ``--no-plan`` added, its
+  full estimate being the one-step trace that ``apps/wan22-train/tests/test_wan_plan.py`` and the root
+  README's Wan dry-run line run end to end);
 - ``covered(test file)``: run by that test, which takes the argv from the README by the line's text
   (the ``readme`` fixture), adding only the documented shortenings; this file checks that the test
   names the line;
@@ -41,9 +43,11 @@ class How:
     detail: str = ""
     paths: tuple[tuple[str, str], ...] = ()
     in_tmp: bool = False  # run in a fresh directory (the line writes relative paths), not the repository
+    shortened: tuple[str, ...] = ()  # documented flags appended to the line, to keep CI short (say why)
 
 
 RUN = How("run")
+NO_PLAN = How("run", shortened=("--no-plan",))
 
 
 def covered(test_file: str) -> How:
@@ -139,7 +143,7 @@ COMMANDS: dict[tuple[str, str], How] = {
         "apps/wan22-train/tests/test_wan_conditions_e2e.py"
     ),
     (WAN, "wan22-train --config configs/t2v_a14b_high.yaml --dry-run --world-size 8"): How(
-        "run", paths=WAN_CONFIGS
+        "run", paths=WAN_CONFIGS, shortened=("--no-plan",)
     ),
     (WAN, "wan22-train plan --config configs/t2v_a14b_high_cached.yaml --world-size 8 --device h200"): covered(
         "apps/wan22-train/tests/test_wan_plan.py"
@@ -191,7 +195,7 @@ COMMANDS: dict[tuple[str, str], How] = {
         LTX2,
         'ltx2-train sample --checkpoint runs/ltx2_tiny/ckpt --prompt "a red circle moving up" --out runs/ltx2_tiny/sample.mp4',
     ): covered("apps/ltx2-train/tests/test_ltx2_train_e2e.py"),
-    (LTX2, "ltx2-train --config apps/ltx2-train/configs/t2av.yaml --dry-run --world-size 8"): RUN,
+    (LTX2, "ltx2-train --config apps/ltx2-train/configs/t2av.yaml --dry-run --world-size 8"): NO_PLAN,
     (
         LTX2,
         "ltx2-train --config apps/ltx2-train/configs/tiny_t2av.yaml training.micro_batch_size=16 data.drop_last=false "
@@ -269,7 +273,7 @@ def test_the_hatch_demo_script_is_the_wan_demo():
 def test_a_readme_line_runs(name, line, readme, monkeypatch, capsys, tmp_path):
     how = COMMANDS[name, line]
     paths = {old: REPO / new for old, new in how.paths}
-    argv = readme.command(name, line, paths=paths)
+    argv = readme.command(name, line, paths=paths) + list(how.shortened)
     if argv[:2] == ["hatch", "run"]:
         argv = argv[2:]  # hatch's environment is this one
     monkeypatch.chdir(tmp_path if how.in_tmp else REPO)

@@ -18,7 +18,9 @@ Kernel terms (``S`` = one ``[B, H, Sq, Sk]`` score tensor in the compute dtype, 
   4 S (scores, probabilities, dP - delta, dS) plus dv and delta; float32 copies of half inputs.
 - ``cpu_flash`` (torch's CPU kernel source, ``FlashAttentionKernel.cpp``): per thread a
   ``q_split x kv_split`` float32 tile (forward 1, backward 2; 256/64/32 query rows for
-  ``Sq >= 768 / >= 192 / else``, 512 keys) plus a reduced-precision copy for half inputs.
+  ``Sq >= 768 / >= 192 / else``, 512 keys) plus a reduced-precision copy for half inputs; where the
+  CPU has AMX tiles for the half dtype (bfloat16: AMX-BF16; float16: AMX-FP16) the forward also packs
+  K and V whole (``2 K`` bytes) with a ``kv_split x D`` copy buffer per thread (measured on torch 2.13).
 - ``flash`` (FlashAttention-2 inside torch, ``flash_api.cpp`` ``mha_bwd``): forward out + LSE;
   backward dq, dk, dv, a float32 dq accumulator ``[B, ceil128(Sq), H, ceil32(D)]`` and
   ``softmax_d`` ``[B, H, ceil128(Sq)]``. float32 inputs run the efficient kernel.
@@ -92,6 +94,23 @@ def _cpu_splits(s: BlockShape) -> tuple[int, int]:
     return min(q_split, s.q_len), min(512, s.k_len)
 
 
+def cpu_packs_half(dtype: torch.dtype) -> bool:
+    """Whether torch's CPU flash kernel packs K and V for ``dtype`` on this CPU (AMX tiles for it)."""
+    if dtype == torch.bfloat16:
+        return torch.cpu._is_amx_tile_supported()
+    return dtype == torch.float16 and torch.cpu._is_amx_fp16_supported()
+
+
+def _cpu_flash_forward_workspace(s: BlockShape, threads: int) -> int:
+    """Bytes the CPU flash forward allocates beyond its out and LSE: the per-thread tiles and, where
+    the CPU packs the half dtype, the packed K and V and a copy buffer per thread."""
+    qs, ks = _cpu_splits(s)
+    tiles = threads * (s.acc * (qs * ks + 2 * qs + qs * s.head_dim) + (s.itemsize * qs * ks if s.half else 0))
+    if s.half and cpu_packs_half(s.dtype):
+        tiles += s.itemsize * (2 * s.k_elems + threads * ks * s.head_dim)
+    return tiles
+
+
 def _forward_kernel(kernel: str, s: BlockShape, threads: int) -> tuple[int, int]:
     """(kernel-phase bytes, bytes of its out + lse) of one block forward."""
     out = s.itemsize * s.q_elems
@@ -100,11 +119,7 @@ def _forward_kernel(kernel: str, s: BlockShape, threads: int) -> tuple[int, int]
         casts = s.acc * (s.q_elems + 2 * s.k_elems) if s.acc != s.itemsize else 0
         return 3 * score + s.acc * s.rows + casts, s.acc * (s.q_elems + s.rows)
     if kernel == "cpu_flash":
-        qs, ks = _cpu_splits(s)
-        tiles = threads * (
-            s.acc * (qs * ks + 2 * qs + qs * s.head_dim) + (s.itemsize * qs * ks if s.half else 0)
-        )
-        return out + s.acc * s.rows + tiles, out + s.acc * s.rows
+        return out + s.acc * s.rows + _cpu_flash_forward_workspace(s, threads), out + s.acc * s.rows
     if kernel == "flash" and s.half:
         return out + 4 * s.rows, out + 4 * s.rows
     if kernel in ("flash", "efficient"):
@@ -182,9 +197,7 @@ def kernel_workspace_bytes(kernel: str, shape: BlockShape, *, threads: int = 1) 
         return 3 * score + s.acc * s.rows + fwd_casts, 4 * score + s.acc * (s.k_elems + s.rows) + bwd_casts
     if kernel == "cpu_flash":
         qs, ks = _cpu_splits(s)
-        forward = threads * (
-            s.acc * (qs * ks + 2 * qs + qs * s.head_dim) + (s.itemsize * qs * ks if s.half else 0)
-        )
+        forward = _cpu_flash_forward_workspace(s, threads)
         backward = threads * (s.acc * (2 * qs * ks + qs) + (s.itemsize * 2 * qs * ks if s.half else 0))
         return forward, backward
     if kernel == "flash" and s.half:

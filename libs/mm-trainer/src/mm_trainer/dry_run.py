@@ -50,11 +50,24 @@ def dry_run(
     nodes = NodeLayout(world_size, context_ranks_per_node({"ranks_per_node": ranks_per_node}, world_size))
     lines = [str(explanation), *(f"features: {line}" for line in features), "", describe_layout(p, nodes)]
     if device is not None:
-        run = trace_run(
-            config, world_size=world_size, device=device_spec(device), ranks_per_node=nodes.ranks_per_node
-        )
-        lines += ["", render(summarize(run), run, header=f"full estimate (mm-train plan --device {device}):")]
+        lines += [
+            "",
+            _full_estimate(config, world_size=world_size, device=device, ranks_per_node=nodes.ranks_per_node),
+        ]
     return "\n".join(lines)
+
+
+def _full_estimate(config: TrainConfig, *, world_size: int, device: str, ranks_per_node: int) -> str:
+    """``mm-train plan``'s table for ``device``; for a model that does not describe a batch of its
+    real shapes (no ``planning_batch``), a line that says so and why instead of the table: the
+    rest of the dry run (plan, features, layout) holds without it, ``mm-train plan`` still refuses."""
+    try:
+        run = trace_run(
+            config, world_size=world_size, device=device_spec(device), ranks_per_node=ranks_per_node
+        )
+    except NotImplementedError as missing:
+        return f"full estimate: not available for this model ({missing})"
+    return render(summarize(run), run, header=f"full estimate (mm-train plan --device {device}):")
 
 
 def describe_layout(parallel: ParallelConfig, nodes: NodeLayout) -> str:
