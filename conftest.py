@@ -12,9 +12,7 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
-import socket
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -50,12 +48,6 @@ def _one_thread_per_worker() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _forget_inherited_compile_pool() -> None:
     """Make a forked rank compile in its own process, with no worker pool.
 
@@ -79,6 +71,7 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable[..., Any], args:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
+        TORCHELASTIC_USE_AGENT_STORE="True",  # every rank a client of the parent's store, as under torchrun
         RANK=str(rank),
         LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size),
@@ -94,36 +87,21 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable[..., Any], args:
     except BaseException:  # noqa: BLE001 - every failure must reach the parent
         queue.put((rank, "error", traceback.format_exc()))
     finally:
-        _let_peers_finish_with_the_store(rank, world_size)
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _let_peers_finish_with_the_store(rank: int, world_size: int, timeout: float = 60.0) -> None:
-    """Rank 0 hosts the TCP store that every group is built through. When it left first, a peer still
-    reading from the store (building a group) failed with "Connection reset by peer" (seen under load).
-    Each rank counts itself finished; rank 0 waits for the others, at most ``timeout`` s (a peer that
-    died is reported by the parent anyway)."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return
-    try:
-        store = dist.distributed_c10d._get_default_store()
-        finished = store.add("conftest/finished", 1)
-        deadline = time.monotonic() + timeout
-        while rank == 0 and finished < world_size and time.monotonic() < deadline:
-            time.sleep(0.01)
-            finished = store.add("conftest/finished", 0)
-    except Exception:  # noqa: BLE001 - best effort: the store may be gone with a failed peer
-        pass
-
-
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return per-rank results."""
+    import torch.distributed as dist
+
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
-    port = _free_port()
+    # The parent hosts the rendezvous store on a port it holds from the start (torchrun's agent does the
+    # same): a port picked free and bound later by rank 0 could be taken meanwhile by another test's
+    # store, and two runs then shared one rendezvous (their ranks mixed: DCP plans of half a tensor).
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+    port = store.port
     procs = [
         ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue)) for r in range(world_size)
     ]
