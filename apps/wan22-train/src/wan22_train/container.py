@@ -8,7 +8,10 @@ from typing import Any
 import torch
 from mm_trainer import ModelContainer, model_register
 
-from wan22_train.pipeline import LOW_NOISE_ROLE, OTHER_EXPERT_ROLE, Wan22Pipeline
+from mm_pipelines import DistributionMatchingDistillation
+
+from wan22_train.distill import CRITIC, check_distillation_models, distillation_pipeline
+from wan22_train.pipeline import LOW_NOISE_ROLE, OTHER_EXPERT_ROLE, Wan22Pipeline, low_noise_role
 from wan22_train.planning import planning_batch
 from wan22_train.sampling import sample_video
 
@@ -25,12 +28,24 @@ class Wan22Container(ModelContainer):
     """
 
     def __init__(self, sub_models: Mapping[str, Any], **kwargs: Any) -> None:
-        self.checkpoint_submodels = tuple(n for n in ("predictor", LOW_NOISE_ROLE) if n in sub_models)
+        saved = ("predictor", LOW_NOISE_ROLE, CRITIC, low_noise_role(CRITIC))  # the critics: distillation
+        self.checkpoint_submodels = tuple(n for n in saved if n in sub_models)
         super().__init__(sub_models, **kwargs)
+        if isinstance(self.pipeline, DistributionMatchingDistillation):
+            check_distillation_models(sub_models, self.trainable_submodels, self.pipeline.base.expert)
 
     @classmethod
-    def build_pipeline(cls, options: Mapping[str, Any]) -> Wan22Pipeline:
-        return Wan22Pipeline.from_options(options)
+    def build_pipeline(cls, options: Mapping[str, Any]) -> Wan22Pipeline | DistributionMatchingDistillation:
+        """``Wan22Pipeline``; with ``distill``, DMD2 around it (:mod:`wan22_train.distill`)."""
+        options = dict(options)
+        distill = options.pop("distill", None)
+        base = Wan22Pipeline.from_options(options)
+        return base if distill is None else distillation_pipeline(base, distill)
+
+    @property
+    def flow_pipeline(self) -> Wan22Pipeline:
+        """The flow-match pipeline (under a distillation's, the one it wraps)."""
+        return getattr(self.pipeline, "base", self.pipeline)
 
     def planning_batch(self, data: Any, micro_batch_size: int) -> dict[str, Any]:
         """A micro-batch of the run's real shapes for ``mm-train plan`` (:mod:`wan22_train.planning`)."""
@@ -51,7 +66,8 @@ class Wan22Container(ModelContainer):
             "text_encoder": self.text_encoder,
             "predictor": self.predictor,
         }
-        expert = self.pipeline.expert
+        pipeline = self.flow_pipeline
+        expert = pipeline.expert
         if expert == "all":
             return modules
         if expert == "both":
@@ -67,7 +83,7 @@ class Wan22Container(ModelContainer):
             modules[LOW_NOISE_ROLE] = getattr(self, OTHER_EXPERT_ROLE)
         else:
             modules["predictor"], modules[LOW_NOISE_ROLE] = getattr(self, OTHER_EXPERT_ROLE), self.predictor
-        modules["boundary_timestep"] = self.pipeline.boundary_timestep()
+        modules["boundary_timestep"] = pipeline.boundary_timestep()
         return modules
 
     def sample(
