@@ -6,9 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from mm_trainer import ModelContainer, model_register
-
 from mm_pipelines import DistributionMatchingDistillation
+from mm_trainer import ModelContainer, model_register
 
 from wan22_train.distill import CRITIC, check_distillation_models, distillation_pipeline
 from wan22_train.pipeline import LOW_NOISE_ROLE, OTHER_EXPERT_ROLE, Wan22Pipeline, low_noise_role
