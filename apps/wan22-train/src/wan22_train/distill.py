@@ -19,7 +19,9 @@ from wan22_train.pipeline import Wan22Pipeline, low_noise_role
 TEACHER, CRITIC = "teacher", "critic"
 
 
-def distillation_pipeline(base: Wan22Pipeline, options: Mapping[str, Any]) -> DistributionMatchingDistillation:
+def distillation_pipeline(
+    base: Wan22Pipeline, options: Mapping[str, Any]
+) -> DistributionMatchingDistillation:
     """DMD2 on ``base`` from ``model.pipeline.distill`` (``config_schema.DistillOptions``)."""
     options = dict(options)
     low, high = options.pop("dm_range", (0.02, 0.98))

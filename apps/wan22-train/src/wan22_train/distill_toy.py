@@ -106,7 +106,7 @@ def distillation(
 
 
 def distil(
-    setting: dict, generator_loss: str = "distribution_matching", steps: int = DISTILL_STEPS
+    setting: dict, generator_loss: str = "distribution_matching", steps: int = DISTILL_STEPS, seed: int = 0
 ) -> tuple[Wan22Container, DistributionMatchingDistillation]:
     """The two phases in turn, as ``training.phases`` runs them: the critic every step, the generator every
     ``GENERATOR_EVERY``-th (AdamW with beta1 0 for both, as DMD2)."""
@@ -119,7 +119,7 @@ def distil(
     index = torch.arange(BATCH) % 4
     batch = {"latents": clips[index], "prompt_embeds": captions[OWNER[index]]}
     for step in range(steps):
-        rng = SampleRNG(seed=0, step=step, sample_ids=list(range(step * BATCH, (step + 1) * BATCH)))
+        rng = SampleRNG(seed=seed, step=step, sample_ids=list(range(step * BATCH, (step + 1) * BATCH)))
         due = ["generator"] if generator_loss == "flow_matching" else ["critic"]
         due += ["generator"] * (generator_loss != "flow_matching" and step % GENERATOR_EVERY == 0)
         if generator_loss == "flow_matching" and step % GENERATOR_EVERY:

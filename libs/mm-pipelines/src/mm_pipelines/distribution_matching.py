@@ -115,7 +115,9 @@ class DistributionMatchingDistillation:
         return x
 
     # ------------------------------------------------------------------ phases
-    def forward(self, container: Any, rng: SampleRNG | None = None, phase: str | None = None, **batch: Any) -> PipelineOutput:
+    def forward(
+        self, container: Any, rng: SampleRNG | None = None, phase: str | None = None, **batch: Any
+    ) -> PipelineOutput:
         """The loss of ``phase`` (``critic`` or ``generator``) on one micro-batch."""
         if phase not in self.phases:
             raise ValueError(
@@ -145,7 +147,9 @@ class DistributionMatchingDistillation:
         v = self.velocity(container, "critic", x_t, sigma, conditions)
         return (v.float() - (noise - x0_hat)).pow(2).flatten(1).mean(1).mean()
 
-    def _distribution_matching_loss(self, container: Any, conditions: dict, rng: SampleRNG, phase: str) -> torch.Tensor:
+    def _distribution_matching_loss(
+        self, container: Any, conditions: dict, rng: SampleRNG, phase: str
+    ) -> torch.Tensor:
         x0_hat = self._student_estimate(container, conditions, rng, phase)
         with torch.no_grad():
             x_t, sigma, _ = self._renoise(x0_hat.detach(), rng, phase)
@@ -156,7 +160,9 @@ class DistributionMatchingDistillation:
             target = x0_hat.detach() - grad
         return 0.5 * (x0_hat.float() - target).pow(2).flatten(1).mean(1).mean()
 
-    def _student_flow_matching_loss(self, container: Any, conditions: dict, rng: SampleRNG, phase: str) -> torch.Tensor:
+    def _student_flow_matching_loss(
+        self, container: Any, conditions: dict, rng: SampleRNG, phase: str
+    ) -> torch.Tensor:
         x0 = conditions["latents"]
         sigmas = self.student_sigmas()
         k = rng.step_randint(f"{phase}_student_step", 0, self.student_steps)
@@ -176,19 +182,31 @@ class DistributionMatchingDistillation:
         sigma = self.student_sigmas()[k]
         return self._clean(x_k, sigma, self.velocity(container, "predictor", x_k, sigma, conditions))
 
-    def _renoise(self, x0: torch.Tensor, rng: SampleRNG, phase: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _renoise(
+        self, x0: torch.Tensor, rng: SampleRNG, phase: str
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         scheduler: FlowMatchScheduler = self.base.scheduler
         low, high = self.dm_indices
-        index = rng.per_sample(f"{phase}_timestep", lambda g: torch.randint(low, high, (), generator=g), "cpu")
+        index = rng.per_sample(
+            f"{phase}_timestep", lambda g: torch.randint(low, high, (), generator=g), "cpu"
+        )
         sigma = scheduler.sigmas_for(index).to(x0.device)
         noise = rng.randn(f"{phase}_noise", x0.shape[1:], device=x0.device)
         return FlowMatchScheduler.add_noise(x0, noise, sigma), sigma, noise
 
-    def _guided_teacher(self, container: Any, x_t: torch.Tensor, sigma: torch.Tensor, conditions: dict) -> torch.Tensor:
+    def _guided_teacher(
+        self, container: Any, x_t: torch.Tensor, sigma: torch.Tensor, conditions: dict
+    ) -> torch.Tensor:
         v = self.velocity(container, "teacher", x_t, sigma, conditions)
         if self.guidance_scale == 1.0:
             return v
-        v_u = self.velocity(container, "teacher", x_t, sigma, {**conditions, "prompt_embeds": conditions["negative_prompt_embeds"]})
+        v_u = self.velocity(
+            container,
+            "teacher",
+            x_t,
+            sigma,
+            {**conditions, "prompt_embeds": conditions["negative_prompt_embeds"]},
+        )
         return v_u + self.guidance_scale * (v - v_u)
 
     def _negative_embeds(self, container: Any, batch: Mapping[str, Any], size: int) -> torch.Tensor:
@@ -209,7 +227,14 @@ class DistributionMatchingDistillation:
         s = s.reshape(-1, *([1] * (x_t.ndim - 1))) if s.ndim else s
         return x_t.float() - s * v.float()
 
-    def velocity(self, container: Any, role: str, x_t: torch.Tensor, sigma: torch.Tensor | float, conditions: Mapping[str, Any]) -> torch.Tensor:
+    def velocity(
+        self,
+        container: Any,
+        role: str,
+        x_t: torch.Tensor,
+        sigma: torch.Tensor | float,
+        conditions: Mapping[str, Any],
+    ) -> torch.Tensor:
         """The velocity of sub-model ``role`` at ``x_t`` and ``sigma`` (scalar or ``[B]``), through the
         base pipeline's ``predict`` (its conditioning: i2v channels, ti2v first frame)."""
         b = x_t.shape[0]
@@ -219,7 +244,9 @@ class DistributionMatchingDistillation:
             hidden = torch.cat([x_t, conditions["image_condition"].to(x_t.dtype)], dim=1)
         grid = self.base.scheduler.sigmas64
         noised = {
-            "indices": (s.double()[:, None] - grid[None]).abs().argmin(dim=1),  # nearest grid point: expert routing
+            "indices": (s.double()[:, None] - grid[None])
+            .abs()
+            .argmin(dim=1),  # nearest grid point: expert routing
             "hidden_states": hidden,
             "timestep": (s * self.base.scheduler.num_train_timesteps).to(x_t.device),
             "encoder_hidden_states": conditions["prompt_embeds"],
