@@ -100,3 +100,23 @@ def test_distillation_killed_at_2_ranks_ulysses_2_resumes_at_1_rank_with_the_uni
         want = torch.tensor([r.get(key, float("nan")) for r in expected])
         have = torch.tensor([r.get(key, float("nan")) for r in got])
         torch.testing.assert_close(have, want, rtol=1e-4, atol=0, equal_nan=True)
+
+    # The student exports as a plain predictor and samples alone on its 4-step schedule.
+    from diffusers import WanTransformer3DModel
+    from mm_trainer import load_run_config
+    from wan22_train.demo import training_shift
+    from wan22_train.export import export_predictor
+    from wan22_train.key_maps import diffusers_to_native
+    from wan22_train.sampling import load_for_sampling, sample_video
+
+    config = load_run_config(crashed)
+    modules = load_for_sampling(config, crashed)
+    assert not {"teacher", "critic"} & set(modules)
+    calls = []
+    modules["predictor"].register_forward_hook(lambda *_: calls.append(1))
+    video = sample_video(modules, "a red ball", num_frames=9, height=32, width=32, steps=4, shift=training_shift(config))
+    assert video.shape == (3, 9, 32, 32) and len(calls) == 4
+    exported = export_predictor(config, crashed, tmp_path / "student")
+    weights = diffusers_to_native(WanTransformer3DModel.from_pretrained(exported).state_dict())
+    student = modules["predictor"].state_dict()
+    torch.testing.assert_close(weights["blocks.0.self_attn.q.weight"], student["blocks.0.self_attn.q.weight"])
