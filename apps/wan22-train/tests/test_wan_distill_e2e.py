@@ -9,6 +9,7 @@ torchrun job (SIGKILL needs a process of its own), and its resume a real single 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -87,15 +88,20 @@ def test_distillation_killed_at_2_ranks_ulysses_2_resumes_at_1_rank_with_the_uni
             proc.wait()
     assert len(records(crashed)) < STEPS
 
+    validation = ("training.validation={interval: 8, prompts: [a red ball], seeds: [5], num_frames: 9, height: 32, "
+                  "width: 32, fps: 8}")  # fmt: skip
     resumed = subprocess.run(
-        command(tiny, crashed, 1, "parallel.ulysses_parallel_size=1"), env=env(), capture_output=True, text=True,
-        timeout=600,
+        command(tiny, crashed, 1, "parallel.ulysses_parallel_size=1", validation), env=env(), capture_output=True,
+        text=True, timeout=600,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     at = int(re.search(r"resumed from \S+ at iteration (\d+)", resumed.stderr).group(1))
     assert at in (3, 6), f"resumed at {at}: expected the last complete checkpoint"
     got = records(crashed)
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
+    # Validation samples the student on its 4 steps and measures it against the teacher's 50-step clip.
+    assert math.isfinite(got[-1]["val_psnr_to_reference"]) and "val_psnr_to_reference" not in got[-2]
+    assert (crashed / "validation" / "iter_0000008" / "0.mp4").is_file()
     for key in PHASE_LOSSES:
         want = torch.tensor([r.get(key, float("nan")) for r in expected])
         have = torch.tensor([r.get(key, float("nan")) for r in got])
@@ -114,7 +120,9 @@ def test_distillation_killed_at_2_ranks_ulysses_2_resumes_at_1_rank_with_the_uni
     assert not {"teacher", "critic"} & set(modules)
     calls = []
     modules["predictor"].register_forward_hook(lambda *_: calls.append(1))
-    video = sample_video(modules, "a red ball", num_frames=9, height=32, width=32, steps=4, shift=training_shift(config))
+    video = sample_video(
+        modules, "a red ball", num_frames=9, height=32, width=32, steps=4, shift=training_shift(config)
+    )
     assert video.shape == (3, 9, 32, 32) and len(calls) == 4
     exported = export_predictor(config, crashed, tmp_path / "student")
     weights = diffusers_to_native(WanTransformer3DModel.from_pretrained(exported).state_dict())

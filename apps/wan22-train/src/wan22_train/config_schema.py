@@ -53,6 +53,8 @@ class DistillOptions(ConfigModel):
     in the batch or a text encoder (``negative_prompt``)."""
     negative_prompt: str = ""
     """The unconditional prompt of the teacher's guidance, encoded once by the text encoder."""
+    teacher_steps: int = Field(default=50, ge=1)
+    """Euler steps of the teacher's reference clips in validation (``val_psnr_to_reference``)."""
     dm_range: list[float] = Field(default=[0.02, 0.98], min_length=2, max_length=2)
     """Fractions of the grid between which the distribution-matching / critic timesteps are drawn."""
     generator_loss: Literal["distribution_matching", "flow_matching"] = "distribution_matching"

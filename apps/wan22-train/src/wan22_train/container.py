@@ -9,7 +9,7 @@ import torch
 from mm_pipelines import DistributionMatchingDistillation
 from mm_trainer import ModelContainer, model_register
 
-from wan22_train.distill import CRITIC, check_distillation_models, distillation_pipeline
+from wan22_train.distill import CRITIC, TEACHER, check_distillation_models, distillation_pipeline
 from wan22_train.pipeline import LOW_NOISE_ROLE, OTHER_EXPERT_ROLE, Wan22Pipeline, low_noise_role
 from wan22_train.planning import planning_batch
 from wan22_train.sampling import sample_video
@@ -51,6 +51,26 @@ class Wan22Container(ModelContainer):
         return planning_batch(self, data, micro_batch_size)
 
     # ------------------------------------------------------ validation hooks (training.validation)
+    @property
+    def has_sample_reference(self) -> bool:
+        """Whether validation compares each clip with the teacher's (a distillation run)."""
+        return isinstance(self.pipeline, DistributionMatchingDistillation)
+
+    def sample_reference(
+        self, prompt: str, *, seed: int, num_frames: int, height: int, width: int
+    ) -> torch.Tensor:
+        """The teacher's clip for ``prompt`` and ``seed``: ``distill.teacher_steps`` Euler steps at the
+        pipeline's shift with the teacher's guidance, the same starting noise as :meth:`sample`."""
+        dmd = self.pipeline
+        modules = {**self.sampling_modules(), "predictor": self.teacher}
+        if LOW_NOISE_ROLE in modules:
+            modules[LOW_NOISE_ROLE] = getattr(self, low_noise_role(TEACHER))
+        return sample_video(
+            modules, prompt, num_frames=num_frames, height=height, width=width, steps=dmd.teacher_steps,
+            shift=dmd.base.scheduler.shift, guidance=dmd.guidance_scale, negative_prompt=dmd.negative_prompt,
+            seed=seed, device=next(self.teacher.parameters()).device,
+        )  # fmt: skip
+
     def check_sampling(self) -> None:
         """Raise before training when :meth:`sample` could not run: a one-expert A14B run samples
         with the other expert too, which must be the sub-model ``predictor_other``."""
@@ -99,7 +119,11 @@ class Wan22Container(ModelContainer):
         shift: float,
     ) -> torch.Tensor:
         """One clip ``[3, F, H, W]`` in ``[-1, 1]`` (Euler flow-match sampling, noise from ``seed``).
-        Every rank calls it alike: the sharded sub-models' forwards gather over ranks."""
+        Every rank calls it alike: the sharded sub-models' forwards gather over ranks. A distillation's
+        student samples on its own schedule (``student_steps`` at ``student_shift``, no guidance: it was
+        trained to draw the guided teacher's distribution), whatever ``steps`` / ``shift`` say."""
+        if self.has_sample_reference:
+            steps, shift, guidance_scale = self.pipeline.student_steps, self.pipeline.student_shift, 1.0
         device = next(self.predictor.parameters()).device
         return sample_video(
             self.sampling_modules(), prompt, num_frames=num_frames, height=height, width=width, steps=steps,

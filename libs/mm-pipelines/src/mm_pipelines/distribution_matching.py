@@ -61,6 +61,7 @@ class DistributionMatchingDistillation:
         dm_range: tuple[float, float] = (0.02, 0.98),
         generator_loss: GeneratorLoss = "distribution_matching",
         negative_prompt: str = "",
+        teacher_steps: int = 50,
         critic_phase: str = "critic",
         generator_phase: str = "generator",
     ) -> None:
@@ -75,7 +76,7 @@ class DistributionMatchingDistillation:
             )
         self.base, self.student_steps, self.guidance_scale = base, student_steps, guidance_scale
         self.generator_loss, self.phases = generator_loss, (critic_phase, generator_phase)
-        self.negative_prompt = negative_prompt
+        self.negative_prompt, self.teacher_steps = negative_prompt, teacher_steps
         scheduler: FlowMatchScheduler = base.scheduler
         self.student_shift = scheduler.shift if student_shift is None else float(student_shift)
         n = scheduler.num_train_timesteps
