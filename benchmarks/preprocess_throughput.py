@@ -167,9 +167,7 @@ def main() -> None:
         for name, _, _ in runs:
             r = results[name]
             ratio = r["rate"] / base
-            print(
-                f"{name:<40} {r['computed']:>5} {r['encode_s']:>9.2f} {r['rate']:>8.3f} {ratio:>9.2f} {r['load']:>5.1f}"
-            )
+            print(f"{name:<40} {r['computed']:>5} {r['encode_s']:>9.2f} {r['rate']:>8.3f} {ratio:>9.2f} {r['load']:>5.1f}")
         sharded = root / "cache_1_0"
         per_file = write_per_file_copy(sharded, root / "per_file")
         shards = len(list(sharded.glob("shard-*.safetensors")))
