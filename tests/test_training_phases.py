@@ -24,6 +24,7 @@ SECTIONS = {
         "gradient_accumulation_steps": None,
         "train_iters": 6,
         "save_interval": 3,
+        "log_sample_ids": True,
         "phases": {
             "fit": {"submodels": ["predictor"], "every": 2, "lr": 3e-3},
             "follow": {"submodels": ["critic"], "lr": 1e-2, "lr_warmup_iters": 4, "adam_beta1": 0.0},
@@ -63,6 +64,7 @@ def test_a_phased_run_resumed_at_another_layout_continues_with_the_uninterrupted
     second = _sections(toy_yaml, "second")
     records += mm_train_forked(second, f"training.load={first.parent / 'ckpt'}")  # 2 ranks -> 1
     assert [r["step"] for r in records] == list(range(1, 7))
+    assert [r["sample_ids"] for r in records] == [r["sample_ids"] for r in expected]  # the same global batches
     for key in ("loss_fit", "loss_follow"):
         got = [r.get(key, float("nan")) for r in records]
         want = [r.get(key, float("nan")) for r in expected]

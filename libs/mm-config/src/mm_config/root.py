@@ -244,6 +244,10 @@ def _phase_problems(cfg: TrainConfig) -> list[Problem]:
             elif name in owner:
                 out.append(Problem(loc, f"already trained by phase `{owner[name]}`", name))
             owner.setdefault(name, phase)
+    if all(section.every > 1 for section in phases.values()):
+        out.append(
+            Problem(("training", "phases"), "needs a phase with every: 1 (each optimizer step updates one)")
+        )
     left = [name for name in trainable if name not in owner]
     if left:
         out.append(

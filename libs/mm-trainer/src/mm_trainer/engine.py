@@ -215,17 +215,22 @@ class TrainEngine:
             phase.lr_scheduler.step()
             phase_losses[phase.name], norms = float(loss), [*norms, grad_norm]
         mean = sum(phase_losses.values()) / len(phase_losses)
-        _, counts, stop_requests = self._dp_reduce(torch.tensor(0.0), [samples, 0, 0.0, 0])
-        if skipped:
+        bad = int(getattr(self.batches, "bad_this_epoch", 0))
+        _, counts, stop_requests = self._dp_reduce(torch.zeros(()), [samples, 0, 0.0, bad])
+        self._check_bad_samples(int(counts[3]))
+        step_ids = [i for part in ids if part is not None for i in part]
+        if skipped:  # every rank agrees (reduced losses, global norms): the gather is collective
             self.nonfinite.skip(
-                step + 1, mean, max(norms), self._describe_samples(sum(filter(None, ids), []))
+                step + 1, mean, max(norms), self._describe_samples(self._gather_sample_ids(step_ids))
             )
         else:
             if self.ema is not None:
                 self.ema.update()
             self.nonfinite.finite_step()
-        result = StepResult(mean, max(norms), skipped, int(counts[0]), 0, 0.0, 0, stop_requests)
+        result = StepResult(mean, max(norms), skipped, int(counts[0]), 0, 0.0, int(counts[3]), stop_requests)
         result.phase_losses = phase_losses
+        if self.training.log_sample_ids:
+            result.sample_ids = self._gather_sample_ids(step_ids)
         return result
 
     def _keyed_rng(self, batch: dict, step: int) -> dict[str, SampleRNG]:
