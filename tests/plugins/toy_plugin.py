@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from mm_pipelines import GenerativePipelineBase, SampleRNG
+from mm_pipelines import GenerativePipelineBase, PipelineOutput, SampleRNG
 from mm_trainer import BaseModel, ModelContainer, data_register, model_register
 from torch import nn
 from torch.utils.data import Dataset, default_collate
@@ -175,3 +175,31 @@ class ToyRegression(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         return {"x0": self.x0[i], "features": self.features[i], "index": i}
+
+
+class ToyPhasedPipeline(ToyPipeline):
+    """Two phases (``training.phases``): ``fit`` trains ``predictor`` on the flow-match target, ``follow``
+    trains ``critic`` to match the predictor's detached output (so it reads the weights the step's
+    ``fit`` update left), the shape of a distillation's generator / critic pair."""
+
+    def forward(self, container: Any, rng: SampleRNG | None = None, phase: str | None = None, **batch: Any):
+        if phase not in ("fit", "follow"):
+            raise ValueError(f"toy_phased_container: phase must be 'fit' or 'follow', got {phase!r}")
+        noised = self.noising(self.prepare_conditions(container, batch), rng)
+        args = (noised["x_t"], noised["sigma"], noised["cond"])
+        if phase == "fit":
+            prediction, target = self.call(container, "predictor", *args), noised["target"]
+        else:
+            with torch.no_grad():
+                target = container.predictor(*args)
+            prediction = self.call(container, "critic", *args)
+        return PipelineOutput(loss=torch.nn.functional.mse_loss(prediction.float(), target.float()))
+
+
+@model_register("toy_phased_container")
+class ToyPhasedContainer(ModelContainer):
+    """Trainable ``predictor`` and ``critic`` (both checkpointed), frozen ``text_encoder``."""
+
+    @classmethod
+    def build_pipeline(cls, options: dict) -> ToyPhasedPipeline:
+        return ToyPhasedPipeline(**options)

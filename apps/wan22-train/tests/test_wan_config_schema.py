@@ -102,13 +102,33 @@ def test_pipeline_schema_keys_are_the_options_the_pipeline_reads():
         "expert",
         "boundary",
         "predict_dtype",
+        "distill",
         *SCHEDULER_KEYS,
     }
     every_key = {"task": "t2v", "expert": "high_noise", "boundary": 0.4, "predict_dtype": "bf16",
                  "num_train_timesteps": 100, "shift": 5.0, "sigma_min": 0.0, "sigma_max": 1.0,
                  "extra_one_step": True, "weighting": False}  # fmt: skip
-    assert every_key.keys() == WanPipelineOptions.model_fields.keys()
-    Wan22Pipeline.from_options(WanPipelineOptions.model_validate(every_key).model_dump())
+    assert every_key.keys() | {"distill"} == WanPipelineOptions.model_fields.keys()
+    Wan22Pipeline.from_options(WanPipelineOptions.model_validate(every_key).model_dump(exclude={"distill"}))
+
+
+def test_distill_schema_keys_are_the_options_the_distillation_reads():
+    from wan22_train.config_schema import DistillOptions
+    from wan22_train.container import Wan22Container
+
+    every_key = {"student_steps": 2, "student_shift": 1.0, "guidance_scale": 2.0, "negative_prompt": "blur",
+                 "teacher_steps": 8, "dm_range": [0.1, 0.9], "generator_loss": "flow_matching"}  # fmt: skip
+    assert every_key.keys() == DistillOptions.model_fields.keys()
+    options = WanPipelineOptions.model_validate({"expert": "both", "distill": every_key}).model_dump()
+    dmd = Wan22Container.build_pipeline({k: v for k, v in options.items() if v is not None})
+    assert (dmd.student_steps, dmd.student_shift, dmd.guidance_scale, dmd.negative_prompt, dmd.teacher_steps) == (
+        2, 1.0, 2.0, "blur", 8)  # fmt: skip
+    assert dmd.generator_loss == "flow_matching" and dmd.base.expert == "both"
+
+
+def test_distilling_one_a14b_expert_is_refused():
+    with pytest.raises(ConfigError, match=r"model.pipeline.distill.*expected expert `all` or `both`"):
+        load_config(TINY, ["model.pipeline.expert=high_noise", "model.pipeline.distill={}"], world_size=2)
 
 
 def test_predictor_schema_is_wan_dit_config():

@@ -14,6 +14,7 @@ from wan22_train.configs import config_path
 SHIPPED = [
     "tiny_t2v.yaml", "tiny_t2v_both.yaml", "tiny_t2v_lora.yaml", "tiny_t2v_cached.yaml", "t2v_a14b_high.yaml",
     "t2v_a14b_low.yaml", "t2v_a14b_both.yaml", "t2v_a14b_high_cached.yaml", "i2v_a14b.yaml", "ti2v_5b.yaml",
+    "tiny_t2v_distill.yaml", "tiny_t2v_both_distill.yaml",
 ]  # fmt: skip
 
 
@@ -126,5 +127,8 @@ def test_shipped_tiny_configs_pass_the_model_checks(name, tiny_folder, tmp_path)
     overrides = tiny_cached_overrides(folder, tmp_path) if "cached" in name else tiny_overrides(folder)
     if "both" in name:
         overrides.append(f"model.models.predictor_low.from_pretrained={folder / 'transformer'}")
+    if "distill" in name:  # the teacher and the critic (and their low-noise twins) start from the same folder
+        roles = ("teacher", "critic") + (("teacher_low", "critic_low") if "both" in name else ())
+        overrides += [f"model.models.{role}.from_pretrained={folder / 'transformer'}" for role in roles]
     report = check_config(config_path(name), overrides, world_size=2, check_paths=False)
     assert [str(w) for w in report.warnings if "plan patterns" in str(w)] == []

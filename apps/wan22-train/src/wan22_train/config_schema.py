@@ -38,6 +38,30 @@ EXPERTS: tuple[str, ...] = get_args(Expert)
 SCHEDULER_KEYS = ("num_train_timesteps", "shift", "sigma_min", "sigma_max", "extra_one_step", "weighting")
 
 
+class DistillOptions(ConfigModel):
+    """``model.pipeline.distill``: few-step distillation by distribution matching (DMD2,
+    ``mm_pipelines.DistributionMatchingDistillation``). The container then holds a frozen ``teacher``, the
+    student ``predictor`` and the fake-score ``critic`` (``_low`` twins with ``expert: both``), trained in
+    the phases ``critic`` and ``generator`` (``training.phases``)."""
+
+    student_steps: int = Field(default=4, ge=1)
+    """Euler steps of the student's schedule (``sample --steps`` at ``student_shift`` draws it)."""
+    student_shift: float | None = Field(default=None, gt=0)
+    """Time shift of the student's schedule; None: the pipeline's ``shift``."""
+    guidance_scale: float = Field(default=1.0, ge=0)
+    """Classifier-free guidance of the teacher's (real) prediction; != 1 needs ``negative_prompt_embeds``
+    in the batch or a text encoder (``negative_prompt``)."""
+    negative_prompt: str = ""
+    """The unconditional prompt of the teacher's guidance, encoded once by the text encoder."""
+    teacher_steps: int = Field(default=50, ge=1)
+    """Euler steps of the teacher's reference clips in validation (``val_psnr_to_reference``)."""
+    dm_range: list[float] = Field(default=[0.02, 0.98], min_length=2, max_length=2)
+    """Fractions of the grid between which the distribution-matching / critic timesteps are drawn."""
+    generator_loss: Literal["distribution_matching", "flow_matching"] = "distribution_matching"
+    """The generator phase's loss: ``distribution_matching`` (DMD), or ``flow_matching`` at the student's
+    timesteps (the ablation without distribution matching)."""
+
+
 class WanPipelineOptions(PartialConfigModel):
     """``model.pipeline`` of ``wan2_2_container`` (``Wan22Pipeline.from_options``).
 
@@ -65,6 +89,8 @@ class WanPipelineOptions(PartialConfigModel):
     """Take N+1 grid points and drop the last."""
     weighting: bool = True
     """Gaussian-in-t loss weight (False: weight 1)."""
+    distill: DistillOptions | None = None
+    """Few-step distillation (DMD2) of a ``teacher`` into the ``predictor``; None: ordinary training."""
 
     @model_validator(mode="after")
     def _expert_keys_fit(self) -> WanPipelineOptions:
@@ -80,6 +106,15 @@ class WanPipelineOptions(PartialConfigModel):
                     "ti2v (TI2V-5B) is one model over the whole timestep range: expected `all`",
                     self.expert,
                     deps=(("task",),),
+                )
+            )
+        if self.distill is not None and self.expert in ("high_noise", "low_noise"):
+            problems.append(
+                Problem(
+                    ("distill",),
+                    "distils the whole sampler: expected expert `all` or `both` (both A14B experts in one run)",
+                    self.expert,
+                    deps=(("expert",),),
                 )
             )
         if self.sigma_min >= self.sigma_max:
@@ -304,6 +339,7 @@ __all__ = [
     "EXPERTS",
     "Expert",
     "SCHEDULER_KEYS",
+    "DistillOptions",
     "TASKS",
     "Task",
     "TRAIN_TIME_KEYS",

@@ -6,9 +6,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from mm_pipelines import DistributionMatchingDistillation
 from mm_trainer import ModelContainer, model_register
 
-from wan22_train.pipeline import LOW_NOISE_ROLE, OTHER_EXPERT_ROLE, Wan22Pipeline
+from wan22_train.distill import CRITIC, TEACHER, check_distillation_models, distillation_pipeline
+from wan22_train.pipeline import LOW_NOISE_ROLE, OTHER_EXPERT_ROLE, Wan22Pipeline, low_noise_role
 from wan22_train.planning import planning_batch
 from wan22_train.sampling import sample_video
 
@@ -25,18 +27,50 @@ class Wan22Container(ModelContainer):
     """
 
     def __init__(self, sub_models: Mapping[str, Any], **kwargs: Any) -> None:
-        self.checkpoint_submodels = tuple(n for n in ("predictor", LOW_NOISE_ROLE) if n in sub_models)
+        saved = ("predictor", LOW_NOISE_ROLE, CRITIC, low_noise_role(CRITIC))  # the critics: distillation
+        self.checkpoint_submodels = tuple(n for n in saved if n in sub_models)
         super().__init__(sub_models, **kwargs)
+        if isinstance(self.pipeline, DistributionMatchingDistillation):
+            check_distillation_models(sub_models, self.trainable_submodels, self.pipeline.base.expert)
 
     @classmethod
-    def build_pipeline(cls, options: Mapping[str, Any]) -> Wan22Pipeline:
-        return Wan22Pipeline.from_options(options)
+    def build_pipeline(cls, options: Mapping[str, Any]) -> Wan22Pipeline | DistributionMatchingDistillation:
+        """``Wan22Pipeline``; with ``distill``, DMD2 around it (:mod:`wan22_train.distill`)."""
+        options = dict(options)
+        distill = options.pop("distill", None)
+        base = Wan22Pipeline.from_options(options)
+        return base if distill is None else distillation_pipeline(base, distill)
+
+    @property
+    def flow_pipeline(self) -> Wan22Pipeline:
+        """The flow-match pipeline (under a distillation's, the one it wraps)."""
+        return getattr(self.pipeline, "base", self.pipeline)
 
     def planning_batch(self, data: Any, micro_batch_size: int) -> dict[str, Any]:
         """A micro-batch of the run's real shapes for ``mm-train plan`` (:mod:`wan22_train.planning`)."""
         return planning_batch(self, data, micro_batch_size)
 
     # ------------------------------------------------------ validation hooks (training.validation)
+    @property
+    def has_sample_reference(self) -> bool:
+        """Whether validation compares each clip with the teacher's (a distillation run)."""
+        return isinstance(self.pipeline, DistributionMatchingDistillation)
+
+    def sample_reference(
+        self, prompt: str, *, seed: int, num_frames: int, height: int, width: int
+    ) -> torch.Tensor:
+        """The teacher's clip for ``prompt`` and ``seed``: ``distill.teacher_steps`` Euler steps at the
+        pipeline's shift with the teacher's guidance, the same starting noise as :meth:`sample`."""
+        dmd = self.pipeline
+        modules = {**self.sampling_modules(), "predictor": self.teacher}
+        if LOW_NOISE_ROLE in modules:
+            modules[LOW_NOISE_ROLE] = getattr(self, low_noise_role(TEACHER))
+        return sample_video(
+            modules, prompt, num_frames=num_frames, height=height, width=width, steps=dmd.teacher_steps,
+            shift=dmd.base.scheduler.shift, guidance=dmd.guidance_scale, negative_prompt=dmd.negative_prompt,
+            seed=seed, device=next(self.teacher.parameters()).device,
+        )  # fmt: skip
+
     def check_sampling(self) -> None:
         """Raise before training when :meth:`sample` could not run: a one-expert A14B run samples
         with the other expert too, which must be the sub-model ``predictor_other``."""
@@ -51,7 +85,8 @@ class Wan22Container(ModelContainer):
             "text_encoder": self.text_encoder,
             "predictor": self.predictor,
         }
-        expert = self.pipeline.expert
+        pipeline = self.flow_pipeline
+        expert = pipeline.expert
         if expert == "all":
             return modules
         if expert == "both":
@@ -67,7 +102,7 @@ class Wan22Container(ModelContainer):
             modules[LOW_NOISE_ROLE] = getattr(self, OTHER_EXPERT_ROLE)
         else:
             modules["predictor"], modules[LOW_NOISE_ROLE] = getattr(self, OTHER_EXPERT_ROLE), self.predictor
-        modules["boundary_timestep"] = self.pipeline.boundary_timestep()
+        modules["boundary_timestep"] = pipeline.boundary_timestep()
         return modules
 
     def sample(
@@ -84,7 +119,11 @@ class Wan22Container(ModelContainer):
         shift: float,
     ) -> torch.Tensor:
         """One clip ``[3, F, H, W]`` in ``[-1, 1]`` (Euler flow-match sampling, noise from ``seed``).
-        Every rank calls it alike: the sharded sub-models' forwards gather over ranks."""
+        Every rank calls it alike: the sharded sub-models' forwards gather over ranks. A distillation's
+        student samples on its own schedule (``student_steps`` at ``student_shift``, no guidance: it was
+        trained to draw the guided teacher's distribution), whatever ``steps`` / ``shift`` say."""
+        if self.has_sample_reference:
+            steps, shift, guidance_scale = self.pipeline.student_steps, self.pipeline.student_shift, 1.0
         device = next(self.predictor.parameters()).device
         return sample_video(
             self.sampling_modules(), prompt, num_frames=num_frames, height=height, width=width, steps=steps,

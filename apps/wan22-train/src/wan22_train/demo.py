@@ -109,8 +109,11 @@ def train_command(config: Path, overrides: list[str], nproc: int) -> list[str]:
 
 def training_shift(config: TrainConfig) -> float:
     """The flow-match time shift the run trained at (``model.pipeline.shift``, or the scheduler's
-    default): what its samples should be drawn at."""
-    return float(Wan22Pipeline.from_options(config.model.pipeline or {}).scheduler.shift)
+    default): what its samples should be drawn at. A distilled student (``model.pipeline.distill``) was
+    trained on Euler steps at ``distill.student_shift`` (default: the same shift)."""
+    options = dict(config.model.pipeline or {})
+    student_shift = (options.pop("distill", None) or {}).get("student_shift")
+    return float(student_shift or Wan22Pipeline.from_options(options).scheduler.shift)
 
 
 def logged_losses(ckpt: Path) -> list[float]:

@@ -70,7 +70,8 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
             return super().predict(container, noised)
         high = int(noised["indices"][0]) < self.boundary_index
         roles = self.roles
-        self.roles = {**roles, "predictor": "predictor" if high else LOW_NOISE_ROLE}
+        current = roles.get("predictor", "predictor")  # distillation runs teacher / critic through this role
+        self.roles = {**roles, "predictor": current if high else low_noise_role(current)}
         try:
             return super().predict(container, noised)
         finally:
@@ -105,6 +106,12 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
             device = _device_of(batch)
             batch = {**batch, **encoder.tokenize(batch["prompt"], device)}
         return super().encode_prompt(container, batch)
+
+
+def low_noise_role(role: str) -> str:
+    """The low-noise expert's sub-model of ``role``: ``predictor_low`` for ``predictor``, ``teacher_low`` for
+    ``teacher``, ``critic_low`` for ``critic`` (``expert: both``)."""
+    return f"{role}_low"
 
 
 def _device_of(batch: Mapping[str, Any]) -> torch.device:

@@ -12,6 +12,7 @@ from mm_data import write_video
 from mm_pipelines import FlowMatchScheduler, masked_text_embeddings
 from mm_trainer import ModelContainer, ModelHub, freeze, import_plugins, inject_lora
 
+from wan22_train.distill import CRITIC, TEACHER
 from wan22_train.experts import boundary_timestep
 from wan22_train.pipeline import LOW_NOISE_ROLE
 from wan22_train.predictor import WanPredictor
@@ -19,6 +20,8 @@ from wan22_train.text_encoder import UMT5TextEncoder
 from wan22_train.vae import WanVideoVAE
 
 PREDICTOR = "predictor"
+#: Sub-models of a distillation run that sampling leaves out (:mod:`wan22_train.distill`).
+DISTILLATION_ONLY = (TEACHER, CRITIC, f"{TEACHER}_low", f"{CRITIC}_low")
 
 
 def load_for_sampling(config: TrainConfig, checkpoint: str | Path) -> dict[str, Any]:
@@ -33,6 +36,8 @@ def load_for_sampling(config: TrainConfig, checkpoint: str | Path) -> dict[str, 
     trained = tuple(name for name in (PREDICTOR, LOW_NOISE_ROLE) if name in subs)
     modules: dict[str, Any] = {}
     for name, args in subs.items():
+        if name in DISTILLATION_ONLY:  # a distillation's teacher and critic: the student samples alone
+            continue
         if name in trained:
             module = WanPredictor.from_pretrained(args) if args.lora else WanPredictor.build_from_config(args)
         else:

@@ -46,6 +46,7 @@ from .lora import LoraConfig  # noqa: E402
 from .model import LoadFormat, ModelConfig, SubModelConfig  # noqa: E402
 from .model_checks import CHECKS_ENTRY_POINT_GROUP, run_model_checks  # noqa: E402
 from .parallel import FSDPPlanConfig, ParallelConfig, SubPlanConfig  # noqa: E402
+from .phases import PhaseConfig  # noqa: E402
 from .preprocess import PreprocessRunConfig  # noqa: E402
 from .registry import (  # noqa: E402
     ENTRY_POINT_GROUP,
@@ -105,6 +106,7 @@ __all__ = [
     "ModulePattern",
     "ModulePlanConfig",
     "NonFiniteConfig",
+    "PhaseConfig",
     "ParallelConfig",
     "PartialConfigModel",
     "PrecomputedLatentsConfig",

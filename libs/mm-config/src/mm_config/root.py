@@ -200,6 +200,7 @@ def _submodel_problems(cfg: TrainConfig) -> list[Problem]:
                 )
             )
     out += _lora_problems(cfg)
+    out += _phase_problems(cfg)
     for name in cfg.parallel.fsdp_plan.sub_plans:
         if name not in subs:
             out.append(
@@ -218,6 +219,49 @@ def _submodel_problems(cfg: TrainConfig) -> list[Problem]:
             )
     if cfg.model.is_container:
         out += _pattern_head_problems(cfg, set(subs))
+    return out
+
+
+def _phase_problems(cfg: TrainConfig) -> list[Problem]:
+    """``training.phases``: each phase names trainable sub-models, every trainable sub-model is in exactly
+    one phase, and conditions are encoded in the step (a phase is passed with each micro-batch)."""
+    phases = cfg.training.phases
+    if not phases:
+        return []
+    trainable = cfg.training.trainable_submodels or cfg.model.trainable_submodels()
+    deps: tuple[Loc, ...] = (("training", "trainable_submodels"), ("model", "models"))
+    out: list[Problem] = []
+    owner: dict[str, str] = {}
+    for phase, section in phases.items():
+        for i, name in enumerate(section.submodels):
+            loc: Loc = ("training", "phases", phase, "submodels", i)
+            if name not in trainable:
+                out.append(
+                    Problem(
+                        loc, f"not a trainable sub-model; trainable: {sorted(trainable)}", name, deps=deps
+                    )
+                )
+            elif name in owner:
+                out.append(Problem(loc, f"already trained by phase `{owner[name]}`", name))
+            owner.setdefault(name, phase)
+    if all(section.every > 1 for section in phases.values()):
+        out.append(
+            Problem(("training", "phases"), "needs a phase with every: 1 (each optimizer step updates one)")
+        )
+    left = [name for name in trainable if name not in owner]
+    if left:
+        out.append(
+            Problem(("training", "phases"), f"the trainable sub-models {left} belong to no phase", deps=deps)
+        )
+    if cfg.features.condition_micro_steps > 1:
+        out.append(
+            Problem(
+                ("features", "condition_micro_steps"),
+                "must be 1 with training.phases (each phase's forward encodes its own conditions)",
+                cfg.features.condition_micro_steps,
+                deps=(("training", "phases"),),
+            )
+        )
     return out
 
 

@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from .base import ConfigModel, InputPath
 from .errors import Problem, RuleViolations
+from .phases import PhaseConfig
 from .validation import ValidationConfig
 
 
@@ -120,6 +121,10 @@ class TrainingConfig(ConfigModel):
     ema: EMAConfig | None = None
     """Keep an exponential moving average of the trainable parameters (on each rank's shards, saved and
     resumed with the checkpoint, exportable with ``export --ema``); None (default): none."""
+    phases: dict[str, PhaseConfig] = {}
+    """Named training phases (distillation: ``critic`` and ``generator``), each with its sub-models,
+    optimizer, LR schedule and cadence, in update order (docs/DESIGN.md "Training phases"); empty
+    (default): one optimizer over every trainable parameter, ``model(**batch)`` without a phase."""
     nonfinite: NonFiniteConfig = NonFiniteConfig()
     """Handling of NaN/inf loss or gradient norm."""
     deterministic: bool = False

@@ -10,6 +10,7 @@ from .conditioning import (
     replace_first_frame,
 )
 from .container import TrainabilityAware, call_role, get_submodule, is_trainable
+from .distribution_matching import DistributionMatchingDistillation
 from .flow_match_scheduler import (
     DEFAULT_SIGMA_MIN,
     FlowMatchScheduler,
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_SIGMA_MIN",
+    "DistributionMatchingDistillation",
     "FlowMatchScheduler",
     "FlowMatchT2VPipeline",
     "GenerativePipelineBase",

@@ -37,6 +37,7 @@ from mm_trainer.lora import LoraAdapters, LoraTargets, inject_lora  # noqa: E402
 from mm_trainer.metrics import PEAK_FLOPS, MetricsLogger  # noqa: E402
 from mm_trainer.model_hub import ModelHub  # noqa: E402
 from mm_trainer.nonfinite import NonFiniteGuard, NonFiniteLossError, state_is_finite  # noqa: E402
+from mm_trainer.phases import Phase, PhaseSchedulers, build_phases  # noqa: E402
 from mm_trainer.plugins import import_plugins  # noqa: E402
 from mm_trainer.preflight import preflight  # noqa: E402
 from mm_trainer.preprocess_run import preprocess_ranks, weights_identity, write_latent_cache  # noqa: E402
@@ -97,6 +98,9 @@ __all__ = [
     "NonFiniteGuard",
     "NonFiniteLossError",
     "ParameterEMA",
+    "Phase",
+    "PhaseSchedulers",
+    "build_phases",
     "Registry",
     "RegistryError",
     "RunDirectory",

@@ -28,6 +28,7 @@ from torch import nn
 from mm_trainer.ema import ParameterEMA
 from mm_trainer.metrics import MetricsLogger, device_peak_flops, peak_memory_bytes
 from mm_trainer.nonfinite import RESUME_ADVICE, NonFiniteGuard, NonFiniteLossError, state_is_finite
+from mm_trainer.phases import Phase
 from mm_trainer.rng import seed_everything
 from mm_trainer.stop_signals import StopSignals
 
@@ -46,6 +47,7 @@ class StepResult:
     stop_requests: int = 0
     """Ranks (of all ranks) that received SIGTERM / SIGINT by this step: every rank stops if any did."""
     sample_ids: list[int] | None = None  # the step's global sample indices (training.log_sample_ids)
+    phase_losses: dict[str, float] | None = None  # training.phases: each updated phase's loss
 
 
 class TrainEngine:
@@ -80,11 +82,13 @@ class TrainEngine:
         profilers: tuple[Any, ...] = (),
         peak_flops: float | None = None,
         ema: ParameterEMA | None = None,
+        phases: list[Phase] | None = None,
     ) -> None:
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
         self.batches, self.training, self.device = batches, training, device
         self.dp_group, self.save_fn, self.ema, self.validate_fn = dp_group, save_fn, ema, validate_fn
         self.cp_rank, self.cp_size = cp_rank, cp_size
+        self.phases = phases or []
         _check_layout(dp_group, cp_rank, cp_size)
         self.metrics = metrics or MetricsLogger(total_steps=training.train_iters, enabled=False)
         self.profilers = profilers
@@ -137,6 +141,8 @@ class TrainEngine:
 
     def train_step(self, step: int) -> StepResult:
         """Optimizer step ``step`` (0-based over the run) over ``gradient_accumulation_steps`` micro-batches."""
+        if self.phases:
+            return self._phased_step(step)
         accum = self.training.gradient_accumulation_steps
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         samples = tokens = 0
@@ -174,6 +180,55 @@ class TrainEngine:
             loss, float(grad_norm), skipped, int(counts[0]), int(counts[1]), counts[2], int(counts[3]),
             stop_requests,
         )  # fmt: skip
+        if self.training.log_sample_ids:
+            result.sample_ids = self._gather_sample_ids(step_ids)
+        return result
+
+    def _phased_step(self, step: int) -> StepResult:
+        """Step ``step`` with ``training.phases``: the step's micro-batches are read once, then every phase
+        due at ``step`` (in order) runs ``model(**batch, rng=..., phase=name)`` over them, clips and steps
+        its own optimizer and schedule. The reported loss is the mean of the updated phases' losses."""
+        accum = self.training.gradient_accumulation_steps
+        micro_batches = [to_device(self.batches.next_batch(), self.device) for _ in range(accum)]
+        ids = [batch.pop("sample_ids", None) for batch in micro_batches]
+        phase_losses: dict[str, float] = {}
+        norms, skipped, samples = [], False, 0
+        for phase in (p for p in self.phases if p.due(step)):
+            loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+            for micro, (batch, sample_ids) in enumerate(zip(micro_batches, ids)):
+                extra = self._keyed_rng({"sample_ids": sample_ids}, step) if sample_ids is not None else {}
+                set_gradient_sync(self.model, micro == accum - 1)
+                output = self.model(**batch, **extra, phase=phase.name)
+                (output.loss / accum).backward()
+                loss_sum += output.loss.detach().double()
+            samples = sum(_batch_size(batch) for batch in micro_batches)
+            loss = loss_sum / accum
+            if dist.is_initialized():
+                dist.all_reduce(loss, group=self.dp_group)
+                loss /= dist.get_world_size(self.dp_group)
+            grad_norm = float(clip_grad_norm_(phase.params, self.training.clip_grad or 0.0))
+            finite = math.isfinite(float(loss)) and math.isfinite(grad_norm)
+            if finite:
+                phase.optimizer.step()
+            skipped |= not finite
+            self.model.zero_grad(set_to_none=True)  # the other phases' gradients too: each phase starts clean
+            phase.lr_scheduler.step()
+            phase_losses[phase.name], norms = float(loss), [*norms, grad_norm]
+        mean = sum(phase_losses.values()) / len(phase_losses)
+        bad = int(getattr(self.batches, "bad_this_epoch", 0))
+        _, counts, stop_requests = self._dp_reduce(torch.zeros(()), [samples, 0, 0.0, bad])
+        self._check_bad_samples(int(counts[3]))
+        step_ids = [i for part in ids if part is not None for i in part]
+        if skipped:  # every rank agrees (reduced losses, global norms): the gather is collective
+            self.nonfinite.skip(
+                step + 1, mean, max(norms), self._describe_samples(self._gather_sample_ids(step_ids))
+            )
+        else:
+            if self.ema is not None:
+                self.ema.update()
+            self.nonfinite.finite_step()
+        result = StepResult(mean, max(norms), skipped, int(counts[0]), 0, 0.0, int(counts[3]), stop_requests)
+        result.phase_losses = phase_losses
         if self.training.log_sample_ids:
             result.sample_ids = self._gather_sample_ids(step_ids)
         return result
@@ -264,7 +319,9 @@ class TrainEngine:
         out: dict[str, Any] = {
             "loss": r.loss,
             "grad_norm": r.grad_norm,
-            "lr": self.optimizer.param_groups[0]["lr"],
+            "lr": self.phases[0].optimizer.param_groups[0]["lr"]
+            if self.phases
+            else self.optimizer.param_groups[0]["lr"],
             "step_time_s": elapsed,
             "samples_per_s": r.samples / elapsed if elapsed > 0 else 0.0,
             "tokens_per_s": r.tokens / elapsed if elapsed > 0 else 0.0,
@@ -276,6 +333,10 @@ class TrainEngine:
             out["bad_samples_epoch"] = r.bad_samples
         if r.sample_ids is not None:
             out["sample_ids"] = r.sample_ids
+        for phase in self.phases:
+            out[f"lr_{phase.name}"] = phase.optimizer.param_groups[0]["lr"]
+        for name, value in (r.phase_losses or {}).items():
+            out[f"loss_{name}"] = value
         if r.flops and self.peak_flops:
             world = dist.get_world_size() if dist.is_initialized() else 1
             out["mfu"] = r.flops / elapsed / (self.peak_flops * world)

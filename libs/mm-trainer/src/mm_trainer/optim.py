@@ -11,11 +11,12 @@ from torch import nn
 NO_DECAY_NAME_PARTS = ("bias", "norm", "modulation", "scale_shift_table", "embedding.weight")
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Trainable parameters split into decay / no-decay groups (biases, norms, 1-D params: no decay)."""
+def param_groups(model: nn.Module, weight_decay: float, only: tuple[str, ...] | None = None) -> list[dict]:
+    """Trainable parameters split into decay / no-decay groups (biases, norms, 1-D params: no decay);
+    with ``only``, those of the named top-level sub-modules alone (a training phase's)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        if not p.requires_grad:
+        if not p.requires_grad or (only is not None and name.split(".", 1)[0] not in only):
             continue
         if p.ndim <= 1 or any(part in name.lower() for part in NO_DECAY_NAME_PARTS):
             no_decay.append(p)
@@ -33,9 +34,11 @@ def build_optimizer(
     eps: float = 1e-8,
     weight_decay: float = 0.0,
     device_type: str = "cpu",
+    only: tuple[str, ...] | None = None,
 ) -> torch.optim.Optimizer:
-    """AdamW over trainable params; fused on CUDA/NPU, foreach elsewhere."""
-    groups = param_groups(model, weight_decay)
+    """AdamW over trainable params (of the sub-modules ``only`` names, if given); fused on CUDA/NPU,
+    foreach elsewhere."""
+    groups = param_groups(model, weight_decay, only)
     if not groups:
         raise ValueError(
             "no trainable parameters: every sub-model is frozen (see training.trainable_submodels)"

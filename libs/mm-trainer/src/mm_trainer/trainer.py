@@ -45,6 +45,7 @@ from mm_trainer.build import (
 from mm_trainer.conditions import ConditionStream
 from mm_trainer.engine import TrainEngine
 from mm_trainer.metrics import MetricsLogger, peak_memory_bytes
+from mm_trainer.phases import PhaseSchedulers, build_phases, keep_configured_phase_hyperparameters
 from mm_trainer.plan_check import PlanCheck
 from mm_trainer.plugins import import_plugins
 from mm_trainer.preflight import preflight
@@ -94,7 +95,16 @@ class Trainer:
         self.model = self._build_model()
         self.ema = build_ema(self.model, config.training)
         # No reseeding by rank: training draws are keyed by (seed, step, sample), see TrainEngine.
-        self.optimizer, self.lr_scheduler = build_optimization(self.model, config.training, self.device.type)
+        self.phases = build_phases(self.model, config.training, self.device.type)  # training.phases
+        if self.phases:  # the checkpoint's optimizer / lr_scheduler entries hold every phase's
+            self.optimizer, self.lr_scheduler = (
+                [p.optimizer for p in self.phases],
+                PhaseSchedulers(self.phases),
+            )
+        else:
+            self.optimizer, self.lr_scheduler = build_optimization(
+                self.model, config.training, self.device.type
+            )
         self.batches: BatchStream | ConditionStream = build_batch_stream(
             config.data,
             global_batch_size=config.training.global_batch_size,
@@ -214,7 +224,12 @@ class Trainer:
         if reset:
             del state["dataloader"]
         refuse_dropped_tensors(self.model, root)
-        with keep_configured_hyperparameters(self.optimizer, self.lr_scheduler):  # the config's lr, decay...
+        keep = (
+            keep_configured_phase_hyperparameters(self.phases)
+            if self.phases
+            else keep_configured_hyperparameters(self.optimizer, self.lr_scheduler)
+        )
+        with keep:  # the config's lr, decay...
             iteration = self._checkpointer(root).load(state)
         note = " (data position reset to epoch 0: training.reset_data_position)" if reset else ""
         log_rank0(f"resumed from {root} at iteration {iteration}{note}")
@@ -239,6 +254,7 @@ class Trainer:
             batches=self.batches,
             training=cfg.training,
             ema=self.ema,
+            phases=self.phases,
             device=self.device,
             dp_group=self.parallel_state.dp_group,
             cp_rank=self.parallel_state.cp_rank,

@@ -5,6 +5,10 @@ The trainer knows no model: it calls two hooks of the model container.
 - ``sample(prompt, *, seed, num_frames, height, width, steps, guidance_scale, negative_prompt,
   shift) -> video [3, F, H, W] in [-1, 1]`` (optional ``check_sampling()`` raises before training
   when sampling could not run), for the clips;
+- optionally ``sample_reference(prompt, *, seed, num_frames, height, width) -> video`` where
+  ``has_sample_reference`` is true: the clip each sampled one is compared against (a distillation's
+  teacher, many steps); its PSNR to the sampled clip, averaged over prompts, is ``val_psnr_to_reference``
+  (references are drawn once per run: the teacher is frozen);
 - ``validation_loss(batch, rng, num_timesteps) -> [B]`` (:meth:`mm_trainer.ModelContainer.validation_loss`,
   which asks the pipeline), for ``val_loss``.
 
@@ -72,6 +76,7 @@ class Validator:
         self.noise_seed = key_seed(seed, "validation")
         _check_hooks(model, validation)
         self.dataset = None
+        self.references: dict[int, torch.Tensor] = {}
         if validation.data_path is not None:
             self.dataset = build_dataset(data, data_path=validation.data_path)
             self.collate = getattr(self.dataset, "collate_fn", None) or collate_video_text
@@ -90,14 +95,17 @@ class Validator:
         self.model.eval()
         try:
             with torch.no_grad():
-                self._clips(step, metrics)
-                out = {} if self.dataset is None else {"val_loss": self._loss()}
+                out = self._clips(step, metrics)
+                if self.dataset is not None:
+                    out["val_loss"] = self._loss()
         finally:
             self.model.train(was_training)
         return {**out, "val_time_s": time.perf_counter() - started}
 
-    def _clips(self, step: int, metrics: MetricsLogger | None) -> None:
-        cfg = self.config
+    def _clips(self, step: int, metrics: MetricsLogger | None) -> dict[str, float]:
+        """Sample and write every prompt's clip; ``val_psnr_to_reference`` where the model draws references."""
+        cfg, psnrs = self.config, []
+        reference = getattr(self.model, "has_sample_reference", False)
         for index, (prompt, seed) in enumerate(zip(cfg.prompts, cfg.prompt_seeds(), strict=True)):
             video = self.model.sample(
                 prompt, seed=seed, num_frames=cfg.num_frames, height=cfg.height, width=cfg.width,
@@ -108,6 +116,14 @@ class Validator:
                 write_video(video, self.out_dir / f"iter_{step:07d}" / f"{index}.mp4", fps=cfg.fps)
             if metrics is not None:
                 metrics.add_video(f"validation/{index}", video, step)
+            if reference:
+                if index not in self.references:
+                    self.references[index] = self.model.sample_reference(
+                        prompt, seed=seed, num_frames=cfg.num_frames, height=cfg.height, width=cfg.width
+                    )
+                mse = (video.float() - self.references[index].float()).pow(2).mean()
+                psnrs.append(float(10 * torch.log10(4.0 / mse.clamp_min(1e-12))))  # [-1, 1]: peak-to-peak 2
+        return {"val_psnr_to_reference": sum(psnrs) / len(psnrs)} if psnrs else {}
 
     def _loss(self) -> float:
         """Mean held-out loss: this rank's share of the samples, gathered over data-parallel ranks."""

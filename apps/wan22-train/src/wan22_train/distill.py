@@ -1,0 +1,47 @@
+"""Wan2.2 few-step distillation (``model.pipeline.distill``): DMD2 around :class:`Wan22Pipeline`.
+
+Sub-models: ``teacher`` (frozen), ``predictor`` (the student: trains, exports and samples as any Wan
+predictor, full or LoRA) and ``critic`` (the fake score); with ``expert: both`` each has a ``_low`` twin,
+and every call routes by timestep to the expert that owns it, so each expert's student trains on the
+steps of its own timestep range (``Wan22Pipeline.predict``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mm_pipelines import DistributionMatchingDistillation
+
+from wan22_train.pipeline import Wan22Pipeline, low_noise_role
+
+#: The distillation's sub-models besides the student ``predictor``.
+TEACHER, CRITIC = "teacher", "critic"
+
+
+def distillation_pipeline(
+    base: Wan22Pipeline, options: Mapping[str, Any]
+) -> DistributionMatchingDistillation:
+    """DMD2 on ``base`` from ``model.pipeline.distill`` (``config_schema.DistillOptions``)."""
+    options = dict(options)
+    low, high = options.pop("dm_range", (0.02, 0.98))
+    return DistributionMatchingDistillation(base, dm_range=(float(low), float(high)), **options)
+
+
+def distillation_roles(expert: str) -> tuple[str, ...]:
+    """The sub-models a distillation run must hold for ``expert`` (``all`` or ``both``)."""
+    roles = ("predictor", TEACHER, CRITIC)
+    return roles + tuple(low_noise_role(r) for r in roles) if expert == "both" else roles
+
+
+def check_distillation_models(sub_models: Mapping[str, Any], trainable: tuple[str, ...], expert: str) -> None:
+    """Refuse a distillation container that lacks a role or trains its teacher, naming what is wrong."""
+    missing = [r for r in distillation_roles(expert) if r not in sub_models]
+    if missing:
+        raise ValueError(
+            f"model.pipeline.distill (expert: {expert}) needs the sub-models {list(distillation_roles(expert))}: "
+            f"add {missing} under model.models (teacher: freeze: true; predictor and critic: from the teacher's weights)"
+        )
+    teachers = [r for r in distillation_roles(expert) if r.startswith(TEACHER) and r in trainable]
+    if teachers:
+        raise ValueError(f"model.pipeline.distill: the teacher {teachers} must be frozen (freeze: true)")

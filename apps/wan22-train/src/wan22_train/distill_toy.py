@@ -1,0 +1,168 @@
+"""A tiny setting where few-step sampling blends and distillation can be measured (benchmarks/
+wan_distill_quality.py, tests/test_wan_distill_quality.py).
+
+Pre-encoded latents, no VAE; PSNR in latent space (values +-0.8, peak-to-peak 2): two captions, each
+covering two different clips of 4 x 1 x 4 x 4 latents. The predictor (WanDiT, patch 1 x 2 x 2: 4 tokens
+per clip, 64 wide, 2 layers) is fitted to the exact flow-match velocity of that data, the posterior-mean
+velocity ``(x_t - E[x0 | x_t, caption]) / sigma``, so a good teacher takes seconds, not a long training.
+The check (:func:`passes`), over 16 seeds per caption: every sample is >= 25 dB from one of its
+caption's clips and >= 3 dB closer to it than to the average of those clips (sharp, not a blend), and
+both clips of each caption appear (no collapse).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import torch
+from mm_pipelines import DistributionMatchingDistillation, FlowMatchScheduler, SampleRNG
+
+from wan22_train.container import Wan22Container
+from wan22_train.model import WanDiT, WanDiTConfig
+from wan22_train.pipeline import Wan22Pipeline
+
+SHAPE = (4, 1, 4, 4)  # latent channels, frames, height, width
+TEXT = (2, 32)  # caption tokens, text width
+OWNER = torch.tensor([0, 0, 1, 1])  # caption of each clip
+PREDICTOR = WanDiTConfig(
+    patch_size=(1, 2, 2), in_dim=4, out_dim=4, dim=64, ffn_dim=128, num_heads=4, num_layers=2, text_dim=32,
+    freq_dim=32, text_len=2, rope_max_seq_len=64,
+)  # fmt: skip
+SHIFT, STUDENT_SHIFT = 3.0, 1.0
+FIT_STEPS, FIT_LR, FIT_BATCH = 1500, 3e-3, 32
+DISTILL_STEPS, GENERATOR_EVERY, GENERATOR_LR, CRITIC_LR, BATCH = 1200, 5, 3e-4, 1e-3, 16
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    """Four clips (2 x 2 blocks of +-0.8 per channel) and two caption embeddings."""
+    g = torch.Generator().manual_seed(1)
+    c, t, h, w = SHAPE
+    blocks = torch.randint(0, 2, (4, c, t, h // 2, w // 2), generator=g).float() * 1.6 - 0.8
+    return blocks.repeat_interleave(2, 3).repeat_interleave(2, 4), torch.randn(2, *TEXT, generator=g)
+
+
+def ideal_velocity(
+    clips: torch.Tensor, x_t: torch.Tensor, sigma: torch.Tensor, caption: torch.Tensor
+) -> torch.Tensor:
+    """``(x_t - E[x0 | x_t, caption]) / sigma``: the flow-match velocity of the clips themselves."""
+    view = (-1, 1, 1, 1, 1)
+    dist = (x_t[:, None] - (1 - sigma).view(-1, 1, 1, 1, 1, 1) * clips[None]).pow(2).flatten(2).sum(2)
+    logits = (-dist / (2 * sigma[:, None] ** 2)).masked_fill(OWNER[None] != caption[:, None], -math.inf)
+    x0 = torch.einsum("bk,k...->b...", logits.softmax(1), clips)
+    return (x_t - x0) / sigma.view(view)
+
+
+def fit_teacher() -> dict[str, Any]:
+    """The clips, captions and the teacher fitted to their exact velocity (one thread: the same numbers
+    on any machine load)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _fit_teacher()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fit_teacher() -> dict[str, Any]:
+    torch.manual_seed(0)
+    clips, captions = data()
+    teacher = WanDiT(PREDICTOR)
+    teacher.init_weights()
+    grid, g = FlowMatchScheduler(shift=SHIFT), torch.Generator().manual_seed(5)
+    optimizer = torch.optim.AdamW(teacher.parameters(), lr=FIT_LR, weight_decay=0)
+    for step in range(FIT_STEPS):
+        caption = torch.randint(0, 2, (FIT_BATCH,), generator=g)
+        clip = caption * 2 + torch.randint(0, 2, (FIT_BATCH,), generator=g)
+        sigma = grid.sigmas[torch.randint(0, 1000, (FIT_BATCH,), generator=g)]
+        noise = torch.randn(FIT_BATCH, *SHAPE, generator=g)
+        x_t = FlowMatchScheduler.add_noise(clips[clip], noise, sigma)
+        loss = (
+            (teacher(x_t, sigma * 1000, captions[caption]) - ideal_velocity(clips, x_t, sigma, caption))
+            .pow(2)
+            .mean()
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        for group in optimizer.param_groups:
+            group["lr"] = FIT_LR * 0.5 * (1 + math.cos(math.pi * step / FIT_STEPS))
+    return {"clips": clips, "captions": captions, "teacher": teacher.requires_grad_(False)}
+
+
+def distillation(
+    setting: dict, generator_loss: str = "distribution_matching"
+) -> tuple[Wan22Container, DistributionMatchingDistillation]:
+    """A container with the teacher, a student and a critic (both copies of the teacher) and its DMD2 pipeline."""
+    teacher = setting["teacher"]
+    dmd = DistributionMatchingDistillation(
+        Wan22Pipeline.from_options({"shift": SHIFT}), student_steps=4, student_shift=STUDENT_SHIFT,
+        generator_loss=generator_loss,
+    )  # fmt: skip
+    student, critic = (copy.deepcopy(teacher).requires_grad_(True) for _ in range(2))
+    models = {"predictor": student, "teacher": teacher, "critic": critic}
+    return Wan22Container(models, trainable=("predictor", "critic"), pipeline=dmd), dmd
+
+
+def distil(
+    setting: dict, generator_loss: str = "distribution_matching", steps: int = DISTILL_STEPS, seed: int = 0
+) -> tuple[Wan22Container, DistributionMatchingDistillation]:
+    """The two phases in turn, as ``training.phases`` runs them: the critic every step, the generator every
+    ``GENERATOR_EVERY``-th (AdamW with beta1 0 for both, as DMD2)."""
+    container, dmd = distillation(setting, generator_loss)
+    optimizers = {
+        "critic": torch.optim.AdamW(container.critic.parameters(), lr=CRITIC_LR, betas=(0.0, 0.999), weight_decay=0),
+        "generator": torch.optim.AdamW(container.predictor.parameters(), lr=GENERATOR_LR, betas=(0.0, 0.999), weight_decay=0),
+    }  # fmt: skip
+    clips, captions = setting["clips"], setting["captions"]
+    index = torch.arange(BATCH) % 4
+    batch = {"latents": clips[index], "prompt_embeds": captions[OWNER[index]]}
+    for step in range(steps):
+        rng = SampleRNG(seed=seed, step=step, sample_ids=list(range(step * BATCH, (step + 1) * BATCH)))
+        due = ["generator"] if generator_loss == "flow_matching" else ["critic"]
+        due += ["generator"] * (generator_loss != "flow_matching" and step % GENERATOR_EVERY == 0)
+        if generator_loss == "flow_matching" and step % GENERATOR_EVERY:
+            continue  # the same generator updates, without a critic to train
+        for phase in due:
+            container(**batch, rng=rng, phase=phase).loss.backward()
+            optimizers[phase].step()
+            container.zero_grad(set_to_none=True)
+    return container, dmd
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-sample PSNR in dB, peak-to-peak 2."""
+    return 10 * torch.log10(4.0 / (a - b).pow(2).flatten(1).mean(1))
+
+
+def quality(
+    setting: dict, container: Wan22Container, dmd: DistributionMatchingDistillation, role: str, steps: int
+) -> dict:
+    """The check over 16 seeds per caption: the worst sample's PSNR to its nearest own clip, its worst margin
+    over the clips' average, and how many samples each clip got."""
+    clips, worst, margin, counts = setting["clips"], math.inf, math.inf, []
+    for caption in range(2):
+        noise = torch.randn(16, *SHAPE, generator=torch.Generator().manual_seed(100 + caption))
+        text = {"prompt_embeds": setting["captions"][caption : caption + 1].expand(16, -1, -1)}
+        shift = dmd.student_shift
+        dmd.student_shift = SHIFT if steps > 4 else STUDENT_SHIFT  # the teacher's many steps: its own shift
+        try:
+            x = dmd.sample(container, noise, text, role=role, num_steps=steps)
+        finally:
+            dmd.student_shift = shift
+        own = clips[OWNER == caption]
+        to_clips = torch.stack([psnr(x, clip.expand_as(x)) for clip in own])
+        best, which = to_clips.max(0)
+        worst = min(worst, float(best.min()))
+        margin = min(margin, float((best - psnr(x, own.mean(0).expand_as(x))).min()))
+        counts += which.bincount(minlength=2).tolist()
+    return {"worst_db": worst, "margin_db": margin, "clips_drawn": counts}
+
+
+def passes(result: dict) -> bool:
+    """The check: sharp (>= 25 dB to a clip, >= 3 dB over the clips' average) and no clip missing."""
+    return result["worst_db"] >= 25 and result["margin_db"] >= 3 and min(result["clips_drawn"]) > 0
+
+
+__all__ = ["data", "distil", "distillation", "fit_teacher", "ideal_velocity", "passes", "psnr", "quality"]

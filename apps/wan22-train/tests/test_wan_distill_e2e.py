@@ -1,0 +1,130 @@
+"""Few-step distillation (``tiny_t2v_distill.yaml``: DMD2 phases ``critic`` / ``generator``) through the
+trainer: a run at 2 ranks with Ulysses 2, killed with SIGKILL, resumes at 1 rank without Ulysses and
+trains every phase's losses of an uninterrupted run; the student then exports as a plain predictor and
+samples on its 4-step schedule.
+
+The uninterrupted reference is ``wan22-train``'s ``main`` on forked gloo ranks; the run to kill is a real
+torchrun job (SIGKILL needs a process of its own), and its resume a real single process."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from wan22_train.cli import main as wan22_main
+from wan22_train.configs import config_path
+from wan22_train.tiny import make_tiny, tiny_overrides
+
+pytestmark = pytest.mark.slow
+
+STEPS, SAVE_EVERY = 8, 3
+PHASE_LOSSES = ("loss_critic", "loss_generator")
+
+
+def overrides(tiny: Path, save: Path) -> list[str]:
+    models = [f"model.models.{name}.from_pretrained={tiny / 'transformer'}" for name in ("teacher", "critic")]
+    return [
+        *tiny_overrides(tiny), *models, f"training.save={save}", f"training.train_iters={STEPS}",
+        f"training.save_interval={SAVE_EVERY}", "training.log_interval=1", "training.tensorboard=false",
+    ]  # fmt: skip
+
+
+def records(save: Path) -> list[dict]:
+    return [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
+
+
+def command(tiny: Path, save: Path, nproc: int, *extra: str) -> list[str]:
+    args = ["--config", str(config_path("tiny_t2v_distill.yaml")), *overrides(tiny, save), *extra]
+    if nproc == 1:
+        return [sys.executable, "-m", "wan22_train", *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "wan22_train", *args]  # fmt: skip
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def kill_after(proc: subprocess.Popen, log: Path, lines: int) -> None:
+    """SIGKILL the job's process group once ``log`` has ``lines`` records (before it ends)."""
+    deadline = time.monotonic() + 300
+    while not (log.exists() and len(log.read_text().splitlines()) >= lines):
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline, f"the run never reached step {lines}"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_distillation_killed_at_2_ranks_ulysses_2_resumes_at_1_rank_with_the_uninterrupted_losses(
+    tmp_path, main_forked
+):
+    tiny = make_tiny(tmp_path / "tiny")
+    reference = tmp_path / "reference"
+    main_forked(wan22_main, command(tiny, reference, 1)[3:], 2, timeout=600)
+    expected = records(reference)
+    assert [r["step"] for r in expected] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in expected if "loss_generator" in r] == [1, 6]  # every 5th step (0-based 0, 5)
+
+    crashed = tmp_path / "crashed"
+    proc = subprocess.Popen(
+        command(tiny, crashed, 2), env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        kill_after(proc, crashed / "metrics.jsonl", 5)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert len(records(crashed)) < STEPS
+
+    validation = ("training.validation={interval: 8, prompts: [a red ball], seeds: [5], num_frames: 9, height: 32, "
+                  "width: 32, fps: 8}")  # fmt: skip
+    resumed = subprocess.run(
+        command(tiny, crashed, 1, "parallel.ulysses_parallel_size=1", validation), env=env(), capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    at = int(re.search(r"resumed from \S+ at iteration (\d+)", resumed.stderr).group(1))
+    assert at in (3, 6), f"resumed at {at}: expected the last complete checkpoint"
+    got = records(crashed)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
+    # Validation samples the student on its 4 steps and measures it against the teacher's 50-step clip.
+    assert math.isfinite(got[-1]["val_psnr_to_reference"]) and "val_psnr_to_reference" not in got[-2]
+    assert (crashed / "validation" / "iter_0000008" / "0.mp4").is_file()
+    for key in PHASE_LOSSES:
+        want = torch.tensor([r.get(key, float("nan")) for r in expected])
+        have = torch.tensor([r.get(key, float("nan")) for r in got])
+        torch.testing.assert_close(have, want, rtol=1e-4, atol=0, equal_nan=True)
+
+    # The student exports as a plain predictor and samples alone on its 4-step schedule.
+    from diffusers import WanTransformer3DModel
+    from mm_trainer import load_run_config
+    from wan22_train.demo import training_shift
+    from wan22_train.export import export_predictor
+    from wan22_train.key_maps import diffusers_to_native
+    from wan22_train.sampling import load_for_sampling, sample_video
+
+    config = load_run_config(crashed)
+    modules = load_for_sampling(config, crashed)
+    assert not {"teacher", "critic"} & set(modules)
+    calls = []
+    modules["predictor"].register_forward_hook(lambda *_: calls.append(1))
+    video = sample_video(
+        modules, "a red ball", num_frames=9, height=32, width=32, steps=4, shift=training_shift(config)
+    )
+    assert video.shape == (3, 9, 32, 32) and len(calls) == 4
+    exported = export_predictor(config, crashed, tmp_path / "student")
+    weights = diffusers_to_native(WanTransformer3DModel.from_pretrained(exported).state_dict())
+    student = modules["predictor"].state_dict()
+    torch.testing.assert_close(weights["blocks.0.self_attn.q.weight"], student["blocks.0.self_attn.q.weight"])

@@ -1,0 +1,68 @@
+"""What few-step distillation (DMD2) adds on the tiny two-clips-per-caption setting
+(:mod:`wan22_train.distill_toy`): the quality check and the sampling time of the teacher at 1, 4 and 50
+steps, of DMD2 students (critic every step, generator every 5th, 4-step schedule at shift 1) at 1 and 4
+steps, and of students trained with the flow-matching loss in place of the distribution-matching term
+(the same schedule and generator updates). All in one process, one thread.
+
+    hatch run python benchmarks/wan_distill_quality.py [--seeds 0 1] [--steps 1200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from wan22_train.distill_toy import SHAPE, distil, distillation, fit_teacher, passes, quality
+
+
+def timed_quality(setting: dict, container, dmd, role: str, steps: int) -> dict:
+    """:func:`quality` and the median wall time of 5 samplings of a 16-sample batch."""
+    text = {"prompt_embeds": setting["captions"][:1].expand(16, -1, -1)}
+    times = []
+    for _ in range(5):
+        started = time.perf_counter()
+        dmd.sample(container, torch.randn(16, *SHAPE), text, role=role, num_steps=steps)
+        times.append(1000 * (time.perf_counter() - started))
+    return {**quality(setting, container, dmd, role, steps), "ms": sorted(times)[2]}
+
+
+def row(name: str, steps: int, result: dict) -> str:
+    counts = "/".join(str(c) for c in result["clips_drawn"])
+    return (f"{name:<28} {steps:>5} {result['worst_db']:>9.1f} {result['margin_db']:>10.1f} {counts:>11} "
+            f"{'pass' if passes(result) else 'FAIL':>5} {result['ms']:>9.1f}")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="keys of the distillation draws")
+    parser.add_argument("--steps", type=int, default=1200, help="distillation steps (critic updates)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    setting = fit_teacher()
+    print(f"teacher fitted in {time.perf_counter() - started:.1f} s")
+    print(
+        f"{'model':<28} {'steps':>5} {'worst dB':>9} {'margin dB':>10} {'clips A/B':>11} {'check':>5} {'ms/16':>9}"
+    )
+    container, dmd = distillation(setting)
+    for steps in (50, 4, 1):
+        print(row("teacher", steps, timed_quality(setting, container, dmd, "teacher", steps)))
+    for loss, name in (("distribution_matching", "DMD2 student"), ("flow_matching", "no-DM student")):
+        for seed in args.seeds:
+            started = time.perf_counter()
+            container, dmd = distil(setting, loss, steps=args.steps, seed=seed)
+            took = time.perf_counter() - started
+            for steps in (4, 1):
+                print(
+                    row(
+                        f"{name} (seed {seed})",
+                        steps,
+                        timed_quality(setting, container, dmd, "predictor", steps),
+                    )
+                )
+            print(f"  ({took:.1f} s to distil)")
+
+
+if __name__ == "__main__":
+    main()
