@@ -21,13 +21,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from mm_checkpoint import DistributedCheckpointer
+from mm_checkpoint import DistributedCheckpointer, long_waits
 from mm_config import TrainConfig, dump_config
 from mm_parallel import (
     NodeLayout,
     describe_node_layout,
     get_local_device,
     init_distributed,
+    new_long_wait_group,
     use_attention_backend,
 )
 from torch import nn
@@ -68,6 +69,8 @@ class Trainer:
         device_type = config.training.device
         timeout_s = config.training.collective_timeout_s
         self.rank, self.world_size = init_distributed(device_type=device_type, timeout_s=timeout_s)
+        # waits for one rank's long work (staging, conversion, async saves): their own timeout
+        self.long_wait_group = new_long_wait_group(config.training.long_wait_timeout_s)
         parallel = config.parallel
         self.parallel_state = parallel_state_for(config, self.world_size, device_type)
         nodes = NodeLayout.from_env(self.world_size)  # refuses nodes that run different numbers of ranks
@@ -91,7 +94,8 @@ class Trainer:
         seed_everything(config.training.seed)
         if config.training.deterministic:
             torch.use_deterministic_algorithms(True)
-        self.model = self._build_model()
+        with long_waits(self.long_wait_group):
+            self.model = self._build_model()
         self.ema = build_ema(self.model, config.training)
         # No reseeding by rank: training draws are keyed by (seed, step, sample), see TrainEngine.
         self.optimizer, self.lr_scheduler = build_optimization(self.model, config.training, self.device.type)
