@@ -1,7 +1,7 @@
 """training.async_save: checkpoints written in the background, committed only once complete.
 
 A model big enough that its files take a while to write (a randomly initialized predictor of about
-30M parameters: ~0.4 GB with AdamW's two moments) gives a window in which ``iter_*.partial`` exists
+8M parameters: ~0.1 GB with AdamW's two moments) gives a window in which ``iter_*.partial`` exists
 and the tracker still names the previous checkpoint: the state the kill and the stop below hit.
 """
 
@@ -18,7 +18,7 @@ from mm_trainer.exit_codes import EXIT_INCOMPLETE
 pytestmark = pytest.mark.slow
 
 BIG = {
-    "model": {"models": {"predictor": {"from_pretrained": None, "meta_init": False, "config": {"hidden": 2048, "num_blocks": 4}}}},
+    "model": {"models": {"predictor": {"from_pretrained": None, "meta_init": False, "config": {"hidden": 1024, "num_blocks": 4}}}},
     "training": {"train_iters": 6, "save_interval": 2, "lr": 1e-4, "async_save": True},
 }
 

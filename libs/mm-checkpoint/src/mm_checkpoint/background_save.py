@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from .errors import CheckpointError
@@ -62,7 +63,7 @@ class PendingSave:
         """
         try:
             self.future.result(timeout=timeout_s)
-        except Exception as err:  # noqa: BLE001 - any failure of the write thread is reported as one
+        except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP's is a BaseException
             raise CheckpointError(
                 f"the background save of iteration {self.iteration} into {self.partial} failed: "
                 f"{type(err).__name__}: {err}. The previous checkpoint and the tracker are unchanged"
