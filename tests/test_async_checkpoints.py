@@ -18,7 +18,15 @@ from mm_trainer.exit_codes import EXIT_INCOMPLETE
 pytestmark = pytest.mark.slow
 
 BIG = {
-    "model": {"models": {"predictor": {"from_pretrained": None, "meta_init": False, "config": {"hidden": 1024, "num_blocks": 4}}}},
+    "model": {
+        "models": {
+            "predictor": {
+                "from_pretrained": None,
+                "meta_init": False,
+                "config": {"hidden": 1024, "num_blocks": 4},
+            }
+        }
+    },
     "training": {"train_iters": 6, "save_interval": 2, "lr": 1e-4, "async_save": True},
 }
 

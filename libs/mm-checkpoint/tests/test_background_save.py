@@ -74,7 +74,9 @@ def test_a_failed_background_write_raises_at_the_next_check_and_leaves_the_previ
     ckpt.save({**state, "lr_scheduler": _BadScheduler()}, 2, background=True)
     assert ckpt.pending is not None
     ckpt.pending.future.exception(timeout=60)  # the write ended (failed)
-    with pytest.raises(CheckpointError, match=r"(?s)background save of iteration 2 .* failed: .*cannot be written"):
+    with pytest.raises(
+        CheckpointError, match=r"(?s)background save of iteration 2 .* failed: .*cannot be written"
+    ):
         ckpt.check_pending()
     assert latest_iteration(tmp_path) == 1 and (tmp_path / "iter_0000001").is_dir()
     assert ckpt.pending is None  # reported once

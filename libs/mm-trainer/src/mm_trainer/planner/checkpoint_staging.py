@@ -34,4 +34,8 @@ def async_save_staging(run: Any) -> tuple[str, int, str] | None:
     """The plan's host line for ``training.async_save`` (None when saves are synchronous)."""
     if not run.config.training.async_save:
         return None
-    return ("async checkpoint staging", staging_bytes(run), "training.async_save: trainable shards + AdamW + EMA")
+    return (
+        "async checkpoint staging",
+        staging_bytes(run),
+        "training.async_save: trainable shards + AdamW + EMA",
+    )
