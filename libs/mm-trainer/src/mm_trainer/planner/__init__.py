@@ -1,6 +1,7 @@
 """``mm-train plan``: one real-size training step traced on fake tensors, per-rank memory by category,
 fit, step time and MFU, and the search over layouts (docs/DESIGN.md "Planning a run")."""
 
+from mm_trainer.planner import checkpoint_staging as _checkpoint_staging  # noqa: F401 - registers its host line
 from mm_trainer.planner.categories import (
     DEVICE_CATEGORIES,
     HOST_CATEGORIES,
@@ -8,7 +9,6 @@ from mm_trainer.planner.categories import (
     Tag,
     register_host_term,
 )
-from mm_trainer.planner import checkpoint_staging as _checkpoint_staging  # noqa: F401 - registers its host line
 from mm_trainer.planner.report import PlanSummary, render, summarize
 from mm_trainer.planner.search import Layout, SearchResult, render_search, search_layouts
 from mm_trainer.planner.trace import TracedRun, trace_run
