@@ -116,7 +116,7 @@ def _print_table(args: argparse.Namespace, results: dict[str, dict[str, float]])
         f"{results['synchronous']['size'] / 2**30:.2f} GiB), {args.threads} thread(s) per rank"
     )
     print(
-        f"{'mode':<14} {'wall s':>8} {'s/step':>8} {'blocked s':>10} {'hidden':>7} {'extra s':>8} {'hidden (wall)':>14}"
+        f"{'mode':<14} {'wall s':>8} {'s/step':>8} {'blocked s':>10} {'hidden':>7} {'extra s':>8} {'final wait s':>13}"
     )
     for mode in MODES:
         r = results[mode]

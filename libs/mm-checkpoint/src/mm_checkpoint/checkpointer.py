@@ -24,6 +24,7 @@ import logging
 import os
 import random
 import shutil
+import threading
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
@@ -54,6 +55,8 @@ DCP_KEYS = ("model", "optimizer", "lr_scheduler", "ema")
 ``ema`` is an object whose ``state_dict()`` maps model keys to tensors or DTensors (the EMA of the
 trainable parameters: sharded like them, so resharded like them)."""
 RANK_STATE_DIR = "rank_state"
+DELETING_SUFFIX = ".deleting"
+"""An ``iter_*`` dir that retention is deleting (renamed first: it no longer counts as a checkpoint)."""
 
 logger = logging.getLogger(__name__)
 
@@ -196,6 +199,7 @@ class DistributedCheckpointer:
         self.pending: PendingSave | None = None
         """The background save in flight, None when there is none."""
         self._stager: Any = None
+        self._deleting: threading.Thread | None = None
         self.staging_bytes = 0
         """Host memory a background save stages on this rank (known after the first one)."""
 
@@ -247,7 +251,7 @@ class DistributedCheckpointer:
             if get_rank() == 0:
                 self._write_info(partial, iteration, info or {})
                 self._commit(partial, final, iteration)
-                self._prune(iteration)
+                self._prune(iteration, background)
 
         if background:
             self.pending = PendingSave(iteration, partial, future, commit)
@@ -280,10 +284,12 @@ class DistributedCheckpointer:
         """Commit the background save if its write has ended; raise its error if it failed. Never waits
         and makes no collective (ranks may see the end at different steps)."""
         if self.pending is not None and self.pending.done():
-            self.finish_pending()
+            pending, self.pending = self.pending, None
+            pending.finish()
 
     def finish_pending(self, timeout_s: float | None = None) -> None:
-        """Wait (at most ``timeout_s``) for the background save in flight and commit it; no-op without one.
+        """Wait (at most ``timeout_s``) for the background save in flight and commit it, and for the
+        deletion of the checkpoints its retention dropped; no-op without either.
 
         Raises:
             CheckpointError: the background write failed, or did not end in time.
@@ -291,6 +297,9 @@ class DistributedCheckpointer:
         pending, self.pending = self.pending, None
         if pending is not None:
             pending.finish(timeout_s)
+        if self._deleting is not None:
+            self._deleting.join()
+            self._deleting = None
 
     def _save_per_rank(self, state: Mapping[str, Any], partial: Path) -> None:
         dp_ranks = [self.dp_rank] * get_world_size()
@@ -339,20 +348,27 @@ class DistributedCheckpointer:
                 "there would move the tracker back and mix two runs: resume that run, or save elsewhere"
             )
 
-    def _prune(self, iteration: int) -> None:
+    def _prune(self, iteration: int, background: bool = False) -> None:
         """Delete the iterations up to ``iteration`` that the retention rule does not keep (newer ones
-        are not this run's): see :func:`retained`."""
+        are not this run's): see :func:`retained`. Each is first renamed to ``iter_*.deleting`` (one
+        atomic rename: never a half-deleted dir that still looks like a checkpoint), then removed; after
+        a background save by a thread that :meth:`finish_pending` joins, so training does not wait for
+        the deletion. Leftovers of an interrupted deletion are removed by the next prune."""
         if self.keep_last is None:
             return
         iters = {
-            it: p
-            for it, p in valid_iterations(self.root).items()
-            if it != RELEASE_ITERATION and it <= iteration
+            it: p for it, p in valid_iterations(self.root).items() if it != RELEASE_ITERATION and it <= iteration
         }
         kept = retained(list(iters), keep_last=self.keep_last, keep_every=self.keep_every)
         for it, path in iters.items():
             if it not in kept:
-                shutil.rmtree(path, ignore_errors=True)
+                os.replace(path, path.with_name(path.name + DELETING_SUFFIX))
+        doomed = sorted(self.root.glob(f"iter_*{DELETING_SUFFIX}"))
+        if not background:
+            _remove_all(doomed)
+        elif doomed:
+            self._deleting = threading.Thread(target=_remove_all, args=(doomed,), name="retention", daemon=True)
+            self._deleting.start()
 
     def load(self, state: MutableMapping[str, Any], iteration: int | None = None) -> int:
         """Collectively restore ``state`` in place from ``iteration`` (default: tracker / single valid dir).
@@ -437,6 +453,11 @@ class DistributedCheckpointer:
                 f"{key!r} was saved per data-parallel rank at dp size {saved_dp}; loading it at dp size "
                 f"{self.dp_size} needs {type(value).__name__}.load_rank_states(states, dp_rank=, dp_size=)"
             )
+
+
+def _remove_all(paths: Sequence[Path]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def local_tensor_bytes(tree: Any) -> int:
