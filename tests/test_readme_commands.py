@@ -141,18 +141,16 @@ COMMANDS: dict[tuple[str, str], How] = {
     (WAN, "wan22-train --config configs/t2v_a14b_high.yaml --dry-run --world-size 8"): How(
         "run", paths=WAN_CONFIGS
     ),
-    (
-        WAN,
-        "wan22-train plan --config configs/t2v_a14b_high_cached.yaml --world-size 8 --device h200",
-    ): covered("apps/wan22-train/tests/test_wan_plan.py"),
+    (WAN, "wan22-train plan --config configs/t2v_a14b_high_cached.yaml --world-size 8 --device h200"): covered(
+        "apps/wan22-train/tests/test_wan_plan.py"
+    ),
     (WAN, "wan22-train plan --config configs/t2v_a14b_high.yaml --world-size 8 --device h200"): excused(
         "a 20 s trace; test_wan_plan.py plans the same 14B expert end to end from the README (on its cached "
         "config: the same step without the VAE and UMT5 passes), tests/test_planner.py the planner's parts"
     ),
-    (
-        WAN,
-        "wan22-train plan --config configs/t2v_a14b_high.yaml --world-size 8 --device h100 --search",
-    ): excused("minutes (12 traces); tests/test_planner.py runs --search on the toy plugin"),
+    (WAN, "wan22-train plan --config configs/t2v_a14b_high.yaml --world-size 8 --device h100 --search"): excused(
+        "minutes (12 traces); tests/test_planner.py runs --search on the toy plugin"
+    ),
     (
         WAN,
         "torchrun --standalone --nproc-per-node 8 -m wan22_train preprocess --config configs/t2v_a14b_high_cached.yaml",

@@ -65,7 +65,6 @@ def test_the_run_keys_reach_the_cache_writer(clips, tmp_path, monkeypatch):
 
 def test_vae_tiling_is_in_every_samples_key(clips, tmp_path):
     dataset = PidDataset(clips, **READ)
-
     def write(run: PreprocessRunConfig):
         return write_latent_cache(dataset, encoder([]), tmp_path, run=run, identity={}, uses_prompt=False)
 
