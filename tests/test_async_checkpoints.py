@@ -78,7 +78,7 @@ def test_sigterm_during_an_async_save_ends_after_it_completes_and_the_next_run_r
     config = toy_yaml(**BIG)
     ckpt = config.parent / "ckpt"
     procs = processes.start(config, "training.train_iters=40", nproc=2, launcher="plain")
-    _wait_for_a_write_in_flight(ckpt, 2, *procs)
+    writing = _wait_for_a_write_in_flight(ckpt, 2, *procs)
     for proc in procs:
         os.kill(proc.pid, signal.SIGTERM)
     codes, output = processes.finish(procs, timeout=120)
@@ -86,6 +86,8 @@ def test_sigterm_during_an_async_save_ends_after_it_completes_and_the_next_run_r
     stopped = len((ckpt / "metrics.jsonl").read_text().splitlines())
     assert 2 < stopped < 40 and f"saved iteration {stopped}" in output
     assert _tracker(ckpt) == stopped and not list(ckpt.glob("*.partial"))  # the stop save, committed
+    assert (ckpt / writing.name.removesuffix(".partial")).is_dir()  # and the one in flight at the signal
+    assert "GiB per rank in host memory" in output  # the staging copy is reported
 
     records = mm_train_forked(config, "training.train_iters=" + str(stopped + 1), nproc=2)
     assert [r["step"] for r in records] == list(range(1, stopped + 2))

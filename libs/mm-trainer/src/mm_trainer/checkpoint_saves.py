@@ -22,6 +22,7 @@ from typing import Any
 from mm_checkpoint import DistributedCheckpointer
 from mm_config import TrainConfig, dump_config
 
+from mm_trainer.build import log_rank0
 from mm_trainer.run_config import RUN_CONFIG_NAME, weight_sources
 
 MODEL_ONLY_DIR = "model_only"
@@ -72,7 +73,13 @@ class CheckpointSaves:
     def _save(self, series: DistributedCheckpointer, state: dict[str, Any], iteration: int) -> None:
         self.finish()  # at most one save in flight, over both series
         info = {"sources": weight_sources(self.config.model)}  # where an export finds config.json
+        reported = series.staging_bytes
         series.save(state, iteration, submodels=self.submodels, info=info, background=self.background)
+        if self.background and not reported:
+            log_rank0(
+                f"training.async_save: {series.root} stages {series.staging_bytes / 2**30:.2f} GiB per rank in "
+                "host memory (kept for the next save)"
+            )
         if self.rank == 0:
             dump_config(self.config, series.root / RUN_CONFIG_NAME)
 
