@@ -117,9 +117,9 @@ def test_an_expired_lease_from_another_host_is_taken_over_with_a_log_line(tmp_pa
 
 
 def test_the_holder_renews_its_lease_so_it_never_expires(tmp_path: Path) -> None:
-    lock = RunLock(tmp_path, lease_s=0.4).acquire()
+    lock = RunLock(tmp_path, lease_s=1.0).acquire()
     first = json.loads((tmp_path / LOCK_FILENAME).read_text())["renewed"]
-    time.sleep(1.0)  # past the lease: a holder that did not renew would be stale now
+    time.sleep(1.3)  # past the lease: a holder that did not renew would be stale now
     holder = LockHolder(**json.loads((tmp_path / LOCK_FILENAME).read_text()))
     assert holder.renewed > first and holder.gone() is None
     lock.release()
