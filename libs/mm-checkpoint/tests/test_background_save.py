@@ -98,3 +98,30 @@ def test_retention_deletes_only_after_the_new_checkpoint_and_only_up_to_it(tmp_p
     resumed = DistributedCheckpointer(tmp_path, keep_last=1, keep_every=3)  # a resume: a new checkpointer
     resumed.save(state, 5)
     assert sorted(p.name for p in tmp_path.glob("iter_*")) == ["iter_0000003", "iter_0000005"]
+
+
+@pytest.mark.slow
+def test_a_two_rank_background_save_runs_on_its_own_group_and_loads_at_world_one(
+    distributed, tmp_path: Path
+) -> None:
+    def body(rank: int, world: int) -> bool:
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        torch.manual_seed(0)
+        model = fully_shard(nn.Linear(64, 64))
+        state = {"model": model, "optimizer": torch.optim.AdamW(model.parameters())}
+        with pytest.raises(ValueError, match="background_group"):
+            DistributedCheckpointer(tmp_path).save(state, 1, background=True)
+        ckpt = DistributedCheckpointer(tmp_path, background_group=dist.new_group(backend="gloo"))
+        ckpt.save(state, 1, background=True)
+        dist.all_reduce(torch.ones(1))  # the training's collectives go on while the write runs
+        ckpt.finish_pending()  # rank 0 commits; the others only wait for their write
+        return ckpt.pending is None
+
+    assert distributed(body, 2) == [True, True]
+    assert latest_iteration(tmp_path) == 1
+    loaded = nn.Linear(64, 64)
+    DistributedCheckpointer(tmp_path).load({"model": loaded})
+    torch.manual_seed(0)
+    torch.testing.assert_close(loaded.weight, nn.Linear(64, 64).weight, rtol=0, atol=0)

@@ -173,8 +173,8 @@ class DistributedCheckpointer:
         keep_every: also keep every checkpoint whose iteration is a multiple of this (None: none extra).
         dp_rank / dp_size: data-parallel coordinates keying per-rank state (default: global rank / world).
         background_group: the process group of background saves' collectives (a gloo group of every
-            rank, apart from the training's; None: the default group). Needed only with
-            ``save(background=True)`` in a multi-rank run.
+            rank, apart from the training's). Required by ``save(background=True)`` in a multi-rank
+            run (refused without it).
     """
 
     def __init__(
@@ -228,6 +228,11 @@ class DistributedCheckpointer:
         tracker, when :meth:`finish_pending` (or :meth:`check_pending` after the write ended) commits
         it. A background save still in flight is finished first (at most one at a time).
         """
+        if background and is_distributed() and self.background_group is None:
+            raise ValueError(
+                "a background save in a multi-rank run needs DistributedCheckpointer(background_group=...): a "
+                "gloo group of every rank apart from the training's (its collectives run in another thread)"
+            )
         self.finish_pending()
         if submodels is not None:
             info = {**(info or {}), SUBMODELS_INFO_KEY: list(submodels)}
