@@ -91,3 +91,36 @@ def test_sigterm_during_an_async_save_ends_after_it_completes_and_the_next_run_r
 
     records = mm_train_forked(config, "training.train_iters=" + str(stopped + 1), nproc=2)
     assert [r["step"] for r in records] == list(range(1, stopped + 2))
+
+
+class _Unpicklable:
+    """Copied fine when a save stages it, refused by pickle when the writer serializes it."""
+
+    def __deepcopy__(self, memo: dict) -> _Unpicklable:
+        return _Unpicklable()
+
+    def __reduce__(self):
+        raise RuntimeError("this object cannot be written")
+
+
+def test_a_failed_background_save_ends_the_run_at_a_step_after_it_with_its_error(
+    distributed, toy_yaml, toy_trainer, metrics_of
+):
+    config = toy_yaml(training={"train_iters": 6, "save_interval": 3, "async_save": True})
+
+    def body(rank: int, world: int) -> str:
+        trainer = toy_trainer(config, world)
+        trainer.lr_scheduler.broken = _Unpicklable()  # an attribute of a scheduler is in its state_dict
+        try:
+            trainer.train()
+        except Exception as err:  # noqa: BLE001 - the error is the result
+            return f"{type(err).__name__}: {err}"
+        return "no error"
+
+    (message,) = distributed(body, 1)
+    assert message.startswith("CheckpointError: the background save of iteration 3"), message
+    assert "cannot be written" in message
+    # raised by the check after a step, not only by the next save (at 6): a write of a few KB ends
+    # within the three steps between them
+    assert 3 <= len(metrics_of(config.parent / "ckpt")) < 6
+    assert not (config.parent / "ckpt" / "latest_checkpointed_iteration.txt").exists()
