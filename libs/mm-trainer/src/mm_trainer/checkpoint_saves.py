@@ -9,7 +9,8 @@ adapters) and the EMA: what ``export`` and ``sample`` read, with the run's confi
 tracker and retention (``keep_last`` / ``keep_every``); resumes read the full series only.
 
 Background saves: at most one is in flight over both series (a new save first finishes the one in
-flight); :meth:`CheckpointSaves.check` raises a failed write's error at the next step, and
+flight: when both series save one iteration, the model-only save goes first and the full one waits
+for its write, which holds the weights only); :meth:`CheckpointSaves.check` raises a failed write's error at the next step, and
 :meth:`CheckpointSaves.finish` (a stop, the end of training) waits for the last one and commits it.
 """
 

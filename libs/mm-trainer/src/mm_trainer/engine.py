@@ -127,14 +127,16 @@ class TrainEngine:
                 saved = False
                 if self.saves is not None:
                     self.saves.check()  # a failed background save ends the run here, with its error
-                if self.save_fn and (due or result.stop_requests or pending_save):
-                    saved = self._save_if_finite(iteration, result.loss, self.save_fn)
-                    pending_save = not saved  # a due save that was refused is made at the next finite step
                 model_every = (
                     getattr(training, "model_save_interval", None) if self.saves is not None else None
                 )
+                # before a full save of the same iteration: with async_save the full one then waits
+                # for the model-only write (weights only), not the other way round
                 if model_every and iteration % model_every == 0:
                     self._save_if_finite(iteration, result.loss, self.saves.save_model)
+                if self.save_fn and (due or result.stop_requests or pending_save):
+                    saved = self._save_if_finite(iteration, result.loss, self.save_fn)
+                    pending_save = not saved  # a due save that was refused is made at the next finite step
                 if result.stop_requests:
                     self.metrics.write(self._stop_message(result.stop_requests, iteration, saved))
                     break
