@@ -27,10 +27,11 @@ if [[ -f "$toolkit/set_env.sh" ]]; then
 fi
 
 # HCCL: link setup and collective timeouts (seconds), the network interface for its sockets.
-# training.collective_timeout_s (the process-group timeout) should exceed HCCL_EXEC_TIMEOUT so that
-# HCCL reports the failing collective first.
+# HCCL_EXEC_TIMEOUT stays below training.collective_timeout_s (default 600) so that HCCL reports the
+# failing collective first; long waits (staging, conversion, async saves) are bounded by
+# training.long_wait_timeout_s on a gloo group of their own, not by these.
 export HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-1200}
-export HCCL_EXEC_TIMEOUT=${HCCL_EXEC_TIMEOUT:-1800}
+export HCCL_EXEC_TIMEOUT=${HCCL_EXEC_TIMEOUT:-540}
 if [[ -n "${HCCL_SOCKET_IFNAME:-}" ]]; then
     export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$HCCL_SOCKET_IFNAME}
 fi

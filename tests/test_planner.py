@@ -59,6 +59,17 @@ def test_a_later_change_adds_a_host_memory_line_as_a_term_of_the_traced_run(toy_
     assert "checkpoint staging" in render(summary, run)
 
 
+def test_async_saves_plan_their_host_staging_copy_of_the_checkpointed_state(toy_yaml):
+    run = _plan(toy_yaml("plan", **BIG), 2, "training.async_save=true", "training.ema.decay=0.9")
+    shard_numel = sum(math.ceil(s[0] / 2) * math.prod(s[1:]) for s in _predictor_params())
+    weights_moments_ema = 4 * shard_numel * 4  # fp32: the weights, exp_avg, exp_avg_sq, the EMA
+    steps = 4 * len(_predictor_params())  # AdamW's float32 step counter per parameter
+    assert summarize(run).host["async checkpoint staging"] == weights_moments_ema + steps
+    training = run.config.training.model_copy(update={"async_save": False})
+    synchronous = replace(run, config=run.config.model_copy(update={"training": training}))
+    assert "async checkpoint staging" not in summarize(synchronous).host
+
+
 @pytest.mark.parametrize(
     ("derived", "overrides"),
     [

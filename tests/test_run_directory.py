@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 from mm_checkpoint import checkpoint_info
 
 
-def train_once(build, config: Path, world_size: int) -> tuple[int, int]:
-    trainer = build(config, world_size)
+def train_once(build, config: Path, world_size: int, *overrides: str) -> tuple[int, int]:
+    trainer = build(config, world_size, *overrides)
     try:
         return trainer.start_iteration, trainer.train()
     finally:
@@ -74,3 +76,38 @@ def test_a_second_run_sharing_a_log_dir_never_truncates_the_first_runs_metrics(t
     (moved,) = logs.parent.glob("logs.previous-*")
     assert (moved / "metrics.jsonl").read_bytes() == written  # moved aside whole, byte for byte
     assert [json.loads(line)["step"] for line in (logs / "metrics.jsonl").read_text().splitlines()] == [1]
+
+
+def _plant_foreign_lock(ckpt: Path, age_s: float) -> None:
+    """The lock a run on another node wrote, its lease last renewed ``age_s`` seconds ago."""
+    record = {
+        "pid": 4242, "host": "node-17", "started": "2026-01-01 00:00:00 +0000",
+        "lease_s": 60.0, "renewed": time.time() - age_s,
+    }  # fmt: skip
+    (ckpt / ".mm_train.lock").write_text(json.dumps(record))
+
+
+def test_a_lock_from_another_host_with_an_expired_lease_is_taken_over_and_the_run_resumes(
+    distributed, toy_yaml, toy_trainer
+):
+    config = toy_yaml(training={"train_iters": 2, "save_interval": 2})
+    ckpt = config.parent / "ckpt"
+    assert distributed(lambda rank, world: train_once(toy_trainer, config, world), 1) == [(0, 2)]
+    _plant_foreign_lock(ckpt, age_s=61)  # a requeued job: its rank 0 ran on node-17 and was killed
+    resumed = distributed(
+        lambda rank, world: train_once(toy_trainer, config, world, "training.train_iters=3"), 1
+    )
+    assert resumed == [(2, 3)]
+
+
+def test_a_lock_from_another_host_with_a_live_lease_is_refused_naming_host_pid_and_lease_age(
+    distributed, toy_yaml, trainer_build_error
+):
+    config = toy_yaml()
+    ckpt = config.parent / "ckpt"
+    ckpt.mkdir()
+    _plant_foreign_lock(ckpt, age_s=5)
+    (message,) = distributed(lambda rank, world: trainer_build_error(config, world), 1)
+    assert message.startswith("RunLockedError") and "pid 4242 on host node-17" in message, message
+    age = re.search(r"lease renewed (\d+) s ago \(expires after 60 s\)", message)
+    assert age and 5 <= int(age.group(1)) < 60, message

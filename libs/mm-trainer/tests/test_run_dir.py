@@ -21,7 +21,9 @@ def _run(root: Path, *iterations: int) -> Path:
 
 
 def _training(save: Path | None, load: Path | None = None, resume: str = "auto", log_dir=None):
-    return SimpleNamespace(save=save and str(save), load=load and str(load), resume=resume, log_dir=log_dir)
+    return SimpleNamespace(
+        save=save and str(save), load=load and str(load), resume=resume, log_dir=log_dir, lock_lease_s=120.0
+    )
 
 
 @pytest.mark.parametrize("mode", ["auto", "must"])

@@ -97,3 +97,38 @@ def test_a_killed_holder_not_yet_reaped_is_stale(tmp_path: Path, other_process) 
         time.sleep(0.01)
     RunLock(tmp_path).acquire().release()
     assert not lock_file.exists()
+
+
+def test_a_live_lease_from_another_host_is_refused_with_host_pid_and_lease_age(tmp_path: Path) -> None:
+    holder = replace(_holder_of(4242), host="node-17", lease_s=120.0, renewed=time.time() - 30)
+    _plant(tmp_path, holder)
+    with pytest.raises(RunLockedError, match=r"pid 4242 on host node-17.*lease renewed 3\d s ago"):
+        RunLock(tmp_path).acquire()
+
+
+def test_an_expired_lease_from_another_host_is_taken_over_with_a_log_line(tmp_path: Path, caplog) -> None:
+    _plant(tmp_path, replace(_holder_of(4242), host="node-17", lease_s=60.0, renewed=time.time() - 61))
+    with caplog.at_level(logging.WARNING, logger="mm_trainer"):
+        lock = RunLock(tmp_path).acquire()
+    assert "taking over the stale lock of pid 4242 on host node-17" in caplog.text
+    assert "its lease expired" in caplog.text
+    assert json.loads((tmp_path / LOCK_FILENAME).read_text())["pid"] == os.getpid()
+    lock.release()
+
+
+def test_the_holder_renews_its_lease_so_it_never_expires(tmp_path: Path) -> None:
+    lock = RunLock(tmp_path, lease_s=1.0).acquire()
+    first = json.loads((tmp_path / LOCK_FILENAME).read_text())["renewed"]
+    time.sleep(1.3)  # past the lease: a holder that did not renew would be stale now
+    holder = LockHolder(**json.loads((tmp_path / LOCK_FILENAME).read_text()))
+    assert holder.renewed > first and holder.gone() is None
+    lock.release()
+    assert not (tmp_path / LOCK_FILENAME).exists()
+
+
+def test_a_takeover_does_not_remove_a_lock_that_another_process_took_first(tmp_path: Path) -> None:
+    stale = replace(_holder_of(4242), host="node-17", lease_s=1.0, renewed=time.time() - 10)
+    newer = replace(stale, pid=4343, renewed=time.time())  # took it over just before us
+    _plant(tmp_path, newer)
+    assert not RunLock(tmp_path)._remove_stale(stale)
+    assert json.loads((tmp_path / LOCK_FILENAME).read_text())["pid"] == 4343

@@ -18,6 +18,7 @@ _EXPORTS: dict[str, str] = {
     "DistributedCheckpointer": "checkpointer",
     "RNGState": "checkpointer",
     "checkpoint_info": "checkpointer",
+    "long_waits": "runtime",
     "convert_to_dcp": "conversion",
     "ensure_dcp_cache": "conversion",
     "cache_content_change": "conversion",

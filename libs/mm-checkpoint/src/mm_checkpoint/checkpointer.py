@@ -3,7 +3,11 @@
 Layout under ``root``: ``iter_NNNNNNN/`` (DCP files + ``rank_state/dp_rank_NNNNN.pt`` +
 ``mm_checkpoint.json``) and the tracker ``latest_checkpointed_iteration.txt``. A save writes
 ``iter_NNNNNNN.partial/``, renames it into place, then atomically replaces the tracker, so a crash at
-any point leaves the previous checkpoint and tracker intact.
+any point leaves the previous checkpoint and tracker intact. A background save
+(``save(background=True)``, :mod:`.background_save`) stages the state in host memory, returns, and
+commits the same way once its files are complete (:meth:`DistributedCheckpointer.finish_pending`);
+at most one is in flight. Retention (``keep_last``, ``keep_every``) deletes old ``iter_*`` dirs of
+this root only after the new one is committed.
 
 Per-rank state (every entry that is not model / optimizer / scheduler, e.g. the data position) is
 written once per data-parallel rank, holding only tensors and plain Python values, and read back
@@ -16,9 +20,11 @@ rank's own file; at another size every rank reads all saved files and the entry 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
+import threading
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
@@ -29,6 +35,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from .background_save import PendingSave, staging_copier
 from .errors import CheckpointError, CheckpointLoadError, CheckpointNotFoundError
 from .info_file import INFO_FILENAME, SUBMODELS_INFO_KEY, read_info
 from .layout import (
@@ -48,6 +55,10 @@ DCP_KEYS = ("model", "optimizer", "lr_scheduler", "ema")
 ``ema`` is an object whose ``state_dict()`` maps model keys to tensors or DTensors (the EMA of the
 trainable parameters: sharded like them, so resharded like them)."""
 RANK_STATE_DIR = "rank_state"
+DELETING_SUFFIX = ".deleting"
+"""An ``iter_*`` dir that retention is deleting (renamed first: it no longer counts as a checkpoint)."""
+
+logger = logging.getLogger(__name__)
 
 
 class RNGState:
@@ -159,7 +170,11 @@ class DistributedCheckpointer:
     Args:
         root: checkpoint root directory.
         keep_last: keep only this many newest ``iter_*`` checkpoints (None keeps all).
+        keep_every: also keep every checkpoint whose iteration is a multiple of this (None: none extra).
         dp_rank / dp_size: data-parallel coordinates keying per-rank state (default: global rank / world).
+        background_group: the process group of background saves' collectives (a gloo group of every
+            rank, apart from the training's). Required by ``save(background=True)`` in a multi-rank
+            run (refused without it).
     """
 
     def __init__(
@@ -167,15 +182,26 @@ class DistributedCheckpointer:
         root: str | os.PathLike,
         keep_last: int | None = None,
         *,
+        keep_every: int | None = None,
         dp_rank: int | None = None,
         dp_size: int | None = None,
+        background_group: Any = None,
     ) -> None:
-        if keep_last is not None and keep_last < 1:
-            raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
+        for name, value in (("keep_last", keep_last), ("keep_every", keep_every)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {value}")
         self.root = Path(root)
         self.keep_last = keep_last
+        self.keep_every = keep_every
         self.dp_rank = get_rank() if dp_rank is None else dp_rank
         self.dp_size = get_world_size() if dp_size is None else dp_size
+        self.background_group = background_group
+        self.pending: PendingSave | None = None
+        """The background save in flight, None when there is none."""
+        self._stager: Any = None
+        self._deleting: threading.Thread | None = None
+        self.staging_bytes = 0
+        """Host memory a background save stages on this rank (known after the first one)."""
 
     def latest_iteration(self) -> int | None:
         """Iteration the tracker (or the single valid dir) points at, None if there is none."""
@@ -188,6 +214,7 @@ class DistributedCheckpointer:
         *,
         info: Mapping[str, Any] | None = None,
         submodels: Sequence[str] | None = None,
+        background: bool = False,
     ) -> Path:
         """Collectively save ``state`` as ``iteration``; returns the final directory. Call on every rank.
 
@@ -195,7 +222,18 @@ class DistributedCheckpointer:
         becomes visible atomically with the tensors (see :func:`checkpoint_info`). ``submodels`` names
         the top-level modules of a container model (``predictor``...): recorded as ``submodels``, they
         make export and ``mm-ckpt convert`` ask which one to write.
+
+        ``background``: return once the state is staged in host memory and the per-rank state written;
+        the DCP files are written by a thread (:attr:`pending`) and the directory appears, with the
+        tracker, when :meth:`finish_pending` (or :meth:`check_pending` after the write ended) commits
+        it. A background save still in flight is finished first (at most one at a time).
         """
+        if background and is_distributed() and self.background_group is None:
+            raise ValueError(
+                "a background save in a multi-rank run needs DistributedCheckpointer(background_group=...): a "
+                "gloo group of every rank apart from the training's (its collectives run in another thread)"
+            )
+        self.finish_pending()
         if submodels is not None:
             info = {**(info or {}), SUBMODELS_INFO_KEY: list(submodels)}
         self._check_forward(iteration)
@@ -206,16 +244,67 @@ class DistributedCheckpointer:
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir()
         barrier()
-        with single_process_quiet():
-            dcp.save(_dcp_state(state), checkpoint_id=str(partial), no_dist=not is_distributed())
+        if background:
+            future = self._start_background_write(state, partial)
+        else:
+            with single_process_quiet():
+                dcp.save(_dcp_state(state), checkpoint_id=str(partial), no_dist=not is_distributed())
         self._save_per_rank(state, partial)
         barrier()
-        if get_rank() == 0:
-            self._write_info(partial, iteration, info or {})
-            self._commit(partial, final, iteration)
-            self._prune(iteration)
+
+        def commit() -> None:
+            if get_rank() == 0:
+                self._write_info(partial, iteration, info or {})
+                self._commit(partial, final, iteration)
+                self._prune(iteration, background)
+
+        if background:
+            self.pending = PendingSave(iteration, partial, future, commit)
+            return final
+        commit()
         barrier()
         return final
+
+    def _start_background_write(self, state: Mapping[str, Any], partial: Path) -> Any:
+        """Stage ``state`` into host memory (returns once staged) and write it from a thread: the future."""
+        dcp_state = _dcp_state(state)
+        if self._stager is None:
+            self._stager = staging_copier()
+            self.staging_bytes = local_tensor_bytes(dcp_state)
+            logger.info(
+                "background saves of %s stage %.2f GiB per rank in host memory",
+                self.root,
+                self.staging_bytes / 2**30,
+            )
+        with single_process_quiet():
+            return dcp.async_save(
+                dcp_state,
+                checkpoint_id=str(partial),
+                process_group=self.background_group,
+                async_stager=self._stager,
+                no_dist=not is_distributed(),
+            )
+
+    def check_pending(self) -> None:
+        """Commit the background save if its write has ended; raise its error if it failed. Never waits
+        and makes no collective (ranks may see the end at different steps)."""
+        if self.pending is not None and self.pending.done():
+            pending, self.pending = self.pending, None
+            pending.finish()
+
+    def finish_pending(self, timeout_s: float | None = None) -> None:
+        """Wait (at most ``timeout_s``) for the background save in flight and commit it, and for the
+        deletion of the checkpoints its retention dropped; no-op without either.
+
+        Raises:
+            CheckpointError: the background write failed, or did not end in time.
+        """
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.finish(timeout_s)
+        if self._deleting is not None:
+            self._deleting.join()
+            self._deleting = None
 
     def _save_per_rank(self, state: Mapping[str, Any], partial: Path) -> None:
         dp_ranks = [self.dp_rank] * get_world_size()
@@ -264,15 +353,27 @@ class DistributedCheckpointer:
                 "there would move the tracker back and mix two runs: resume that run, or save elsewhere"
             )
 
-    def _prune(self, iteration: int) -> None:
-        """Keep the ``keep_last`` newest iterations up to ``iteration``; newer ones are not this run's."""
+    def _prune(self, iteration: int, background: bool = False) -> None:
+        """Delete the iterations up to ``iteration`` that the retention rule does not keep (newer ones
+        are not this run's): see :func:`retained`. Each is first renamed to ``iter_*.deleting`` (one
+        atomic rename: never a half-deleted dir that still looks like a checkpoint), then removed; after
+        a background save by a thread that :meth:`finish_pending` joins, so training does not wait for
+        the deletion. Leftovers of an interrupted deletion are removed by the next prune."""
         if self.keep_last is None:
             return
-        iters = [
-            p for it, p in valid_iterations(self.root).items() if it != RELEASE_ITERATION and it <= iteration
-        ]
-        for path in iters[: max(0, len(iters) - self.keep_last)]:
-            shutil.rmtree(path, ignore_errors=True)
+        iters = {
+            it: p for it, p in valid_iterations(self.root).items() if it != RELEASE_ITERATION and it <= iteration
+        }
+        kept = retained(list(iters), keep_last=self.keep_last, keep_every=self.keep_every)
+        for it, path in iters.items():
+            if it not in kept:
+                os.replace(path, path.with_name(path.name + DELETING_SUFFIX))
+        doomed = sorted(self.root.glob(f"iter_*{DELETING_SUFFIX}"))
+        if not background:
+            _remove_all(doomed)
+        elif doomed:
+            self._deleting = threading.Thread(target=_remove_all, args=(doomed,), name="retention", daemon=True)
+            self._deleting.start()
 
     def load(self, state: MutableMapping[str, Any], iteration: int | None = None) -> int:
         """Collectively restore ``state`` in place from ``iteration`` (default: tracker / single valid dir).
@@ -357,6 +458,34 @@ class DistributedCheckpointer:
                 f"{key!r} was saved per data-parallel rank at dp size {saved_dp}; loading it at dp size "
                 f"{self.dp_size} needs {type(value).__name__}.load_rank_states(states, dp_rank=, dp_size=)"
             )
+
+
+def _remove_all(paths: Sequence[Path]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def local_tensor_bytes(tree: Any) -> int:
+    """Bytes of this rank's tensors in a nested state (a DTensor counts its local shard): what staging
+    it copies into host memory."""
+    if isinstance(tree, torch.Tensor):
+        local = tree.to_local() if hasattr(tree, "to_local") else tree
+        return local.numel() * local.element_size()
+    if isinstance(tree, Mapping):
+        return sum(local_tensor_bytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(local_tensor_bytes(v) for v in tree)
+    return 0
+
+
+def retained(iterations: Sequence[int], *, keep_last: int | None, keep_every: int | None = None) -> set[int]:
+    """The iterations a retention rule keeps: the ``keep_last`` highest (all when None), and every
+    multiple of ``keep_every``."""
+    ordered = sorted(iterations)
+    kept = set(ordered if keep_last is None else ordered[-keep_last:])
+    if keep_every is not None:
+        kept |= {it for it in ordered if it % keep_every == 0}
+    return kept
 
 
 def _rank_state_name(dp_rank: int) -> str:

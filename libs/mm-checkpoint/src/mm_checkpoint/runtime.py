@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -11,6 +12,26 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 T = TypeVar("T")
+
+_LONG_WAIT_GROUP: contextvars.ContextVar[Any] = contextvars.ContextVar("long_wait_group", default=None)
+
+
+@contextlib.contextmanager
+def long_waits(group: Any) -> Iterator[None]:
+    """Within the block, collectives where ranks wait for one rank's long work (:func:`on_rank0`: hashing
+    a weights source; :func:`~mm_checkpoint.stage_on_node`: one rank per node copying) run on ``group``:
+    a process group of every rank whose timeout is meant for such waits, so the run's collective timeout
+    can stay short. None (and outside the block): the default group."""
+    token = _LONG_WAIT_GROUP.set(group)
+    try:
+        yield
+    finally:
+        _LONG_WAIT_GROUP.reset(token)
+
+
+def long_wait_group() -> Any:
+    """The group set by :func:`long_waits` (None: the default group)."""
+    return _LONG_WAIT_GROUP.get()
 
 
 @contextlib.contextmanager
@@ -45,25 +66,26 @@ def barrier() -> None:
         dist.barrier()
 
 
-def broadcast_object(obj: Any, src: int = 0) -> Any:
+def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
     """Return rank ``src``'s ``obj`` on every rank (identity without a process group)."""
     if not is_distributed():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=src, group=group)
     return box[0]
 
 
 def on_rank0(fn: Callable[[], T]) -> T:
     """``fn()`` run on rank 0 only, its result returned on every rank; an exception it raises is raised
-    on every rank (so that no rank waits in a collective for a rank that failed)."""
+    on every rank (so that no rank waits in a collective for a rank that failed). The others wait on the
+    :func:`long_waits` group when one is set."""
     outcome: tuple[bool, Any] = (True, None)
     if get_rank() == 0:
         try:
             outcome = (True, fn())
         except Exception as exc:  # noqa: BLE001 - re-raised below, on every rank
             outcome = (False, exc)
-    ok, value = broadcast_object(outcome)
+    ok, value = broadcast_object(outcome, group=long_wait_group())
     if not ok:
         raise value
     return value

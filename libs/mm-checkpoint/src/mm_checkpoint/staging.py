@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from .runtime import is_distributed
+from .runtime import is_distributed, long_wait_group
 from .source_identity import IDENTITY_VERSION, content_of, files_identity
 from .stage_temporaries import remove_stale_temporaries, temporary_path
 
@@ -133,8 +133,8 @@ def _copy(source: Path, copy_dir: Path) -> bool:
 def stage_on_node(source: str | os.PathLike, stage_root: str | os.PathLike) -> StagedCopy:
     """Copy ``source`` (a file or directory) under ``stage_root`` once per node; return where it is.
 
-    Collective over the default process group when there is one (every rank calls it, in the same
-    order); ``LOCAL_RANK`` 0 (torchrun, srun with its variables) copies. Raises ``OSError`` on every
+    Collective over the default process group when there is one, or the :func:`~mm_checkpoint.runtime.long_waits`
+    group (every rank calls it, in the same order); ``LOCAL_RANK`` 0 (torchrun, srun with its variables) copies. Raises ``OSError`` on every
     rank, naming the source and the node's copier, when a copy failed.
     """
     src = Path(source)
@@ -151,7 +151,7 @@ def stage_on_node(source: str | os.PathLike, stage_root: str | os.PathLike) -> S
     errors = [error]
     if is_distributed():
         errors = [None] * dist.get_world_size()
-        dist.all_gather_object(errors, error)
+        dist.all_gather_object(errors, error, group=long_wait_group())
     failed = [e for e in errors if e]
     if failed:
         raise OSError("staging weights to node-local disk failed: " + "; ".join(failed))

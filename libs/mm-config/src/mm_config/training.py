@@ -97,7 +97,25 @@ class TrainingConfig(ConfigModel):
     save_interval: int = Field(default=1000, ge=1)
     """Save a checkpoint every this many steps (and at the end)."""
     keep_last: int | None = Field(default=None, ge=1)
-    """Keep only this many newest checkpoints; None keeps all."""
+    """Keep only this many newest checkpoints (full and model-only counted apart); None keeps all. Only
+    this run's own ``iter_*`` dirs (up to the iteration saved) are deleted, after the new one is complete."""
+    keep_every: int | None = Field(default=None, ge=1)
+    """Also keep, whatever ``keep_last`` says, every checkpoint whose iteration is a multiple of this
+    (e.g. 1000: one per thousand steps for evaluation); None: ``keep_last`` alone decides."""
+    model_save_interval: int | None = Field(default=None, ge=1)
+    """Also save the weights alone (the trainable sub-models, their LoRA adapters and the EMA; no optimizer,
+    no data position) every this many steps, into ``<save>/model_only/iter_*``: what ``export`` and
+    ``sample`` read, a fraction of a full checkpoint's size. None: none. A resume never starts from them."""
+    async_save: bool = False
+    """Write checkpoints in the background: each save stages the state in (pinned, on an accelerator)
+    host memory, then training continues while the files are written (at most one save in flight; the
+    tracker moves once they are complete). Costs one copy of the checkpointed state in host memory per
+    rank (``mm-train plan`` shows it). A failed write stops the run at the next step with its error;
+    a stop signal and the end of training wait for the save in flight."""
+    lock_lease_s: float = Field(default=120.0, gt=0)
+    """The run's lock on ``save`` / ``log_dir`` is a lease renewed every quarter of this; a lock not
+    renewed for this long is stale and taken over (so a requeued job on another node resumes). Hosts
+    sharing the save dir need clocks agreeing to well within it."""
     log_interval: int = Field(default=1, ge=1)
     """Log metrics every this many steps."""
     log_sample_ids: bool = False
@@ -135,8 +153,13 @@ class TrainingConfig(ConfigModel):
     collective_timeout_s: float | None = Field(default=600.0, gt=0)
     """Seconds a collective (on every process group of the run, gloo / NCCL / HCCL) may wait for the
     other ranks before this rank fails: how long a job can hang when a rank dies or stops answering.
-    Raise it when one rank legitimately works alone longer (a save to slow storage); None = the
-    backend's default (30 min gloo, 10 min NCCL)."""
+    Keep it above ``HCCL_EXEC_TIMEOUT`` (``launch/ascend.sh``: 540). The long waits of one rank for
+    another (weight staging, hashing and conversion, asynchronous saves) have their own
+    ``long_wait_timeout_s``; None = the backend's default (30 min gloo, 10 min NCCL)."""
+    long_wait_timeout_s: float = Field(default=3600.0, gt=0)
+    """Seconds the ranks may wait for work that some rank does alone, on a process group of its own
+    (gloo): the node-local copy of ``stage_dir``, the hash check and the online DCP conversion of
+    weights, and the background writes of ``async_save``. Bounds how long those can hang."""
 
     @model_validator(mode="after")
     def _schedule_consistent(self) -> TrainingConfig:

@@ -28,7 +28,7 @@ from mm_parallel.patterns import (
     unmatched_segment,
 )
 from mm_parallel.process_exit import exit_process
-from mm_parallel.timeouts import set_collective_timeout
+from mm_parallel.timeouts import new_long_wait_group, set_collective_timeout
 from mm_parallel.unit_layout import SKIP_ROOT_WRAP_ATTR, plan_units
 
 # isort: split
@@ -121,6 +121,7 @@ __all__ += [
     "pattern_matches",
     "unmatched_segment",
     "plan_units",
+    "new_long_wait_group",
     "set_collective_timeout",
     "set_gradient_sync",
     "signal_when_launcher_dies",

@@ -28,6 +28,13 @@ def as_timedelta(timeout_s: float | None) -> timedelta | None:
     return timedelta(seconds=timeout_s)
 
 
+def new_long_wait_group(timeout_s: float) -> dist.ProcessGroup:
+    """A gloo group of every rank whose collectives wait up to ``timeout_s``: for waits on work that one
+    rank does alone (copying, hashing, converting weights; background checkpoint writes), so that the
+    run's collective timeout can stay short. Collective: every rank calls it, in the same order."""
+    return dist.new_group(backend="gloo", timeout=as_timedelta(timeout_s))
+
+
 def set_collective_timeout(groups: Iterable[dist.ProcessGroup], timeout_s: float) -> None:
     """Make every collective on ``groups`` fail after ``timeout_s`` seconds without the other ranks.
 

@@ -62,6 +62,10 @@ class TrainEngine:
     group apart while a stop request (SIGTERM / SIGINT, :mod:`mm_trainer.stop_signals`) reaches every
     rank, including the other CP ranks of the same data-parallel rank. ``ema`` (a
     :class:`mm_trainer.ParameterEMA`) is updated after every optimizer step that changed the weights.
+
+    ``saves`` (a :class:`mm_trainer.checkpoint_saves.CheckpointSaves`): after every step a background
+    save whose write ended is committed, or its failure raised; model-only saves every
+    ``training.model_save_interval``; a stop and the end of training wait for the save in flight.
     """
 
     def __init__(
@@ -83,10 +87,12 @@ class TrainEngine:
         peak_flops: float | None = None,
         ema: ParameterEMA | None = None,
         phases: list[Phase] | None = None,
+        saves: Any = None,
     ) -> None:
         self.model, self.optimizer, self.lr_scheduler = model, optimizer, lr_scheduler
         self.batches, self.training, self.device = batches, training, device
         self.dp_group, self.save_fn, self.ema, self.validate_fn = dp_group, save_fn, ema, validate_fn
+        self.saves = saves  # CheckpointSaves: model-only saves, background saves' completion
         self.cp_rank, self.cp_size = cp_rank, cp_size
         self.phases = phases or []
         _check_layout(dp_group, cp_rank, cp_size)
@@ -123,12 +129,23 @@ class TrainEngine:
                     training.save_interval and iteration % training.save_interval == 0
                 )
                 saved = False
+                if self.saves is not None:
+                    self.saves.check()  # a failed background save ends the run here, with its error
+                model_every = (
+                    getattr(training, "model_save_interval", None) if self.saves is not None else None
+                )
+                # before a full save of the same iteration: with async_save the full one then waits
+                # for the model-only write (weights only), not the other way round
+                if model_every and iteration % model_every == 0:
+                    self._save_if_finite(iteration, result.loss, self.saves.save_model)
                 if self.save_fn and (due or result.stop_requests or pending_save):
-                    saved = self._save_if_finite(iteration, result.loss)
+                    saved = self._save_if_finite(iteration, result.loss, self.save_fn)
                     pending_save = not saved  # a due save that was refused is made at the next finite step
                 if result.stop_requests:
                     self.metrics.write(self._stop_message(result.stop_requests, iteration, saved))
                     break
+            if self.saves is not None:
+                self.saves.finish()  # the save in flight completes before the run ends (or stops)
             if pending_save and iteration == training.train_iters:
                 raise NonFiniteLossError(
                     f"the run reached training.train_iters={iteration} with a non-finite last step: its state was "
@@ -259,12 +276,11 @@ class TrainEngine:
         describe = getattr(self.batches, "describe_samples", None)
         return describe(sample_ids) if callable(describe) else f"global sample ids {sample_ids}"
 
-    def _save_if_finite(self, iteration: int, loss: float) -> bool:
-        """Save ``iteration`` unless its loss or parameters are non-finite (then say so); every rank."""
+    def _save_if_finite(self, iteration: int, loss: float, save: Callable[[int], None]) -> bool:
+        """``save(iteration)`` unless its loss or parameters are non-finite (then say so); every rank."""
         problem = state_is_finite(loss, self.params, self.device)
         if problem is None:
-            assert self.save_fn is not None
-            self.save_fn(iteration)
+            save(iteration)
             return True
         self.metrics.write(
             f"not saving iteration {iteration}: {problem}; the latest checkpoint stays the last finite one "

@@ -44,7 +44,7 @@ from typing import Any
 from mm_checkpoint import TRACKER_FILENAME, latest_iteration
 from mm_checkpoint.runtime import on_rank0
 
-from mm_trainer.run_lock import LOCK_FILENAME, RunLock
+from mm_trainer.run_lock import DEFAULT_LEASE_S, LOCK_FILENAME, RunLock
 
 logger = logging.getLogger("mm_trainer")
 
@@ -214,13 +214,17 @@ def _move_aside(save: Path) -> Path:
 
 
 def _prepare(
-    save: Path | None, log_dir: Path | None, load: Path | None, mode: str
+    save: Path | None, log_dir: Path | None, load: Path | None, mode: str, lease_s: float = DEFAULT_LEASE_S
 ) -> tuple[RunStart, list[RunLock]]:
     """Rank 0: lock, decide, move aside if asked. Locks are released again on failure."""
     locks: list[RunLock] = []
+
+    def lock(directory: Path) -> RunLock:
+        return RunLock(directory, lease_s).acquire()
+
     try:
         if save is not None:
-            locks.append(RunLock(save).acquire())
+            locks.append(lock(save))
         resume_from, move = plan_start(save, load, mode)
         moved = None
         if move:
@@ -228,21 +232,21 @@ def _prepare(
             locks.pop().held = False  # its lock file leaves with the directory (and is deleted there)
             moved = _move_aside(save)
             logger.warning("training.resume=never: moved the previous run in %s to %s", save, moved)
-            locks.append(RunLock(save).acquire())
+            locks.append(lock(save))
         if log_dir is not None and (save is None or not log_dir.resolve().is_relative_to(save.resolve())):
-            locks.append(RunLock(log_dir).acquire())
+            locks.append(lock(log_dir))
             if plan_log_dir(log_dir, save, resume_from, mode):
                 locks.pop().held = False
                 moved_logs = _move_aside(log_dir)
                 logger.warning(
                     "training.resume=never: moved the previous run's logs in %s to %s", log_dir, moved_logs
                 )
-                locks.append(RunLock(log_dir).acquire())
+                locks.append(lock(log_dir))
             _claim_log_dir(log_dir, save)
         return RunStart(resume_from, moved), locks
     except BaseException:
-        for lock in locks:
-            lock.release()
+        for taken in locks:
+            taken.release()
         raise
 
 
@@ -257,7 +261,7 @@ def open_run_directory(training: Any) -> RunDirectory:
     held: list[RunLock] = []
 
     def prepare() -> RunStart:
-        start, locks = _prepare(*paths, mode=training.resume)
+        start, locks = _prepare(*paths, mode=training.resume, lease_s=training.lock_lease_s)
         held.extend(locks)
         return start
 

@@ -1,10 +1,21 @@
 """An exclusive lock file that stops two training runs from writing one directory.
 
 The lock is a small JSON file, created whole by hard-linking a written temp file (atomic on local
-and network file systems: it exists with its content or not at all), holding who owns it: pid, host, start time, and the kernel's boot id and process start
-time. A lock whose holder is provably gone is stale and is taken over, with a log line: same host
-and the pid is dead, the machine rebooted since, or the pid now belongs to another process. A lock
-held from another host cannot be checked from here; the error then says how to remove it.
+and network file systems: it exists with its content or not at all), holding who owns it: pid, host,
+start time, the kernel's boot id and process start time, and a lease: the holder rewrites the file
+every ``lease_s / 4`` seconds (a daemon thread) with the time it did so (``renewed``).
+
+A lock whose holder is gone is stale and is taken over, with a log line naming the old holder and why:
+its lease expired (no renewal for ``lease_s`` seconds: the holder died or hangs, on any host; a
+requeued job whose rank 0 lands on another node takes over its own lock that way), or, on the
+holder's own host, the pid is dead, the machine rebooted since, or the pid now belongs to another
+process (known at once, without waiting for the lease). A live lease held from another host is
+refused with the holder's host, pid and the age of its last renewal. Lease ages compare the holder's
+clock with the reader's: hosts sharing a save dir must agree on the time to well within the lease
+(NTP does).
+
+A takeover renames the stale file aside and checks that what it renamed is the holder it judged
+stale, so that two processes taking over at once cannot both win.
 """
 
 from __future__ import annotations
@@ -14,8 +25,9 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +35,8 @@ logger = logging.getLogger("mm_trainer")
 
 LOCK_FILENAME = ".mm_train.lock"
 """Name of the lock file inside a locked directory (hidden, so exports never copy it)."""
+DEFAULT_LEASE_S = 120.0
+"""Seconds without a renewal after which a lock is stale on any host (``training.lock_lease_s``)."""
 
 
 class RunLockedError(RuntimeError):
@@ -75,22 +89,37 @@ class LockHolder:
     started: str
     boot_id: str | None = None
     process_start: str | None = None
+    lease_s: float | None = None
+    """Seconds the holder promised to renew within; None: a lock written before leases (no expiry)."""
+    renewed: float | None = None
+    """``time.time()`` of the holder's last renewal (on the holder's clock)."""
 
     @classmethod
-    def me(cls) -> LockHolder:
+    def me(cls, lease_s: float | None = None) -> LockHolder:
         pid = os.getpid()
         started = time.strftime("%Y-%m-%d %H:%M:%S %z")
-        return cls(pid, socket.gethostname(), started, _boot_id(), _process_start(pid))
+        return cls(pid, socket.gethostname(), started, _boot_id(), _process_start(pid), lease_s, time.time())
+
+    def lease_age(self) -> float | None:
+        """Seconds since the holder's last renewal, None for a lock without a lease."""
+        if self.renewed is None or self.lease_s is None:
+            return None
+        return max(0.0, time.time() - self.renewed)
 
     def describe(self) -> str:
-        return f"pid {self.pid} on host {self.host}, started {self.started}"
+        age = self.lease_age()
+        lease = "" if age is None else f", lease renewed {age:.0f} s ago (expires after {self.lease_s:g} s)"
+        return f"pid {self.pid} on host {self.host}, started {self.started}{lease}"
 
     def is_me(self) -> bool:
         me = LockHolder.me()
         return (self.pid, self.host, self.process_start) == (me.pid, me.host, me.process_start)
 
     def gone(self) -> str | None:
-        """Why the holder is provably gone (checked on this host only), or None."""
+        """Why the holder is gone (its lease expired; on its own host: its process is gone), or None."""
+        age = self.lease_age()
+        if age is not None and self.lease_s is not None and age > self.lease_s:
+            return f"its lease expired: not renewed for {age:.0f} s (lease {self.lease_s:g} s)"
         if self.host != socket.gethostname():
             return None
         if not _pid_alive(self.pid):
@@ -104,47 +133,107 @@ class LockHolder:
 
 
 class RunLock:
-    """Exclusive ownership of ``directory`` through ``directory/.mm_train.lock``.
+    """Exclusive ownership of ``directory`` through ``directory/.mm_train.lock``, by lease.
 
-    ``acquire()`` creates the directory if needed; :meth:`release` (also run at interpreter exit)
-    removes the file if it is still this process's. A process may re-acquire a lock it holds itself
-    (a second ``Trainer`` in one process).
+    ``acquire()`` creates the directory if needed and starts renewing the lease every ``lease_s / 4``
+    seconds; :meth:`release` (also run at interpreter exit) stops that and removes the file if it is
+    still this process's. A process may re-acquire a lock it holds itself (a second ``Trainer`` in one
+    process). Setting :attr:`held` to False stops the renewals without removing the file.
     """
 
-    def __init__(self, directory: str | os.PathLike) -> None:
+    def __init__(self, directory: str | os.PathLike, lease_s: float = DEFAULT_LEASE_S) -> None:
+        if not lease_s > 0:
+            raise ValueError(f"lease_s must be positive seconds, got {lease_s!r}")
         self.directory = Path(directory)
         self.path = self.directory / LOCK_FILENAME
+        self.lease_s = lease_s
         self.held = False
+        self._stop = threading.Event()
 
     def acquire(self) -> RunLock:
         """Take the lock or raise :class:`RunLockedError` naming the live holder."""
         self.directory.mkdir(parents=True, exist_ok=True)
         for _ in range(3):
             if self._create():
-                self.held = True
-                atexit.register(self.release)
+                self._start_renewing()
                 return self
             holder = self._holder()
             if holder is None:
                 raise RunLockedError(f"{self.path} is unreadable; if no run uses {self.directory}, delete it")
-            if not holder.is_me():
-                why = holder.gone()
-                if why is None:
-                    raise RunLockedError(self._held_message(holder))
+            if holder.is_me():
+                self.path.unlink(missing_ok=True)
+                continue
+            why = holder.gone()
+            if why is None:
+                raise RunLockedError(self._held_message(holder))
+            if self._remove_stale(holder):
                 logger.warning("%s: taking over the stale lock of %s (%s)", self.path, holder.describe(), why)
-            self.path.unlink(missing_ok=True)
         raise RunLockedError(f"{self.path}: could not take the lock (another process keeps taking it)")
+
+    def _start_renewing(self) -> None:
+        self.held = True
+        self._stop.clear()
+        atexit.register(self.release)
+        threading.Thread(
+            target=self._renew_loop, name=f"run-lock-lease {self.directory}", daemon=True
+        ).start()
+
+    def _tmp_path(self, what: str) -> Path:
+        return self.path.with_name(f"{LOCK_FILENAME}.{socket.gethostname()}.{os.getpid()}.{what}")
 
     def _create(self) -> bool:
         """Atomically create the lock file with its full content (hard link of a written temp file)."""
-        tmp = self.path.with_name(f"{LOCK_FILENAME}.{socket.gethostname()}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(vars(LockHolder.me())))
+        tmp = self._tmp_path("tmp")
+        tmp.write_text(json.dumps(vars(LockHolder.me(self.lease_s))))
         try:
             os.link(tmp, self.path)
         except FileExistsError:
             return False
         finally:
             tmp.unlink(missing_ok=True)
+        return True
+
+    def _remove_stale(self, stale: LockHolder) -> bool:
+        """Move the lock file aside if it still is ``stale``'s (else put back what another process wrote)."""
+        aside = self._tmp_path("stale")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return False  # another process removed it first
+        try:
+            moved = LockHolder(**json.loads(aside.read_text()))
+        except (OSError, ValueError, TypeError):
+            moved = None
+        if moved is not None and moved != stale:  # a new holder's file: give it back
+            try:
+                os.link(aside, self.path)
+            except FileExistsError:
+                pass
+            aside.unlink(missing_ok=True)
+            return False
+        aside.unlink(missing_ok=True)
+        return True
+
+    def _renew_loop(self) -> None:
+        """Rewrite the lock file with a fresh ``renewed`` time every ``lease_s / 4`` s while it is held."""
+        while not self._stop.wait(self.lease_s / 4) and self.held:
+            if not self.renew():
+                return
+
+    def renew(self) -> bool:
+        """Renew the lease now (atomically replaced file); False, with an error logged, when the file is
+        no longer this process's (taken over after the lease expired: this process stalled too long)."""
+        holder = self._holder()
+        if holder is None or not holder.is_me():
+            if self.held:
+                logger.error(
+                    "%s: this run no longer holds its lock (now %s): another run may write %s",
+                    self.path, holder.describe() if holder else "absent", self.directory,
+                )  # fmt: skip
+            return False
+        tmp = self._tmp_path("renew")
+        tmp.write_text(json.dumps(vars(replace(holder, renewed=time.time()))))
+        os.replace(tmp, self.path)
         return True
 
     def _holder(self) -> LockHolder | None:
@@ -159,12 +248,13 @@ class RunLock:
         return (
             f"{self.directory} is in use by another training run ({holder.describe()}; lock file "
             f"{self.path}). Two runs writing one directory overwrite each other's checkpoints and "
-            f"metrics: wait for it, or choose another directory. If that run is gone (e.g. it ran on "
-            f"another host), delete {self.path}"
+            f"metrics: wait for it, or choose another directory. A run that is gone is taken over once "
+            f"its lease expires; to take it over sooner, delete {self.path}"
         )
 
     def release(self) -> None:
         """Remove the lock file if this process still holds it. Never raises."""
+        self._stop.set()
         if not self.held:
             return
         self.held = False

@@ -21,13 +21,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from mm_checkpoint import DistributedCheckpointer
-from mm_config import TrainConfig, dump_config
+from mm_checkpoint import DistributedCheckpointer, long_waits
+from mm_config import TrainConfig
 from mm_parallel import (
     NodeLayout,
     describe_node_layout,
     get_local_device,
     init_distributed,
+    new_long_wait_group,
     use_attention_backend,
 )
 from torch import nn
@@ -42,6 +43,7 @@ from mm_trainer.build import (
     materialize,
     parallel_state_for,
 )
+from mm_trainer.checkpoint_saves import CheckpointSaves
 from mm_trainer.conditions import ConditionStream
 from mm_trainer.engine import TrainEngine
 from mm_trainer.metrics import MetricsLogger, peak_memory_bytes
@@ -53,7 +55,6 @@ from mm_trainer.profiling import MemoryProfiler, StepProfiler
 from mm_trainer.regional_compile import check_compile
 from mm_trainer.resume_settings import check_resume, keep_configured_hyperparameters, refuse_dropped_tensors
 from mm_trainer.rng import seed_everything
-from mm_trainer.run_config import RUN_CONFIG_NAME, weight_sources
 from mm_trainer.run_dir import open_run_directory
 from mm_trainer.validation import Validator
 from mm_trainer.weight_staging import stage_model_weights
@@ -69,6 +70,8 @@ class Trainer:
         device_type = config.training.device
         timeout_s = config.training.collective_timeout_s
         self.rank, self.world_size = init_distributed(device_type=device_type, timeout_s=timeout_s)
+        # waits for one rank's long work (staging, conversion, async saves): their own timeout
+        self.long_wait_group = new_long_wait_group(config.training.long_wait_timeout_s)
         parallel = config.parallel
         self.parallel_state = parallel_state_for(config, self.world_size, device_type)
         nodes = NodeLayout.from_env(self.world_size)  # refuses nodes that run different numbers of ranks
@@ -92,7 +95,8 @@ class Trainer:
         seed_everything(config.training.seed)
         if config.training.deterministic:
             torch.use_deterministic_algorithms(True)
-        self.model = self._build_model()
+        with long_waits(self.long_wait_group):
+            self.model = self._build_model()
         self.ema = build_ema(self.model, config.training)
         # No reseeding by rank: training draws are keyed by (seed, step, sample), see TrainEngine.
         self.phases = build_phases(self.model, config.training, self.device.type)  # training.phases
@@ -122,7 +126,7 @@ class Trainer:
                 device=self.device,
                 cp_group=ps.cp_group if ps.cp_enabled else None,
             )
-        self.checkpointer = self._checkpointer(config.training.save) if config.training.save else None
+        self.saves = self._saves() if config.training.save else None
         self.start_iteration = self._resume() if self.run_dir.resume_from else 0
         self.validator = self._validator() if config.training.validation else None
 
@@ -183,6 +187,13 @@ class Trainer:
             init = getattr(module, "random_init", None)
             init() if callable(init) else init_module_weights(module)
 
+    def _saves(self) -> CheckpointSaves:
+        ps = self.parallel_state
+        return CheckpointSaves(
+            self.config, self.state, submodels=self.model.checkpoint_submodels, dp_rank=ps.dp_rank,
+            dp_size=ps.dp_size, rank=self.rank, background_group=self.long_wait_group,
+        )  # fmt: skip
+
     # ------------------------------------------------------------- running
     def state(self) -> dict[str, Any]:
         """What a checkpoint holds: model, optimizer, scheduler, the EMA (``training.ema``) and the data
@@ -197,20 +208,13 @@ class Trainer:
         }
 
     def save(self, iteration: int) -> None:
-        """Save a checkpoint (atomic) and the resolved config beside it."""
-        assert self.checkpointer is not None
-        sources = {"sources": weight_sources(self.config.model)}  # where an export finds config.json
-        self.checkpointer.save(
-            self.state(), iteration, submodels=self.model.checkpoint_submodels, info=sources
-        )
-        if self.rank == 0:
-            dump_config(self.config, Path(self.config.training.save) / RUN_CONFIG_NAME)
+        """Save a checkpoint (atomic; in the background with ``training.async_save``) and the config."""
+        assert self.saves is not None
+        self.saves.save(iteration)
 
     def _checkpointer(self, root: str) -> DistributedCheckpointer:
         ps = self.parallel_state
-        return DistributedCheckpointer(
-            root, keep_last=self.config.training.keep_last, dp_rank=ps.dp_rank, dp_size=ps.dp_size
-        )
+        return DistributedCheckpointer(root, dp_rank=ps.dp_rank, dp_size=ps.dp_size)
 
     def _resume(self) -> int:
         """Restore model, optimizer, scheduler and data position in place; return the iteration. The
@@ -259,7 +263,8 @@ class Trainer:
             dp_group=self.parallel_state.dp_group,
             cp_rank=self.parallel_state.cp_rank,
             cp_size=self.parallel_state.cp_size,
-            save_fn=self.save if self.checkpointer else None,
+            save_fn=self.save if self.saves else None,
+            saves=self.saves,
             validate_fn=self._after_step(validator, metrics),
             metrics=metrics,
             profilers=self._profilers(log_dir),

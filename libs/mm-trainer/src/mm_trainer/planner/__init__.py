@@ -1,6 +1,7 @@
 """``mm-train plan``: one real-size training step traced on fake tensors, per-rank memory by category,
 fit, step time and MFU, and the search over layouts (docs/DESIGN.md "Planning a run")."""
 
+from mm_trainer.planner import checkpoint_staging as _checkpoint_staging  # noqa: F401 - registers its host line
 from mm_trainer.planner.categories import (
     DEVICE_CATEGORIES,
     HOST_CATEGORIES,
