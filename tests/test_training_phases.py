@@ -60,7 +60,8 @@ def test_a_phased_run_resumed_at_another_layout_continues_with_the_uninterrupted
 ):
     expected = mm_train_forked(_sections(toy_yaml, "reference"), nproc=2)
     first = _sections(toy_yaml, "first")
-    records = mm_train_forked(first, "training.train_iters=3", nproc=2)
+    # the checkpoint resumed from is written in the background (training.async_save): every phase's state
+    records = mm_train_forked(first, "training.train_iters=3", "training.async_save=true", nproc=2)
     second = _sections(toy_yaml, "second")
     records += mm_train_forked(second, f"training.load={first.parent / 'ckpt'}")  # 2 ranks -> 1
     assert [r["step"] for r in records] == list(range(1, 7))
