@@ -2,9 +2,11 @@
 (:mod:`wan22_train.distill_toy`): the quality check and the sampling time of the teacher at 1, 4 and 50
 steps, of DMD2 students (critic every step, generator every 5th, 4-step schedule at shift 1) at 1 and 4
 steps, and of students trained with the flow-matching loss in place of the distribution-matching term
-(the same schedule and generator updates). All in one process, one thread.
+(the same schedule and generator updates). All in one process, one thread. Then the DMD2 students'
+4-step check every ``--probe-every`` distillation steps from ``--probe-from`` on (the same runs): whether
+passing is a property of the training or of the step it stopped at.
 
-    hatch run python benchmarks/wan_distill_quality.py [--seeds 0 1] [--steps 1200]
+    hatch run python benchmarks/wan_distill_quality.py [--seeds 0 1] [--steps 1200] [--probe-every 100]
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="keys of the distillation draws")
     parser.add_argument("--steps", type=int, default=1200, help="distillation steps (critic updates)")
+    parser.add_argument("--probe-every", type=int, default=100, help="4-step check of the DMD2 student every N steps")
+    parser.add_argument("--probe-from", type=int, default=800, help="first step of those checks")
     args = parser.parse_args()
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -48,10 +52,14 @@ def main() -> None:
     container, dmd = distillation(setting)
     for steps in (50, 4, 1):
         print(row("teacher", steps, timed_quality(setting, container, dmd, "teacher", steps)))
+    probes: dict[int, list[tuple[int, dict]]] = {seed: [] for seed in args.seeds}
     for loss, name in (("distribution_matching", "DMD2 student"), ("flow_matching", "no-DM student")):
         for seed in args.seeds:
+            probe = None
+            if loss == "distribution_matching":
+                probe = _prober(setting, probes[seed], args.probe_from, args.probe_every)
             started = time.perf_counter()
-            container, dmd = distil(setting, loss, steps=args.steps, seed=seed)
+            container, dmd = distil(setting, loss, steps=args.steps, seed=seed, after_step=probe)
             took = time.perf_counter() - started
             for steps in (4, 1):
                 print(
@@ -61,7 +69,21 @@ def main() -> None:
                         timed_quality(setting, container, dmd, "predictor", steps),
                     )
                 )
-            print(f"  ({took:.1f} s to distil)")
+            print(f"  ({took:.1f} s to distil, with the probes)")
+    print(f"\nDMD2 student at 4 steps every {args.probe_every} distillation steps from {args.probe_from}")
+    for seed, seen in probes.items():
+        cells = " ".join(f"{done}:{r['worst_db']:.1f}{'+' if passes(r) else '-'}" for done, r in seen)
+        print(f"seed {seed}: {sum(passes(r) for _, r in seen)}/{len(seen)} pass  (step:worst dB, +pass -fail) {cells}")
+
+
+def _prober(setting: dict, seen: list, start: int, every: int):
+    """An ``after_step`` that records the 4-step check every ``every`` steps from ``start``."""
+
+    def probe(done: int, container, dmd) -> None:
+        if done >= start and (done - start) % every == 0:
+            seen.append((done, quality(setting, container, dmd, "predictor", 4)))
+
+    return probe
 
 
 if __name__ == "__main__":

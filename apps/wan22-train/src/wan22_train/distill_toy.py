@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -106,10 +107,15 @@ def distillation(
 
 
 def distil(
-    setting: dict, generator_loss: str = "distribution_matching", steps: int = DISTILL_STEPS, seed: int = 0
+    setting: dict,
+    generator_loss: str = "distribution_matching",
+    steps: int = DISTILL_STEPS,
+    seed: int = 0,
+    after_step: Callable[[int, Wan22Container, DistributionMatchingDistillation], None] | None = None,
 ) -> tuple[Wan22Container, DistributionMatchingDistillation]:
     """The two phases in turn, as ``training.phases`` runs them: the critic every step, the generator every
-    ``GENERATOR_EVERY``-th (AdamW with beta1 0 for both, as DMD2)."""
+    ``GENERATOR_EVERY``-th (AdamW with beta1 0 for both, as DMD2); ``after_step(steps done, container,
+    pipeline)`` after each step (the benchmark's look at intermediate students)."""
     container, dmd = distillation(setting, generator_loss)
     optimizers = {
         "critic": torch.optim.AdamW(container.critic.parameters(), lr=CRITIC_LR, betas=(0.0, 0.999), weight_decay=0),
@@ -123,11 +129,13 @@ def distil(
         due = ["generator"] if generator_loss == "flow_matching" else ["critic"]
         due += ["generator"] * (generator_loss != "flow_matching" and step % GENERATOR_EVERY == 0)
         if generator_loss == "flow_matching" and step % GENERATOR_EVERY:
-            continue  # the same generator updates, without a critic to train
+            due = []  # the same generator updates, without a critic to train
         for phase in due:
             container(**batch, rng=rng, phase=phase).loss.backward()
             optimizers[phase].step()
             container.zero_grad(set_to_none=True)
+        if after_step is not None:
+            after_step(step + 1, container, dmd)
     return container, dmd
 
 
