@@ -8,6 +8,7 @@ would break); results and exceptions come back through a queue.
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing as mp
 import os
@@ -91,6 +92,24 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable[..., Any], args:
             dist.destroy_process_group()
 
 
+def _start_without_inherited_garbage(procs: list[Any]) -> None:
+    """Fork the ranks with the parent's objects frozen, so a rank never collects garbage it inherited.
+
+    A cycle left in the test process by an earlier test (a failed run's traceback, say) may hold a
+    TCPStore whose server thread exists only in the parent: collected in a forked rank, its destructor
+    joined that thread, which the rank does not have, and the rank hung (CI stalled this way). The
+    parent collects its garbage first, where its threads are; what remains is frozen across the fork
+    (the recipe of :func:`gc.freeze`'s documentation).
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        gc.unfreeze()
+
+
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return per-rank results."""
     import torch.distributed as dist
@@ -99,16 +118,16 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
     queue = ctx.Queue()
     # The parent hosts the rendezvous store on a port it holds from the start (torchrun's agent does the
     # same): a port picked free and bound later by rank 0 could be taken meanwhile by another test's
-    # store, and two runs then shared one rendezvous (their ranks mixed: DCP plans of half a tensor).
+    # store, and two runs then shared one rendezvous.
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
     port = store.port
     procs = [
         ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue)) for r in range(world_size)
     ]
-    for p in procs:
-        p.start()
+    _start_without_inherited_garbage(procs)
     results: dict[int, Any] = {}
     errors: list[str] = []
+    all_reported = False
     try:
         for _ in range(world_size):
             rank, status, payload = queue.get(timeout=timeout)
@@ -117,9 +136,12 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
             else:
                 errors.append(f"rank {rank} failed:\n{payload}")
                 break
+        all_reported = not errors
     finally:
+        # ranks that reported are only exiting; after a failure, a timeout or an interrupt (pytest's
+        # own timeout) the others are stopped at once rather than waited for
         for p in procs:
-            p.join(timeout=5 if errors else timeout)
+            p.join(timeout=timeout if all_reported else 5)
             if p.is_alive():
                 p.kill()
     if errors:

@@ -201,6 +201,32 @@ def mm_train():
     return run_mm_train
 
 
+PEAK_OF_ONE_CHILD = """
+import resource, subprocess, sys
+code = subprocess.run(sys.argv[1:]).returncode
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def _stdout_and_peak_rss_kib(config: Path, *overrides: str) -> tuple[str, int]:
+    """Run mm-train (one process) under a parent of its own, whose only child it is: that parent's
+    ``RUSAGE_CHILDREN`` peak is mm-train's (this test process's own counts every process that
+    the tests before it in this worker started)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", PEAK_OF_ONE_CHILD, *mm_train_command(config, *overrides)],
+        env=train_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return proc.stdout, int(proc.stderr.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def mm_train_peak_rss():
+    """``mm_train_peak_rss(config, *overrides) -> (stdout, peak resident KiB)`` of a one-process mm-train."""
+    return _stdout_and_peak_rss_kib
+
+
 @pytest.fixture
 def metrics_of():
     """``metrics_of(log_dir)`` -> the JSONL records."""

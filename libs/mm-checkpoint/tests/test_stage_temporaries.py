@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import subprocess
@@ -30,7 +31,11 @@ def dead_pid() -> int:
 def interrupted_copy(source: Path, stage_root: Path) -> Path:
     """Stage ``source`` in a child process that dies (``os._exit``) after copying one file; return what
     it left behind."""
+    gc.collect()  # the child must not collect what it inherits (see the root conftest's
+    gc.freeze()  # _start_without_inherited_garbage)
     pid = os.fork()
+    if pid:
+        gc.unfreeze()
     if pid == 0:  # the child: a copier killed in the middle of its copy
         copied, real_copytree = [], shutil.copytree
 

@@ -3,6 +3,7 @@ ranks, and the clip facts probed once (docs/DESIGN.md "Latent cache")."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import os
@@ -108,7 +109,11 @@ def test_removing_a_row_drops_it_and_every_other_sample_keeps_its_own_latents_an
 
 def killed(run, at: str) -> None:
     """``run()`` in a forked child that SIGKILLs itself at the hook point ``at`` (``encoded:N`` / ``packed:N``)."""
+    gc.collect()  # the child must not collect what it inherits (see the root conftest's
+    gc.freeze()  # _start_without_inherited_garbage)
     pid = os.fork()
+    if pid:
+        gc.unfreeze()
     if pid == 0:  # pragma: no cover - the child
         torch.set_num_threads(1)  # the parent's OpenMP pool does not survive a fork
         os.environ[KILL_HOOK_ENV] = at

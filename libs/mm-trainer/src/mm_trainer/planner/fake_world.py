@@ -9,9 +9,10 @@ data. Together they run the trainer's own build and step at real size with nothi
 Process-wide state that planning changes is put back on exit: the process group, the ring kernel
 chosen for the CPU (the planner traces on ``cpu_flash``), DTensor's shape propagation, which gets a
 fake mode of its own while inside (its global-shape tensors are not allocations of the run) and
-a linear scan for strided shards (:func:`_strided_flag_once`), and the size up to which fake
+a linear scan for strided shards (:func:`_strided_flag_once`), the size up to which fake
 tensors keep their values (small random draws, made for real by the
-tracker, keep theirs through the pipeline's index arithmetic).
+tracker, keep theirs through the pipeline's index arithmetic), and DTensor's sharding caches
+(:func:`forget_sharding_decisions`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 import torch.distributed as dist
+import torch.distributed.tensor._redistribute as redistribute
 import torch.distributed.tensor._sharding_prop as sharding_prop
 from mm_parallel import attention_choice
 from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 CONSTANT_VALUES = 1 << 16
@@ -62,7 +66,29 @@ def fake_world(world_size: int, rank: int = 0) -> Iterator[FakeTensorMode]:
         sharding_prop.detect_fake_mode = detect
         attention_choice._CHOSEN.clear()
         attention_choice._CHOSEN.update(chosen)
+        forget_sharding_decisions()
         dist.destroy_process_group()
+
+
+def forget_sharding_decisions() -> None:
+    """Empty DTensor's caches of sharding decisions (torch's native one and its Python ones).
+
+    They are keyed by op schema, whose meshes compare by value (ranks, shape, names), not by this
+    process's place in them; a cached output spec carries the mesh it was first computed on. After a
+    fake world of rank 0, a real rank 1 in the same process (or forked from it) got the fake mesh back
+    for a sharded bias: its coordinate 0, so the bias claimed rank 0's shard in a checkpoint.
+    """
+    clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear_native is not None:  # torch >= 2.10 has a native cache
+        clear_native()
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    for name in ("propagate_op_sharding", "_propagate_tensor_meta_cached"):
+        cached = getattr(propagator, name, None)
+        if hasattr(cached, "cache_clear"):
+            cached.cache_clear()
+    transform_infos = getattr(redistribute, "_gen_transform_infos", None)
+    if hasattr(transform_infos, "cache_clear"):
+        transform_infos.cache_clear()
 
 
 def _strided_flag_once(original: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
