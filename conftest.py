@@ -64,7 +64,9 @@ def _forget_inherited_compile_pool() -> None:
         sys.modules["torch._inductor.async_compile"].AsyncCompile.pool.cache_clear()
 
 
-def _worker(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, queue: Any) -> None:
+def _worker(
+    rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, queue: Any, all_forked: Any
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -80,6 +82,8 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable[..., Any], args:
     )
     torch.set_num_threads(1)
     try:
+        if not all_forked.wait(timeout=120):
+            raise RuntimeError(f"rank {rank}: the parent did not finish forking the ranks within 120 s")
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         result = fn(rank, world_size, *args)
         # Plain pickle: torch's multiprocessing reductions would pass tensors as shared-memory
@@ -92,14 +96,19 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable[..., Any], args:
             dist.destroy_process_group()
 
 
-def _start_without_inherited_garbage(procs: list[Any]) -> None:
-    """Fork the ranks with the parent's objects frozen, so a rank never collects garbage it inherited.
+def _fork_ranks(procs: list[Any], all_forked: Any) -> None:
+    """Fork the ranks; they start their work (``all_forked``) only once every one of them is forked.
 
-    A cycle left in the test process by an earlier test (a failed run's traceback, say) may hold a
-    TCPStore whose server thread exists only in the parent: collected in a forked rank, its destructor
-    joined that thread, which the rank does not have, and the rank hung (CI stalled this way). The
-    parent collects its garbage first, where its threads are; what remains is frozen across the fork
-    (the recipe of :func:`gc.freeze`'s documentation).
+    Forking copies the forking thread only, with every lock the parent's other threads hold at that
+    moment held forever in the child:
+
+    - while rank 0 connected, the parent's store thread was resolving its address (glibc's resolver
+      lock); rank 3, forked at that moment, hung in its own ``getnameinfo``. No rank connects before
+      the last fork now.
+    - a cycle left in the test process by an earlier test (a failed run's traceback, say) may hold a
+      TCPStore whose server thread exists only in the parent: collected in a rank, its destructor
+      joined that thread, and the rank hung. The parent collects its garbage first, where its threads
+      are; what remains is frozen across the fork (the recipe of :func:`gc.freeze`'s documentation).
     """
     gc.collect()
     gc.freeze()
@@ -108,6 +117,7 @@ def _start_without_inherited_garbage(procs: list[Any]) -> None:
             p.start()
     finally:
         gc.unfreeze()
+        all_forked.set()
 
 
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300) -> list[Any]:
@@ -121,10 +131,12 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
     # store, and two runs then shared one rendezvous.
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
     port = store.port
+    all_forked = ctx.Event()
     procs = [
-        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue)) for r in range(world_size)
+        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, all_forked))
+        for r in range(world_size)
     ]
-    _start_without_inherited_garbage(procs)
+    _fork_ranks(procs, all_forked)
     results: dict[int, Any] = {}
     errors: list[str] = []
     all_reported = False

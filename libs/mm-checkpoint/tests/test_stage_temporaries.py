@@ -32,7 +32,7 @@ def interrupted_copy(source: Path, stage_root: Path) -> Path:
     """Stage ``source`` in a child process that dies (``os._exit``) after copying one file; return what
     it left behind."""
     gc.collect()  # the child must not collect what it inherits (see the root conftest's
-    gc.freeze()  # _start_without_inherited_garbage)
+    gc.freeze()  # _fork_ranks)
     pid = os.fork()
     if pid:
         gc.unfreeze()

@@ -110,7 +110,7 @@ def test_removing_a_row_drops_it_and_every_other_sample_keeps_its_own_latents_an
 def killed(run, at: str) -> None:
     """``run()`` in a forked child that SIGKILLs itself at the hook point ``at`` (``encoded:N`` / ``packed:N``)."""
     gc.collect()  # the child must not collect what it inherits (see the root conftest's
-    gc.freeze()  # _start_without_inherited_garbage)
+    gc.freeze()  # _fork_ranks)
     pid = os.fork()
     if pid:
         gc.unfreeze()
