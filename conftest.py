@@ -120,6 +120,23 @@ def _fork_ranks(procs: list[Any], all_forked: Any) -> None:
         all_forked.set()
 
 
+def fork_frozen() -> int:
+    """``os.fork()`` with the parent's objects frozen across it (see :func:`_fork_ranks`): the child
+    never collects garbage it inherited. Returns what ``os.fork`` returns."""
+    gc.collect()
+    gc.freeze()
+    pid = os.fork()
+    if pid:
+        gc.unfreeze()
+    return pid
+
+
+@pytest.fixture(scope="session")
+def fork() -> Callable[[], int]:
+    """:func:`fork_frozen`: for tests that fork a child of their own (the conftest is not importable)."""
+    return fork_frozen
+
+
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return per-rank results."""
     import torch.distributed as dist

@@ -150,11 +150,12 @@ def train_env() -> dict[str, str]:
 
 
 def run_mm_train(
-    config: Path, *overrides: str, nproc: int = 1, timeout: float = 300
+    config: Path, *overrides: str, nproc: int = 1, timeout: float = 300, wrapper: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess:
-    """Run mm-train to completion; fail the test with its output if it fails."""
+    """Run mm-train to completion (under the command ``wrapper``, if given); fail the test with its
+    output if it fails."""
     proc = subprocess.run(
-        mm_train_command(config, *overrides, nproc=nproc),
+        [*wrapper, *mm_train_command(config, *overrides, nproc=nproc)],
         env=train_env(),
         capture_output=True,
         text=True,
@@ -213,11 +214,7 @@ def _stdout_and_peak_rss_kib(config: Path, *overrides: str) -> tuple[str, int]:
     """Run mm-train (one process) under a parent of its own, whose only child it is: that parent's
     ``RUSAGE_CHILDREN`` peak is mm-train's (this test process's own counts every process that
     the tests before it in this worker started)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", PEAK_OF_ONE_CHILD, *mm_train_command(config, *overrides)],
-        env=train_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-6000:]
+    proc = run_mm_train(config, *overrides, wrapper=(sys.executable, "-c", PEAK_OF_ONE_CHILD))
     return proc.stdout, int(proc.stderr.strip().splitlines()[-1])
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import shutil
 import subprocess
@@ -28,14 +27,10 @@ def dead_pid() -> int:
     return int(proc.stdout)
 
 
-def interrupted_copy(source: Path, stage_root: Path) -> Path:
-    """Stage ``source`` in a child process that dies (``os._exit``) after copying one file; return what
-    it left behind."""
-    gc.collect()  # the child must not collect what it inherits (see the root conftest's
-    gc.freeze()  # _fork_ranks)
-    pid = os.fork()
-    if pid:
-        gc.unfreeze()
+def interrupted_copy(fork, source: Path, stage_root: Path) -> Path:
+    """Stage ``source`` in a child process (forked by the root conftest's ``fork``) that dies
+    (``os._exit``) after copying one file; return what it left behind."""
+    pid = fork()
     if pid == 0:  # the child: a copier killed in the middle of its copy
         copied, real_copytree = [], shutil.copytree
 
@@ -60,9 +55,9 @@ def interrupted_copy(source: Path, stage_root: Path) -> Path:
     return left[0]
 
 
-def test_the_next_run_removes_the_temporary_of_an_interrupted_copy(tmp_path):
+def test_the_next_run_removes_the_temporary_of_an_interrupted_copy(tmp_path, fork):
     source = write_source(tmp_path / "model")
-    left = interrupted_copy(source, tmp_path / "stage")
+    left = interrupted_copy(fork, source, tmp_path / "stage")
     assert len(list(left.iterdir())) == 1  # a partial copy: one of the three files
     staged = stage_on_node(source, tmp_path / "stage")
     assert staged.copied and sorted(p.name for p in staged.path.iterdir()) == [

@@ -3,7 +3,6 @@ ranks, and the clip facts probed once (docs/DESIGN.md "Latent cache")."""
 
 from __future__ import annotations
 
-import gc
 import itertools
 import json
 import os
@@ -107,13 +106,10 @@ def test_removing_a_row_drops_it_and_every_other_sample_keeps_its_own_latents_an
     assert [cached[i]["index"] for i in range(19)] == list(range(19))
 
 
-def killed(run, at: str) -> None:
-    """``run()`` in a forked child that SIGKILLs itself at the hook point ``at`` (``encoded:N`` / ``packed:N``)."""
-    gc.collect()  # the child must not collect what it inherits (see the root conftest's
-    gc.freeze()  # _fork_ranks)
-    pid = os.fork()
-    if pid:
-        gc.unfreeze()
+def killed(fork, run, at: str) -> None:
+    """``run()`` in a child (forked by the root conftest's ``fork``) that SIGKILLs itself at the hook
+    point ``at`` (``encoded:N`` / ``packed:N``)."""
+    pid = fork()
     if pid == 0:  # pragma: no cover - the child
         torch.set_num_threads(1)  # the parent's OpenMP pool does not survive a fork
         os.environ[KILL_HOOK_ENV] = at
@@ -125,13 +121,15 @@ def killed(run, at: str) -> None:
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"not killed at {at}"
 
 
-def test_a_run_killed_while_encoding_or_packing_resumes_to_the_bytes_of_an_uninterrupted_run(tmp_path, toy):
+def test_a_run_killed_while_encoding_or_packing_resumes_to_the_bytes_of_an_uninterrupted_run(
+    tmp_path, toy, fork
+):
     """Fresh run killed after 7 encoded samples; an update (one clip changed, one row removed) killed after
     its first shard is written, before the index: each re-run ends with an uninterrupted run's bytes."""
     metadata = tiny_clips(tmp_path / "clips", corrupt=1)
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     write_cache(metadata, straight, toy)
-    killed(lambda: write_cache(metadata, resumed, toy), "encoded:7")
+    killed(fork, lambda: write_cache(metadata, resumed, toy), "encoded:7")
     assert len(list((resumed / "staging").glob("*.safetensors"))) == 7 and not (resumed / INDEX_NAME).exists()
     report = write_cache(metadata, resumed, toy)
     assert len(report.resumed) == 7 and len(report.computed) == 13 and len(report.failed) == 1
@@ -141,7 +139,7 @@ def test_a_run_killed_while_encoding_or_packing_resumes_to_the_bytes_of_an_unint
     metadata.write_text(json.dumps(rows[:2] + rows[3:]))
     write_clip(tmp_path / "clips" / "clip_0010.mp4", np.full((9, 16, 16, 3), 200, np.uint8), fps=8)
     write_cache(metadata, straight, toy)
-    killed(lambda: write_cache(metadata, resumed, toy), "packed:1")
+    killed(fork, lambda: write_cache(metadata, resumed, toy), "packed:1")
     assert CacheIndex.load(resumed).num_samples == 21  # the old index still rules the folder
     write_cache(metadata, resumed, toy)
     assert folder_bytes(resumed) == folder_bytes(straight)

@@ -78,17 +78,11 @@ def forget_sharding_decisions() -> None:
     fake world of rank 0, a real rank 1 in the same process (or forked from it) got the fake mesh back
     for a sharded bias: its coordinate 0, so the bias claimed rank 0's shard in a checkpoint.
     """
-    clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
-    if clear_native is not None:  # torch >= 2.10 has a native cache
-        clear_native()
+    torch._C._clear_DTensor_sharding_propagator_cache()
     propagator = DTensor._op_dispatcher.sharding_propagator
-    for name in ("propagate_op_sharding", "_propagate_tensor_meta_cached"):
-        cached = getattr(propagator, name, None)
-        if hasattr(cached, "cache_clear"):
-            cached.cache_clear()
-    transform_infos = getattr(redistribute, "_gen_transform_infos", None)
-    if hasattr(transform_infos, "cache_clear"):
-        transform_infos.cache_clear()
+    propagator.propagate_op_sharding.cache_clear()
+    propagator._propagate_tensor_meta_cached.cache_clear()
+    redistribute._gen_transform_infos.cache_clear()
 
 
 def _strided_flag_once(original: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
