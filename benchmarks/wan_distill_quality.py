@@ -1,12 +1,13 @@
 """What few-step distillation (DMD2) adds on the tiny two-clips-per-caption setting
 (:mod:`wan22_train.distill_toy`): the quality check and the sampling time of the teacher at 1, 4 and 50
-steps, of DMD2 students (critic every step, generator every 5th, 4-step schedule at shift 1) at 1 and 4
-steps, and of students trained with the flow-matching loss in place of the distribution-matching term
-(the same schedule and generator updates). All in one process, one thread. Then the DMD2 students'
-4-step check every ``--probe-every`` distillation steps from ``--probe-from`` on (the same runs): whether
+steps, of DMD2 students at 1 and 4 steps (critic every step on batches of 64, generator every 10th,
+4-step schedule at shift 1; checked: the student's EMA, decay 0.999, as ``training.ema`` keeps it), and
+of students trained with the flow-matching loss in place of the distribution-matching term (the same
+schedule, generator updates and EMA). All in one process, one thread. Then the DMD2 students' 4-step
+check every ``--probe-every`` distillation steps from ``--probe-from`` on (the same runs): whether
 passing is a property of the training or of the step it stopped at.
 
-    hatch run python benchmarks/wan_distill_quality.py [--seeds 0 1] [--steps 1200] [--probe-every 100]
+    hatch run python benchmarks/wan_distill_quality.py [--seeds 0 1] [--steps 2400] [--probe-every 100]
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import argparse
 import time
 
 import torch
-from wan22_train.distill_toy import SHAPE, distil, distillation, fit_teacher, passes, quality
+from wan22_train.distill_toy import DISTILL_STEPS, SHAPE, distil, distillation, fit_teacher, passes, quality
 
 
 def timed_quality(setting: dict, container, dmd, role: str, steps: int) -> dict:
@@ -38,9 +39,9 @@ def row(name: str, steps: int, result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="keys of the distillation draws")
-    parser.add_argument("--steps", type=int, default=1200, help="distillation steps (critic updates)")
+    parser.add_argument("--steps", type=int, default=DISTILL_STEPS, help="distillation steps (critic updates)")
     parser.add_argument("--probe-every", type=int, default=100, help="4-step check of the DMD2 student every N steps")
-    parser.add_argument("--probe-from", type=int, default=800, help="first step of those checks")
+    parser.add_argument("--probe-from", type=int, default=1400, help="first step of those checks")
     args = parser.parse_args()
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -79,9 +80,9 @@ def main() -> None:
 def _prober(setting: dict, seen: list, start: int, every: int):
     """An ``after_step`` that records the 4-step check every ``every`` steps from ``start``."""
 
-    def probe(done: int, container, dmd) -> None:
+    def probe(done: int, averaged, dmd) -> None:
         if done >= start and (done - start) % every == 0:
-            seen.append((done, quality(setting, container, dmd, "predictor", 4)))
+            seen.append((done, quality(setting, averaged(), dmd, "predictor", 4)))
 
     return probe
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from mm_pipelines import DistributionMatchingDistillation, FlowMatchScheduler, SampleRNG
+from mm_trainer import ParameterEMA
 
 from wan22_train.container import Wan22Container
 from wan22_train.model import WanDiT, WanDiTConfig
@@ -33,7 +34,8 @@ PREDICTOR = WanDiTConfig(
 )  # fmt: skip
 SHIFT, STUDENT_SHIFT = 3.0, 1.0
 FIT_STEPS, FIT_LR, FIT_BATCH = 1500, 3e-3, 32
-DISTILL_STEPS, GENERATOR_EVERY, GENERATOR_LR, CRITIC_LR, BATCH = 1200, 5, 3e-4, 1e-3, 16
+DISTILL_STEPS, GENERATOR_EVERY, GENERATOR_LR, CRITIC_LR, BATCH = 2400, 10, 3e-4, 1e-3, 64
+EMA_DECAY = 0.999  # training.ema.decay: the student checked is that average, updated every step
 
 
 def data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,16 +113,19 @@ def distil(
     generator_loss: str = "distribution_matching",
     steps: int = DISTILL_STEPS,
     seed: int = 0,
-    after_step: Callable[[int, Wan22Container, DistributionMatchingDistillation], None] | None = None,
+    after_step: Callable[[int, Callable[[], Wan22Container], DistributionMatchingDistillation], None] | None = None,
 ) -> tuple[Wan22Container, DistributionMatchingDistillation]:
     """The two phases in turn, as ``training.phases`` runs them: the critic every step, the generator every
-    ``GENERATOR_EVERY``-th (AdamW with beta1 0 for both, as DMD2); ``after_step(steps done, container,
-    pipeline)`` after each step (the benchmark's look at intermediate students)."""
+    ``GENERATOR_EVERY``-th (AdamW with beta1 0 for both, as DMD2), and the student's EMA updated after every
+    step as ``training.ema`` does. Returns the container with the averaged student in place of the last
+    one. ``after_step(steps done, averaged, pipeline)`` runs after each step, ``averaged()`` building that
+    container for the average so far (the benchmark's look at intermediate students)."""
     container, dmd = distillation(setting, generator_loss)
     optimizers = {
         "critic": torch.optim.AdamW(container.critic.parameters(), lr=CRITIC_LR, betas=(0.0, 0.999), weight_decay=0),
         "generator": torch.optim.AdamW(container.predictor.parameters(), lr=GENERATOR_LR, betas=(0.0, 0.999), weight_decay=0),
     }  # fmt: skip
+    average = ParameterEMA(container.predictor, decay=EMA_DECAY)
     clips, captions = setting["clips"], setting["captions"]
     index = torch.arange(BATCH) % 4
     batch = {"latents": clips[index], "prompt_embeds": captions[OWNER[index]]}
@@ -134,9 +139,18 @@ def distil(
             container(**batch, rng=rng, phase=phase).loss.backward()
             optimizers[phase].step()
             container.zero_grad(set_to_none=True)
+        average.update()
         if after_step is not None:
-            after_step(step + 1, container, dmd)
-    return container, dmd
+            after_step(step + 1, lambda: averaged(container, average), dmd)
+    return averaged(container, average), dmd
+
+
+def averaged(container: Wan22Container, average: ParameterEMA) -> Wan22Container:
+    """``container`` with its student replaced by a copy holding ``average``'s weights."""
+    student = copy.deepcopy(container.predictor)
+    student.load_state_dict(average.state_dict())
+    models = {"predictor": student, "teacher": container.teacher, "critic": container.critic}
+    return Wan22Container(models, trainable=("predictor", "critic"), pipeline=container.pipeline)
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -173,4 +187,4 @@ def passes(result: dict) -> bool:
     return result["worst_db"] >= 25 and result["margin_db"] >= 3 and min(result["clips_drawn"]) > 0
 
 
-__all__ = ["data", "distil", "distillation", "fit_teacher", "ideal_velocity", "passes", "psnr", "quality"]
+__all__ = ["averaged", "data", "distil", "distillation", "fit_teacher", "ideal_velocity", "passes", "psnr", "quality"]
