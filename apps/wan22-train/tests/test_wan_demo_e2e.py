@@ -115,9 +115,8 @@ def test_a_demo_killed_mid_run_resumes_when_rerun_then_trains_exports_and_sample
     # The killed run's records up to its checkpoint stay; those it wrote past it (the kill may land after
     # the next step was logged) are dropped on resume, and the rerun writes the rest.
     lines = [json.loads(line) for line in (out / "ckpt" / "metrics.jsonl").read_text().splitlines()]
-    run = lines
-    assert [r["step"] for r in run] == list(range(1, steps + 1))
-    losses = [r["loss"] for r in run]
+    assert [r["step"] for r in lines] == list(range(1, steps + 1))
+    losses = [r["loss"] for r in lines]
     assert len(losses) == steps and all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[:10]) / 10 > sum(losses[-10:]) / 10
 

@@ -1,7 +1,8 @@
 """Few-step distillation (``tiny_t2v_distill.yaml``: DMD2 phases ``critic`` / ``generator``) through the
 trainer: a run at 2 ranks with Ulysses 2, killed with SIGKILL, resumes at 1 rank without Ulysses and
 trains every phase's losses of an uninterrupted run; the student then exports as a plain predictor and
-samples on its 4-step schedule.
+samples on its 4-step schedule. With ``training.ema`` the export of the average (``export --ema``) is the
+student's EMA over every step of the phased loop.
 
 The uninterrupted reference is ``wan22-train``'s ``main`` on forked gloo ranks; the run to kill is a real
 torchrun job (SIGKILL needs a process of its own), and its resume a real single process."""
@@ -20,8 +21,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from diffusers import WanTransformer3DModel
+from mm_trainer import load_run_config
 from wan22_train.cli import main as wan22_main
 from wan22_train.configs import config_path
+from wan22_train.export import export_predictor
+from wan22_train.key_maps import diffusers_to_native
 from wan22_train.tiny import make_tiny, tiny_overrides
 
 pytestmark = pytest.mark.slow
@@ -48,6 +53,11 @@ def command(tiny: Path, save: Path, nproc: int, *extra: str) -> list[str]:
         return [sys.executable, "-m", "wan22_train", *args]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
             "-m", "wan22_train", *args]  # fmt: skip
+
+
+def native_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """An exported (diffusers-layout) predictor's weights under the native keys."""
+    return diffusers_to_native(WanTransformer3DModel.from_pretrained(folder).state_dict())
 
 
 def env() -> dict[str, str]:
@@ -108,11 +118,7 @@ def test_distillation_killed_at_2_ranks_ulysses_2_resumes_at_1_rank_with_the_uni
         torch.testing.assert_close(have, want, rtol=1e-4, atol=0, equal_nan=True)
 
     # The student exports as a plain predictor and samples alone on its 4-step schedule.
-    from diffusers import WanTransformer3DModel
-    from mm_trainer import load_run_config
     from wan22_train.demo import training_shift
-    from wan22_train.export import export_predictor
-    from wan22_train.key_maps import diffusers_to_native
     from wan22_train.sampling import load_for_sampling, sample_video
 
     config = load_run_config(crashed)
@@ -124,7 +130,30 @@ def test_distillation_killed_at_2_ranks_ulysses_2_resumes_at_1_rank_with_the_uni
         modules, "a red ball", num_frames=9, height=32, width=32, steps=4, shift=training_shift(config)
     )
     assert video.shape == (3, 9, 32, 32) and len(calls) == 4
-    exported = export_predictor(config, crashed, tmp_path / "student")
-    weights = diffusers_to_native(WanTransformer3DModel.from_pretrained(exported).state_dict())
+    weights = native_weights(export_predictor(config, crashed, tmp_path / "student"))
     student = modules["predictor"].state_dict()
     torch.testing.assert_close(weights["blocks.0.self_attn.q.weight"], student["blocks.0.self_attn.q.weight"])
+
+
+def test_a_distillation_exports_the_ema_of_its_student(tmp_path):
+    """The trainer updates ``training.ema`` after every step of the phased loop, the generator phase every
+    5th step: after 5 steps with one generator update ``w1`` from the teacher's weights ``w0`` the
+    student's average is ``w1 + decay**5 * (w0 - w1)``."""
+    decay, steps = 0.5, 5
+    tiny, save = make_tiny(tmp_path / "tiny"), tmp_path / "run"
+    run = subprocess.run(
+        command(tiny, save, 1, "parallel.ulysses_parallel_size=1", f"training.train_iters={steps}",
+                f"training.save_interval={steps}", f"training.ema={{decay: {decay}}}"),
+        env=env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    config = load_run_config(save)
+    last = native_weights(export_predictor(config, save, tmp_path / "last"))
+    average = native_weights(export_predictor(config, save, tmp_path / "ema", ema=True))
+    start = native_weights(tiny / "transformer")
+    assert any(not torch.equal(last[key], start[key]) for key in last), "the generator step changed no weight"
+    step = torch.cat([(start[key] - last[key]).double().flatten() for key in last])
+    lead = torch.cat([(average[key] - last[key]).double().flatten() for key in last])
+    # the average's lead over the last weights, as a multiple of the generator's step: decay**5, elementwise
+    assert (lead @ step / (step @ step)).item() == pytest.approx(decay**steps, rel=1e-3)
+    torch.testing.assert_close(lead, decay**steps * step, rtol=0, atol=1e-3 * step.abs().max().item())
