@@ -13,9 +13,13 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
+import signal
+import subprocess
 import sys
 import traceback
 from collections.abc import Callable
+from contextlib import suppress
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -135,6 +139,39 @@ def fork_frozen() -> int:
 def fork() -> Callable[[], int]:
     """:func:`fork_frozen`: for tests that fork a child of their own (the conftest is not importable)."""
     return fork_frozen
+
+
+# ---------------------------------------------------------------- killing a launched job
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc), whatever its session or process group."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        with suppress(OSError):
+            if entry.name.isdigit():
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def sigkill_job(proc: subprocess.Popen) -> None:
+    """SIGKILL a launched job, as a machine that goes down: every process below ``proc`` (its ranks)
+    and ``proc`` itself, then reap it. ``os.killpg`` on the launcher's group is not enough: torchrun
+    starts its workers in sessions of their own, so they outlive it, get SIGTERM when it dies
+    (``mm_parallel.signal_when_launcher_dies``) and stop cleanly, with a checkpoint: a stop, not a crash."""
+    for pid in [*descendants(proc.pid), proc.pid]:  # collected first: an orphan's parent becomes init
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.fixture(scope="session")
+def kill_job() -> Callable[[subprocess.Popen], None]:
+    """``kill_job(proc)``: :func:`sigkill_job` (test files cannot import conftest)."""
+    return sigkill_job
 
 
 def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 300) -> list[Any]:

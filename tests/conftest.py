@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -308,17 +307,6 @@ def _parent_pid(pid: str) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
-def _children(pid: int) -> list[int]:
-    return [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and _parent_pid(e.name) == pid]
-
-
-def _descendants(pid: int) -> list[int]:
-    found = []
-    for child in _children(pid):
-        found += [child, *_descendants(child)]
-    return found
-
-
 def worker_pids(launcher_pid: int, world_size: int, timeout: float = 120) -> dict[int, int]:
     """``{rank: pid}`` of the workers a torchrun process started (Linux /proc), once all exist."""
     deadline = time.monotonic() + timeout
@@ -386,7 +374,7 @@ def start_run(
     return procs
 
 
-def finish(procs: list[subprocess.Popen], timeout: float) -> tuple[list[int | None], str]:
+def finish(procs: list[subprocess.Popen], timeout: float, kill_job) -> tuple[list[int | None], str]:
     """Wait up to ``timeout`` seconds in all for ``procs``; return their exit codes (None: still
     running after it, then killed) and their output, one after the other."""
     deadline = time.monotonic() + timeout
@@ -395,19 +383,16 @@ def finish(procs: list[subprocess.Popen], timeout: float) -> tuple[list[int | No
         try:
             codes.append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
-            for pid in [*_descendants(proc.pid), proc.pid]:  # torchrun's workers have their own session
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            proc.wait()
+            kill_job(proc)  # torchrun's workers too: they have their own session
             codes.append(None)
     return codes, "\n".join(proc.log.read_text() for proc in procs)
 
 
 @pytest.fixture
-def processes() -> SimpleNamespace:
+def processes(kill_job) -> SimpleNamespace:
     """Start, watch and signal the processes of a multi-rank mm-train (test files cannot import conftest)."""
     return SimpleNamespace(
-        start=start_run, finish=finish, worker_pids=worker_pids, running=process_running,
+        start=start_run, finish=functools.partial(finish, kill_job=kill_job), worker_pids=worker_pids, running=process_running,
         wait_for_steps=wait_for_steps, env=train_env,
     )  # fmt: skip
 

@@ -14,10 +14,8 @@ One interrupted and one restarted two-node run plus the reference: 3 runs of 4 w
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -73,47 +71,26 @@ def start_nodes(args: list[str], logs: Path, name: str) -> list[subprocess.Popen
     return procs
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Linux /proc): torchrun starts its workers in sessions of their own."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            if entry.name.isdigit():
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    found, frontier = [], [pid]
-    while frontier:
-        children = [child for child, parent in parents.items() if parent in frontier]
-        found += children
-        frontier = children
-    return found
-
-
-def kill_node(proc: subprocess.Popen) -> None:
-    """SIGKILL a node: its workers and its torchrun agent, as a machine that goes down."""
-    for pid in [*descendants(proc.pid), proc.pid]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    proc.wait()
-
-
-def wait_all(procs: list[subprocess.Popen], timeout: float) -> list[int]:
+def wait_all(procs: list[subprocess.Popen], timeout: float, kill_job) -> list[int]:
     deadline = time.monotonic() + timeout
     try:
         return [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
     except subprocess.TimeoutExpired:
         for p in procs:
-            kill_node(p)
+            kill_job(p)
         logs = "\n".join(p.log.read_text()[-3000:] for p in procs)
         pytest.fail(f"the nodes did not finish in {timeout} s:\n{logs}")
 
 
-def wait_for_steps(save: Path, steps: int, procs: list[subprocess.Popen], timeout: float = 600) -> None:
+def wait_for_steps(
+    save: Path, steps: int, procs: list[subprocess.Popen], kill_job, timeout: float = 600
+) -> None:
     log = save / "metrics.jsonl"
     deadline = time.monotonic() + timeout
     while not (log.exists() and len(log.read_text().splitlines()) >= steps):
         if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
             for p in procs:
-                kill_node(p)
+                kill_job(p)
             pytest.fail(
                 "the two-node run ended or stalled early:\n"
                 + "\n".join(p.log.read_text()[-3000:] for p in procs)
@@ -122,7 +99,7 @@ def wait_for_steps(save: Path, steps: int, procs: list[subprocess.Popen], timeou
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, distributed) -> dict:
+def runs(tmp_path_factory, distributed, kill_job) -> dict:
     root = tmp_path_factory.mktemp("wan_two_nodes")
     tiny = make_tiny(root / "tiny")
 
@@ -137,14 +114,14 @@ def runs(tmp_path_factory, distributed) -> dict:
     # each node copies the weights to its own "local disk" ($GROUP_RANK: torchrun's node index)
     args = run_args(tiny, save, f"training.stage_dir={root / 'node_local'}/$GROUP_RANK")
     first = start_nodes(args, root, "first")
-    wait_for_steps(save, 3, first)
-    kill_node(first[1])
-    node0_exit = wait_all(first[:1], timeout=300)[0]
+    wait_for_steps(save, 3, first, kill_job)
+    kill_job(first[1])  # node 1 goes down: its agent and workers
+    node0_exit = wait_all(first[:1], 300, kill_job)[0]
     interrupted = records(save)
     last_checkpoint = latest_iteration(save)
 
     second = start_nodes(args, root, "restart")
-    assert wait_all(second, timeout=900) == [0, 0], "\n".join(p.log.read_text()[-3000:] for p in second)
+    assert wait_all(second, 900, kill_job) == [0, 0], "\n".join(p.log.read_text()[-3000:] for p in second)
     return {
         "reference": records(root / "single_node"),
         "interrupted": interrupted,
