@@ -5,9 +5,12 @@ steps, of DMD2 students at 1 and 4 steps (critic every step on batches of 64, ge
 of students trained with the flow-matching loss in place of the distribution-matching term (the same
 schedule, generator updates and EMA). All in one process, one thread. Then the DMD2 students' 4-step
 check every ``--probe-every`` distillation steps from ``--probe-from`` on (the same runs): whether
-passing is a property of the training or of the step it stopped at.
+passing is a property of the training or of the step it stopped at. With ``--one-step N``, a student
+distilled for the 1-step schedule (the generator every 2nd step, N steps) and its 1-step check every
+``--one-step-probe-every`` steps (minutes per 1000 steps: off by default).
 
     hatch run python benchmarks/wan_distill_quality.py [--seeds 0 1] [--steps 2400] [--probe-every 100]
+        [--one-step 25000 --one-step-probe-every 2500]
 """
 
 from __future__ import annotations
@@ -16,7 +19,16 @@ import argparse
 import time
 
 import torch
-from wan22_train.distill_toy import DISTILL_STEPS, SHAPE, distil, distillation, fit_teacher, passes, quality
+from wan22_train.distill_toy import (
+    DISTILL_STEPS,
+    ONE_STEP_GENERATOR_EVERY,
+    SHAPE,
+    distil,
+    distillation,
+    fit_teacher,
+    passes,
+    quality,
+)  # fmt: skip
 
 
 def timed_quality(setting: dict, container, dmd, role: str, steps: int) -> dict:
@@ -42,6 +54,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=DISTILL_STEPS, help="distillation steps (critic updates)")
     parser.add_argument("--probe-every", type=int, default=100, help="4-step check of the DMD2 student every N steps")
     parser.add_argument("--probe-from", type=int, default=1400, help="first step of those checks")
+    parser.add_argument("--one-step", type=int, default=0, metavar="N", help="also distil a 1-step student for N steps")
+    parser.add_argument("--one-step-probe-every", type=int, default=2500, help="its 1-step check every N steps")
     args = parser.parse_args()
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -75,6 +89,26 @@ def main() -> None:
     for seed, seen in probes.items():
         cells = " ".join(f"{done}:{r['worst_db']:.1f}{'+' if passes(r) else '-'}" for done, r in seen)
         print(f"seed {seed}: {sum(passes(r) for _, r in seen)}/{len(seen)} pass  (step:worst dB, +pass -fail) {cells}")
+    if args.one_step:
+        one_step(setting, args.seeds, args.one_step, args.one_step_probe_every)
+
+
+def one_step(setting: dict, seeds: list[int], steps: int, every: int) -> None:
+    """Students distilled for the 1-step schedule: their 1-step check every ``every`` steps."""
+    print(f"\nDMD2 student for 1 step (generator every {ONE_STEP_GENERATOR_EVERY}): its 1-step check every {every} steps")
+    print(f"{'seed':>4} {'step':>6} {'sharp':>6} {'worst dB':>9} {'margin dB':>10} {'clips A/B':>11} {'check':>5}")
+
+    for seed in seeds:
+
+        def probe(done: int, averaged, dmd, seed=seed) -> None:
+            if done % every == 0:
+                r = quality(setting, averaged(), dmd, "predictor", 1)
+                counts = "/".join(str(c) for c in r["clips_drawn"])
+                print(f"{seed:>4} {done:>6} {r['sharp']:>3}/32 {r['worst_db']:>9.1f} {r['margin_db']:>10.1f} "
+                      f"{counts:>11} {'pass' if passes(r) else 'FAIL':>5}", flush=True)  # fmt: skip
+
+        distil(setting, steps=steps, seed=seed, after_step=probe, student_steps=1,
+               generator_every=ONE_STEP_GENERATOR_EVERY)  # fmt: skip
 
 
 def _prober(setting: dict, seen: list, start: int, every: int):

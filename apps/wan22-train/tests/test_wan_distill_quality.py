@@ -4,8 +4,8 @@ at 1 and 4 steps; a DMD2 student (critic every step on batches of 64, generator 
 4-step schedule, its EMA at decay 0.999) passes at 4 steps; the same generator updates with the
 flow-matching loss in place of the distribution-matching term leave a student that fails. The 4-step
 pass holds at every check from 1900 to 3000 steps for both seeds the benchmark runs; the 1-step sample
-does not pass (benchmarks/wan_distill_quality.py measures both, with the sampling times;
-benchmarks/README.md)."""
+does not pass, nor does a student distilled for 1 step (27-31 of 32 sharp at best: benchmarks/
+wan_distill_quality.py --one-step measures it, and both with the sampling times; benchmarks/README.md)."""
 
 from __future__ import annotations
 

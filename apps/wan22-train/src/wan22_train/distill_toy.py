@@ -36,6 +36,9 @@ SHIFT, STUDENT_SHIFT = 3.0, 1.0
 FIT_STEPS, FIT_LR, FIT_BATCH = 1500, 3e-3, 32
 DISTILL_STEPS, GENERATOR_EVERY, GENERATOR_LR, CRITIC_LR, BATCH = 2400, 10, 3e-4, 1e-3, 64
 EMA_DECAY = 0.999  # training.ema.decay: the student checked is that average, updated every step
+# A 1-step student must turn noise into one clip or the other by itself: the generator every 2nd step and
+# ~10x the steps (benchmarks/wan_distill_quality.py --one-step; it nears the check without passing it)
+ONE_STEP_GENERATOR_EVERY, ONE_STEP_DISTILL_STEPS = 2, 25000
 
 
 def data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,12 +98,13 @@ def _fit_teacher() -> dict[str, Any]:
 
 
 def distillation(
-    setting: dict, generator_loss: str = "distribution_matching"
+    setting: dict, generator_loss: str = "distribution_matching", student_steps: int = 4
 ) -> tuple[Wan22Container, DistributionMatchingDistillation]:
-    """A container with the teacher, a student and a critic (both copies of the teacher) and its DMD2 pipeline."""
+    """A container with the teacher, a student and a critic (both copies of the teacher) and its DMD2 pipeline
+    for a ``student_steps`` schedule."""
     teacher = setting["teacher"]
     dmd = DistributionMatchingDistillation(
-        Wan22Pipeline.from_options({"shift": SHIFT}), student_steps=4, student_shift=STUDENT_SHIFT,
+        Wan22Pipeline.from_options({"shift": SHIFT}), student_steps=student_steps, student_shift=STUDENT_SHIFT,
         generator_loss=generator_loss,
     )  # fmt: skip
     student, critic = (copy.deepcopy(teacher).requires_grad_(True) for _ in range(2))
@@ -114,13 +118,16 @@ def distil(
     steps: int = DISTILL_STEPS,
     seed: int = 0,
     after_step: Callable[[int, Callable[[], Wan22Container], DistributionMatchingDistillation], None] | None = None,
+    student_steps: int = 4,
+    generator_every: int = GENERATOR_EVERY,
 ) -> tuple[Wan22Container, DistributionMatchingDistillation]:
     """The two phases in turn, as ``training.phases`` runs them: the critic every step, the generator every
-    ``GENERATOR_EVERY``-th (AdamW with beta1 0 for both, as DMD2), and the student's EMA updated after every
-    step as ``training.ema`` does. Returns the container with the averaged student in place of the last
-    one. ``after_step(steps done, averaged, pipeline)`` runs after each step, ``averaged()`` building that
-    container for the average so far (the benchmark's look at intermediate students)."""
-    container, dmd = distillation(setting, generator_loss)
+    ``generator_every``-th (AdamW with beta1 0 for both, as DMD2), and the student's EMA updated after every
+    step as ``training.ema`` does; the student on a ``student_steps`` schedule. Returns the container with
+    the averaged student in place of the last one. ``after_step(steps done, averaged, pipeline)`` runs after
+    each step, ``averaged()`` building that container for the average so far (the benchmark's look at
+    intermediate students)."""
+    container, dmd = distillation(setting, generator_loss, student_steps)
     optimizers = {
         "critic": torch.optim.AdamW(container.critic.parameters(), lr=CRITIC_LR, betas=(0.0, 0.999), weight_decay=0),
         "generator": torch.optim.AdamW(container.predictor.parameters(), lr=GENERATOR_LR, betas=(0.0, 0.999), weight_decay=0),
@@ -132,8 +139,8 @@ def distil(
     for step in range(steps):
         rng = SampleRNG(seed=seed, step=step, sample_ids=list(range(step * BATCH, (step + 1) * BATCH)))
         due = ["generator"] if generator_loss == "flow_matching" else ["critic"]
-        due += ["generator"] * (generator_loss != "flow_matching" and step % GENERATOR_EVERY == 0)
-        if generator_loss == "flow_matching" and step % GENERATOR_EVERY:
+        due += ["generator"] * (generator_loss != "flow_matching" and step % generator_every == 0)
+        if generator_loss == "flow_matching" and step % generator_every:
             due = []  # the same generator updates, without a critic to train
         for phase in due:
             container(**batch, rng=rng, phase=phase).loss.backward()
@@ -162,8 +169,8 @@ def quality(
     setting: dict, container: Wan22Container, dmd: DistributionMatchingDistillation, role: str, steps: int
 ) -> dict:
     """The check over 16 seeds per caption: the worst sample's PSNR to its nearest own clip, its worst margin
-    over the clips' average, and how many samples each clip got."""
-    clips, worst, margin, counts = setting["clips"], math.inf, math.inf, []
+    over the clips' average, how many samples each clip got, and how many of the 32 are sharp."""
+    clips, worst, margin, counts, sharp = setting["clips"], math.inf, math.inf, [], 0
     for caption in range(2):
         noise = torch.randn(16, *SHAPE, generator=torch.Generator().manual_seed(100 + caption))
         text = {"prompt_embeds": setting["captions"][caption : caption + 1].expand(16, -1, -1)}
@@ -176,10 +183,11 @@ def quality(
         own = clips[OWNER == caption]
         to_clips = torch.stack([psnr(x, clip.expand_as(x)) for clip in own])
         best, which = to_clips.max(0)
-        worst = min(worst, float(best.min()))
-        margin = min(margin, float((best - psnr(x, own.mean(0).expand_as(x))).min()))
+        lead = best - psnr(x, own.mean(0).expand_as(x))
+        worst, margin = min(worst, float(best.min())), min(margin, float(lead.min()))
         counts += which.bincount(minlength=2).tolist()
-    return {"worst_db": worst, "margin_db": margin, "clips_drawn": counts}
+        sharp += int(((best >= 25) & (lead >= 3)).sum())
+    return {"worst_db": worst, "margin_db": margin, "clips_drawn": counts, "sharp": sharp}
 
 
 def passes(result: dict) -> bool:
