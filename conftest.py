@@ -161,7 +161,10 @@ def sigkill_job(proc: subprocess.Popen) -> None:
     """SIGKILL a launched job, as a machine that goes down: every process below ``proc`` (its ranks)
     and ``proc`` itself, then reap it. ``os.killpg`` on the launcher's group is not enough: torchrun
     starts its workers in sessions of their own, so they outlive it, get SIGTERM when it dies
-    (``mm_parallel.signal_when_launcher_dies``) and stop cleanly, with a checkpoint: a stop, not a crash."""
+    (``mm_parallel.signal_when_launcher_dies``) and stop cleanly, with a checkpoint: a stop, not a crash.
+    A ``proc`` already reaped is left alone: its pid may belong to another process by now."""
+    if proc.poll() is not None:
+        return
     for pid in [*descendants(proc.pid), proc.pid]:  # collected first: an orphan's parent becomes init
         with suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

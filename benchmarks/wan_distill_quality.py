@@ -10,7 +10,7 @@ distilled for the 1-step schedule (the generator every 2nd step, N steps) and it
 ``--one-step-probe-every`` steps (minutes per 1000 steps: off by default).
 
     hatch run python benchmarks/wan_distill_quality.py [--seeds 0 1] [--steps 2400] [--probe-every 100]
-        [--one-step 25000 --one-step-probe-every 2500]
+        [--one-step [25000] --one-step-probe-every 2500]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import time
 import torch
 from wan22_train.distill_toy import (
     DISTILL_STEPS,
+    ONE_STEP_DISTILL_STEPS,
     ONE_STEP_GENERATOR_EVERY,
     SHAPE,
     distil,
@@ -28,7 +29,7 @@ from wan22_train.distill_toy import (
     fit_teacher,
     passes,
     quality,
-)  # fmt: skip
+)
 
 
 def timed_quality(setting: dict, container, dmd, role: str, steps: int) -> dict:
@@ -54,7 +55,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=DISTILL_STEPS, help="distillation steps (critic updates)")
     parser.add_argument("--probe-every", type=int, default=100, help="4-step check of the DMD2 student every N steps")
     parser.add_argument("--probe-from", type=int, default=1400, help="first step of those checks")
-    parser.add_argument("--one-step", type=int, default=0, metavar="N", help="also distil a 1-step student for N steps")
+    parser.add_argument(
+        "--one-step", type=int, nargs="?", default=0, const=ONE_STEP_DISTILL_STEPS, metavar="N",
+        help=f"also distil a 1-step student for N steps (without N: {ONE_STEP_DISTILL_STEPS})",
+    )  # fmt: skip
     parser.add_argument("--one-step-probe-every", type=int, default=2500, help="its 1-step check every N steps")
     args = parser.parse_args()
     torch.set_num_threads(1)

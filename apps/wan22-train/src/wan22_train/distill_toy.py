@@ -36,6 +36,7 @@ SHIFT, STUDENT_SHIFT = 3.0, 1.0
 FIT_STEPS, FIT_LR, FIT_BATCH = 1500, 3e-3, 32
 DISTILL_STEPS, GENERATOR_EVERY, GENERATOR_LR, CRITIC_LR, BATCH = 2400, 10, 3e-4, 1e-3, 64
 EMA_DECAY = 0.999  # training.ema.decay: the student checked is that average, updated every step
+SHARP_DB, LEAD_DB = 25.0, 3.0  # the check: a sample this close to a clip, and this much closer than to the blend
 # A 1-step student must turn noise into one clip or the other by itself: the generator every 2nd step and
 # ~10x the steps (benchmarks/wan_distill_quality.py --one-step; it nears the check without passing it)
 ONE_STEP_GENERATOR_EVERY, ONE_STEP_DISTILL_STEPS = 2, 25000
@@ -186,13 +187,13 @@ def quality(
         lead = best - psnr(x, own.mean(0).expand_as(x))
         worst, margin = min(worst, float(best.min())), min(margin, float(lead.min()))
         counts += which.bincount(minlength=2).tolist()
-        sharp += int(((best >= 25) & (lead >= 3)).sum())
+        sharp += int(((best >= SHARP_DB) & (lead >= LEAD_DB)).sum())
     return {"worst_db": worst, "margin_db": margin, "clips_drawn": counts, "sharp": sharp}
 
 
 def passes(result: dict) -> bool:
     """The check: sharp (>= 25 dB to a clip, >= 3 dB over the clips' average) and no clip missing."""
-    return result["worst_db"] >= 25 and result["margin_db"] >= 3 and min(result["clips_drawn"]) > 0
+    return result["worst_db"] >= SHARP_DB and result["margin_db"] >= LEAD_DB and min(result["clips_drawn"]) > 0
 
 
 __all__ = ["averaged", "data", "distil", "distillation", "fit_teacher", "ideal_velocity", "passes", "psnr", "quality"]
