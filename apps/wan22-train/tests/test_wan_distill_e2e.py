@@ -115,19 +115,23 @@ def test_distillation_killed_at_2_ranks_ulysses_2_resumes_at_1_rank_with_the_uni
         have = torch.tensor([r.get(key, float("nan")) for r in got])
         torch.testing.assert_close(have, want, rtol=1e-4, atol=0, equal_nan=True)
 
-    # The student exports as a plain predictor and samples alone on its 4-step schedule.
+    # The student exports as a plain predictor and samples alone on its 4-step schedule: the sigmas it
+    # trained on (`wan22-train sample --steps 4`).
+    from wan22_train.container import Wan22Container
     from wan22_train.demo import training_shift
-    from wan22_train.sampling import load_for_sampling, sample_video
+    from wan22_train.sampling import load_for_sampling, sample_video, student_sigmas
 
     config = load_run_config(crashed)
     modules = load_for_sampling(config, crashed)
     assert not {"teacher", "critic"} & set(modules)
-    calls = []
-    modules["predictor"].register_forward_hook(lambda *_: calls.append(1))
+    timesteps = []
+    modules["predictor"].register_forward_hook(lambda _, args, __: timesteps.append(float(args[1])))
     video = sample_video(
-        modules, "a red ball", num_frames=9, height=32, width=32, steps=4, shift=training_shift(config)
-    )
-    assert video.shape == (3, 9, 32, 32) and len(calls) == 4
+        modules, "a red ball", num_frames=9, height=32, width=32, steps=4, shift=training_shift(config),
+        sigmas=student_sigmas(config, 4),
+    )  # fmt: skip
+    trained = Wan22Container.build_pipeline(config.model.pipeline).student_sigmas()
+    assert video.shape == (3, 9, 32, 32) and timesteps == (trained[:-1] * 1000).tolist()
     weights = native_weights(export_predictor(config, crashed, tmp_path / "student"))
     student = modules["predictor"].state_dict()
     torch.testing.assert_close(weights["blocks.0.self_attn.q.weight"], student["blocks.0.self_attn.q.weight"])

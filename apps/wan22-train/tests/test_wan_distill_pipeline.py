@@ -1,5 +1,6 @@
 """``model.pipeline.distill`` (DMD2 around ``Wan22Pipeline``) on tiny predictors, in process: which
-sub-model each phase trains, expert routing of every role with ``expert: both``, and what is refused."""
+sub-model each phase trains, expert routing of every role with ``expert: both``, the student's schedule
+(``student_sigma_max``, and the sigmas ``sample`` draws a distilled checkpoint on), and what is refused."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import copy
 
 import pytest
 import torch
+from mm_config import load_config
 from mm_pipelines import SampleRNG
+from wan22_train.configs import config_path
 from wan22_train.container import Wan22Container
 from wan22_train.distill import distillation_roles
 from wan22_train.model import WanDiT, WanDiTConfig
+from wan22_train.sampling import student_sigmas
 
 SHAPE = (4, 1, 4, 4)
 CONFIG = WanDiTConfig(
@@ -92,3 +96,35 @@ def test_guidance_on_pre_encoded_prompts_needs_their_negative_embeddings():
 def test_a_call_without_a_phase_is_refused():
     with pytest.raises(ValueError, match="needs a phase in \\['critic', 'generator'\\]"):
         container()(**batch(), rng=rng())
+
+
+def test_the_student_starts_at_student_sigma_max_from_that_share_of_the_noise():
+    model = container(student_steps=1, student_sigma_max=0.5)
+    dmd = model.pipeline
+    assert dmd.student_sigmas().tolist() == [0.5, 0.0]
+    noise, text = torch.randn(2, *SHAPE), {"prompt_embeds": torch.randn(2, 2, 16)}
+    start = 0.5 * noise
+    with torch.no_grad():
+        v = model.predictor(start, torch.full((2,), 500.0), text["prompt_embeds"])
+    torch.testing.assert_close(dmd.sample(model, noise, text), start - 0.5 * v)
+
+
+def test_a_lower_student_sigma_max_keeps_the_grid_and_shift_of_the_student_schedule():
+    top = container(student_steps=4, student_shift=3.0).pipeline.student_sigmas()
+    lower = container(student_steps=4, student_shift=3.0, student_sigma_max=0.8).pipeline.student_sigmas()
+    assert float(lower[0]) == pytest.approx(0.8) and lower[-1] == 0 and (lower[:-2] < top[:-2]).all()
+    assert lower[-2] == top[-2]  # the same grid: its last point, at the same shift
+
+
+@pytest.mark.parametrize("sigma_max", [0.0, 1.5])
+def test_a_student_sigma_max_outside_0_to_1_is_refused(sigma_max):
+    with pytest.raises(ValueError, match="student_sigma_max"):
+        container(student_sigma_max=sigma_max)
+
+
+def test_sample_draws_a_distilled_checkpoint_on_the_sigmas_its_student_trained_on():
+    config = load_config(config_path("tiny_t2v_both_distill.yaml"), world_size=2)
+    trained = Wan22Container.build_pipeline(config.model.pipeline).student_sigmas(4)
+    assert torch.equal(student_sigmas(config, 4), trained)  # the recipe grid of both experts, shift 5
+    assert [round(float(s) * 1000) for s in trained[:-1]] == [1000, 938, 833, 625]
+    assert student_sigmas(load_config(config_path("tiny_t2v_both.yaml"), world_size=2), 4) is None

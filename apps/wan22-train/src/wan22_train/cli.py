@@ -73,8 +73,13 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--frames", type=int, default=9)
     sample.add_argument("--height", type=int, default=32)
     sample.add_argument("--width", type=int, default=32)
-    sample.add_argument("--steps", type=int, default=20)
-    sample.add_argument("--shift", type=float, help="sampling time shift (default: the run's training shift)")
+    sample.add_argument(
+        "--steps", type=int, default=20,
+        help="Euler steps; a distilled run (model.pipeline.distill) samples its student on the sigmas it trained on",
+    )  # fmt: skip
+    sample.add_argument(
+        "--shift", type=float, help="sampling time shift (default: the run's training shift, a distillation's student_shift)"
+    )  # fmt: skip
     sample.add_argument("--guidance", type=float, default=1.0)
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--fps", type=int, default=8)
@@ -155,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(report)
     elif args.command == "sample":
         from wan22_train.demo import training_shift
-        from wan22_train.sampling import load_for_sampling, sample_video, write_video
+        from wan22_train.sampling import load_for_sampling, sample_video, student_sigmas, write_video
 
         config = _load(args.config, args.checkpoint)
         modules = load_for_sampling(config, args.checkpoint)
@@ -163,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         video = sample_video(
             modules, args.prompt, num_frames=args.frames, height=args.height, width=args.width,
             steps=args.steps, shift=shift, guidance=args.guidance, seed=args.seed,
+            sigmas=student_sigmas(config, args.steps, args.shift),
         )  # fmt: skip
         print(write_video(video, args.out, fps=args.fps))
     elif args.command == "export":

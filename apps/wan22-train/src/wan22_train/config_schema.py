@@ -48,6 +48,10 @@ class DistillOptions(ConfigModel):
     """Euler steps of the student's schedule (``sample --steps`` at ``student_shift`` draws it)."""
     student_shift: float | None = Field(default=None, gt=0)
     """Time shift of the student's schedule; None: the pipeline's ``shift``."""
+    student_sigma_max: float = Field(default=1.0, gt=0, le=1)
+    """The noise level of the student's first step: it starts from this sigma times the noise (1: pure
+    noise; below 1, as Score identity Distillation's one-step generator, where the teacher's denoiser
+    already separates the modes: a 1-step student learns a sharp split sooner)."""
     guidance_scale: float = Field(default=1.0, ge=0)
     """Classifier-free guidance of the teacher's (real) prediction; != 1 needs ``negative_prompt_embeds``
     in the batch or a text encoder (``negative_prompt``)."""

@@ -120,12 +120,15 @@ class Wan22Container(ModelContainer):
     ) -> torch.Tensor:
         """One clip ``[3, F, H, W]`` in ``[-1, 1]`` (Euler flow-match sampling, noise from ``seed``).
         Every rank calls it alike: the sharded sub-models' forwards gather over ranks. A distillation's
-        student samples on its own schedule (``student_steps`` at ``student_shift``, no guidance: it was
-        trained to draw the guided teacher's distribution), whatever ``steps`` / ``shift`` say."""
+        student samples on its own schedule (the sigmas it trained on: ``student_steps`` at ``student_shift``
+        from ``student_sigma_max``, no guidance: it was trained to draw the guided teacher's distribution),
+        whatever ``steps`` / ``shift`` say."""
+        sigmas = None
         if self.has_sample_reference:
-            steps, shift, guidance_scale = self.pipeline.student_steps, self.pipeline.student_shift, 1.0
+            sigmas, guidance_scale = self.pipeline.student_sigmas(), 1.0
         device = next(self.predictor.parameters()).device
         return sample_video(
             self.sampling_modules(), prompt, num_frames=num_frames, height=height, width=width, steps=steps,
             shift=shift, guidance=guidance_scale, negative_prompt=negative_prompt, seed=seed, device=device,
+            sigmas=sigmas,
         )  # fmt: skip

@@ -12,9 +12,9 @@ from mm_data import write_video
 from mm_pipelines import FlowMatchScheduler, masked_text_embeddings
 from mm_trainer import ModelContainer, ModelHub, freeze, import_plugins, inject_lora
 
-from wan22_train.distill import CRITIC, TEACHER
+from wan22_train.distill import CRITIC, TEACHER, distillation_pipeline
 from wan22_train.experts import boundary_timestep
-from wan22_train.pipeline import LOW_NOISE_ROLE
+from wan22_train.pipeline import LOW_NOISE_ROLE, Wan22Pipeline
 from wan22_train.predictor import WanPredictor
 from wan22_train.text_encoder import UMT5TextEncoder
 from wan22_train.vae import WanVideoVAE
@@ -69,8 +69,11 @@ def sample_video(
     negative_prompt: str = "",
     seed: int = 0,
     device: torch.device | str = "cpu",
+    sigmas: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Video [3, F, H, W] in [-1, 1] for ``prompt`` (classifier-free guidance when ``guidance`` != 1).
+    """Video [3, F, H, W] in [-1, 1] for ``prompt`` (classifier-free guidance when ``guidance`` != 1):
+    Euler steps on ``steps`` sigmas at ``shift`` (the scheduler's default grid), or on explicit ``sigmas``
+    (decreasing, ending in 0: a distilled student's own schedule), from ``sigmas[0]`` times the noise.
 
     With both A14B experts (``predictor_low`` and ``boundary_timestep`` in ``modules``) the
     high-noise ``predictor`` runs while ``t >= boundary_timestep`` and ``predictor_low`` after.
@@ -85,13 +88,19 @@ def sample_video(
             f"frames-1 must divide by {t} and height/width by {s}; got {num_frames}x{height}x{width}"
         )
     shape = (1, vae.vae.config.z_dim, 1 + (num_frames - 1) // t, height // s, width // s)
-    latents = torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(device)
+    scheduler = FlowMatchScheduler(shift=shift)
+    if sigmas is None:
+        timesteps = scheduler.set_inference_timesteps(steps)
+        assert scheduler.inference_sigmas is not None
+        sigmas = scheduler.inference_sigmas
+    else:  # as a distillation's student is called in training (DistributionMatchingDistillation.velocity)
+        sigmas = sigmas.float().cpu()
+        timesteps = sigmas[:-1] * scheduler.num_train_timesteps
+    noise = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    latents = (noise * sigmas[0]).to(device)
     cond = _encode_text(text_encoder, [prompt], device)
     uncond = _encode_text(text_encoder, [negative_prompt], device) if guidance != 1.0 else None
-    scheduler = FlowMatchScheduler(shift=shift)
-    scheduler.set_inference_timesteps(steps)
-    sigmas = scheduler.inference_sigmas
-    for i, timestep in enumerate(scheduler.inference_timesteps):
+    for i, timestep in enumerate(timesteps):
         t_batch = timestep.reshape(1).to(device)
         predictor = expert_for(modules, float(timestep))
         v = predictor(latents, t_batch, cond)
@@ -100,6 +109,18 @@ def sample_video(
             v = v_uncond + guidance * (v - v_uncond)
         latents = scheduler.step(v, sigmas[i], sigmas[i + 1], latents)
     return vae.decode(latents)[0]
+
+
+def student_sigmas(config: TrainConfig, steps: int, shift: float | None = None) -> torch.Tensor | None:
+    """A distillation run's student schedule for ``steps`` Euler steps (its grid, ``student_shift`` unless
+    ``shift`` is given, ``student_sigma_max``): what ``sample`` draws a distilled checkpoint on, exactly
+    the sigmas it trained on. None for a run without ``model.pipeline.distill``."""
+    options = dict(config.model.pipeline or {})
+    distill = options.pop("distill", None)
+    if distill is None:
+        return None
+    distill = {**distill, **({} if shift is None else {"student_shift": shift})}
+    return distillation_pipeline(Wan22Pipeline.from_options(options), distill).student_sigmas(steps)
 
 
 def expert_for(modules: dict[str, Any], timestep: float) -> WanPredictor:
@@ -118,4 +139,4 @@ def _encode_text(
     return masked_text_embeddings(out, tokens["attention_mask"])
 
 
-__all__ = ["expert_for", "load_for_sampling", "sample_video", "write_video"]
+__all__ = ["expert_for", "load_for_sampling", "sample_video", "student_sigmas", "write_video"]

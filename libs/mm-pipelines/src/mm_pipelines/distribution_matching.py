@@ -5,11 +5,14 @@ trainable ``critic`` (the fake score), trained in two phases (``training.phases`
 The maths, on the flow-match convention ``x_t = (1 - s) x0 + s eps``, velocity ``v = eps - x0``, so a
 velocity predictor gives the clean estimate ``x0(x_t) = x_t - s v``:
 
-- **Student schedule.** ``K`` sigmas ``s_0 = sigma_max > s_1 > ... > s_{K-1}`` and a final 0, the
-  scheduler's inference grid at the student's shift (:meth:`FlowMatchScheduler.set_inference_timesteps`).
-  The student samples with plain Euler steps on it, ``x_{k+1} = x_k + (s_{k+1} - s_k) v``, so
-  ``wan22-train sample --steps K`` at the same shift draws exactly what the student was trained to draw;
-  with ``s_0 = 1`` the first step lands on ``x0(noise)``: the 1-step sample.
+- **Student schedule.** ``K`` sigmas ``s_0 > s_1 > ... > s_{K-1}`` and a final 0, the scheduler's
+  inference grid at the student's shift (:meth:`FlowMatchScheduler.set_inference_timesteps`) with its
+  top at ``s_0 = student_sigma_max`` (default 1). The student starts from ``x_0 = s_0 * eps`` (pure noise
+  at ``s_0 = 1``; below 1, the noisy state of a zero clean part: the one-step generator's input of Score
+  identity Distillation, whose ``sigma_init`` starts it where the teacher's denoiser already separates
+  the modes) and takes plain Euler steps, ``x_{k+1} = x_k + (s_{k+1} - s_k) v``, so a sampler on the
+  same sigmas (:meth:`student_sigmas`) draws exactly what the student was trained to draw; the first
+  step lands on ``x0(x_0)``: the 1-step sample.
 - **Backward simulation.** Each step draws one ``k`` in ``[0, K)`` (keyed by the step); the student runs
   its first ``k`` Euler steps from keyed noise without gradients, and its ``k``-th clean estimate
   ``x0_hat = x0(x_k)`` is the sample trained on: the student trains on its own intermediate states.
@@ -57,6 +60,7 @@ class DistributionMatchingDistillation:
         *,
         student_steps: int = 4,
         student_shift: float | None = None,
+        student_sigma_max: float = 1.0,
         guidance_scale: float = 1.0,
         dm_range: tuple[float, float] = (0.02, 0.98),
         generator_loss: GeneratorLoss = "distribution_matching",
@@ -67,6 +71,8 @@ class DistributionMatchingDistillation:
     ) -> None:
         if student_steps < 1:
             raise ValueError(f"distill.student_steps must be >= 1, got {student_steps}")
+        if not 0 < student_sigma_max <= 1:
+            raise ValueError(f"distill.student_sigma_max must lie in (0, 1], got {student_sigma_max}")
         low, high = dm_range
         if not 0 <= low < high <= 1:
             raise ValueError(f"distill.dm_range must satisfy 0 <= low < high <= 1, got {list(dm_range)}")
@@ -79,14 +85,21 @@ class DistributionMatchingDistillation:
         self.negative_prompt, self.teacher_steps = negative_prompt, teacher_steps
         scheduler: FlowMatchScheduler = base.scheduler
         self.student_shift = scheduler.shift if student_shift is None else float(student_shift)
+        self.student_sigma_max = float(student_sigma_max)
+        if _unshift(self.student_sigma_max, self.student_shift) <= scheduler.sigma_min:
+            raise ValueError(
+                f"distill.student_sigma_max {student_sigma_max} is at or below the grid's sigma_min "
+                f"({scheduler.sigma_min}) at the student's shift {self.student_shift}"
+            )
         n = scheduler.num_train_timesteps
         self.dm_indices = (int(low * (n - 1)), max(int(high * (n - 1)), int(low * (n - 1)) + 1))
 
     # ------------------------------------------------------------------ schedule
     def student_sigmas(self, num_steps: int | None = None) -> torch.Tensor:
-        """``K + 1`` sigmas of the student's Euler steps, ending in 0 (the sampler's grid at its shift);
-        ``num_steps`` instead of ``K`` for another count on the same convention."""
-        scheduler = _copy_grid(self.base.scheduler)
+        """``K + 1`` sigmas of the student's Euler steps from ``student_sigma_max``, ending in 0 (the
+        sampler's grid at its shift); ``num_steps`` instead of ``K`` for another count on the same
+        convention."""
+        scheduler = _copy_grid(self.base.scheduler, _unshift(self.student_sigma_max, self.student_shift))
         scheduler.set_inference_timesteps(num_steps or self.student_steps, shift=self.student_shift)
         assert scheduler.inference_sigmas is not None
         return scheduler.inference_sigmas
@@ -101,12 +114,14 @@ class DistributionMatchingDistillation:
         role: str = "predictor",
         num_steps: int | None = None,
         stop_after: int | None = None,
+        sigmas: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Euler sampling from ``noise`` with sub-model ``role`` (the teacher with its guidance) on a
-        ``num_steps`` schedule (default: the student's ``K``), stopping after ``stop_after`` steps (default:
-        all, the clean sample)."""
-        sigmas = self.student_sigmas(num_steps)
-        x = noise.float()
+        ``num_steps`` schedule (default: the student's ``K``) or on explicit ``sigmas`` (decreasing, ending
+        in 0), stopping after ``stop_after`` steps (default: all, the clean sample). The start is
+        ``sigmas[0] * noise``."""
+        sigmas = self.student_sigmas(num_steps) if sigmas is None else sigmas
+        x = noise.float() * sigmas[0]
         for k in range(len(sigmas) - 1 if stop_after is None else stop_after):
             if role == "teacher":
                 v = self._guided_teacher(container, x, sigmas[k], conditions)
@@ -179,8 +194,9 @@ class DistributionMatchingDistillation:
         x0 = conditions["latents"]
         k = rng.step_randint(f"{phase}_student_step", 0, self.student_steps)
         noise = rng.randn(f"{phase}_start", x0.shape[1:], device=x0.device)
-        x_k = self.sample(container, noise, conditions, stop_after=k) if k else noise
-        sigma = self.student_sigmas()[k]
+        sigmas = self.student_sigmas()
+        x_k = self.sample(container, noise, conditions, stop_after=k) if k else noise * sigmas[0]
+        sigma = sigmas[k]
         return self._clean(x_k, sigma, self.velocity(container, "predictor", x_k, sigma, conditions))
 
     def _renoise(
@@ -261,14 +277,21 @@ class DistributionMatchingDistillation:
             self.base.roles = roles
 
 
-def _copy_grid(scheduler: FlowMatchScheduler) -> FlowMatchScheduler:
+def _copy_grid(scheduler: FlowMatchScheduler, sigma_max: float) -> FlowMatchScheduler:
+    """``scheduler``'s grid convention with its top at the unshifted ``sigma_max``."""
     return FlowMatchScheduler(
         num_train_timesteps=scheduler.num_train_timesteps,
         shift=scheduler.shift,
         sigma_min=scheduler.sigma_min,
-        sigma_max=scheduler.sigma_max,
+        sigma_max=min(sigma_max, scheduler.sigma_max),
         extra_one_step=scheduler.extra_one_step,
     )
+
+
+def _unshift(sigma: float, shift: float) -> float:
+    """The unshifted sigma that the time shift ``shift`` maps to ``sigma`` (inverse of
+    :func:`~mm_pipelines.flow_match_scheduler.shift_sigmas`)."""
+    return sigma / (shift - (shift - 1.0) * sigma)
 
 
 __all__ = ["DistributionMatchingDistillation", "GeneratorLoss"]
