@@ -3,29 +3,33 @@
 steps, of DMD2 students at 1 and 4 steps (critic every step on batches of 64, generator every 10th,
 4-step schedule at shift 1; checked: the student's EMA, decay 0.999, as ``training.ema`` keeps it), and
 of students trained with the flow-matching loss in place of the distribution-matching term (the same
-schedule, generator updates and EMA). All in one process, one thread. Then the DMD2 students' 4-step
+schedule, generator updates and EMA), each with the share of 2048 fresh noises (not the check's 32) whose
+sample fails the check. All in one process, one thread. Then the DMD2 students' 4-step
 check every ``--probe-every`` distillation steps from ``--probe-from`` on (the same runs): whether
-passing is a property of the training or of the step it stopped at. With ``--one-step N``, a student
-distilled for the 1-step schedule (the generator every 2nd step, N steps) and its 1-step check every
-``--one-step-probe-every`` steps (minutes per 1000 steps: off by default).
+passing is a property of the training or of the step it stopped at. With ``--one-step N``, students
+distilled for the 1-step schedule (``distill_toy.ONE_STEP``: from 0.3 x the noise at sigma 0.3, the
+distribution matching at sigma <= 0.75, the generator every 2nd step; N steps), the teacher's 1-step
+check on that schedule, and the students' 1-step check every ``--one-step-probe-every`` steps with the
+share of 2048 fresh noises that fail it (about half a minute per 1000 steps: off by default).
 
     hatch run python benchmarks/wan_distill_quality.py [--seeds 0 1] [--steps 2400] [--probe-every 100]
-        [--one-step [25000] --one-step-probe-every 2500]
+        [--one-step [8000] --one-step-probe-every 2000]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import torch
 from wan22_train.distill_toy import (
-    DISTILL_STEPS,
-    ONE_STEP_DISTILL_STEPS,
-    ONE_STEP_GENERATOR_EVERY,
+    FOUR_STEP,
+    ONE_STEP,
     SHAPE,
     distil,
     distillation,
+    fail_share,
     fit_teacher,
     passes,
     quality,
@@ -40,33 +44,40 @@ def timed_quality(setting: dict, container, dmd, role: str, steps: int) -> dict:
         started = time.perf_counter()
         dmd.sample(container, torch.randn(16, *SHAPE), text, role=role, num_steps=steps)
         times.append(1000 * (time.perf_counter() - started))
-    return {**quality(setting, container, dmd, role, steps), "ms": sorted(times)[2]}
+    fresh = fail_share(setting, container, dmd, role, steps)
+    return {**quality(setting, container, dmd, role, steps), "ms": sorted(times)[2], "fresh": fresh}
 
 
 def row(name: str, steps: int, result: dict) -> str:
     counts = "/".join(str(c) for c in result["clips_drawn"])
     return (f"{name:<28} {steps:>5} {result['worst_db']:>9.1f} {result['margin_db']:>10.1f} {counts:>11} "
-            f"{'pass' if passes(result) else 'FAIL':>5} {result['ms']:>9.1f}")  # fmt: skip
+            f"{'pass' if passes(result) else 'FAIL':>5} {result['ms']:>9.1f} {result['fresh']:>10.1%}")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="keys of the distillation draws")
-    parser.add_argument("--steps", type=int, default=DISTILL_STEPS, help="distillation steps (critic updates)")
-    parser.add_argument("--probe-every", type=int, default=100, help="4-step check of the DMD2 student every N steps")
+    parser.add_argument(
+        "--steps", type=int, default=FOUR_STEP.steps, help="distillation steps (critic updates)"
+    )
+    parser.add_argument(
+        "--probe-every", type=int, default=100, help="4-step check of the DMD2 student every N steps"
+    )
     parser.add_argument("--probe-from", type=int, default=1400, help="first step of those checks")
     parser.add_argument(
-        "--one-step", type=int, nargs="?", default=0, const=ONE_STEP_DISTILL_STEPS, metavar="N",
-        help=f"also distil a 1-step student for N steps (without N: {ONE_STEP_DISTILL_STEPS})",
+        "--one-step", type=int, nargs="?", default=0, const=ONE_STEP.steps, metavar="N",
+        help=f"also distil 1-step students for N steps (without N: {ONE_STEP.steps})",
     )  # fmt: skip
-    parser.add_argument("--one-step-probe-every", type=int, default=2500, help="its 1-step check every N steps")
+    parser.add_argument(
+        "--one-step-probe-every", type=int, default=2000, help="their 1-step check every N steps"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     started = time.perf_counter()
     setting = fit_teacher()
     print(f"teacher fitted in {time.perf_counter() - started:.1f} s")
     print(
-        f"{'model':<28} {'steps':>5} {'worst dB':>9} {'margin dB':>10} {'clips A/B':>11} {'check':>5} {'ms/16':>9}"
+        f"{'model':<28} {'steps':>5} {'worst dB':>9} {'margin dB':>10} {'clips A/B':>11} {'check':>5} {'ms/16':>9} {'fresh fail':>10}"
     )
     container, dmd = distillation(setting)
     for steps in (50, 4, 1):
@@ -78,7 +89,8 @@ def main() -> None:
             if loss == "distribution_matching":
                 probe = _prober(setting, probes[seed], args.probe_from, args.probe_every)
             started = time.perf_counter()
-            container, dmd = distil(setting, loss, steps=args.steps, seed=seed, after_step=probe)
+            recipe = dataclasses.replace(FOUR_STEP, steps=args.steps)
+            container, dmd = distil(setting, loss, recipe, seed=seed, after_step=probe)
             took = time.perf_counter() - started
             for steps in (4, 1):
                 print(
@@ -92,27 +104,37 @@ def main() -> None:
     print(f"\nDMD2 student at 4 steps every {args.probe_every} distillation steps from {args.probe_from}")
     for seed, seen in probes.items():
         cells = " ".join(f"{done}:{r['worst_db']:.1f}{'+' if passes(r) else '-'}" for done, r in seen)
-        print(f"seed {seed}: {sum(passes(r) for _, r in seen)}/{len(seen)} pass  (step:worst dB, +pass -fail) {cells}")
+        print(
+            f"seed {seed}: {sum(passes(r) for _, r in seen)}/{len(seen)} pass  (step:worst dB, +pass -fail) {cells}"
+        )
     if args.one_step:
         one_step(setting, args.seeds, args.one_step, args.one_step_probe_every)
 
 
 def one_step(setting: dict, seeds: list[int], steps: int, every: int) -> None:
-    """Students distilled for the 1-step schedule: their 1-step check every ``every`` steps."""
-    print(f"\nDMD2 student for 1 step (generator every {ONE_STEP_GENERATOR_EVERY}): its 1-step check every {every} steps")
-    print(f"{'seed':>4} {'step':>6} {'sharp':>6} {'worst dB':>9} {'margin dB':>10} {'clips A/B':>11} {'check':>5}")
+    """Students distilled for the 1-step schedule (``ONE_STEP``): their 1-step check every ``every`` steps,
+    and the share of 2048 fresh noises whose sample fails it; first the teacher on that schedule."""
+    recipe = dataclasses.replace(ONE_STEP, steps=steps)
+    print(f"\nDMD2 students for 1 step ({recipe}): the 1-step check every {every} steps")
+    print(
+        f"{'seed':>7} {'step':>6} {'sharp':>6} {'worst dB':>9} {'margin dB':>10} {'clips A/B':>11} {'check':>5} {'fresh fail':>10}"
+    )
 
+    def line(name: str, done: int, container, dmd) -> None:
+        role = "teacher" if name == "teacher" else "predictor"
+        r = quality(setting, container, dmd, role, 1)
+        counts = "/".join(str(c) for c in r["clips_drawn"])
+        print(f"{name:>7} {done:>6} {r['sharp']:>3}/32 {r['worst_db']:>9.1f} {r['margin_db']:>10.1f} {counts:>11} "
+              f"{'pass' if passes(r) else 'FAIL':>5} {fail_share(setting, container, dmd, role):>10.1%}", flush=True)  # fmt: skip
+
+    line("teacher", 0, *distillation(setting, recipe=recipe))
     for seed in seeds:
 
         def probe(done: int, averaged, dmd, seed=seed) -> None:
             if done % every == 0:
-                r = quality(setting, averaged(), dmd, "predictor", 1)
-                counts = "/".join(str(c) for c in r["clips_drawn"])
-                print(f"{seed:>4} {done:>6} {r['sharp']:>3}/32 {r['worst_db']:>9.1f} {r['margin_db']:>10.1f} "
-                      f"{counts:>11} {'pass' if passes(r) else 'FAIL':>5}", flush=True)  # fmt: skip
+                line(str(seed), done, averaged(), dmd)
 
-        distil(setting, steps=steps, seed=seed, after_step=probe, student_steps=1,
-               generator_every=ONE_STEP_GENERATOR_EVERY)  # fmt: skip
+        distil(setting, recipe=recipe, seed=seed, after_step=probe)
 
 
 def _prober(setting: dict, seen: list, start: int, every: int):

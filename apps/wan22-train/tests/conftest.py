@@ -239,3 +239,20 @@ def official_layout() -> SimpleNamespace:
         write_release=write_official_release, write_dit=write_official_dit, dit_config=official_dit_config,
         vae_blocks=official_vae_blocks, vae_state=official_vae_state, umt5_state=official_umt5_state,
     )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def distill_setting() -> dict:
+    """:mod:`wan22_train.distill_toy`'s clips, captions and fitted teacher (once per test process)."""
+    from wan22_train.distill_toy import fit_teacher
+
+    return fit_teacher()
+
+
+@pytest.fixture
+def one_thread():
+    """Distillation on one thread: the same floating-point sums whatever the machine's load."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

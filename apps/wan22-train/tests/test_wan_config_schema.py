@@ -116,13 +116,14 @@ def test_distill_schema_keys_are_the_options_the_distillation_reads():
     from wan22_train.config_schema import DistillOptions
     from wan22_train.container import Wan22Container
 
-    every_key = {"student_steps": 2, "student_shift": 1.0, "guidance_scale": 2.0, "negative_prompt": "blur",
-                 "teacher_steps": 8, "dm_range": [0.1, 0.9], "generator_loss": "flow_matching"}  # fmt: skip
+    every_key = {"student_steps": 2, "student_shift": 1.0, "student_sigma_max": 0.5, "guidance_scale": 2.0,
+                 "negative_prompt": "blur", "teacher_steps": 8, "dm_range": [0.1, 0.9],
+                 "generator_loss": "flow_matching"}  # fmt: skip
     assert every_key.keys() == DistillOptions.model_fields.keys()
     options = WanPipelineOptions.model_validate({"expert": "both", "distill": every_key}).model_dump()
     dmd = Wan22Container.build_pipeline({k: v for k, v in options.items() if v is not None})
-    assert (dmd.student_steps, dmd.student_shift, dmd.guidance_scale, dmd.negative_prompt, dmd.teacher_steps) == (
-        2, 1.0, 2.0, "blur", 8)  # fmt: skip
+    assert (dmd.student_steps, dmd.student_shift, dmd.student_sigma_max, dmd.guidance_scale, dmd.negative_prompt,
+            dmd.teacher_steps, dmd.dm_indices) == (2, 1.0, 0.5, 2.0, "blur", 8, (99, 899))  # fmt: skip
     assert dmd.generator_loss == "flow_matching" and dmd.base.expert == "both"
 
 

@@ -3,50 +3,35 @@ per clip, PSNR in latent space): the teacher's samples pass the quality check at
 at 1 and 4 steps; a DMD2 student (critic every step on batches of 64, generator every 10th, 2400 steps,
 4-step schedule, its EMA at decay 0.999) passes at 4 steps; the same generator updates with the
 flow-matching loss in place of the distribution-matching term leave a student that fails. The 4-step
-pass holds at every check from 1900 to 3000 steps for both seeds the benchmark runs; the 1-step sample
-does not pass, nor does a student distilled for 1 step (27-31 of 32 sharp at best: benchmarks/
-wan_distill_quality.py --one-step measures it, and both with the sampling times; benchmarks/README.md)."""
+pass holds at every check from 1900 to 3000 steps for both seeds the benchmark runs. Students distilled
+for 1 step: tests/test_wan_distill_one_step.py; the numbers and sampling times:
+benchmarks/wan_distill_quality.py, benchmarks/README.md."""
 
 from __future__ import annotations
 
 import pytest
-import torch
-from wan22_train.distill_toy import distil, distillation, fit_teacher, passes, quality
+from wan22_train.distill_toy import distil, distillation, passes, quality
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def setting() -> dict:
-    return fit_teacher()
-
-
-@pytest.fixture
-def one_thread():
-    """Distillation on one thread: the same floating-point sums whatever the machine's load."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def test_the_teacher_passes_at_many_steps_and_fails_at_1_and_4(setting):
-    container, dmd = distillation(setting)
-    many, one, four = (quality(setting, container, dmd, "teacher", n) for n in (50, 1, 4))
+def test_the_teacher_passes_at_many_steps_and_fails_at_1_and_4(distill_setting):
+    container, dmd = distillation(distill_setting)
+    many, one, four = (quality(distill_setting, container, dmd, "teacher", n) for n in (50, 1, 4))
     assert passes(many), many
     assert not passes(one), one
     assert not passes(four), four
     assert one["margin_db"] < 0 and four["margin_db"] < 0  # nearer the clips' average than either: blends
 
 
-def test_the_distilled_student_passes_at_4_steps(setting, one_thread):
-    container, dmd = distil(setting)
-    four = quality(setting, container, dmd, "predictor", 4)
+def test_the_distilled_student_passes_at_4_steps(distill_setting, one_thread):
+    container, dmd = distil(distill_setting)
+    four = quality(distill_setting, container, dmd, "predictor", 4)
     assert passes(four), four
 
 
-def test_a_student_trained_without_distribution_matching_fails_at_4_steps(setting, one_thread):
-    container, dmd = distil(setting, generator_loss="flow_matching")
-    four = quality(setting, container, dmd, "predictor", 4)
+def test_a_student_trained_without_distribution_matching_fails_at_4_steps(distill_setting, one_thread):
+    container, dmd = distil(distill_setting, generator_loss="flow_matching")
+    four = quality(distill_setting, container, dmd, "predictor", 4)
     assert not passes(four), four
     assert four["worst_db"] < 20, four

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,12 +35,32 @@ PREDICTOR = WanDiTConfig(
 )  # fmt: skip
 SHIFT, STUDENT_SHIFT = 3.0, 1.0
 FIT_STEPS, FIT_LR, FIT_BATCH = 1500, 3e-3, 32
-DISTILL_STEPS, GENERATOR_EVERY, GENERATOR_LR, CRITIC_LR, BATCH = 2400, 10, 3e-4, 1e-3, 64
-EMA_DECAY = 0.999  # training.ema.decay: the student checked is that average, updated every step
-SHARP_DB, LEAD_DB = 25.0, 3.0  # the check: a sample this close to a clip, and this much closer than to the blend
-# A 1-step student must turn noise into one clip or the other by itself: the generator every 2nd step and
-# ~10x the steps (benchmarks/wan_distill_quality.py --one-step; it nears the check without passing it)
-ONE_STEP_GENERATOR_EVERY, ONE_STEP_DISTILL_STEPS = 2, 25000
+GENERATOR_LR, CRITIC_LR, BATCH = 3e-4, 1e-3, 64
+# the check: a sample this close to a clip, and this much closer than to the blend
+SHARP_DB, LEAD_DB = 25.0, 3.0
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a distillation of the toy sets (the config keys in parentheses)."""
+
+    student_steps: int = 4  # distill.student_steps
+    student_sigma_max: float = 1.0  # distill.student_sigma_max
+    dm_range: tuple[float, float] = (0.02, 0.98)  # distill.dm_range
+    generator_every: int = 10  # training.phases: the generator phase's cadence; the critic every step
+    steps: int = 2400  # training.max_steps
+    ema_decay: float = 0.999  # training.ema.decay: the student checked is that average, updated every step
+
+
+FOUR_STEP = Recipe()
+# A 1-step student must turn noise into one clip or the other by itself: it starts at sigma 0.3 from 0.3 x the
+# noise, where the teacher's denoiser already splits the noise between the clips (SiD's sigma_init); the
+# distribution matching at sigma 0.015-0.75 (dm_range [0.5, 0.995]: the low noise that tells samples apart
+# precisely, without the high noise that blurs them); the generator every 2nd step
+# (benchmarks/wan_distill_quality.py --one-step; benchmarks/README.md)
+ONE_STEP = Recipe(
+    student_steps=1, student_sigma_max=0.3, dm_range=(0.5, 0.995), generator_every=2, steps=8000
+)
 
 
 def data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,13 +120,14 @@ def _fit_teacher() -> dict[str, Any]:
 
 
 def distillation(
-    setting: dict, generator_loss: str = "distribution_matching", student_steps: int = 4
+    setting: dict, generator_loss: str = "distribution_matching", recipe: Recipe = FOUR_STEP
 ) -> tuple[Wan22Container, DistributionMatchingDistillation]:
     """A container with the teacher, a student and a critic (both copies of the teacher) and its DMD2 pipeline
-    for a ``student_steps`` schedule."""
+    for ``recipe``'s student schedule and distribution-matching range."""
     teacher = setting["teacher"]
     dmd = DistributionMatchingDistillation(
-        Wan22Pipeline.from_options({"shift": SHIFT}), student_steps=student_steps, student_shift=STUDENT_SHIFT,
+        Wan22Pipeline.from_options({"shift": SHIFT}), student_steps=recipe.student_steps,
+        student_shift=STUDENT_SHIFT, student_sigma_max=recipe.student_sigma_max, dm_range=recipe.dm_range,
         generator_loss=generator_loss,
     )  # fmt: skip
     student, critic = (copy.deepcopy(teacher).requires_grad_(True) for _ in range(2))
@@ -116,33 +138,33 @@ def distillation(
 def distil(
     setting: dict,
     generator_loss: str = "distribution_matching",
-    steps: int = DISTILL_STEPS,
+    recipe: Recipe = FOUR_STEP,
     seed: int = 0,
-    after_step: Callable[[int, Callable[[], Wan22Container], DistributionMatchingDistillation], None] | None = None,
-    student_steps: int = 4,
-    generator_every: int = GENERATOR_EVERY,
+    after_step: Callable[[int, Callable[[], Wan22Container], DistributionMatchingDistillation], None]
+    | None = None,
 ) -> tuple[Wan22Container, DistributionMatchingDistillation]:
-    """The two phases in turn, as ``training.phases`` runs them: the critic every step, the generator every
-    ``generator_every``-th (AdamW with beta1 0 for both, as DMD2), and the student's EMA updated after every
-    step as ``training.ema`` does; the student on a ``student_steps`` schedule. Returns the container with
-    the averaged student in place of the last one. ``after_step(steps done, averaged, pipeline)`` runs after
+    """``recipe.steps`` steps of the two phases in turn, as ``training.phases`` runs them: the critic every
+    step, the generator every ``recipe.generator_every``-th (AdamW with beta1 0 for both, as DMD2), and the
+    student's EMA updated after every step as ``training.ema`` does. Returns the container with the
+    averaged student in place of the last one. ``after_step(steps done, averaged, pipeline)`` runs after
     each step, ``averaged()`` building that container for the average so far (the benchmark's look at
     intermediate students)."""
-    container, dmd = distillation(setting, generator_loss, student_steps)
+    container, dmd = distillation(setting, generator_loss, recipe)
     optimizers = {
         "critic": torch.optim.AdamW(container.critic.parameters(), lr=CRITIC_LR, betas=(0.0, 0.999), weight_decay=0),
         "generator": torch.optim.AdamW(container.predictor.parameters(), lr=GENERATOR_LR, betas=(0.0, 0.999), weight_decay=0),
     }  # fmt: skip
-    average = ParameterEMA(container.predictor, decay=EMA_DECAY)
+    average = ParameterEMA(container.predictor, decay=recipe.ema_decay)
     clips, captions = setting["clips"], setting["captions"]
     index = torch.arange(BATCH) % 4
     batch = {"latents": clips[index], "prompt_embeds": captions[OWNER[index]]}
-    for step in range(steps):
+    for step in range(recipe.steps):
         rng = SampleRNG(seed=seed, step=step, sample_ids=list(range(step * BATCH, (step + 1) * BATCH)))
-        due = ["generator"] if generator_loss == "flow_matching" else ["critic"]
-        due += ["generator"] * (generator_loss != "flow_matching" and step % generator_every == 0)
-        if generator_loss == "flow_matching" and step % generator_every:
-            due = []  # the same generator updates, without a critic to train
+        generator_due = step % recipe.generator_every == 0
+        if generator_loss == "flow_matching":
+            due = ["generator"] * generator_due  # the same generator updates, without a critic to train
+        else:
+            due = ["critic"] + ["generator"] * generator_due
         for phase in due:
             container(**batch, rng=rng, phase=phase).loss.backward()
             optimizers[phase].step()
@@ -170,30 +192,61 @@ def quality(
     setting: dict, container: Wan22Container, dmd: DistributionMatchingDistillation, role: str, steps: int
 ) -> dict:
     """The check over 16 seeds per caption: the worst sample's PSNR to its nearest own clip, its worst margin
-    over the clips' average, how many samples each clip got, and how many of the 32 are sharp."""
-    clips, worst, margin, counts, sharp = setting["clips"], math.inf, math.inf, [], 0
+    over the clips' average, how many samples each clip got, and how many of the 32 are sharp. Up to 4
+    steps on ``dmd``'s student schedule; more on the teacher's own (from pure noise at its shift)."""
+    worst, margin, counts, sharp = math.inf, math.inf, [], 0
     for caption in range(2):
         noise = torch.randn(16, *SHAPE, generator=torch.Generator().manual_seed(100 + caption))
-        text = {"prompt_embeds": setting["captions"][caption : caption + 1].expand(16, -1, -1)}
-        shift = dmd.student_shift
-        dmd.student_shift = SHIFT if steps > 4 else STUDENT_SHIFT  # the teacher's many steps: its own shift
-        try:
-            x = dmd.sample(container, noise, text, role=role, num_steps=steps)
-        finally:
-            dmd.student_shift = shift
-        own = clips[OWNER == caption]
-        to_clips = torch.stack([psnr(x, clip.expand_as(x)) for clip in own])
-        best, which = to_clips.max(0)
-        lead = best - psnr(x, own.mean(0).expand_as(x))
+        best, lead, which = _judge(
+            setting, _draw(setting, container, dmd, role, steps, noise, caption), caption
+        )
         worst, margin = min(worst, float(best.min())), min(margin, float(lead.min()))
         counts += which.bincount(minlength=2).tolist()
         sharp += int(((best >= SHARP_DB) & (lead >= LEAD_DB)).sum())
     return {"worst_db": worst, "margin_db": margin, "clips_drawn": counts, "sharp": sharp}
 
 
+def fail_share(
+    setting: dict, container: Wan22Container, dmd: DistributionMatchingDistillation, role: str, steps: int = 1
+) -> float:
+    """The share of 2048 fresh noises (1024 per caption) whose sample is not sharp: what the 32 samples of
+    :func:`quality` estimate, at finer resolution."""
+    failing = 0
+    for caption in range(2):
+        noise = torch.randn(1024, *SHAPE, generator=torch.Generator().manual_seed(1000 + caption))
+        best, lead, _ = _judge(setting, _draw(setting, container, dmd, role, steps, noise, caption), caption)
+        failing += int(((best < SHARP_DB) | (lead < LEAD_DB)).sum())
+    return failing / 2048
+
+
+def _draw(
+    setting: dict, container: Wan22Container, dmd: DistributionMatchingDistillation, role: str, steps: int,
+    noise: torch.Tensor, caption: int,
+) -> torch.Tensor:  # fmt: skip
+    sigmas = dmd.student_sigmas(steps)
+    if steps > 4:  # the teacher's many steps: its own grid and shift, from pure noise
+        grid = FlowMatchScheduler(shift=SHIFT)
+        grid.set_inference_timesteps(steps)
+        sigmas = grid.inference_sigmas
+    text = {"prompt_embeds": setting["captions"][caption : caption + 1].expand(len(noise), -1, -1)}
+    return dmd.sample(container, noise, text, role=role, sigmas=sigmas)
+
+
+def _judge(setting: dict, x: torch.Tensor, caption: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per sample: the PSNR to the nearest clip of ``caption``, its lead over the clips' average, and which."""
+    own = setting["clips"][OWNER == caption]
+    best, which = torch.stack([psnr(x, clip.expand_as(x)) for clip in own]).max(0)
+    return best, best - psnr(x, own.mean(0).expand_as(x)), which
+
+
 def passes(result: dict) -> bool:
     """The check: sharp (>= 25 dB to a clip, >= 3 dB over the clips' average) and no clip missing."""
-    return result["worst_db"] >= SHARP_DB and result["margin_db"] >= LEAD_DB and min(result["clips_drawn"]) > 0
+    return (
+        result["worst_db"] >= SHARP_DB and result["margin_db"] >= LEAD_DB and min(result["clips_drawn"]) > 0
+    )
 
 
-__all__ = ["averaged", "data", "distil", "distillation", "fit_teacher", "ideal_velocity", "passes", "psnr", "quality"]
+__all__ = [
+    "FOUR_STEP", "ONE_STEP", "Recipe", "averaged", "data", "distil", "distillation", "fail_share", "fit_teacher", "ideal_velocity",
+    "passes", "psnr", "quality",
+]  # fmt: skip
