@@ -4,13 +4,14 @@ steps, of DMD2 students at 1 and 4 steps (critic every step on batches of 64, ge
 4-step schedule at shift 1; checked: the student's EMA, decay 0.999, as ``training.ema`` keeps it), and
 of students trained with the flow-matching loss in place of the distribution-matching term (the same
 schedule, generator updates and EMA), each with the share of 2048 fresh noises (not the check's 32) whose
-sample fails the check. All in one process, one thread. Then the DMD2 students' 4-step
+sample fails the check and how many of 64 disjoint draws of 32 from them pass it (``fresh_check``). All
+in one process, one thread. Then the DMD2 students' 4-step
 check every ``--probe-every`` distillation steps from ``--probe-from`` on (the same runs): whether
 passing is a property of the training or of the step it stopped at. With ``--one-step N``, students
 distilled for the 1-step schedule (``distill_toy.ONE_STEP``: from 0.3 x the noise at sigma 0.3, the
 distribution matching at sigma <= 0.75, the generator every 2nd step; N steps), the teacher's 1-step
 check on that schedule, and the students' 1-step check every ``--one-step-probe-every`` steps with the
-share of 2048 fresh noises that fail it (about half a minute per 1000 steps: off by default).
+fresh-noise columns (about half a minute per 1000 steps: off by default).
 
     hatch run python benchmarks/wan_distill_quality.py [--seeds 0 1] [--steps 2400] [--probe-every 100]
         [--one-step [8000] --one-step-probe-every 2000]
@@ -29,8 +30,8 @@ from wan22_train.distill_toy import (
     SHAPE,
     distil,
     distillation,
-    fail_share,
     fit_teacher,
+    fresh_check,
     passes,
     quality,
 )
@@ -44,14 +45,19 @@ def timed_quality(setting: dict, container, dmd, role: str, steps: int) -> dict:
         started = time.perf_counter()
         dmd.sample(container, torch.randn(16, *SHAPE), text, role=role, num_steps=steps)
         times.append(1000 * (time.perf_counter() - started))
-    fresh = fail_share(setting, container, dmd, role, steps)
-    return {**quality(setting, container, dmd, role, steps), "ms": sorted(times)[2], "fresh": fresh}
+    return {**quality(setting, container, dmd, role, steps), "ms": sorted(times)[2],
+            **fresh_check(setting, container, dmd, role, steps)}  # fmt: skip
 
 
 def row(name: str, steps: int, result: dict) -> str:
     counts = "/".join(str(c) for c in result["clips_drawn"])
     return (f"{name:<28} {steps:>5} {result['worst_db']:>9.1f} {result['margin_db']:>10.1f} {counts:>11} "
-            f"{'pass' if passes(result) else 'FAIL':>5} {result['ms']:>9.1f} {result['fresh']:>10.1%}")  # fmt: skip
+            f"{'pass' if passes(result) else 'FAIL':>5} {result['ms']:>9.1f} {_fresh(result)}")  # fmt: skip
+
+
+def _fresh(result: dict) -> str:
+    """The fresh-noise columns: the share failing the check, and the draws of 32 passing it."""
+    return f"{result['fail_share']:>10.1%} {result['draws_passing']:>6}/64"
 
 
 def main() -> None:
@@ -77,7 +83,7 @@ def main() -> None:
     setting = fit_teacher()
     print(f"teacher fitted in {time.perf_counter() - started:.1f} s")
     print(
-        f"{'model':<28} {'steps':>5} {'worst dB':>9} {'margin dB':>10} {'clips A/B':>11} {'check':>5} {'ms/16':>9} {'fresh fail':>10}"
+        f"{'model':<28} {'steps':>5} {'worst dB':>9} {'margin dB':>10} {'clips A/B':>11} {'check':>5} {'ms/16':>9} {'fresh fail':>10} {'draws':>9}"
     )
     container, dmd = distillation(setting)
     for steps in (50, 4, 1):
@@ -113,11 +119,11 @@ def main() -> None:
 
 def one_step(setting: dict, seeds: list[int], steps: int, every: int) -> None:
     """Students distilled for the 1-step schedule (``ONE_STEP``): their 1-step check every ``every`` steps,
-    and the share of 2048 fresh noises whose sample fails it; first the teacher on that schedule."""
+    and :func:`fresh_check`'s columns; first the teacher on that schedule."""
     recipe = dataclasses.replace(ONE_STEP, steps=steps)
     print(f"\nDMD2 students for 1 step ({recipe}): the 1-step check every {every} steps")
     print(
-        f"{'seed':>7} {'step':>6} {'sharp':>6} {'worst dB':>9} {'margin dB':>10} {'clips A/B':>11} {'check':>5} {'fresh fail':>10}"
+        f"{'seed':>7} {'step':>6} {'sharp':>6} {'worst dB':>9} {'margin dB':>10} {'clips A/B':>11} {'check':>5} {'fresh fail':>10} {'draws':>9}"
     )
 
     def line(name: str, done: int, container, dmd) -> None:
@@ -125,7 +131,7 @@ def one_step(setting: dict, seeds: list[int], steps: int, every: int) -> None:
         r = quality(setting, container, dmd, role, 1)
         counts = "/".join(str(c) for c in r["clips_drawn"])
         print(f"{name:>7} {done:>6} {r['sharp']:>3}/32 {r['worst_db']:>9.1f} {r['margin_db']:>10.1f} {counts:>11} "
-              f"{'pass' if passes(r) else 'FAIL':>5} {fail_share(setting, container, dmd, role):>10.1%}", flush=True)  # fmt: skip
+              f"{'pass' if passes(r) else 'FAIL':>5} {_fresh(fresh_check(setting, container, dmd, role))}", flush=True)  # fmt: skip
 
     line("teacher", 0, *distillation(setting, recipe=recipe))
     for seed in seeds:

@@ -14,7 +14,7 @@ holds in every run measured."""
 from __future__ import annotations
 
 import pytest
-from wan22_train.distill_toy import FOUR_STEP, ONE_STEP, distil, distillation, fail_share, passes, quality
+from wan22_train.distill_toy import FOUR_STEP, ONE_STEP, distil, distillation, fresh_check, passes, quality
 
 pytestmark = pytest.mark.slow
 
@@ -31,11 +31,11 @@ def test_a_student_distilled_for_1_step_draws_sharp_clips_of_every_mode_at_1_ste
     container, dmd = distil(distill_setting, recipe=ONE_STEP)
     one = quality(distill_setting, container, dmd, "predictor", 1)
     assert one["sharp"] >= 28 and min(one["clips_drawn"]) > 0, one
-    assert fail_share(distill_setting, container, dmd, "predictor") <= 0.10
+    assert fresh_check(distill_setting, container, dmd, "predictor")["fail_share"] <= 0.10
 
 
 def test_a_1_step_student_trained_without_distribution_matching_blends_at_1_step(distill_setting, one_thread):
     container, dmd = distil(distill_setting, generator_loss="flow_matching", recipe=ONE_STEP)
     one = quality(distill_setting, container, dmd, "predictor", 1)
     assert not passes(one), one
-    assert fail_share(distill_setting, container, dmd, "predictor") >= 0.5
+    assert fresh_check(distill_setting, container, dmd, "predictor")["fail_share"] >= 0.5
