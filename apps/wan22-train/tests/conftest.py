@@ -251,8 +251,8 @@ def distill_setting() -> dict:
 
 @pytest.fixture
 def one_thread():
-    """Distillation on one thread: the same floating-point sums whatever the machine's load."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    """Distillation on one thread (:func:`wan22_train.distill_toy.one_thread`)."""
+    from wan22_train.distill_toy import one_thread
+
+    with one_thread():
+        yield

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,15 +83,22 @@ def ideal_velocity(
     return (x_t - x0) / sigma.view(view)
 
 
-def fit_teacher() -> dict[str, Any]:
-    """The clips, captions and the teacher fitted to their exact velocity (one thread: the same numbers
-    on any machine load)."""
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch on one thread inside: the same floating-point sums whatever the machine's load."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _fit_teacher()
+        yield
     finally:
         torch.set_num_threads(threads)
+
+
+def fit_teacher() -> dict[str, Any]:
+    """The clips, captions and the teacher fitted to their exact velocity (one thread: the same numbers
+    on any machine load)."""
+    with one_thread():
+        return _fit_teacher()
 
 
 def _fit_teacher() -> dict[str, Any]:
@@ -202,7 +210,7 @@ def quality(
         )
         worst, margin = min(worst, float(best.min())), min(margin, float(lead.min()))
         counts += which.bincount(minlength=2).tolist()
-        sharp += int(((best >= SHARP_DB) & (lead >= LEAD_DB)).sum())
+        sharp += int(_sharp(best, lead).sum())
     return {"worst_db": worst, "margin_db": margin, "clips_drawn": counts, "sharp": sharp}
 
 
@@ -216,7 +224,7 @@ def fresh_check(
     for caption in range(2):
         noise = torch.randn(1024, *SHAPE, generator=torch.Generator().manual_seed(1000 + caption))
         best, lead, which = _judge(setting, _draw(setting, container, dmd, role, steps, noise, caption), caption)
-        sharp.append(((best >= SHARP_DB) & (lead >= LEAD_DB)).view(64, 16))
+        sharp.append(_sharp(best, lead).view(64, 16))
         which = which.view(64, 16)
         both.append((which == 0).any(1) & (which == 1).any(1))
     draws = sharp[0].all(1) & sharp[1].all(1) & both[0] & both[1]
@@ -227,11 +235,12 @@ def _draw(
     setting: dict, container: Wan22Container, dmd: DistributionMatchingDistillation, role: str, steps: int,
     noise: torch.Tensor, caption: int,
 ) -> torch.Tensor:  # fmt: skip
-    sigmas = dmd.student_sigmas(steps)
     if steps > 4:  # the teacher's many steps: its own grid and shift, from pure noise
         grid = FlowMatchScheduler(shift=SHIFT)
         grid.set_inference_timesteps(steps)
         sigmas = grid.inference_sigmas
+    else:
+        sigmas = dmd.student_sigmas(steps)
     text = {"prompt_embeds": setting["captions"][caption : caption + 1].expand(len(noise), -1, -1)}
     return dmd.sample(container, noise, text, role=role, sigmas=sigmas)
 
@@ -243,6 +252,11 @@ def _judge(setting: dict, x: torch.Tensor, caption: int) -> tuple[torch.Tensor, 
     return best, best - psnr(x, own.mean(0).expand_as(x)), which
 
 
+def _sharp(best: torch.Tensor, lead: torch.Tensor) -> torch.Tensor:
+    """Per sample, the check's criterion: this close to a clip, and this much closer than to the blend."""
+    return (best >= SHARP_DB) & (lead >= LEAD_DB)
+
+
 def passes(result: dict) -> bool:
     """The check: sharp (>= 25 dB to a clip, >= 3 dB over the clips' average) and no clip missing."""
     return (
@@ -252,5 +266,5 @@ def passes(result: dict) -> bool:
 
 __all__ = [
     "FOUR_STEP", "ONE_STEP", "Recipe", "averaged", "data", "distil", "distillation", "fit_teacher", "fresh_check", "ideal_velocity",
-    "passes", "psnr", "quality",
+    "one_thread", "passes", "psnr", "quality",
 ]  # fmt: skip
