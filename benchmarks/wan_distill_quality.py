@@ -5,15 +5,15 @@ steps, of DMD2 students at 1 and 4 steps (critic every step on batches of 64, ge
 of students trained with the flow-matching loss in place of the distribution-matching term (the same
 schedule, generator updates and EMA), each with the share of 2048 fresh noises (not the check's 32) whose
 sample fails the check and how many of 64 disjoint draws of 32 from them pass it (``fresh_check``). All
-in one process, one thread. Then the DMD2 students' 4-step
-check every ``--probe-every`` distillation steps from ``--probe-from`` on (the same runs): whether
-passing is a property of the training or of the step it stopped at. With ``--one-step N``, students
-distilled for the 1-step schedule (``distill_toy.ONE_STEP``: from 0.3 x the noise at sigma 0.3, the
-distribution matching at sigma <= 0.75, the generator every 2nd step; N steps), the teacher's 1-step
-check on that schedule, and the students' 1-step check every ``--one-step-probe-every`` steps with the
+in one process, one thread. Then the DMD2 students' 4-step check and fresh-noise share every
+``--probe-every`` distillation steps from ``--probe-from`` on (the same runs): whether passing is a
+property of the training or of the step it stopped at. With ``--one-step N``, students distilled for
+the 1-step schedule (``distill_toy.ONE_STEP``: from 0.3 x the noise at sigma 0.3, the distribution
+matching at sigma <= 0.75, the generator every 2nd step; N steps), the teacher's 1-step check on that
+schedule, and the students' 1-step check every ``--one-step-probe-every`` steps with the
 fresh-noise columns (about half a minute per 1000 steps: off by default).
 
-    hatch run python benchmarks/wan_distill_quality.py [--seeds 0 1] [--steps 2400] [--probe-every 100]
+    hatch run python benchmarks/wan_distill_quality.py [--seeds 0 1] [--steps 3200] [--probe-every 400]
         [--one-step [8000] --one-step-probe-every 2000]
 """
 
@@ -67,9 +67,9 @@ def main() -> None:
         "--steps", type=int, default=FOUR_STEP.steps, help="distillation steps (critic updates)"
     )
     parser.add_argument(
-        "--probe-every", type=int, default=100, help="4-step check of the DMD2 student every N steps"
+        "--probe-every", type=int, default=400, help="4-step check of the DMD2 student every N steps"
     )
-    parser.add_argument("--probe-from", type=int, default=1400, help="first step of those checks")
+    parser.add_argument("--probe-from", type=int, default=1200, help="first step of those checks")
     parser.add_argument(
         "--one-step", type=int, nargs="?", default=0, const=ONE_STEP.steps, metavar="N",
         help=f"also distil 1-step students for N steps (without N: {ONE_STEP.steps})",
@@ -109,9 +109,13 @@ def main() -> None:
             print(f"  ({took:.1f} s to distil, with the probes)")
     print(f"\nDMD2 student at 4 steps every {args.probe_every} distillation steps from {args.probe_from}")
     for seed, seen in probes.items():
-        cells = " ".join(f"{done}:{r['worst_db']:.1f}{'+' if passes(r) else '-'}" for done, r in seen)
+        cells = " ".join(
+            f"{done}:{r['worst_db']:.1f}{'+' if passes(r) else '-'}({r['fail_share']:.1%})"
+            for done, r in seen
+        )
         print(
-            f"seed {seed}: {sum(passes(r) for _, r in seen)}/{len(seen)} pass  (step:worst dB, +pass -fail) {cells}"
+            f"seed {seed}: {sum(passes(r) for _, r in seen)}/{len(seen)} pass  "
+            f"(step:worst dB +pass -fail (share of fresh noises failing)) {cells}"
         )
     if args.one_step:
         one_step(setting, args.seeds, args.one_step, args.one_step_probe_every)
@@ -144,11 +148,14 @@ def one_step(setting: dict, seeds: list[int], steps: int, every: int) -> None:
 
 
 def _prober(setting: dict, seen: list, start: int, every: int):
-    """An ``after_step`` that records the 4-step check every ``every`` steps from ``start``."""
+    """An ``after_step`` that records the 4-step check and :func:`fresh_check` every ``every`` steps from
+    ``start``."""
 
     def probe(done: int, averaged, dmd) -> None:
         if done >= start and (done - start) % every == 0:
-            seen.append((done, quality(setting, averaged(), dmd, "predictor", 4)))
+            container = averaged()
+            seen.append((done, {**quality(setting, container, dmd, "predictor", 4),
+                                **fresh_check(setting, container, dmd, "predictor", 4)}))  # fmt: skip
 
     return probe
 

@@ -5,11 +5,11 @@ clips of every mode from nearly every noise in one step, where the teacher's one
 from pure noise, draws blends from every noise, and where the same generator updates with the
 flow-matching loss in place of the distribution-matching term leave a student that blends.
 
-What it does not do reliably: pass the check on all 32 of its samples. Per fresh noise 4-7% of its
-samples fail (most of them a few dB short of 25 dB on one clip, about 1% blends, the teacher's own share
-at 50 steps), so all 32 pass in some runs and not in others (seeds, or the student's weights perturbed by
-1e-6): benchmarks/wan_distill_quality.py --one-step and benchmarks/README.md. These tests assert what
-holds in every run measured."""
+What it does not do reliably: pass the check on all 32 of its samples. Per fresh noise 2.3-3.1% of its
+samples fail (partial blends, each token part of the way to the other clip; the teacher's own share at
+50 steps is 0.05%, the 4-step student's about 1%), so all 32 pass in some runs and not in others (seeds,
+or the step a run stops at): benchmarks/wan_distill_quality.py --one-step and benchmarks/README.md.
+These tests assert what held in every run measured."""
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def test_the_teacher_blends_at_1_step_from_either_start(distill_setting, recipe)
 def test_a_student_distilled_for_1_step_draws_sharp_clips_of_every_mode_at_1_step(distill_setting, one_thread):
     container, dmd = distil(distill_setting, recipe=ONE_STEP)
     one = quality(distill_setting, container, dmd, "predictor", 1)
-    assert one["sharp"] >= 28 and min(one["clips_drawn"]) > 0, one
-    assert fresh_check(distill_setting, container, dmd, "predictor")["fail_share"] <= 0.10
+    assert one["sharp"] >= 30 and min(one["clips_drawn"]) > 0, one
+    assert fresh_check(distill_setting, container, dmd, "predictor")["fail_share"] <= 0.05
 
 
 def test_a_1_step_student_trained_without_distribution_matching_blends_at_1_step(distill_setting, one_thread):
