@@ -37,16 +37,23 @@ from wan22_train.distill_toy import (
 )
 
 
+def checked(setting: dict, container, dmd, role: str, steps: int) -> dict:
+    """:func:`quality` on the check's 32 noises and :func:`fresh_check` on 2048 fresh ones, in one dict."""
+    return {
+        **quality(setting, container, dmd, role, steps),
+        **fresh_check(setting, container, dmd, role, steps),
+    }
+
+
 def timed_quality(setting: dict, container, dmd, role: str, steps: int) -> dict:
-    """:func:`quality` and the median wall time of 5 samplings of a 16-sample batch."""
+    """:func:`checked` and the median wall time of 5 samplings of a 16-sample batch."""
     text = {"prompt_embeds": setting["captions"][:1].expand(16, -1, -1)}
     times = []
     for _ in range(5):
         started = time.perf_counter()
         dmd.sample(container, torch.randn(16, *SHAPE), text, role=role, num_steps=steps)
         times.append(1000 * (time.perf_counter() - started))
-    return {**quality(setting, container, dmd, role, steps), "ms": sorted(times)[2],
-            **fresh_check(setting, container, dmd, role, steps)}  # fmt: skip
+    return {**checked(setting, container, dmd, role, steps), "ms": sorted(times)[2]}
 
 
 def row(name: str, steps: int, result: dict) -> str:
@@ -132,10 +139,10 @@ def one_step(setting: dict, seeds: list[int], steps: int, every: int) -> None:
 
     def line(name: str, done: int, container, dmd) -> None:
         role = "teacher" if name == "teacher" else "predictor"
-        r = quality(setting, container, dmd, role, 1)
+        r = checked(setting, container, dmd, role, 1)
         counts = "/".join(str(c) for c in r["clips_drawn"])
         print(f"{name:>7} {done:>6} {r['sharp']:>3}/32 {r['worst_db']:>9.1f} {r['margin_db']:>10.1f} {counts:>11} "
-              f"{'pass' if passes(r) else 'FAIL':>5} {_fresh(fresh_check(setting, container, dmd, role))}", flush=True)  # fmt: skip
+              f"{'pass' if passes(r) else 'FAIL':>5} {_fresh(r)}", flush=True)  # fmt: skip
 
     line("teacher", 0, *distillation(setting, recipe=recipe))
     for seed in seeds:
@@ -148,14 +155,11 @@ def one_step(setting: dict, seeds: list[int], steps: int, every: int) -> None:
 
 
 def _prober(setting: dict, seen: list, start: int, every: int):
-    """An ``after_step`` that records the 4-step check and :func:`fresh_check` every ``every`` steps from
-    ``start``."""
+    """An ``after_step`` that records :func:`checked` at 4 steps every ``every`` steps from ``start``."""
 
     def probe(done: int, averaged, dmd) -> None:
         if done >= start and (done - start) % every == 0:
-            container = averaged()
-            seen.append((done, {**quality(setting, container, dmd, "predictor", 4),
-                                **fresh_check(setting, container, dmd, "predictor", 4)}))  # fmt: skip
+            seen.append((done, checked(setting, averaged(), dmd, "predictor", 4)))
 
     return probe
 
