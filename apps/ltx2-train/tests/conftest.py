@@ -89,16 +89,32 @@ def one_token_inputs():
 
 REPO = Path(__file__).resolve().parents[3]
 TINY_CONFIG = REPO / "apps" / "ltx2-train" / "configs" / "tiny_t2av.yaml"
+TINY_DISTILL_CONFIG = TINY_CONFIG.with_name("tiny_t2av_distill.yaml")
 
 
-def tiny_run_config(root: Path, **training: object) -> Path:
-    """``configs/tiny_t2av.yaml`` with its ``runs/ltx2_tiny`` paths moved under ``root``; written to root."""
-    text = TINY_CONFIG.read_text().replace("runs/ltx2_tiny", str(root))
+def tiny_run_config(root: Path, config: Path = TINY_CONFIG, **training: object) -> Path:
+    """``config`` (default ``configs/tiny_t2av.yaml``) with its ``runs/ltx2_tiny`` paths moved under
+    ``root`` and ``training`` keys set; written to root."""
+    text = config.read_text().replace("runs/ltx2_tiny", str(root))
     cfg = yaml.safe_load(text)
     cfg["training"].update(training)
     path = root / f"config_{len(list(root.glob('config_*.yaml')))}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+@pytest.fixture(scope="session")
+def distill_config() -> Path:
+    """``configs/tiny_t2av_distill.yaml``: a ``config`` for :func:`tiny_run_config`."""
+    return TINY_DISTILL_CONFIG
+
+
+@pytest.fixture(scope="module")
+def ltx2_train(main_forked):
+    """``ltx2_train(*args, nproc=1)``: ``ltx2-train``'s ``main`` on ``nproc`` forked gloo ranks."""
+    from ltx2_train.cli import main
+
+    return lambda *args, nproc=1: main_forked(main, args, nproc)
 
 
 @pytest.fixture(scope="session")

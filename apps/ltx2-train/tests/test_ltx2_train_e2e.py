@@ -38,14 +38,6 @@ def ltx2_train_torchrun(*args: str, nproc: int) -> None:
         )
 
 
-@pytest.fixture(scope="module")
-def ltx2_train(main_forked):
-    """``ltx2_train(*args, nproc=1)``: ``ltx2-train``'s ``main`` on ``nproc`` forked gloo ranks."""
-    from ltx2_train.cli import main
-
-    return lambda *args, nproc=1: main_forked(main, args, nproc)
-
-
 def losses(run_dir: Path) -> dict[int, float]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in rows if "loss" in r}

@@ -2,8 +2,8 @@
 
 Imports only pydantic and mm-config (no torch), so it is installed as the ``mm_config.schemas``
 entry point ``ltx2`` and runs on a login node. It registers the schemas of ``model.pipeline`` and
-``model.config`` of the single-model id ``ltx2_predictor`` and of ``data.dataset`` of
-``ltx2_precomputed``. The pipeline option names below are the pipeline's own (``LTX2Pipeline``
+``model.config`` of the single-model id ``ltx2_predictor``, of ``model.pipeline`` of the container
+``ltx2_container`` (a distillation: ``distill``), and of ``data.dataset`` of ``ltx2_precomputed``. The pipeline option names below are the pipeline's own (``LTX2Pipeline``
 imports them), so the schema and the code that reads the keys cannot drift apart.
 """
 
@@ -13,11 +13,13 @@ from typing import ClassVar, Literal, get_args
 
 from mm_config import (
     ConfigModel,
+    DistillOptions,
     DType,
     PartialConfigModel,
     PreprocessRunConfig,
     Problem,
     RuleViolations,
+    declare_ids,
     frame_rule_problem,
     keyword_schema,
     register_dataset_schema,
@@ -79,6 +81,60 @@ class LTX2PipelineOptions(PartialConfigModel):
             message = "must differ from shift_min_tokens (the shift is a line through two anchors)"
             deps = (("shift_min_tokens",),)
             raise RuleViolations([Problem(("shift_max_tokens",), message, self.shift_max_tokens, deps=deps)])
+        return self
+
+
+class LTX2DistillOptions(DistillOptions):
+    """``model.pipeline.distill`` of ``ltx2_container``: DMD2 of the frozen ``teacher`` into the student
+    ``model``, with the fake-score ``critic``, on the video and audio streams together. LTX-2 trains on
+    cached text embeddings and samples no validation clips, so the teacher's guidance stays 1 and the
+    keys of the unconditional prompt and the validation reference are refused."""
+
+    shift: float = Field(gt=0)
+    """Time shift of the distillation's sigma grid: where its timesteps lie, and the student's schedule
+    unless ``student_shift`` is set. ``ltx2-train sample`` of the teacher uses ``exp(mu)``, ``mu`` the
+    sampler's shift at the clip's video token count (``exp(0.95) = 2.6`` at 1024 tokens, ``exp(2.05) = 7.8``
+    at 4096): that of the clips distilled on is the natural choice."""
+
+    @model_validator(mode="after")
+    def _no_guidance_without_negative_embeddings(self) -> LTX2DistillOptions:
+        problems = []
+        if self.guidance_scale != 1.0:
+            why = "LTX-2 trains on cached text embeddings, with no negative ones for guidance: expected 1"
+            problems.append(Problem(("guidance_scale",), why, self.guidance_scale))
+        for key, why in (
+            ("negative_prompt", "no text encoder runs in LTX-2 training: remove it"),
+            ("teacher_steps", "LTX-2 runs sample no validation clips to compare with the teacher's: remove it"),
+        ):
+            if key in self.model_fields_set:
+                problems.append(Problem((key,), why, getattr(self, key)))
+        if problems:
+            raise RuleViolations(problems)
+        return self
+
+
+class LTX2ContainerPipelineOptions(LTX2PipelineOptions):
+    """``model.pipeline`` of ``ltx2_container`` (``LTX2Container.build_pipeline``): the LTX-2 pipeline
+    options and, for few-step distillation, ``distill``."""
+
+    distill: LTX2DistillOptions | None = None
+    """Few-step distillation (DMD2) of the ``teacher`` into the student ``model``; None: ordinary training."""
+
+    @model_validator(mode="after")
+    def _what_a_distillation_does_not_use(self) -> LTX2ContainerPipelineOptions:
+        if self.distill is None:
+            return self
+        deps = (("distill",),)
+        problems = [
+            Problem((key,), "a distillation draws its sigmas on the grid of distill.shift: remove it", deps=deps)
+            for key in SAMPLER_KEYS
+            if key in self.model_fields_set
+        ]
+        if self.first_frame_conditioning_p > 0:
+            why = "a distillation draws whole clips (no clean conditioning frames): expected 0"
+            problems.append(Problem(("first_frame_conditioning_p",), why, self.first_frame_conditioning_p, deps=deps))
+        if problems:
+            raise RuleViolations(problems)
         return self
 
 
@@ -170,11 +226,15 @@ class LTX2PrecomputedSchema(ConfigModel):
 register_pipeline_schema("ltx2_predictor", LTX2PipelineOptions)
 register_model_schema("ltx2_predictor", LTX2PredictorConfig)
 register_dataset_schema("ltx2_precomputed", LTX2PrecomputedSchema)
+register_pipeline_schema("ltx2_container", LTX2ContainerPipelineOptions)
+declare_ids("container", "ltx2_container")  # the other ids have schemas (known through them)
 
 __all__ = [
     "PIPELINE_KEYS",
     "SAMPLER_KEYS",
     "SAMPLING_MODES",
+    "LTX2ContainerPipelineOptions",
+    "LTX2DistillOptions",
     "LTX2PipelineOptions",
     "LTX2PrecomputedSchema",
     "LTX2PredictorConfig",

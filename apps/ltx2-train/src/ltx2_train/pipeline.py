@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from mm_pipelines import GenerativePipelineBase, SampleRNG
+from mm_pipelines import FlowMatchScheduler, GenerativePipelineBase, SampleRNG
 
 from ltx2_train.config_schema import PIPELINE_KEYS, SAMPLER_KEYS
 from ltx2_train.planning import planning_batch
@@ -99,7 +99,14 @@ def masked_mse(
 
 
 class LTX2Pipeline(GenerativePipelineBase):
-    """Flow matching for ``LTX2VideoTransformer3DModel`` (the container's ``model`` sub-model)."""
+    """Flow matching for ``LTX2VideoTransformer3DModel`` (the container's ``model`` sub-model).
+
+    Its flow state (:class:`mm_pipelines.FlowState`, what a distillation around it acts on) is the packed
+    ``video`` tokens and, with ``audio``, the packed ``audio`` tokens, at one sigma per sample."""
+
+    #: The sigma grid of a distillation around this pipeline (``model.pipeline.distill.shift``:
+    #: its timesteps and the student's schedule); ordinary training draws sigmas from ``sampler``.
+    scheduler: FlowMatchScheduler | None = None
 
     def __init__(
         self,
@@ -236,6 +243,35 @@ class LTX2Pipeline(GenerativePipelineBase):
             isolate_modalities=not self.audio,
             return_dict=False,
         )  # fmt: skip
+
+    # ------------------------------------------------------------------ flow state
+    @property
+    def state_streams(self) -> tuple[str, ...]:
+        """``("video", "audio")``, or ``("video",)`` without audio."""
+        return ("video", "audio") if self.audio else ("video",)
+
+    @property
+    def state_weights(self) -> dict[str, float]:
+        """Each stream's loss weight: the audio's is ``audio_loss_weight``, as in training."""
+        return {"video": 1.0, "audio": self.audio_loss_weight}
+
+    def clean_state(self, conditions: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """The clean tokens of each stream from :meth:`prepare_conditions`."""
+        return {name: conditions[name] for name in self.state_streams}
+
+    def state_velocity(
+        self, container: Any, role: str, state: Mapping[str, torch.Tensor], sigma: torch.Tensor,
+        conditions: Mapping[str, Any],
+    ) -> dict[str, torch.Tensor]:  # fmt: skip
+        """Sub-model ``role``'s video (and audio) velocity at ``state``, both streams at the per-sample
+        ``sigma`` ``[B]`` (timestep ``1000 sigma``, as in training without conditioning frames)."""
+        video = state["video"]
+        s = sigma.to(device=video.device, dtype=torch.float32)
+        noised = {**conditions, "noisy_video": video, "noisy_audio": state.get("audio"), "video_timestep": s,
+                  "sigma": s}  # fmt: skip
+        with self.acting_as(role):
+            v_video, v_audio = self.predict(container, noised)
+        return {"video": v_video, "audio": v_audio} if self.audio else {"video": v_video}
 
     def compute_loss(
         self, prediction: tuple[torch.Tensor, torch.Tensor], noised: dict[str, Any]

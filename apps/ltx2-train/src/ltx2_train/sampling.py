@@ -4,8 +4,11 @@ The prompt goes through the run's frozen text side (Gemma-3 + connectors, as ``p
 captions); video and audio start as noise of the cached latents' shapes and take ``steps`` Euler
 steps ``x + (sigma_next - sigma) v`` on one sigma grid: ``linspace(1, 0)`` with the time shift
 ``exp(mu)``, ``mu`` the training sampler's logit-normal shift for the clip's video token count (the
-logit of a shifted sigma is the logit of the plain one plus ``mu``). The predictor sees timestep
-``1000 sigma`` for both streams, as in training. Latents are de-normalised with the VAEs'
+logit of a shifted sigma is the logit of the plain one plus ``mu``). A distilled run
+(``model.pipeline.distill``) samples its student on the sigmas it trained on instead: ``steps`` Euler
+steps of its schedule (``student_sigmas``: ``distill.shift`` or ``student_shift``, from
+``student_sigma_max`` times the noise). The predictor sees timestep ``1000 sigma`` for both streams, as
+in training. Latents are de-normalised with the VAEs'
 statistics and decoded: video to ``[3, F, H, W]`` in ``[-1, 1]``, audio to a log-mel spectrogram,
 which :func:`write_sample` turns into a waveform by Griffin-Lim (no vocoder is used, the tiny model
 set has none).
@@ -25,26 +28,32 @@ from mm_pipelines import FlowMatchScheduler
 from mm_trainer import ModelContainer, freeze, import_plugins
 
 from ltx2_train.audio import mel_to_waveform, write_wav
+from ltx2_train.distill import distillation_pipeline
 from ltx2_train.pipeline import LTX2Pipeline, unpack_video, video_patch
 from ltx2_train.predictor import LTX2Predictor
 from ltx2_train.preprocess import LTX2Encoders, preprocess_options
 
 
 def load_for_sampling(config: TrainConfig, checkpoint: str | Path) -> dict[str, Any]:
-    """The trained transformer restored from ``checkpoint`` (``holder``: its container), the run's
-    pipeline, and the frozen encoders of ``data.dataset.preprocess.model_root`` (CPU, fp32)."""
+    """The trained transformer restored from ``checkpoint`` (``holder``: its container; a distillation's
+    student), the run's pipeline (``distillation``: the DMD2 around it, or None), and the frozen encoders
+    of ``data.dataset.preprocess.model_root`` (CPU, fp32)."""
     import_plugins(config.training.plugin)
     model = LTX2Predictor.build_from_config(config.model.sub_models()["model"])
     freeze(model)
     holder = ModelContainer({"model": model}, trainable=("model",))
     DistributedCheckpointer(checkpoint).load({"model": holder})
-    pipeline = LTX2Pipeline.from_options(config.model.pipeline or {})
+    options = dict(config.model.pipeline or {})
+    distill = options.pop("distill", None)
+    pipeline = LTX2Pipeline.from_options(options)
+    distillation = None if distill is None else distillation_pipeline(pipeline, distill)
     options = preprocess_options(config)
     encoders = LTX2Encoders.load(options.model_root, audio=pipeline.audio, device=torch.device("cpu"),
                                  dtype=torch.float32)  # fmt: skip
     return {
         "holder": holder,
         "pipeline": pipeline,
+        "distillation": distillation,
         "encoders": encoders,
         "text_len": options.max_sequence_length,
     }
@@ -81,23 +90,35 @@ def sample_clip(
     if audio is not None:
         batch["audio_latents"] = audio
     state = pipeline.prepare_conditions(modules["holder"], batch)
-    scheduler = FlowMatchScheduler(shift=math.exp(pipeline.sampler.shift(state["video"].shape[1])))
-    scheduler.set_inference_timesteps(steps)
-    sigmas = scheduler.inference_sigmas
+    sigmas = sampling_sigmas(modules, state["video"].shape[1], steps)
+    for name in pipeline.state_streams:  # the start: sigmas[0] x the noise (1 x, unless a student's)
+        state[name] = state[name] * sigmas[0]
     for i in range(steps):
         sigma = sigmas[i].reshape(1)
         noised = {**state, "noisy_video": state["video"], "video_timestep": sigma, "sigma": sigma,
                   "noisy_audio": state.get("audio")}  # fmt: skip
         v_video, v_audio = pipeline.predict(modules["holder"], noised)
-        state["video"] = scheduler.step(v_video, sigmas[i], sigmas[i + 1], state["video"])
+        state["video"] = FlowMatchScheduler.step(v_video, sigmas[i], sigmas[i + 1], state["video"])
         if audio is not None:
-            state["audio"] = scheduler.step(v_audio, sigmas[i], sigmas[i + 1], state["audio"])
+            state["audio"] = FlowMatchScheduler.step(v_audio, sigmas[i], sigmas[i + 1], state["audio"])
     latents = unpack_video(
         state["video"], grid, *video_patch(pipeline.submodule(modules["holder"], "predictor"))
     )
     return _decode_video(encoders, latents), (
         _decode_audio(encoders, state["audio"], audio.shape) if audio is not None else None
     )
+
+
+def sampling_sigmas(modules: dict[str, Any], video_tokens: int, steps: int) -> torch.Tensor:
+    """The ``steps + 1`` sigmas :func:`sample_clip` steps through: a distilled student's own schedule, else
+    ``linspace(1, 0)`` at the shift ``exp(mu)`` of ``video_tokens`` tokens."""
+    if modules.get("distillation") is not None:
+        return modules["distillation"].student_sigmas(steps)
+    pipeline: LTX2Pipeline = modules["pipeline"]
+    scheduler = FlowMatchScheduler(shift=math.exp(pipeline.sampler.shift(video_tokens)))
+    scheduler.set_inference_timesteps(steps)
+    assert scheduler.inference_sigmas is not None
+    return scheduler.inference_sigmas
 
 
 def _audio_noise(encoders: LTX2Encoders, seconds: float, generator: torch.Generator) -> torch.Tensor:

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal, get_args
 
 from mm_config import (
     ConfigModel,
+    DistillOptions,
     DType,
     InputPath,
     PartialConfigModel,
@@ -36,34 +37,6 @@ Expert = Literal["high_noise", "low_noise", "all", "both"]
 TASKS: tuple[str, ...] = get_args(Task)
 EXPERTS: tuple[str, ...] = get_args(Expert)
 SCHEDULER_KEYS = ("num_train_timesteps", "shift", "sigma_min", "sigma_max", "extra_one_step", "weighting")
-
-
-class DistillOptions(ConfigModel):
-    """``model.pipeline.distill``: few-step distillation by distribution matching (DMD2,
-    ``mm_pipelines.DistributionMatchingDistillation``). The container then holds a frozen ``teacher``, the
-    student ``predictor`` and the fake-score ``critic`` (``_low`` twins with ``expert: both``), trained in
-    the phases ``critic`` and ``generator`` (``training.phases``)."""
-
-    student_steps: int = Field(default=4, ge=1)
-    """Euler steps of the student's schedule (``sample --steps`` at ``student_shift`` draws it)."""
-    student_shift: float | None = Field(default=None, gt=0)
-    """Time shift of the student's schedule; None: the pipeline's ``shift``."""
-    student_sigma_max: float = Field(default=1.0, gt=0, le=1)
-    """The noise level of the student's first step: it starts from this sigma times the noise (1: pure
-    noise; below 1, as Score identity Distillation's one-step generator, where the teacher's denoiser
-    already separates the modes: a 1-step student learns a sharp split sooner)."""
-    guidance_scale: float = Field(default=1.0, ge=0)
-    """Classifier-free guidance of the teacher's (real) prediction; != 1 needs ``negative_prompt_embeds``
-    in the batch or a text encoder (``negative_prompt``)."""
-    negative_prompt: str = ""
-    """The unconditional prompt of the teacher's guidance, encoded once by the text encoder."""
-    teacher_steps: int = Field(default=50, ge=1)
-    """Euler steps of the teacher's reference clips in validation (``val_psnr_to_reference``)."""
-    dm_range: list[float] = Field(default=[0.02, 0.98], min_length=2, max_length=2)
-    """Fractions of the grid between which the distribution-matching / critic timesteps are drawn."""
-    generator_loss: Literal["distribution_matching", "flow_matching"] = "distribution_matching"
-    """The generator phase's loss: ``distribution_matching`` (DMD), or ``flow_matching`` at the student's
-    timesteps (the ablation without distribution matching)."""
 
 
 class WanPipelineOptions(PartialConfigModel):

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from mm_pipelines import DistributionMatchingDistillation
+from mm_pipelines import DistributionMatchingDistillation, with_distillation
 from mm_trainer import ModelContainer, model_register
 
 from wan22_train.distill import CRITIC, TEACHER, check_distillation_models, distillation_pipeline
@@ -36,10 +36,7 @@ class Wan22Container(ModelContainer):
     @classmethod
     def build_pipeline(cls, options: Mapping[str, Any]) -> Wan22Pipeline | DistributionMatchingDistillation:
         """``Wan22Pipeline``; with ``distill``, DMD2 around it (:mod:`wan22_train.distill`)."""
-        options = dict(options)
-        distill = options.pop("distill", None)
-        base = Wan22Pipeline.from_options(options)
-        return base if distill is None else distillation_pipeline(base, distill)
+        return with_distillation(options, Wan22Pipeline.from_options, distillation_pipeline)
 
     @property
     def flow_pipeline(self) -> Wan22Pipeline:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mm_pipelines import DistributionMatchingDistillation
+from mm_pipelines import check_distillation_models as check_models
 
 from wan22_train.pipeline import Wan22Pipeline, low_noise_role
 
@@ -23,9 +24,7 @@ def distillation_pipeline(
     base: Wan22Pipeline, options: Mapping[str, Any]
 ) -> DistributionMatchingDistillation:
     """DMD2 on ``base`` from ``model.pipeline.distill`` (``config_schema.DistillOptions``)."""
-    options = dict(options)
-    low, high = options.pop("dm_range", (0.02, 0.98))
-    return DistributionMatchingDistillation(base, dm_range=(float(low), float(high)), **options)
+    return DistributionMatchingDistillation.from_options(base, options)
 
 
 def distillation_roles(expert: str) -> tuple[str, ...]:
@@ -36,12 +35,6 @@ def distillation_roles(expert: str) -> tuple[str, ...]:
 
 def check_distillation_models(sub_models: Mapping[str, Any], trainable: tuple[str, ...], expert: str) -> None:
     """Refuse a distillation container that lacks a role or trains its teacher, naming what is wrong."""
-    missing = [r for r in distillation_roles(expert) if r not in sub_models]
-    if missing:
-        raise ValueError(
-            f"model.pipeline.distill (expert: {expert}) needs the sub-models {list(distillation_roles(expert))}: "
-            f"add {missing} under model.models (teacher: freeze: true; predictor and critic: from the teacher's weights)"
-        )
-    teachers = [r for r in distillation_roles(expert) if r.startswith(TEACHER) and r in trainable]
-    if teachers:
-        raise ValueError(f"model.pipeline.distill: the teacher {teachers} must be frozen (freeze: true)")
+    roles = distillation_roles(expert)
+    teachers = [r for r in roles if r.startswith(TEACHER)]
+    check_models(sub_models, trainable, roles, teachers, what=f"model.pipeline.distill (expert: {expert})")

@@ -12,6 +12,7 @@ from .conversation import (  # noqa: E402
 )
 from .data import DataConfig  # noqa: E402
 from .datasets import PrecomputedLatentsConfig, VideoTextDatasetConfig, frame_rule_problem  # noqa: E402
+from .distill import DistillOptions  # noqa: E402
 from .errors import ConfigError, Problem, RuleViolations  # noqa: E402
 from .features import (  # noqa: E402
     CompileMode,
@@ -93,6 +94,7 @@ __all__ = [
     "ConversationDatasetConfig",
     "DType",
     "DataConfig",
+    "DistillOptions",
     "EMAConfig",
     "ENTRY_POINT_GROUP",
     "FSDPPlanConfig",

@@ -10,7 +10,12 @@ from .conditioning import (
     replace_first_frame,
 )
 from .container import TrainabilityAware, call_role, get_submodule, is_trainable
-from .distribution_matching import DistributionMatchingDistillation
+from .distribution_matching import (
+    DistributionMatchingDistillation,
+    FlowState,
+    check_distillation_models,
+    with_distillation,
+)
 from .flow_match_scheduler import (
     DEFAULT_SIGMA_MIN,
     FlowMatchScheduler,
@@ -26,6 +31,9 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_SIGMA_MIN",
     "DistributionMatchingDistillation",
+    "FlowState",
+    "check_distillation_models",
+    "with_distillation",
     "FlowMatchScheduler",
     "FlowMatchT2VPipeline",
     "GenerativePipelineBase",

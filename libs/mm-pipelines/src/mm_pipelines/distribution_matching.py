@@ -28,14 +28,24 @@ velocity predictor gives the clean estimate ``x0(x_t) = x_t - s v``:
 - **Critic phase.** The ordinary flow-matching loss of the critic on the student's samples:
   ``x0_hat`` (no gradients) re-noised at a keyed timestep, regressing ``eps - x0_hat``.
 
-Every draw goes through ``rng`` (``SampleRNG``) under a purpose named for its phase: the same at any
+**The flow state.** The student, teacher and critic act on the base pipeline's *state*: a mapping of
+streams (Wan: ``latents``; LTX-2: ``video`` and ``audio``), all noised at one sigma per sample. The base
+pipeline provides (:class:`FlowState`) its ``scheduler`` (the grid), ``state_streams``,
+``clean_state(conditions)`` and ``state_velocity(container, role, state, sigma, conditions)``, optionally
+``state_weights`` (each stream's loss weight, default 1) and, for guidance,
+``unconditional(container, batch, conditions, negative_prompt)``. Each stream is re-noised with noise of
+its own; the DMD normaliser is the mean over every stream's elements; the losses are the streams' weighted
+sum.
+
+Every draw goes through ``rng`` (``SampleRNG``) under a purpose named for its phase (the first stream's
+draws under the bare purpose, each further stream's with ``_<stream>`` appended): the same at any
 layout, and on resume. DMD2's optional GAN head on the critic is not part of this module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, Literal, Protocol, TypeVar
 
 import torch
 
@@ -44,12 +54,32 @@ from .keyed_random import SampleRNG
 from .pipeline_base import PipelineOutput
 
 GeneratorLoss = Literal["distribution_matching", "flow_matching"]
+State = dict[str, torch.Tensor]
+Noise = TypeVar("Noise", torch.Tensor, Mapping[str, torch.Tensor])
+
+
+class FlowState(Protocol):
+    """What a base pipeline gives the distillation (:class:`~mm_pipelines.FlowMatchT2VPipeline` has it)."""
+
+    scheduler: FlowMatchScheduler
+    state_streams: tuple[str, ...]
+
+    def clean_state(self, conditions: Mapping[str, Any]) -> State:
+        """The clean sample's streams, each ``[B, ...]``, from the encoded ``conditions``."""
+        ...
+
+    def state_velocity(
+        self, container: Any, role: str, state: Mapping[str, torch.Tensor], sigma: torch.Tensor,
+        conditions: Mapping[str, Any],
+    ) -> State:  # fmt: skip
+        """Sub-model ``role``'s velocity for each stream of ``state`` at per-sample ``sigma`` ``[B]``."""
+        ...
 
 
 class DistributionMatchingDistillation:
-    """DMD2 phases (``critic``, ``generator``) on a flow-match pipeline ``base`` (a
-    :class:`~mm_pipelines.FlowMatchT2VPipeline` or subclass): ``base`` encodes the conditions and runs a
-    predictor by role; this object owns the schedule, the draws and the two losses.
+    """DMD2 phases (``critic``, ``generator``) on a flow-match pipeline ``base`` (a :class:`FlowState`:
+    :class:`~mm_pipelines.FlowMatchT2VPipeline`, LTX-2's pipeline): ``base`` encodes the conditions and
+    runs a predictor by role on its flow state; this object owns the schedule, the draws and the two losses.
 
     Roles (sub-model names): ``predictor`` (the student), ``teacher`` (frozen), ``critic``.
     """
@@ -80,6 +110,11 @@ class DistributionMatchingDistillation:
             raise ValueError(
                 f"distill.generator_loss must be distribution_matching or flow_matching, got {generator_loss!r}"
             )
+        if guidance_scale != 1.0 and not callable(getattr(base, "unconditional", None)):
+            raise ValueError(
+                f"distill.guidance_scale={guidance_scale}: {type(base).__name__} has no unconditional conditions "
+                "for the teacher's classifier-free guidance; set guidance_scale: 1"
+            )
         self.base, self.student_steps, self.guidance_scale = base, student_steps, guidance_scale
         self.generator_loss, self.phases = generator_loss, (critic_phase, generator_phase)
         self.negative_prompt, self.teacher_steps = negative_prompt, teacher_steps
@@ -93,6 +128,14 @@ class DistributionMatchingDistillation:
             )
         n = scheduler.num_train_timesteps
         self.dm_indices = (int(low * (n - 1)), max(int(high * (n - 1)), int(low * (n - 1)) + 1))
+        self.weights = {name: float(w) for name, w in (getattr(base, "state_weights", None) or {}).items()}
+
+    @classmethod
+    def from_options(cls, base: Any, options: Mapping[str, Any]) -> DistributionMatchingDistillation:
+        """From the keys of ``model.pipeline.distill`` (``mm_config.DistillOptions``) around ``base``."""
+        options = dict(options)
+        low, high = options.pop("dm_range", (0.02, 0.98))
+        return cls(base, dm_range=(float(low), float(high)), **options)
 
     # ------------------------------------------------------------------ schedule
     def student_sigmas(self, num_steps: int | None = None) -> torch.Tensor:
@@ -108,27 +151,29 @@ class DistributionMatchingDistillation:
     def sample(
         self,
         container: Any,
-        noise: torch.Tensor,
+        noise: Noise,
         conditions: Mapping[str, Any],
         *,
         role: str = "predictor",
         num_steps: int | None = None,
         stop_after: int | None = None,
         sigmas: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Euler sampling from ``noise`` with sub-model ``role`` (the teacher with its guidance) on a
-        ``num_steps`` schedule (default: the student's ``K``) or on explicit ``sigmas`` (decreasing, ending
-        in 0), stopping after ``stop_after`` steps (default: all, the clean sample). The start is
-        ``sigmas[0] * noise``."""
+    ) -> Noise:
+        """Euler sampling from ``noise`` (a tensor for a one-stream state, else one tensor per stream) with
+        sub-model ``role`` (the teacher with its guidance) on a ``num_steps`` schedule (default: the
+        student's ``K``) or on explicit ``sigmas`` (decreasing, ending in 0), stopping after
+        ``stop_after`` steps (default: all, the clean sample). The start is ``sigmas[0] * noise``;
+        the result has ``noise``'s form."""
         sigmas = self.student_sigmas(num_steps) if sigmas is None else sigmas
-        x = noise.float() * sigmas[0]
+        state = self._as_state(noise)
+        x = {name: n.float() * sigmas[0] for name, n in state.items()}
         for k in range(len(sigmas) - 1 if stop_after is None else stop_after):
             if role == "teacher":
                 v = self._guided_teacher(container, x, sigmas[k], conditions)
             else:
-                v = self.velocity(container, role, x, sigmas[k], conditions)
-            x = x + (sigmas[k + 1] - sigmas[k]) * v.float()
-        return x
+                v = self._velocity(container, role, x, sigmas[k], conditions)
+            x = {name: x[name] + (sigmas[k + 1] - sigmas[k]) * v[name].float() for name in x}
+        return x if isinstance(noise, Mapping) else next(iter(x.values()))
 
     # ------------------------------------------------------------------ phases
     def forward(
@@ -141,17 +186,18 @@ class DistributionMatchingDistillation:
                 f"got {phase!r}"
             )
         conditions = self.base.prepare_conditions(container, batch)
-        x0 = conditions["latents"]
+        size = next(iter(self.base.clean_state(conditions).values())).shape[0]
+        unconditional = None
         if self.guidance_scale != 1.0 and phase == self.phases[1]:
-            conditions["negative_prompt_embeds"] = self._negative_embeds(container, batch, x0.shape[0])
-        rng = self.base.require_rng(rng, x0.shape[0])
+            unconditional = self.base.unconditional(container, batch, conditions, self.negative_prompt)
+        rng = self.base.require_rng(rng, size)
         if phase == self.phases[0]:
             loss = self._critic_loss(container, conditions, rng, phase)
         elif self.generator_loss == "flow_matching":
             loss = self._student_flow_matching_loss(container, conditions, rng, phase)
         else:
-            loss = self._distribution_matching_loss(container, conditions, rng, phase)
-        return PipelineOutput(loss=loss, metrics={"num_samples": float(x0.shape[0])})
+            loss = self._distribution_matching_loss(container, conditions, unconditional, rng, phase)
+        return PipelineOutput(loss=loss, metrics={"num_samples": float(size)})
 
     def __call__(self, container: Any, rng: SampleRNG | None = None, **batch: Any) -> PipelineOutput:
         return self.forward(container, rng, **batch)
@@ -160,121 +206,159 @@ class DistributionMatchingDistillation:
         with torch.no_grad():
             x0_hat = self._student_estimate(container, conditions, rng, phase)
         x_t, sigma, noise = self._renoise(x0_hat, rng, phase)
-        v = self.velocity(container, "critic", x_t, sigma, conditions)
-        return (v.float() - (noise - x0_hat)).pow(2).flatten(1).mean(1).mean()
+        v = self._velocity(container, "critic", x_t, sigma, conditions)
+        return self._weighted(
+            {n: (v[n].float() - (noise[n] - x0_hat[n])).pow(2).flatten(1).mean(1) for n in x0_hat}
+        ).mean()
 
     def _distribution_matching_loss(
-        self, container: Any, conditions: dict, rng: SampleRNG, phase: str
+        self, container: Any, conditions: dict, unconditional: dict | None, rng: SampleRNG, phase: str
     ) -> torch.Tensor:
         x0_hat = self._student_estimate(container, conditions, rng, phase)
         with torch.no_grad():
-            x_t, sigma, _ = self._renoise(x0_hat.detach(), rng, phase)
-            real = self._clean(x_t, sigma, self._guided_teacher(container, x_t, sigma, conditions))
-            fake = self._clean(x_t, sigma, self.velocity(container, "critic", x_t, sigma, conditions))
-            scale = (x0_hat.detach() - real).abs().flatten(1).mean(1).clamp_min(1e-6)
-            grad = (fake - real) / scale.reshape(-1, *([1] * (x0_hat.ndim - 1)))
-            target = x0_hat.detach() - grad
-        return 0.5 * (x0_hat.float() - target).pow(2).flatten(1).mean(1).mean()
+            detached = {n: x.detach() for n, x in x0_hat.items()}
+            x_t, sigma, _ = self._renoise(detached, rng, phase)
+            real = self._clean(x_t, sigma, self._guided_teacher(container, x_t, sigma, conditions, unconditional))
+            fake = self._clean(x_t, sigma, self._velocity(container, "critic", x_t, sigma, conditions))
+            distance = torch.cat([(detached[n] - real[n]).abs().flatten(1) for n in detached], dim=1)
+            scale = distance.mean(1).clamp_min(1e-6)
+            target = {}
+            for n, x in detached.items():
+                grad = (fake[n] - real[n]) / scale.reshape(-1, *([1] * (x.ndim - 1)))
+                target[n] = x - grad
+        per_sample = {n: (x0_hat[n].float() - target[n]).pow(2).flatten(1).mean(1) for n in x0_hat}
+        return 0.5 * self._weighted(per_sample).mean()
 
     def _student_flow_matching_loss(
         self, container: Any, conditions: dict, rng: SampleRNG, phase: str
     ) -> torch.Tensor:
-        x0 = conditions["latents"]
+        x0 = self.base.clean_state(conditions)
         sigmas = self.student_sigmas()
         k = rng.step_randint(f"{phase}_student_step", 0, self.student_steps)
-        noise = rng.randn(f"{phase}_noise", x0.shape[1:], device=x0.device)
-        x_k = FlowMatchScheduler.add_noise(x0, noise, float(sigmas[k]))
-        v = self.velocity(container, "predictor", x_k, sigmas[k], conditions)
-        return (v.float() - (noise - x0)).pow(2).flatten(1).mean(1).mean()
+        noise = self._draw_noise(rng, f"{phase}_noise", x0)
+        x_k = {n: FlowMatchScheduler.add_noise(x0[n], noise[n], float(sigmas[k])) for n in x0}
+        v = self._velocity(container, "predictor", x_k, sigmas[k], conditions)
+        return self._weighted({n: (v[n].float() - (noise[n] - x0[n])).pow(2).flatten(1).mean(1) for n in x0}).mean()
 
     # ------------------------------------------------------------------ pieces
-    def _student_estimate(self, container: Any, conditions: dict, rng: SampleRNG, phase: str) -> torch.Tensor:
+    def _student_estimate(self, container: Any, conditions: dict, rng: SampleRNG, phase: str) -> State:
         """Backward simulation: ``x0(x_k)`` at a keyed student step ``k``, after ``k`` Euler steps
         without gradients; the last call runs with gradients when the student trains here."""
-        x0 = conditions["latents"]
+        x0 = self.base.clean_state(conditions)
         k = rng.step_randint(f"{phase}_student_step", 0, self.student_steps)
-        noise = rng.randn(f"{phase}_start", x0.shape[1:], device=x0.device)
+        noise = self._draw_noise(rng, f"{phase}_start", x0)
         sigmas = self.student_sigmas()
-        x_k = self.sample(container, noise, conditions, stop_after=k) if k else noise * sigmas[0]
+        if k:
+            x_k = self.sample(container, noise, conditions, stop_after=k)
+        else:
+            x_k = {n: e * sigmas[0] for n, e in noise.items()}
         sigma = sigmas[k]
-        return self._clean(x_k, sigma, self.velocity(container, "predictor", x_k, sigma, conditions))
+        return self._clean(x_k, sigma, self._velocity(container, "predictor", x_k, sigma, conditions))
 
-    def _renoise(
-        self, x0: torch.Tensor, rng: SampleRNG, phase: str
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _renoise(self, x0: State, rng: SampleRNG, phase: str) -> tuple[State, torch.Tensor, State]:
+        """Every stream of ``x0`` noised at one keyed timestep per sample, each with noise of its own."""
         scheduler: FlowMatchScheduler = self.base.scheduler
         low, high = self.dm_indices
         index = rng.per_sample(
             f"{phase}_timestep", lambda g: torch.randint(low, high, (), generator=g), "cpu"
         )
-        sigma = scheduler.sigmas_for(index).to(x0.device)
-        noise = rng.randn(f"{phase}_noise", x0.shape[1:], device=x0.device)
-        return FlowMatchScheduler.add_noise(x0, noise, sigma), sigma, noise
+        device = next(iter(x0.values())).device
+        sigma = scheduler.sigmas_for(index).to(device)
+        noise = self._draw_noise(rng, f"{phase}_noise", x0)
+        return {n: FlowMatchScheduler.add_noise(x0[n], noise[n], sigma) for n in x0}, sigma, noise
+
+    def _draw_noise(self, rng: SampleRNG, purpose: str, like: Mapping[str, torch.Tensor]) -> State:
+        """Keyed noise shaped like each stream of ``like``: the first stream under ``purpose``, each
+        further one under ``purpose_<stream>``."""
+        return {
+            n: rng.randn(purpose if i == 0 else f"{purpose}_{n}", x.shape[1:], device=x.device)
+            for i, (n, x) in enumerate(like.items())
+        }
 
     def _guided_teacher(
-        self, container: Any, x_t: torch.Tensor, sigma: torch.Tensor, conditions: dict
-    ) -> torch.Tensor:
-        v = self.velocity(container, "teacher", x_t, sigma, conditions)
+        self, container: Any, x_t: State, sigma: torch.Tensor, conditions: Mapping[str, Any],
+        unconditional: Mapping[str, Any] | None = None,
+    ) -> State:  # fmt: skip
+        """The teacher's velocity with classifier-free guidance, ``v_u + g (v_c - v_u)`` (``unconditional``:
+        the conditions of ``v_u``; from the base pipeline when not given)."""
+        v = self._velocity(container, "teacher", x_t, sigma, conditions)
         if self.guidance_scale == 1.0:
             return v
-        v_u = self.velocity(
-            container,
-            "teacher",
-            x_t,
-            sigma,
-            {**conditions, "prompt_embeds": conditions["negative_prompt_embeds"]},
-        )
-        return v_u + self.guidance_scale * (v - v_u)
+        if unconditional is None:
+            unconditional = self.base.unconditional(container, conditions, conditions, self.negative_prompt)
+        v_u = self._velocity(container, "teacher", x_t, sigma, unconditional)
+        return {n: v_u[n] + self.guidance_scale * (v[n] - v_u[n]) for n in v}
 
-    def _negative_embeds(self, container: Any, batch: Mapping[str, Any], size: int) -> torch.Tensor:
-        """The teacher's unconditional text: the batch's ``negative_prompt_embeds``, else ``negative_prompt``
-        through the base pipeline's text encoding."""
-        if "negative_prompt_embeds" in batch:
-            return batch["negative_prompt_embeds"]
-        if "prompt_embeds" in batch:
-            raise KeyError(
-                "distill.guidance_scale != 1 with pre-encoded prompts (prompt_embeds) needs the batch's "
-                "negative_prompt_embeds too: the unconditional text of the teacher's guidance"
+    def _weighted(self, per_stream: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The streams' per-sample losses summed with the base pipeline's ``state_weights`` (default 1)."""
+        total: torch.Tensor | None = None
+        for n, loss in per_stream.items():
+            weight = self.weights.get(n, 1.0)
+            term = loss if weight == 1.0 else weight * loss
+            total = term if total is None else total + term
+        assert total is not None
+        return total
+
+    def _as_state(self, noise: torch.Tensor | Mapping[str, torch.Tensor]) -> State:
+        if isinstance(noise, Mapping):
+            return dict(noise)
+        streams = tuple(self.base.state_streams)
+        if len(streams) != 1:
+            raise ValueError(
+                f"{type(self.base).__name__}'s flow state has the streams {list(streams)}: pass the noise as a "
+                "mapping of one tensor per stream"
             )
-        return self.base.encode_prompt(container, {"prompt": [self.negative_prompt] * size})
+        return {streams[0]: noise}
 
     @staticmethod
-    def _clean(x_t: torch.Tensor, sigma: torch.Tensor | float, v: torch.Tensor) -> torch.Tensor:
-        s = torch.as_tensor(sigma, dtype=torch.float32, device=x_t.device)
-        s = s.reshape(-1, *([1] * (x_t.ndim - 1))) if s.ndim else s
-        return x_t.float() - s * v.float()
+    def _clean(x_t: State, sigma: torch.Tensor | float, v: State) -> State:
+        """``x_t - sigma v`` per stream (fp32): the clean estimate of a velocity prediction."""
+        out = {}
+        for n, x in x_t.items():
+            s = torch.as_tensor(sigma, dtype=torch.float32, device=x.device)
+            s = s.reshape(-1, *([1] * (x.ndim - 1))) if s.ndim else s
+            out[n] = x.float() - s * v[n].float()
+        return out
 
-    def velocity(
-        self,
-        container: Any,
-        role: str,
-        x_t: torch.Tensor,
-        sigma: torch.Tensor | float,
+    def _velocity(
+        self, container: Any, role: str, state: Mapping[str, torch.Tensor], sigma: torch.Tensor | float,
         conditions: Mapping[str, Any],
-    ) -> torch.Tensor:
-        """The velocity of sub-model ``role`` at ``x_t`` and ``sigma`` (scalar or ``[B]``), through the
-        base pipeline's ``predict`` (its conditioning: i2v channels, ti2v first frame)."""
-        b = x_t.shape[0]
+    ) -> State:  # fmt: skip
+        """The velocity of sub-model ``role`` at ``state`` and ``sigma`` (scalar or ``[B]``), through the
+        base pipeline's ``state_velocity``."""
+        b = next(iter(state.values())).shape[0]
         s = torch.as_tensor(sigma, dtype=torch.float32).reshape(-1).expand(b).cpu()
-        hidden = x_t
-        if "image_condition" in conditions:
-            hidden = torch.cat([x_t, conditions["image_condition"].to(x_t.dtype)], dim=1)
-        grid = self.base.scheduler.sigmas64
-        noised = {
-            "indices": (s.double()[:, None] - grid[None])
-            .abs()
-            .argmin(dim=1),  # nearest grid point: expert routing
-            "hidden_states": hidden,
-            "timestep": (s * self.base.scheduler.num_train_timesteps).to(x_t.device),
-            "encoder_hidden_states": conditions["prompt_embeds"],
-            "latent_shape": tuple(x_t.shape),
-        }
-        roles = self.base.roles
-        self.base.roles = {**roles, "predictor": roles.get(role, role)}
-        try:
-            return self.base.predict(container, noised)
-        finally:
-            self.base.roles = roles
+        return self.base.state_velocity(container, role, state, s, conditions)
+
+
+def with_distillation(
+    options: Mapping[str, Any],
+    build_base: Callable[[dict[str, Any]], Any],
+    distil: Callable[[Any, Mapping[str, Any]], DistributionMatchingDistillation],
+) -> Any:
+    """A container's pipeline from ``model.pipeline``: ``build_base`` of the options without ``distill``,
+    wrapped by ``distil(base, distill)`` when ``distill`` is set."""
+    options = dict(options)
+    distill = options.pop("distill", None)
+    base = build_base(options)
+    return base if distill is None else distil(base, distill)
+
+
+def check_distillation_models(
+    sub_models: Collection[str], trainable: Collection[str], roles: Sequence[str], teachers: Sequence[str],
+    *, what: str = "model.pipeline.distill",
+) -> None:  # fmt: skip
+    """Refuse a distillation container that lacks one of ``roles`` (its sub-model names) or trains one
+    of ``teachers``, naming what is wrong (``what``: the config section, for the message)."""
+    missing = [r for r in roles if r not in sub_models]
+    if missing:
+        raise ValueError(
+            f"{what} needs the sub-models {list(roles)}: add {missing} under model.models (the teacher with "
+            "freeze: true; the student and the critic from the teacher's weights)"
+        )
+    trained = [r for r in teachers if r in trainable]
+    if trained:
+        raise ValueError(f"{what}: the teacher {trained} must be frozen (freeze: true)")
 
 
 def _copy_grid(scheduler: FlowMatchScheduler, sigma_max: float) -> FlowMatchScheduler:
@@ -294,4 +378,4 @@ def _unshift(sigma: float, shift: float) -> float:
     return sigma / (shift - (shift - 1.0) * sigma)
 
 
-__all__ = ["DistributionMatchingDistillation", "GeneratorLoss"]
+__all__ = ["DistributionMatchingDistillation", "FlowState", "GeneratorLoss", "check_distillation_models", "with_distillation"]

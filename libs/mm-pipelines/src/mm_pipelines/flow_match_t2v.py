@@ -151,6 +151,52 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
         out = self.call(container, "predictor", hidden, noised["timestep"], text)
         return as_tensor_output(out, "predictor")
 
+    # ------------------------------------- the flow state (DistributionMatchingDistillation)
+    #: The streams of the flow state: one, the latents.
+    state_streams: tuple[str, ...] = ("latents",)
+
+    def clean_state(self, conditions: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """The clean sample as the flow state: ``{"latents": [B, c, T, h, w]}``."""
+        return {"latents": conditions["latents"]}
+
+    def state_velocity(
+        self, container: Any, role: str, state: Mapping[str, torch.Tensor], sigma: torch.Tensor,
+        conditions: Mapping[str, Any],
+    ) -> dict[str, torch.Tensor]:  # fmt: skip
+        """The velocity of sub-model ``role`` at the noisy ``state`` and per-sample ``sigma`` ``[B]`` (CPU
+        float32), through :meth:`predict` (the i2v channels; the nearest grid index, for expert routing)."""
+        x_t = state["latents"]
+        hidden = x_t
+        if "image_condition" in conditions:
+            hidden = torch.cat([x_t, conditions["image_condition"].to(x_t.dtype)], dim=1)
+        nearest = (sigma.double()[:, None] - self.scheduler.sigmas64[None]).abs().argmin(dim=1)
+        noised = {
+            "indices": nearest,
+            "hidden_states": hidden,
+            "timestep": (sigma * self.scheduler.num_train_timesteps).to(x_t.device),
+            "encoder_hidden_states": conditions["prompt_embeds"],
+            "latent_shape": tuple(x_t.shape),
+        }
+        with self.acting_as(role):
+            return {"latents": self.predict(container, noised)}
+
+    def unconditional(
+        self, container: Any, batch: Mapping[str, Any], conditions: Mapping[str, Any], negative_prompt: str
+    ) -> dict[str, Any]:
+        """``conditions`` with the unconditional text of classifier-free guidance: the batch's
+        ``negative_prompt_embeds``, else ``negative_prompt`` through the text encoder."""
+        if "negative_prompt_embeds" in batch:
+            negative = batch["negative_prompt_embeds"]
+        elif "prompt_embeds" in batch:
+            raise KeyError(
+                "distill.guidance_scale != 1 with pre-encoded prompts (prompt_embeds) needs the batch's "
+                "negative_prompt_embeds too: the unconditional text of the teacher's guidance"
+            )
+        else:
+            size = conditions["latents"].shape[0]
+            negative = self.encode_prompt(container, {"prompt": [negative_prompt] * size})
+        return {**conditions, "prompt_embeds": negative}
+
     # ---------------------------------------------------------------- 4. loss
     def compute_loss(self, prediction: torch.Tensor, noised: dict[str, Any]) -> torch.Tensor:
         """fp32 MSE per sample times the timestep weight, averaged over the batch.

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,18 @@ class GenerativePipelineBase:
     def call(self, container: Any, role: str, *args: Any, method: str = "forward", **kwargs: Any) -> Any:
         """Call a sub-model by role, grad only if trainable (see :func:`call_role`)."""
         return call_role(container, role, *args, roles=self.roles, method=method, **kwargs)
+
+    @contextmanager
+    def acting_as(self, role: str) -> Iterator[None]:
+        """Inside, the ``predictor`` role runs the sub-model of ``role`` (through ``roles``): a
+        distillation's ``teacher`` and ``critic`` take the predictor's code path (conditioning,
+        dtype, expert routing)."""
+        roles = self.roles
+        self.roles = {**roles, "predictor": roles.get(role, role)}
+        try:
+            yield
+        finally:
+            self.roles = roles
 
     def require_rng(self, rng: SampleRNG | None, batch_size: int) -> SampleRNG:
         """``rng``, checked to key exactly ``batch_size`` samples; a drawing stage calls this first."""
