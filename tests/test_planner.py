@@ -152,3 +152,22 @@ def test_search_names_the_smallest_gap_when_nothing_fits(toy_yaml):
     assert "nothing fits: the smallest gap is" in render_search(result)
     # full recompute did not fit: less recomputation was not traced, every layout of it accounted for
     assert result.traces <= 3 and all(c.status for c in result.candidates)
+
+
+PHASED = {
+    "model": {
+        "container_id": "toy_phased_container",
+        "models": {"critic": {"model_id": "toy_predictor", "meta_init": True,
+                              "config": {"dim": 8, "hidden": 32, "cond_dim": 16, "num_blocks": 3}}},
+    },
+    "training": {"phases": {"fit": {"submodels": ["predictor"], "every": 2}, "follow": {"submodels": ["critic"]}}},
+}  # fmt: skip
+
+
+def test_a_phased_run_is_traced_at_the_step_where_every_phase_updates(toy_yaml):
+    run = _plan(toy_yaml("phased", **PHASED), 2)
+    assert list(run.parts) == ["micro-step 1/1 (fit)", "optimizer (fit)", "micro-step 1/1 (follow)", "optimizer (follow)"]
+    step = run.step_cost()  # the step at which both update: both phases' micro-steps and optimizer steps
+    assert step.flops == pytest.approx(sum(part.flops for part in run.parts.values())) and step.flops > 0
+    assert step.compute_s == pytest.approx(sum(part.compute_s for part in run.parts.values()))
+    assert summarize(run).categories["optimizer states"] > 0  # both phases' AdamW states

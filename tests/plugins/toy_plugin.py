@@ -197,8 +197,10 @@ class ToyPhasedPipeline(ToyPipeline):
 
 
 @model_register("toy_phased_container")
-class ToyPhasedContainer(ModelContainer):
+class ToyPhasedContainer(ToyContainer):
     """Trainable ``predictor`` and ``critic`` (both checkpointed), frozen ``text_encoder``."""
+
+    checkpoint_submodels = None  # the trainable ones
 
     @classmethod
     def build_pipeline(cls, options: dict) -> ToyPhasedPipeline:

@@ -15,7 +15,9 @@
    last micro-step are traced (the ones between repeat the first: same memory, same time).
    ``features.condition_micro_steps = N``: the rank encodes its share of N micro-batches first
    (frozen encoders; traced once, its N conditions then held), as ``ConditionStream`` does.
-   Then ``clip_grad_norm_``, the optimizer step, the EMA update, ``zero_grad``.
+   Then ``clip_grad_norm_``, the optimizer step, the EMA update, ``zero_grad``. With
+   ``training.phases``: the step at which every phase updates, each phase's micro-steps and optimizer
+   step in turn (as ``TrainEngine`` runs them), then the EMA.
 
 What is not the trainer's code path: weights are not loaded (nothing is read), compile plans are
 left out (the trace is eager: an upper bound for the compiled blocks' activations), and the
@@ -82,17 +84,20 @@ class TracedRun:
 
     def step_cost(self) -> StepCost:
         """The whole optimizer step: the first micro-step ``accumulation - 1`` times, the last once,
-        the optimizer part, and (``condition_micro_steps``) this rank's share of the encoding."""
-        micro = [k for k in self.parts if k.startswith("micro-step")]
+        the optimizer part, and (``condition_micro_steps``) this rank's share of the encoding; with
+        ``training.phases``, every phase's (the step at which all of them update)."""
+        phases: dict[str, list[str]] = {}  # the micro-step parts of each phase (one: none)
+        for key in (k for k in self.parts if k.startswith("micro-step")):
+            phases.setdefault(key.partition(" (")[2], []).append(key)
         total = StepCost()
-        if micro:
+        for micro in phases.values():
             first, last = self.parts[micro[0]], self.parts[micro[-1]]
             total = total + (first.scaled(self.accumulation - 1) if len(micro) > 1 else StepCost()) + last
         if "condition encoding" in self.parts:  # each rank encodes 1 of every cp micro-batches
             cp = self.config.parallel.ulysses_parallel_size * self.config.parallel.ring_attention_size
             total = total + self.parts["condition encoding"].scaled(self.accumulation / cp)
-        if "optimizer" in self.parts:
-            total = total + self.parts["optimizer"]
+        for key in (k for k in self.parts if k.startswith("optimizer")):  # each phase's optimizer step
+            total = total + self.parts[key]
         return total
 
 
@@ -195,14 +200,39 @@ def _step(
     model: Any, shards: LocalShards, optimizer: torch.optim.Optimizer, ema: Any, config: TrainConfig,
     tracker: PlanTracker, progress: Progress,
 ) -> float | None:  # fmt: skip
-    """The traced optimizer step (the module docstring); returns the pipeline's FLOPs per micro-batch."""
+    """The traced optimizer step (the module docstring); returns the pipeline's FLOPs per micro-batch.
+    With ``training.phases``, the step at which every phase updates (step 0), phase by phase as the
+    engine runs them: each phase's micro-steps (``model(**batch, phase=name)``), its clipping and its
+    optimizer step (the optimizer holds every phase's states; only the phase's parameters have
+    gradients), then the EMA once."""
     training = config.training
-    accum = training.gradient_accumulation_steps
-    micro_steps = [0] if accum == 1 else [0, accum - 1]
     flops = None
     model.train()
-    for micro in micro_steps:
-        label = f"micro-step {micro + 1}/{accum}"
+    for phase in list(training.phases) or [None]:
+        flops = _micro_steps(model, config, tracker, progress, phase) or flops
+        suffix = "" if phase is None else f" ({phase})"
+        tracker.part = f"optimizer{suffix}"
+        progress(f"optimizer step{suffix}")
+        clip_grad_norm_([p for p in model.parameters() if p.grad is not None], training.clip_grad or 0.0)
+        shards.take_gradients()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
+    if ema is not None:
+        progress("EMA")
+        ema.update()
+    return float(flops) if flops is not None else None
+
+
+def _micro_steps(
+    model: Any, config: TrainConfig, tracker: PlanTracker, progress: Progress, phase: str | None
+) -> float | None:
+    """The traced micro-steps of one optimizer step (of ``phase``); the pipeline's FLOPs if it reports them."""
+    training = config.training
+    accum = training.gradient_accumulation_steps
+    flops = None
+    for micro in [0] if accum == 1 else [0, accum - 1]:
+        label = f"micro-step {micro + 1}/{accum}" + ("" if phase is None else f" ({phase})")
         batch = model.planning_batch(config.data, training.micro_batch_size)
         rng = SampleRNG(seed=training.seed, step=0, sample_ids=batch.pop("sample_ids"), device=CPU)
         set_gradient_sync(model, micro == accum - 1)
@@ -215,23 +245,14 @@ def _step(
             batch = {"conditions": conditions}
         tracker.part = label
         progress(f"{label}: forward")
-        output = model(**batch, rng=rng)
+        output = model(**batch, rng=rng, **({} if phase is None else {"phase": phase}))
         progress(f"{label}: backward")
         (output.loss / accum).backward()
         flops = (getattr(output, "metrics", None) or {}).get("flops", flops)
         del output, batch
         if config.features.condition_micro_steps > 1:
             del conditions, held
-    tracker.part = "optimizer"
-    progress("optimizer step, EMA")
-    clip_grad_norm_([p for p in model.parameters() if p.requires_grad], training.clip_grad or 0.0)
-    shards.take_gradients()
-    optimizer.step()
-    if ema is not None:
-        ema.update()
-    optimizer.zero_grad(set_to_none=True)
-    model.zero_grad(set_to_none=True)
-    return float(flops) if flops is not None else None
+    return flops
 
 
 def _encode_ahead(model: Any, batch: dict, config: TrainConfig) -> tuple[dict, list[dict]]:
