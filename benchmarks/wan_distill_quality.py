@@ -1,6 +1,6 @@
 """What few-step distillation (DMD2) adds on the tiny two-clips-per-caption setting
 (:mod:`wan22_train.distill_toy`): the quality check and the sampling time of the teacher at 1, 4 and 50
-steps, of DMD2 students at 1 and 4 steps (critic every step on batches of 64, generator every 10th,
+steps, of DMD2 students at 1 and 4 steps (critic every step on batches of 64, generator every 2nd,
 4-step schedule at shift 1; checked: the student's EMA, decay 0.999, as ``training.ema`` keeps it), and
 of students trained with the flow-matching loss in place of the distribution-matching term (the same
 schedule, generator updates and EMA), each with the share of 2048 fresh noises (not the check's 32) whose

@@ -55,3 +55,18 @@ def test_the_learning_recipe_validates_on_the_tiny_config_and_is_the_readmes_com
     )
     readme = " ".join((CONFIGS.parent / "README.md").read_text().replace("\\\n", " ").split())
     assert " ".join(LEARN_TRAINING) in readme
+
+
+def test_the_real_shape_distillation_dry_runs_its_three_transformers_on_meta():
+    from mm_config import load_config
+    from mm_trainer.dry_run import dry_run
+
+    config = load_config(CONFIGS / "t2av_distill.yaml", world_size=16)
+    assert config.model.container_id == "ltx2_container" and config.model.pipeline["distill"]["shift"] == 16.0
+    assert {name: args.freeze for name, args in config.model.sub_models().items()} == {
+        "teacher": True, "model": False, "critic": False,
+    }  # fmt: skip
+    report = dry_run(config, world_size=16)
+    for name in ("teacher", "model", "critic"):
+        assert f"{name}.transformer_blocks.47" in report
+    assert "unmatched patterns: none" in report

@@ -2,12 +2,12 @@
 per clip, PSNR in latent space): the teacher's samples pass the quality check at 50 steps and are blends
 at 1 and 4 steps; a DMD2 student (critic every step on batches of 64, generator every 10th, 3200 steps,
 4-step schedule, its EMA at decay 0.999) passes at 4 steps, and fails the check's criterion on under
-2.5% of fresh noises (0.6-1.3% measured from 2000 steps on, 3 seeds); the same generator updates with
-the flow-matching loss in place of the distribution-matching term leave a student that fails. At that
-share all 32 of the check's samples pass in about 3 of 4 draws of 32 noises: the check passed at every
-look from 2800 to 4000 steps for 3 seeds, and failed at 4 of the 6 looks at 2000 and 2400 steps
-(30-31 of 32 sharp). Students distilled for 1 step: tests/test_wan_distill_one_step.py; the numbers and
-sampling times: benchmarks/wan_distill_quality.py, benchmarks/README.md."""
+2.5% of fresh noises (1.3% measured at 3200 steps for 2 seeds); the same generator updates with the
+flow-matching loss in place of the distribution-matching term leave a student that fails. At that share
+all 32 of the check's samples pass in about 2 of 3 draws of 32 noises: the check passed at 10 of the 12
+looks every 400 steps from 1200 to 3200 (2 seeds). Students distilled
+for 1 step: tests/test_wan_distill_one_step.py; the numbers and sampling times:
+benchmarks/wan_distill_quality.py, benchmarks/README.md."""
 
 from __future__ import annotations
 
@@ -37,4 +37,4 @@ def test_a_student_trained_without_distribution_matching_fails_at_4_steps(distil
     container, dmd = distil(distill_setting, generator_loss="flow_matching")
     four = quality(distill_setting, container, dmd, "predictor", 4)
     assert not passes(four), four
-    assert four["worst_db"] < 20, four
+    assert four["margin_db"] < 0, four  # its worst sample is nearer the clips' average than either clip: a blend
