@@ -72,8 +72,10 @@ def _wan_tokens(cfg: dict) -> tuple[int, int, int, int]:
 
 
 def _ltx2_tokens(cfg: dict) -> tuple[int, int, int, int]:
-    """(video tokens, heads, head_dim, pad multiple) of an LTX-2 config (video self-attention)."""
-    data, model = cfg["data"]["dataset"]["preprocess"], cfg["model"]["config"]
+    """(video tokens, heads, head_dim, pad multiple) of an LTX-2 config (video self-attention); a container
+    config (a distillation) by its trained transformer, ``model``."""
+    model = cfg["model"]["config"] if "config" in cfg["model"] else cfg["model"]["models"]["model"]["config"]
+    data = cfg["data"]["dataset"]["preprocess"]
     frames = (data["num_frames"] - 1) // 8 + 1
     tokens = frames * (data["height"] // 32) * (data["width"] // 32)
     ring, ulysses = _layout(cfg)

@@ -41,8 +41,9 @@ EXCEPTIONS: dict[str, str] = {
     "SubModelConfig.freeze": "the same as ModelConfig.freeze, per sub-model",
     "ValidationConfig.seeds": "read through ValidationConfig.prompt_seeds(), which the trainer calls",
     **{
-        f"LTX2PipelineOptions.{key}": "renamed to a SigmaSampler field by ltx2_train.config_schema.SAMPLER_KEYS, "
+        f"{schema}.{key}": "renamed to a SigmaSampler field by ltx2_train.config_schema.SAMPLER_KEYS, "
         "through which the pipeline reads it (test_ltx2_config_schema ties the two)"
+        for schema in ("LTX2PipelineOptions", "LTX2ContainerPipelineOptions")  # the second: ltx2_container's
         for key in (
             "timestep_sampling",
             "sigma_std",

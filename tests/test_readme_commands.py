@@ -195,6 +195,26 @@ COMMANDS: dict[tuple[str, str], How] = {
         LTX2,
         'ltx2-train sample --checkpoint runs/ltx2_tiny/ckpt --prompt "a red circle moving up" --out runs/ltx2_tiny/sample.mp4',
     ): covered("apps/ltx2-train/tests/test_ltx2_train_e2e.py"),
+    (LTX2, "ltx2-train preprocess --config apps/ltx2-train/configs/tiny_t2av_distill.yaml"): excused(
+        "the distillation config's data section is tiny_t2av.yaml's (apps/ltx2-train/tests/test_ltx2_distill.py "
+        "checks it), whose preprocess builds the tests' tiny cache (conftest tiny_cache)"
+    ),
+    (
+        LTX2,
+        "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av_distill.yaml",
+    ): excused(
+        "test_ltx2_distill_e2e.py runs this config on 2 forked gloo ranks through ltx2-train's main (the "
+        "torchrun launch of the app: test_ltx2_train_e2e.py)"
+    ),
+    (
+        LTX2,
+        "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt_distill --out runs/ltx2_tiny/export_distill/transformer",
+    ): covered("apps/ltx2-train/tests/test_ltx2_distill_e2e.py"),
+    (
+        LTX2,
+        'ltx2-train sample --checkpoint runs/ltx2_tiny/ckpt_distill --steps 4 --prompt "a red circle moving up" '
+        "--out runs/ltx2_tiny/sample_distill.mp4",
+    ): covered("apps/ltx2-train/tests/test_ltx2_distill_e2e.py"),
     (LTX2, "ltx2-train --config apps/ltx2-train/configs/t2av.yaml --dry-run --world-size 8"): NO_PLAN,
     (
         LTX2,

@@ -4,6 +4,7 @@ audio streams together, its config keys, and sampling on the student's schedule.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from mm_pipelines import SampleRNG
 VIDEO_FHW, AUDIO_LEN, TEXT_LEN = (3, 4, 4), 7, 6  # 48 video tokens at patch 1; as tests/conftest.py's inputs
 
 DISTILL = {"shift": 3.0, "student_steps": 2}
-CONFIG = "apps/ltx2-train/configs/tiny_t2av_distill.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "tiny_t2av_distill.yaml"
 
 
 def container(tiny_predictor, audio_loss_weight: float = 1.0, critic_seed: int = 1) -> LTX2Container:
@@ -136,3 +137,12 @@ def test_a_distillation_without_its_critic_is_refused(tiny_predictor):
     pipeline = LTX2Container.build_pipeline({"audio": True, "distill": DISTILL})
     with pytest.raises(ValueError, match=r"needs the sub-models \['model', 'teacher', 'critic'\]: add \['critic'\]"):
         LTX2Container({"model": copy.deepcopy(teacher), "teacher": teacher}, trainable=("model",), pipeline=pipeline)
+
+
+def test_the_tiny_distillation_reads_the_tiny_runs_cache():
+    # so that one `preprocess` (of tiny_t2av.yaml, the tests' tiny cache) serves both READMEs' runs
+    import yaml
+
+    configs = Path(CONFIG).parent
+    distill, tiny = (yaml.safe_load((configs / name).read_text()) for name in ("tiny_t2av_distill.yaml", "tiny_t2av.yaml"))
+    assert distill["data"] == tiny["data"]

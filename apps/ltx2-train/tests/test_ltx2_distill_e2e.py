@@ -18,6 +18,9 @@ pytestmark = pytest.mark.slow
 STEPS, SAVE_EVERY = 6, 3
 PHASE_LOSSES = ("loss_critic", "loss_generator")
 GENERATOR_EVERY = "training.phases.generator.every=2"  # the student updates at steps 1, 3 and 5 (1-based)
+LTX2_README = "apps/ltx2-train/README.md"
+EXPORT = "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt_distill --out runs/ltx2_tiny/export_distill/transformer"
+SAMPLE = 'ltx2-train sample --checkpoint runs/ltx2_tiny/ckpt_distill --steps 4 --prompt "a red circle moving up" --out runs/ltx2_tiny/sample_distill.mp4'
 
 
 def records(run: Path) -> list[dict]:
@@ -64,7 +67,7 @@ def test_a_distillation_resumed_at_another_layout_trains_the_losses_of_the_unint
 
 
 def test_the_student_exports_as_a_plain_transformer_and_samples_on_its_schedule(
-    distilled, ltx2_train, tiny_cache
+    distilled, ltx2_train, tiny_cache, readme
 ):
     from diffusers import LTX2VideoTransformer3DModel
     from ltx2_train import sampling
@@ -76,8 +79,9 @@ def test_the_student_exports_as_a_plain_transformer_and_samples_on_its_schedule(
     state = torch.load(flat, weights_only=True)["model"]
     assert {k.split(".")[0] for k in state} == {"model", "critic"}  # the teacher reloads from its source
 
-    out = tiny_cache / "distill_export" / "transformer"
-    ltx2_train("export", "--checkpoint", str(distilled.save), "--out", str(out))
+    runs = {"runs/ltx2_tiny/ckpt_distill": distilled.save, "runs/ltx2_tiny": tiny_cache}
+    out = tiny_cache / "export_distill" / "transformer"
+    ltx2_train(*readme.command(LTX2_README, EXPORT, paths=runs)[1:])
     exported = LTX2VideoTransformer3DModel.from_pretrained(out).state_dict()
     teacher = LTX2VideoTransformer3DModel.from_pretrained(tiny_cache / "transformer").state_dict()
     key = "proj_out.weight"
@@ -85,9 +89,8 @@ def test_the_student_exports_as_a_plain_transformer_and_samples_on_its_schedule(
     assert not torch.equal(exported[key], teacher[key]) and not torch.equal(exported[key], state[f"critic.{key}"])
 
     # `sample --steps 4` writes the clip and its audio; it runs the student on the 4 sigmas it trained on
-    clip = tiny_cache / "distill_sample.mp4"
-    ltx2_train("sample", "--checkpoint", str(distilled.save), "--prompt", "a red circle moving up", "--out", str(clip),
-               "--steps", "4")  # fmt: skip
+    clip = tiny_cache / "sample_distill.mp4"
+    ltx2_train(*readme.command(LTX2_README, SAMPLE, paths=runs)[1:])
     assert clip.is_file() and clip.with_suffix(".wav").is_file()
     modules = sampling.load_for_sampling(load_run_config(distilled.save), distilled.save)
     timesteps: list[tuple[float, float]] = []
