@@ -24,11 +24,11 @@ import torch
 from mm_checkpoint import DistributedCheckpointer
 from mm_config import TrainConfig
 from mm_data import to_video_frames, write_clip
-from mm_pipelines import FlowMatchScheduler
+from mm_pipelines import DistributionMatchingDistillation, FlowMatchScheduler
 from mm_trainer import ModelContainer, freeze, import_plugins
 
 from ltx2_train.audio import mel_to_waveform, write_wav
-from ltx2_train.distill import distillation_pipeline
+from ltx2_train.container import LTX2Container
 from ltx2_train.pipeline import LTX2Pipeline, unpack_video, video_patch
 from ltx2_train.predictor import LTX2Predictor
 from ltx2_train.preprocess import LTX2Encoders, preprocess_options
@@ -43,10 +43,9 @@ def load_for_sampling(config: TrainConfig, checkpoint: str | Path) -> dict[str, 
     freeze(model)
     holder = ModelContainer({"model": model}, trainable=("model",))
     DistributedCheckpointer(checkpoint).load({"model": holder})
-    options = dict(config.model.pipeline or {})
-    distill = options.pop("distill", None)
-    pipeline = LTX2Pipeline.from_options(options)
-    distillation = None if distill is None else distillation_pipeline(pipeline, distill)
+    built = LTX2Container.build_pipeline(config.model.pipeline or {})  # the run's pipeline, as training built it
+    distillation = built if isinstance(built, DistributionMatchingDistillation) else None
+    pipeline: LTX2Pipeline = getattr(built, "base", built)
     options = preprocess_options(config)
     encoders = LTX2Encoders.load(options.model_root, audio=pipeline.audio, device=torch.device("cpu"),
                                  dtype=torch.float32)  # fmt: skip

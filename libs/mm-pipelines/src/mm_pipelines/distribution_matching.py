@@ -128,7 +128,6 @@ class DistributionMatchingDistillation:
             )
         n = scheduler.num_train_timesteps
         self.dm_indices = (int(low * (n - 1)), max(int(high * (n - 1)), int(low * (n - 1)) + 1))
-        self.weights = {name: float(w) for name, w in (getattr(base, "state_weights", None) or {}).items()}
 
     @classmethod
     def from_options(cls, base: Any, options: Mapping[str, Any]) -> DistributionMatchingDistillation:
@@ -291,9 +290,10 @@ class DistributionMatchingDistillation:
 
     def _weighted(self, per_stream: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The streams' per-sample losses summed with the base pipeline's ``state_weights`` (default 1)."""
+        weights = getattr(self.base, "state_weights", None) or {}
         total: torch.Tensor | None = None
         for n, loss in per_stream.items():
-            weight = self.weights.get(n, 1.0)
+            weight = float(weights.get(n, 1.0))
             term = loss if weight == 1.0 else weight * loss
             total = term if total is None else total + term
         assert total is not None
