@@ -146,3 +146,9 @@ def test_the_tiny_distillation_reads_the_tiny_runs_cache():
     configs = Path(CONFIG).parent
     distill, tiny = (yaml.safe_load((configs / name).read_text()) for name in ("tiny_t2av_distill.yaml", "tiny_t2av.yaml"))
     assert distill["data"] == tiny["data"]
+
+
+def test_distill_shift_sets_the_grid_of_the_timesteps_and_of_the_students_schedule():
+    three, five = (LTX2Container.build_pipeline({"audio": True, "distill": {"shift": s}}) for s in (3.0, 5.0))
+    assert (three.base.scheduler.shift, five.base.scheduler.shift) == (3.0, 5.0)
+    assert (five.student_sigmas(4)[1:-1] > three.student_sigmas(4)[1:-1]).all()  # a larger shift: more noise
