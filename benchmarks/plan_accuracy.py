@@ -166,8 +166,8 @@ def predict(config_path: Path) -> dict[str, Any]:
     """The planner's peak for rank 0 (a process of its own: the fake process group)."""
     import torch
     from mm_config import load_config
-    from mm_trainer.device_specs import device_spec
     from mm_trainer.planner import summarize, trace_run
+    from mm_trainer.planner.device_specs import device_spec
 
     torch.set_num_threads(1)  # as the measured ranks run (torchrun: OMP_NUM_THREADS=1)
     config = load_config(str(config_path), world_size=WORLD)

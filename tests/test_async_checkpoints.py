@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mm_trainer.exit_codes import EXIT_INCOMPLETE
+from mm_trainer.run.exit_codes import EXIT_INCOMPLETE
 
 pytestmark = pytest.mark.slow
 

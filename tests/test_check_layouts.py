@@ -6,7 +6,7 @@ compares are its own subprocesses, one interpreter or torchrun per layout."""
 from __future__ import annotations
 
 import pytest
-from mm_trainer.layout_check import Layout
+from mm_trainer.checks.layouts import Layout
 
 SECTIONS = {"training": {"global_batch_size": 8, "micro_batch_size": 2, "gradient_accumulation_steps": None}}
 

@@ -131,3 +131,19 @@ def test_relative_links_of_the_markdown_files_resolve():
             ):
                 bad.append(f"{_rel(path)}: {target} (no heading with anchor #{fragment})")
     assert not bad, "\n".join(bad)
+
+
+PACKAGES = {p.name: p for p in REPO.glob("*/*/src/*") if (p / "__init__.py").is_file()}
+SOURCE_PATH = re.compile(r"\b(" + "|".join(sorted(PACKAGES)) + r")/([\w/]+\.py)\b")
+
+
+def test_every_source_file_a_text_names_exists():
+    """`mm_trainer/loop/engine.py` in a README, a docstring or a comment names a file of that package
+    (a module moved to another room takes its mentions with it)."""
+    bad = [
+        f"{_rel(path)}: {m.group(0)}"
+        for path in FILES
+        for m in SOURCE_PATH.finditer(path.read_text(errors="replace"))
+        if not (PACKAGES[m.group(1)] / m.group(2)).is_file()
+    ]
+    assert not bad, "\n".join(bad)

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from mm_config import load_config
-from mm_trainer.plan_check import PlanCheck
+from mm_trainer.loop.plan_check import PlanCheck
 
 PLUGIN_DIR = Path(__file__).parent / "plugins"
 

@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 from mm_config import load_config
 from mm_trainer.cli import main
-from mm_trainer.device_specs import device_spec
 from mm_trainer.planner import register_host_term, render, render_search, search_layouts, summarize, trace_run
 from mm_trainer.planner.categories import HOST_TERMS
+from mm_trainer.planner.device_specs import device_spec
 from mm_trainer.planner.layouts import layout_view
 from mm_trainer.planner.report import gib
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 from mm_trainer import DATA_REGISTRY, MODEL_REGISTRY, import_plugins
-from mm_trainer.plugins import PluginImportError, load_entry_point_plugins
+from mm_trainer.registry.plugins import PluginImportError, load_entry_point_plugins
 
 
 def test_installed_apps_register_through_their_entry_points():

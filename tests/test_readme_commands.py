@@ -136,6 +136,23 @@ COMMANDS: dict[tuple[str, str], How] = {
         WAN,
         "wan22-train export --checkpoint runs/tiny_lora/ckpt --lora peft --out runs/tiny_lora/peft",
     ): covered("apps/wan22-train/tests/test_wan_lora_e2e.py"),
+    (WAN, "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v_both.yaml"): covered(
+        "apps/wan22-train/tests/test_wan_modes_readme.py"
+    ),
+    (WAN, "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v_distill.yaml"): covered(
+        "apps/wan22-train/tests/test_wan_modes_readme.py"
+    ),
+    (WAN, "wan22-train export --checkpoint runs/tiny/ckpt_distill --out runs/tiny/export/student"): covered(
+        "apps/wan22-train/tests/test_wan_modes_readme.py"
+    ),
+    (
+        WAN,
+        'wan22-train sample --checkpoint runs/tiny/ckpt_distill --steps 4 --prompt "a red circle moving up" '
+        "--out student.mp4",
+    ): covered("apps/wan22-train/tests/test_wan_modes_readme.py"),
+    (WAN, "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v_both_distill.yaml"): covered(
+        "apps/wan22-train/tests/test_wan_modes_readme.py"
+    ),
     (WAN, "wan22-train preprocess --config configs/tiny_t2v_cached.yaml"): covered(
         "apps/wan22-train/tests/test_wan_conditions_e2e.py"
     ),
@@ -195,6 +212,17 @@ COMMANDS: dict[tuple[str, str], How] = {
         LTX2,
         'ltx2-train sample --checkpoint runs/ltx2_tiny/ckpt --prompt "a red circle moving up" --out runs/ltx2_tiny/sample.mp4',
     ): covered("apps/ltx2-train/tests/test_ltx2_train_e2e.py"),
+    (
+        LTX2,
+        "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av_lora.yaml",
+    ): excused(
+        "test_ltx2_lora_e2e.py trains this config (its paths moved to the tests' model set and cache) on 2 gloo "
+        "ranks through the Trainer, 4 steps (the torchrun launch of the app: test_ltx2_train_e2e.py)"
+    ),
+    (
+        LTX2,
+        "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt_lora --lora peft --out runs/ltx2_tiny/export/lora",
+    ): covered("apps/ltx2-train/tests/test_ltx2_lora_e2e.py"),
     (LTX2, "ltx2-train preprocess --config apps/ltx2-train/configs/tiny_t2av_distill.yaml"): excused(
         "the distillation config's data section is tiny_t2av.yaml's (apps/ltx2-train/tests/test_ltx2_distill.py "
         "checks it), whose preprocess builds the tests' tiny cache (conftest tiny_cache)"

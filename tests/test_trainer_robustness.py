@@ -7,7 +7,7 @@ import signal
 import time
 
 import pytest
-from mm_trainer.exit_codes import EXIT_INCOMPLETE
+from mm_trainer.run.exit_codes import EXIT_INCOMPLETE
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from mm_trainer.exit_codes import EXIT_INCOMPLETE
+from mm_trainer.run.exit_codes import EXIT_INCOMPLETE
 
 pytestmark = [
     pytest.mark.slow,

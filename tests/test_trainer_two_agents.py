@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from mm_trainer.exit_codes import EXIT_INCOMPLETE
+from mm_trainer.run.exit_codes import EXIT_INCOMPLETE
 
 pytestmark = [
     pytest.mark.slow,

@@ -90,6 +90,7 @@ def one_token_inputs():
 REPO = Path(__file__).resolve().parents[3]
 TINY_CONFIG = REPO / "apps" / "ltx2-train" / "configs" / "tiny_t2av.yaml"
 TINY_DISTILL_CONFIG = TINY_CONFIG.with_name("tiny_t2av_distill.yaml")
+TINY_LORA_CONFIG = TINY_CONFIG.with_name("tiny_t2av_lora.yaml")
 
 
 def tiny_run_config(root: Path, config: Path = TINY_CONFIG, **training: object) -> Path:
@@ -101,6 +102,12 @@ def tiny_run_config(root: Path, config: Path = TINY_CONFIG, **training: object) 
     path = root / f"config_{len(list(root.glob('config_*.yaml')))}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+@pytest.fixture(scope="session")
+def lora_config() -> Path:
+    """``configs/tiny_t2av_lora.yaml``: a ``config`` for :func:`tiny_run_config`."""
+    return TINY_LORA_CONFIG
 
 
 @pytest.fixture(scope="session")

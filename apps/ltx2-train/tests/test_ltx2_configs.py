@@ -9,7 +9,7 @@ import pytest
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-@pytest.mark.parametrize(("name", "world"), [("tiny_t2av", 2), ("t2av", 8), ("t2v", 8)])
+@pytest.mark.parametrize(("name", "world"), [("tiny_t2av", 2), ("tiny_t2av_lora", 2), ("t2av", 8), ("t2v", 8)])
 def test_config_validates(name, world):
     from mm_config import load_config
 
@@ -21,7 +21,7 @@ def test_config_validates(name, world):
 @pytest.mark.parametrize("name", ["t2av", "t2v"])
 def test_real_shape_dry_run_builds_on_meta_without_weights(name):
     from mm_config import load_config
-    from mm_trainer.dry_run import build_meta_model, dry_run
+    from mm_trainer.planner.dry_run import build_meta_model, dry_run
 
     config = load_config(CONFIGS / f"{name}.yaml", world_size=8)
     assert not Path(config.model.from_pretrained).exists()
@@ -59,7 +59,7 @@ def test_the_learning_recipe_validates_on_the_tiny_config_and_is_the_readmes_com
 
 def test_the_real_shape_distillation_dry_runs_its_three_transformers_on_meta():
     from mm_config import load_config
-    from mm_trainer.dry_run import dry_run
+    from mm_trainer.planner.dry_run import dry_run
 
     config = load_config(CONFIGS / "t2av_distill.yaml", world_size=16)
     assert config.model.container_id == "ltx2_container" and config.model.pipeline["distill"]["shift"] == 16.0

@@ -1,5 +1,6 @@
-"""LoRA on tiny LTX-2, 2 gloo ranks (FSDP2 + Ulysses 2): the PEFT file loaded by ``LTX2Pipeline`` and the
-merged folder loaded by ``LTX2VideoTransformer3DModel`` compute the trained model's outputs."""
+"""LoRA on tiny LTX-2 (``configs/tiny_t2av_lora.yaml``), 2 gloo ranks (FSDP2 + Ulysses 2): the PEFT file of
+the README's ``export --lora peft`` loaded by ``LTX2Pipeline`` and the merged folder loaded by
+``LTX2VideoTransformer3DModel`` compute the trained model's outputs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 
 import pytest
 import torch
+import yaml
 
 pytestmark = pytest.mark.slow
 
@@ -19,6 +21,12 @@ LORA = {
     "rank": 4,
     "alpha": 8,  # scale 2: an export that loses alpha computes something else
 }
+README = "apps/ltx2-train/README.md"
+EXPORT_PEFT = "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt_lora --lora peft --out runs/ltx2_tiny/export/lora"
+
+
+def test_the_tiny_lora_config_adapts_what_this_file_checks(lora_config):
+    assert yaml.safe_load(lora_config.read_text())["model"]["lora"] == LORA
 
 
 def _train(rank: int, world: int, config: str, overrides: list[str], inputs: dict) -> dict:
@@ -34,7 +42,7 @@ def _train(rank: int, world: int, config: str, overrides: list[str], inputs: dic
 
 
 def test_lora_peft_and_merged_exports_compute_the_trained_outputs(
-    tiny_cache, run_config, one_token_inputs, tmp_path, distributed
+    tiny_cache, run_config, lora_config, one_token_inputs, tmp_path, distributed, readme
 ):
     from diffusers import (
         AutoencoderKLLTX2Audio,
@@ -44,20 +52,22 @@ def test_lora_peft_and_merged_exports_compute_the_trained_outputs(
         LTX2VideoTransformer3DModel,
     )
     from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
+    from ltx2_train.cli import main as ltx2_main
     from ltx2_train.export import export_transformer_lora
     from mm_trainer import load_run_config
     from transformers import AutoTokenizer, Gemma3TextModel
 
     save = tmp_path / "ckpt"
-    config = run_config(tiny_cache, train_iters=4, save_interval=4, deterministic=True, save=str(save))
-    overrides = [f"model.lora={json.dumps(LORA)}"]
-    ours = distributed(_train, 2, str(config), overrides, one_token_inputs(), timeout=600)[0]
+    config = run_config(tiny_cache, lora_config, train_iters=4, save_interval=4, deterministic=True, save=str(save))
+    ours = distributed(_train, 2, str(config), [], one_token_inputs(), timeout=600)[0]
     losses = [json.loads(line)["loss"] for line in (save / "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
     run = load_run_config(save)
 
     # PEFT: LTX2Pipeline.load_lora_weights on a pipeline of the tiny components.
-    peft_dir = export_transformer_lora(run, save, tmp_path / "peft", fmt="peft").parent
+    paths = {"runs/ltx2_tiny/ckpt_lora": save, "runs/ltx2_tiny/export/lora": tmp_path / "peft"}
+    assert ltx2_main(readme.command(README, EXPORT_PEFT, paths=paths)[1:]) == 0
+    peft_dir = tmp_path / "peft"
     base = LTX2VideoTransformer3DModel.from_pretrained(tiny_cache / "transformer").eval()
     pipe = LTX2Pipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(),

@@ -12,7 +12,7 @@ def test_precomputed_dataset_yields_the_tensors_of_a_direct_encode(tiny_cache, r
     from ltx2_train.preprocess import LTX2Encoders, encode_sample, preprocess_options, source_dataset
     from mm_config import load_config
     from mm_data import sha256_file
-    from mm_trainer.registry import DATA_REGISTRY
+    from mm_trainer.registry.registries import DATA_REGISTRY
 
     config = load_config(run_config(tiny_cache), ["parallel.ulysses_parallel_size=1"], world_size=1)
     options = preprocess_options(config)

@@ -205,7 +205,7 @@ def test_a_sample_for_each_training_caption_moves_as_captioned_and_matches_its_c
     from ltx2_train.sampling import sample_clip
     from mm_data import moves_as_captioned, psnr, to_video_frames
     from mm_trainer import reconstruct
-    from mm_trainer.registry import DATA_REGISTRY
+    from mm_trainer.registry.registries import DATA_REGISTRY
 
     cached = DATA_REGISTRY.get("ltx2_precomputed")(data_path=tiny_cache / "latents")
     clips = load_clips(tiny_cache / "data" / "metadata.json")

@@ -20,7 +20,7 @@ def test_config_validates(name, world):
 
 def test_7b_dry_run_prints_bytes_per_rank_at_world_8():
     from mm_config import load_config
-    from mm_trainer.dry_run import dry_run
+    from mm_trainer.planner.dry_run import dry_run
 
     table = dry_run(load_config(CONFIGS / "qwen2_5_vl_7b_sft.yaml", world_size=8), world_size=8)
     assert "model.model.visual.blocks.31" in table and "model.model.language_model.layers.27" in table

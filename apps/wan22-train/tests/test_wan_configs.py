@@ -8,7 +8,7 @@ import pytest
 from mm_config import ConfigError, load_config
 from mm_parallel import explain_fsdp_plan
 from mm_trainer import fsdp_plan_from_config
-from mm_trainer.dry_run import build_meta_model, dry_run
+from mm_trainer.planner.dry_run import build_meta_model, dry_run
 from wan22_train.configs import config_path
 
 SHIPPED = [

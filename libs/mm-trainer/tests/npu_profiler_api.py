@@ -1,4 +1,4 @@
-"""The real ``torch_npu`` profiler and memory-snapshot functions ``mm_trainer.profiling`` calls, pinned as data.
+"""The real ``torch_npu`` profiler and memory-snapshot functions ``mm_trainer.tools.profiling`` calls, pinned as data.
 
 Read from github.com/Ascend/pytorch, master at 9e73e708ab9350d203475609f36f8a43f6a0c2ab (2026-12-02):
 ``torch_npu/profiler/profiler.py`` (``profile.__init__``, ``_KinetoProfile.export_chrome_trace``,

@@ -19,7 +19,7 @@ from mm_config import (
 from mm_data import PrecomputedLatentDataset, VideoTextDataset, check_frame_rule
 from mm_data.precomputed import REQUIRED_KEYS
 from mm_trainer import build_batch_stream, data_register
-from mm_trainer.batches import precomputed_latents_dataset
+from mm_trainer.data.batches import precomputed_latents_dataset
 from torch.utils.data import Dataset
 
 NOT_FROM_YAML = {"tokenizer"}  # a callable: the pipeline tokenizes, YAML cannot name one
@@ -107,7 +107,7 @@ def test_without_persistent_workers_every_epoch_has_a_new_worker():
 
 @pytest.mark.parametrize("deadline", [0.5, None])
 def test_data_dataset_decode_timeout_s_reaches_the_video_text_dataset(tmp_path, deadline):
-    from mm_trainer.batches import build_dataset
+    from mm_trainer.data.batches import build_dataset
 
     meta = tmp_path / "metadata.json"
     meta.write_text('[{"path": "clip.mp4", "caption": "a clip"}]')

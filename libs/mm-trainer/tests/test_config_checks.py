@@ -65,7 +65,7 @@ def lm(folder, **config) -> dict:
 
 def test_mm_trainer_installs_its_model_checks_for_mm_config_check():
     (check,) = [ep for ep in entry_points(group="mm_config.checks") if ep.name == "model"]
-    assert check.value == "mm_trainer.config_checks:model_checks"
+    assert check.value == "mm_trainer.checks.model_checks:model_checks"
 
 
 def test_a_misspelt_hf_config_key_is_an_error_naming_the_config_field(write_config, tiny_lm):
@@ -128,7 +128,7 @@ def test_every_installed_plugins_registrations_are_declared_by_its_schema_module
     packages register (other tests register probes of their own: left out by module)."""
     from mm_data import MM_PLUGINS
     from mm_trainer import DATA_REGISTRY, MODEL_REGISTRY, ModelContainer
-    from mm_trainer.plugins import load_entry_point_plugins
+    from mm_trainer.registry.plugins import load_entry_point_plugins
 
     load_schema_entry_points()
     load_entry_point_plugins()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from mm_config import TrainingConfig
-from mm_trainer.metrics import MetricsLogger, format_log_line
-from mm_trainer.run_summary import end_lines, start_lines
+from mm_trainer.loop.metrics import MetricsLogger, format_log_line
+from mm_trainer.run.summary import end_lines, start_lines
 
 RECORD = {"loss": 0.123456, "lr": 1e-4, "grad_norm": 0.5, "step_time_s": 0.25, "samples_per_s": 16.0}
 

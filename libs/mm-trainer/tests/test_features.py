@@ -240,7 +240,7 @@ def test_offload_names_the_device_in_use_to_save_on_cpu(save_on_cpu_spy):
 def test_offload_pins_host_copies_on_an_accelerator_and_names_its_type():
     # CUDA fake tensors in the CPU build (autograd itself cannot run on them here): the options follow the
     # activations' device, whatever accelerator the host has
-    from mm_trainer.features import offload_options
+    from mm_trainer.model.features import offload_options
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():

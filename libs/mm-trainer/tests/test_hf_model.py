@@ -74,7 +74,7 @@ def test_packed_rows_keep_samples_apart(tiny_lm):
 
 
 def test_hf_config_overrides_merge_into_config_json(tiny_lm):
-    from mm_trainer.hf_model import load_hf_config
+    from mm_trainer.model.hf_model import load_hf_config
 
     args = section(tiny_lm, config={"hf_config": {"rms_norm_eps": 1e-3}, "attn_implementation": "eager"})
     config = load_hf_config(args, transformers.Qwen2Config)

@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from mm_trainer.optim import lr_lambda
+from mm_trainer.model.optim import lr_lambda
 
 
 def test_warmup_is_linear_to_the_base_lr():

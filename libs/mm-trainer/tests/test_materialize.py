@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from mm_trainer.build import materialize as _materialize
+from mm_trainer.model.build import materialize as _materialize
 from torch import nn
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from mm_trainer.conversation_data import load_processor_parts
+from mm_trainer.data.conversation import load_processor_parts
 
 
 def test_the_conversation_processor_without_transformers_names_the_extra(tmp_path: Path, monkeypatch):

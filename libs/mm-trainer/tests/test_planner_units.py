@@ -3,10 +3,10 @@
 import pytest
 import torch
 from mm_parallel import BlockShape, block_step_bytes, kernel_workspace_bytes
-from mm_trainer.device_specs import DEVICES, device_spec
-from mm_trainer.metrics import PEAK_FLOPS
+from mm_trainer.loop.metrics import PEAK_FLOPS
 from mm_trainer.planner.categories import DEVICE_CATEGORIES, HOST_CATEGORIES, HOST_TAGS, Tag
 from mm_trainer.planner.cost_model import CostModel
+from mm_trainer.planner.device_specs import DEVICES, device_spec
 from mm_trainer.planner.layouts import ParamShard, layout_view
 from torch._subclasses.fake_tensor import FakeTensorMode
 

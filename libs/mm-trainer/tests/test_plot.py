@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mm_trainer import MetricsLogger
 from mm_trainer.cli import main
-from mm_trainer.plot import read_metrics, smooth
+from mm_trainer.tools.plot import read_metrics, smooth
 from PIL import Image
 
 WIDTH, ROW_HEIGHT, TITLE_HEIGHT = 900, 240, 60  # figsize (9, 2.4 x rows + 0.6) at 100 dpi

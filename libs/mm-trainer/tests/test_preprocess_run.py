@@ -106,7 +106,7 @@ def test_a_frozen_encoder_loads_once_in_its_dtype(tmp_path):
 
 
 def test_a_frozen_encoder_that_loads_nothing_is_refused(monkeypatch):
-    import mm_trainer.frozen_encoders as frozen
+    import mm_trainer.data.frozen_encoders as frozen
 
     monkeypatch.setattr(
         frozen.ModelHub, "build", lambda args, meta_init: torch.nn.Linear(2, 2, device="meta")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from mm_trainer.profiling import MemoryProfiler, StepProfiler
+from mm_trainer.tools.profiling import MemoryProfiler, StepProfiler
 from torch import nn
 
 ACTIVATION = (256, 4096)  # float32: a 4 MiB activation in every step

@@ -7,8 +7,8 @@ import copy
 
 import pytest
 import torch
-from mm_trainer.optim import build_lr_scheduler
-from mm_trainer.resume_settings import (
+from mm_trainer.model.optim import build_lr_scheduler
+from mm_trainer.run.resume_settings import (
     ResumeSettingsError,
     adapter_layers,
     check_resume,

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 from mm_checkpoint import DistributedCheckpointer
-from mm_trainer.metrics import MetricsLogger
-from mm_trainer.run_dir import RunDirectoryError, open_run_directory, plan_start
-from mm_trainer.run_lock import LOCK_FILENAME
+from mm_trainer.loop.metrics import MetricsLogger
+from mm_trainer.run.directory import RunDirectoryError, open_run_directory, plan_start
+from mm_trainer.run.lock import LOCK_FILENAME
 from torch import nn
 
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from mm_trainer.run_lock import LOCK_FILENAME, LockHolder, RunLock, RunLockedError
+from mm_trainer.run.lock import LOCK_FILENAME, LockHolder, RunLock, RunLockedError
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def _holder_of(pid: int) -> LockHolder:
 
 
 def _start_of(pid: int) -> str | None:
-    from mm_trainer.run_lock import _process_start
+    from mm_trainer.run.lock import _process_start
 
     return _process_start(pid)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from mm_checkpoint import load_checkpoint_with_conversion
 from mm_config import ModelConfig
-from mm_trainer.weight_staging import stage_model_weights
+from mm_trainer.model.weight_staging import stage_model_weights
 from safetensors.torch import save_file
 from torch import nn
 

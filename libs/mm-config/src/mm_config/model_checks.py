@@ -22,7 +22,7 @@ from .errors import Problem
 from .loader import prune_problems
 
 CHECKS_ENTRY_POINT_GROUP = "mm_config.checks"
-"""Entry-point group of the model checks (``model = "mm_trainer.config_checks:model_checks"``)."""
+"""Entry-point group of the model checks (``model = "mm_trainer.checks.model_checks:model_checks"``)."""
 
 ModelCheck = Callable[[dict[str, Any]], tuple[list[Problem], list[Problem]]]
 

@@ -1,8 +1,72 @@
-"""The model-agnostic FSDP2 trainer: registries, model hubs and containers, features, TrainEngine, resume, metrics."""
+"""The model-agnostic FSDP2 trainer: registries, model hubs and containers, features, TrainEngine, resume, metrics.
+
+Its modules live in rooms by concern (``registry``, ``model``, ``checks``, ``data``, ``run``, ``planner``,
+``loop``, ``modes``, ``tools``; the README's "Layout"); every public name is re-exported here."""
 
 __version__ = "0.1.0"
 
-from mm_trainer.autoencoder_fit import (  # noqa: E402
+from mm_trainer.checks.preflight import preflight  # noqa: E402
+from mm_trainer.data.batches import BatchStream, build_batch_stream, build_dataset  # noqa: E402
+from mm_trainer.data.conditions import ConditionStream  # noqa: E402
+from mm_trainer.data.conversation import conversation_dataset  # noqa: E402
+from mm_trainer.data.frozen_encoders import (  # noqa: E402
+    FSDP_AUTO_BYTES,
+    enable_vae_tiling,
+    load_frozen,
+    shard_frozen,
+    use_text_encoder_fsdp,
+    weights_bytes,
+)
+from mm_trainer.data.preprocess import preprocess_ranks, weights_identity, write_latent_cache  # noqa: E402
+from mm_trainer.loop.engine import TrainEngine  # noqa: E402
+from mm_trainer.loop.metrics import PEAK_FLOPS, MetricsLogger  # noqa: E402
+from mm_trainer.loop.nonfinite import NonFiniteGuard, NonFiniteLossError, state_is_finite  # noqa: E402
+from mm_trainer.loop.validation import Validator  # noqa: E402
+from mm_trainer.model.base_model import BaseModel, init_module_weights, load_module_weights  # noqa: E402
+from mm_trainer.model.container import ModelContainer, ModelContainerHub, freeze  # noqa: E402
+from mm_trainer.model.ema import ParameterEMA  # noqa: E402
+from mm_trainer.model.features import FeaturesReport, apply_features, feature_plans, plan_features  # noqa: E402
+from mm_trainer.model.fsdp_plan import fsdp_plan_from_config  # noqa: E402
+from mm_trainer.model.hf_export import export_hf_model  # noqa: E402
+from mm_trainer.model.hf_model import HFModel, TransformersKeyRenaming, hf_model_class  # noqa: E402
+from mm_trainer.model.hub import ModelHub  # noqa: E402
+from mm_trainer.model.lora import LoraAdapters, LoraTargets, inject_lora  # noqa: E402
+from mm_trainer.model.recompute_policy import SAVED_OPS, selective_recompute_contexts  # noqa: E402
+from mm_trainer.model.regional_compile import check_compile  # noqa: E402
+from mm_trainer.model.registered_names import registered_names  # noqa: E402
+from mm_trainer.modes.phases import Phase, PhaseSchedulers, build_phases  # noqa: E402
+from mm_trainer.registry.plugins import import_plugins  # noqa: E402
+from mm_trainer.registry.registries import (  # noqa: E402
+    DATA_REGISTRY,
+    MODEL_REGISTRY,
+    Registry,
+    RegistryError,
+    data_register,
+    model_register,
+)
+from mm_trainer.run.directory import (  # noqa: E402
+    RunDirectory,
+    RunDirectoryError,
+    RunStart,
+    holds_a_run,
+    open_run_directory,
+)
+from mm_trainer.run.lock import RunLock, RunLockedError  # noqa: E402
+from mm_trainer.run.resume_settings import (  # noqa: E402
+    ResumeSettingsError,
+    check_resume,
+    compare_settings,
+    keep_configured_hyperparameters,
+    refuse_dropped_tensors,
+)
+from mm_trainer.run.saved_config import (  # noqa: E402
+    load_offline_config,
+    load_run_config,
+    preprocess_section,
+    weight_sources,
+)
+from mm_trainer.run.stop_signals import StopSignals  # noqa: E402
+from mm_trainer.tools.autoencoder_fit import (  # noqa: E402
     FIT_REPORT,
     AutoencoderFit,
     fit_autoencoder,
@@ -14,68 +78,7 @@ from mm_trainer.autoencoder_fit import (  # noqa: E402
     reconstruct,
     save_fitted,
 )
-from mm_trainer.base_model import BaseModel, init_module_weights, load_module_weights  # noqa: E402
-from mm_trainer.batches import BatchStream, build_batch_stream, build_dataset  # noqa: E402
-from mm_trainer.conditions import ConditionStream  # noqa: E402
-from mm_trainer.container import ModelContainer, ModelContainerHub, freeze  # noqa: E402
-from mm_trainer.conversation_data import conversation_dataset  # noqa: E402
-from mm_trainer.ema import ParameterEMA  # noqa: E402
-from mm_trainer.engine import TrainEngine  # noqa: E402
-from mm_trainer.features import FeaturesReport, apply_features, feature_plans, plan_features  # noqa: E402
-from mm_trainer.frozen_encoders import (  # noqa: E402
-    FSDP_AUTO_BYTES,
-    enable_vae_tiling,
-    load_frozen,
-    shard_frozen,
-    use_text_encoder_fsdp,
-    weights_bytes,
-)
-from mm_trainer.fsdp_plan_config import fsdp_plan_from_config  # noqa: E402
-from mm_trainer.hf_export import export_hf_model  # noqa: E402
-from mm_trainer.hf_model import HFModel, TransformersKeyRenaming, hf_model_class  # noqa: E402
-from mm_trainer.lora import LoraAdapters, LoraTargets, inject_lora  # noqa: E402
-from mm_trainer.metrics import PEAK_FLOPS, MetricsLogger  # noqa: E402
-from mm_trainer.model_hub import ModelHub  # noqa: E402
-from mm_trainer.nonfinite import NonFiniteGuard, NonFiniteLossError, state_is_finite  # noqa: E402
-from mm_trainer.phases import Phase, PhaseSchedulers, build_phases  # noqa: E402
-from mm_trainer.plugins import import_plugins  # noqa: E402
-from mm_trainer.preflight import preflight  # noqa: E402
-from mm_trainer.preprocess_run import preprocess_ranks, weights_identity, write_latent_cache  # noqa: E402
-from mm_trainer.recompute_policy import SAVED_OPS, selective_recompute_contexts  # noqa: E402
-from mm_trainer.regional_compile import check_compile  # noqa: E402
-from mm_trainer.registered_names import registered_names  # noqa: E402
-from mm_trainer.registry import (  # noqa: E402
-    DATA_REGISTRY,
-    MODEL_REGISTRY,
-    Registry,
-    RegistryError,
-    data_register,
-    model_register,
-)
-from mm_trainer.resume_settings import (  # noqa: E402
-    ResumeSettingsError,
-    check_resume,
-    compare_settings,
-    keep_configured_hyperparameters,
-    refuse_dropped_tensors,
-)
-from mm_trainer.run_config import (  # noqa: E402
-    load_offline_config,
-    load_run_config,
-    preprocess_section,
-    weight_sources,
-)
-from mm_trainer.run_dir import (  # noqa: E402
-    RunDirectory,
-    RunDirectoryError,
-    RunStart,
-    holds_a_run,
-    open_run_directory,
-)
-from mm_trainer.run_lock import RunLock, RunLockedError  # noqa: E402
-from mm_trainer.stop_signals import StopSignals  # noqa: E402
 from mm_trainer.trainer import Trainer  # noqa: E402
-from mm_trainer.validation import Validator  # noqa: E402
 
 __all__ = [
     "SAVED_OPS",

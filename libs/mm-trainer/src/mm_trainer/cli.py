@@ -23,8 +23,8 @@ from typing import NoReturn
 from mm_config import install_warning_filters, load_config
 
 from mm_trainer import __version__
-from mm_trainer.device_specs import DEFAULT_DEVICE, DEVICES
-from mm_trainer.exit_codes import EXIT_FAILED, EXIT_FINISHED, EXIT_INCOMPLETE
+from mm_trainer.planner.device_specs import DEFAULT_DEVICE, DEVICES
+from mm_trainer.run.exit_codes import EXIT_FAILED, EXIT_FINISHED, EXIT_INCOMPLETE
 
 EMA_HELP = (
     "write the EMA of the trained weights (a run with training.ema) instead of their last values; with "
@@ -135,11 +135,11 @@ def main(
 
         return plan_main(argv[1:], prog=f"{prog} plan")
     if argv[:1] == ["check-layouts"]:
-        from mm_trainer.layout_check import main as check_layouts_main
+        from mm_trainer.checks.layouts import main as check_layouts_main
 
         return check_layouts_main(argv[1:])
     if argv[:1] == ["plot"]:
-        from mm_trainer.plot import main as plot_main
+        from mm_trainer.tools.plot import main as plot_main
 
         return plot_main(argv[1:], prog=f"{prog} plot")
     parser = build_parser(prog, version=version, commands=commands)
@@ -157,7 +157,7 @@ def main(
         print(err, file=sys.stderr)
         return 2
     if args.dry_run:
-        from mm_trainer.dry_run import dry_run
+        from mm_trainer.planner.dry_run import dry_run
 
         try:
             device = None if args.no_plan else args.device
@@ -166,7 +166,7 @@ def main(
             print(f"{prog}: {err}", file=sys.stderr)
             return 2
         return 0
-    from mm_trainer.run_summary import end_lines, start_lines
+    from mm_trainer.run.summary import end_lines, start_lines
     from mm_trainer.trainer import Trainer
 
     trainer = Trainer(config)
@@ -200,7 +200,7 @@ def run(entry: Callable[[], int] = main) -> NoReturn:
     interpreter. Apps pass their own ``main``.
 
     Under torchrun the process asks for SIGTERM when its launcher dies (a stop, as any SIGTERM:
-    :mod:`mm_trainer.stop_signals`). An exception ends this rank at once, with code 1 (130 for
+    :mod:`mm_trainer.run.stop_signals`). An exception ends this rank at once, with code 1 (130 for
     Ctrl-C outside the training loop), after printing it with its rank: no ``close()``, no
     collective, no waiting for the other ranks. torchrun then stops them; under another launcher
     they fail in their next collective, at the latest after ``training.collective_timeout_s``.

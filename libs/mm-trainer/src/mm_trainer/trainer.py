@@ -33,9 +33,16 @@ from mm_parallel import (
 )
 from torch import nn
 
-from mm_trainer.base_model import init_module_weights, load_module_weights
-from mm_trainer.batches import BatchStream, build_batch_stream
-from mm_trainer.build import (
+from mm_trainer.checks.preflight import preflight
+from mm_trainer.data.batches import BatchStream, build_batch_stream
+from mm_trainer.data.conditions import ConditionStream
+from mm_trainer.loop.engine import TrainEngine
+from mm_trainer.loop.metrics import MetricsLogger, peak_memory_bytes
+from mm_trainer.loop.plan_check import PlanCheck
+from mm_trainer.loop.seeding import seed_everything
+from mm_trainer.loop.validation import Validator
+from mm_trainer.model.base_model import init_module_weights, load_module_weights
+from mm_trainer.model.build import (
     build_ema,
     build_optimization,
     build_sharded_model,
@@ -43,21 +50,18 @@ from mm_trainer.build import (
     materialize,
     parallel_state_for,
 )
-from mm_trainer.checkpoint_saves import CheckpointSaves
-from mm_trainer.conditions import ConditionStream
-from mm_trainer.engine import TrainEngine
-from mm_trainer.metrics import MetricsLogger, peak_memory_bytes
-from mm_trainer.phases import PhaseSchedulers, build_phases, keep_configured_phase_hyperparameters
-from mm_trainer.plan_check import PlanCheck
-from mm_trainer.plugins import import_plugins
-from mm_trainer.preflight import preflight
-from mm_trainer.profiling import MemoryProfiler, StepProfiler
-from mm_trainer.regional_compile import check_compile
-from mm_trainer.resume_settings import check_resume, keep_configured_hyperparameters, refuse_dropped_tensors
-from mm_trainer.rng import seed_everything
-from mm_trainer.run_dir import open_run_directory
-from mm_trainer.validation import Validator
-from mm_trainer.weight_staging import stage_model_weights
+from mm_trainer.model.regional_compile import check_compile
+from mm_trainer.model.weight_staging import stage_model_weights
+from mm_trainer.modes.phases import PhaseSchedulers, build_phases, keep_configured_phase_hyperparameters
+from mm_trainer.registry.plugins import import_plugins
+from mm_trainer.run.checkpoint_saves import CheckpointSaves
+from mm_trainer.run.directory import open_run_directory
+from mm_trainer.run.resume_settings import (
+    check_resume,
+    keep_configured_hyperparameters,
+    refuse_dropped_tensors,
+)
+from mm_trainer.tools.profiling import MemoryProfiler, StepProfiler
 
 logger = logging.getLogger("mm_trainer")
 
@@ -139,7 +143,7 @@ class Trainer:
         model_cfg = (
             stage_model_weights(cfg.model, cfg.training.stage_dir) if cfg.training.stage_dir else cfg.model
         )
-        # container -> LoRA -> CP hooks -> features -> FSDP plan: mm_trainer.build (the planner's path too)
+        # container -> LoRA -> CP hooks -> features -> FSDP plan: mm_trainer.model.build (the planner's path too)
         sharded = build_sharded_model(cfg, self.parallel_state, self.device, model_section=model_cfg)
         model, self.lora, self.fsdp_report = sharded.model, sharded.lora, sharded.fsdp
         resuming = self.run_dir.resume_from is not None
@@ -219,7 +223,7 @@ class Trainer:
     def _resume(self) -> int:
         """Restore model, optimizer, scheduler and data position in place; return the iteration. The
         optimizer's hyperparameters and the schedule's base lr stay the config's
-        (:mod:`mm_trainer.resume_settings`).
+        (:mod:`mm_trainer.run.resume_settings`).
 
         ``training.reset_data_position`` leaves the data out: it starts over at epoch 0."""
         root = str(self.run_dir.resume_from)

@@ -22,7 +22,7 @@ import torch
 from mm_parallel import BlockShape, kernel_workspace_bytes
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
-from mm_trainer.device_specs import DeviceSpec
+from mm_trainer.planner.device_specs import DeviceSpec
 
 aten = torch.ops.aten
 FORWARD = aten._scaled_dot_product_flash_attention_for_cpu.default

@@ -18,7 +18,7 @@ from typing import Any
 
 from mm_config import ConfigError, load_config
 
-from mm_trainer.device_specs import DEFAULT_DEVICE, DEVICES, DeviceSpec, device_spec
+from mm_trainer.planner.device_specs import DEFAULT_DEVICE, DEVICES, DeviceSpec, device_spec
 from mm_trainer.planner.fake_world import PlanningError
 from mm_trainer.planner.layouts import CONFIGURED
 from mm_trainer.planner.report import DEFAULT_MARGIN, render, summarize

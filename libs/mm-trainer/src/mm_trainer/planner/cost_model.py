@@ -3,7 +3,7 @@
 Compute: each op takes ``max(FLOPs / peak, bytes / HBM bandwidth)`` on the target device (the
 roofline torch's ``RuntimeEstimator`` uses; torch's own FLOP formulas, ``torch.utils.flop_counter``;
 bytes = what the op reads and writes, broadcast dimensions counted once; views move nothing).
-Peaks are the table's dense ones (:mod:`mm_trainer.device_specs`): a real kernel reaches some
+Peaks are the table's dense ones (:mod:`mm_trainer.planner.device_specs`): a real kernel reaches some
 fraction of them, so the estimate is a lower bound on step time and an upper bound on MFU.
 
 Communication: a collective moves ``size x (n-1)/n`` bytes per rank (all-gather, reduce-scatter,
@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.distributed._tools.fake_collectives import CollectiveOp, collective_ops
 from torch.utils.flop_counter import flop_registry
 
-from mm_trainer.device_specs import DeviceSpec
+from mm_trainer.planner.device_specs import DeviceSpec
 
 c10d = torch.ops.c10d
 _FACTOR = {  # bytes on the wire per rank, as a multiple of size x (n-1)/n (ring algorithms)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from mm_trainer.device_specs import DeviceSpec
 from mm_trainer.planner.categories import (
     DEVICE_CATEGORIES,
     HOST_CATEGORIES,
@@ -28,6 +27,7 @@ from mm_trainer.planner.categories import (
     Tag,
 )
 from mm_trainer.planner.cost_model import BACKWARD_GATHER, StepCost
+from mm_trainer.planner.device_specs import DeviceSpec
 from mm_trainer.planner.layouts import CONFIGURED
 from mm_trainer.planner.trace import TracedRun
 from mm_trainer.planner.tracker import View

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from mm_config import ConfigError, TrainConfig, load_config, parse_override
 
-from mm_trainer.device_specs import DeviceSpec
+from mm_trainer.planner.device_specs import DeviceSpec
 from mm_trainer.planner.layouts import layout_view
 from mm_trainer.planner.report import DEFAULT_MARGIN, PlanSummary, gib, summarize
 from mm_trainer.planner.trace import trace_run

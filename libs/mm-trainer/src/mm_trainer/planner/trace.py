@@ -2,7 +2,7 @@
 
 :func:`trace_run` does, in a fake world of the config's size (:mod:`.fake_world`), what
 ``Trainer.__init__`` and ``TrainEngine.train_step`` do, through the same functions
-(:mod:`mm_trainer.build`; docs/DESIGN.md "Build order"):
+(:mod:`mm_trainer.model.build`; docs/DESIGN.md "Build order"):
 
 1. plugins, ``ParallelState`` (meshes over the fake group), the container on meta with LoRA,
    context-parallel hooks, features and the FSDP plan; materialization (``to_empty``) into fake
@@ -40,19 +40,19 @@ from mm_pipelines import SampleRNG
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_map_only
 
-from mm_trainer.build import (
+from mm_trainer.model.build import (
     build_ema,
     build_optimization,
     build_sharded_model,
     materialize,
     parallel_state_for,
 )
-from mm_trainer.device_specs import DeviceSpec
 from mm_trainer.planner.cost_model import CostModel, StepCost
+from mm_trainer.planner.device_specs import DeviceSpec
 from mm_trainer.planner.fake_world import fake_world
 from mm_trainer.planner.layouts import CONFIGURED, ParamShard, layout_view, param_shards
 from mm_trainer.planner.tracker import ModuleStats, PlanTracker, View, ViewPeak
-from mm_trainer.plugins import import_plugins
+from mm_trainer.registry.plugins import import_plugins
 
 Progress = Callable[[str], None]
 CPU = torch.device("cpu")

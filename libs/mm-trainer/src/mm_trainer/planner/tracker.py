@@ -38,10 +38,10 @@ from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
-from mm_trainer.device_specs import DeviceSpec
 from mm_trainer.planner.attention_standin import attention_call
 from mm_trainer.planner.categories import HOST_TAGS, Tag
 from mm_trainer.planner.cost_model import BACKWARD_GATHER, CostModel, StepCost, is_collective
+from mm_trainer.planner.device_specs import DeviceSpec
 
 aten = torch.ops.aten
 c10d = torch.ops.c10d

@@ -1,0 +1,8 @@
+"""Checks before work: of the config, of the model's plan patterns, of a run at several layouts.
+
+- ``preflight``: ``mm-config check`` as the trainer runs it first.
+- ``model_checks``: the ``mm_config.checks`` entry point (``hf_config`` and ``plan_patterns`` below).
+- ``hf_config``: transformers sub-models' ``config`` keys against the upstream classes.
+- ``plan_patterns``: every plan pattern against the model built on meta.
+- ``layouts``: ``mm-train check-layouts``, the same losses at several layouts.
+"""

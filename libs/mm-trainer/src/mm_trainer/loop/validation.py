@@ -1,0 +1,170 @@
+"""Validation during training (``training.validation``): sampled clips and a held-out loss.
+
+The trainer knows no model: it calls two hooks of the model container.
+
+- ``sample(prompt, *, seed, num_frames, height, width, steps, guidance_scale, negative_prompt,
+  shift) -> video [3, F, H, W] in [-1, 1]`` (optional ``check_sampling()`` raises before training
+  when sampling could not run), for the clips;
+- optionally ``sample_reference(prompt, *, seed, num_frames, height, width) -> video`` where
+  ``has_sample_reference`` is true: the clip each sampled one is compared against (a distillation's
+  teacher, many steps); its PSNR to the sampled clip, averaged over prompts, is ``val_psnr_to_reference``
+  (references are drawn once per run: the teacher is frozen);
+- ``validation_loss(batch, rng, num_timesteps) -> [B]`` (:meth:`mm_trainer.ModelContainer.validation_loss`,
+  which asks the pipeline), for ``val_loss``.
+
+Every rank takes part in both: sharded (FSDP) sub-models gather their weights in each forward, so
+every rank runs the same forwards. Each rank samples every prompt (rank 0 writes the clips); the
+held-out samples are dealt round-robin over the data-parallel ranks (sample ``i`` to dp rank
+``i mod dp_size``, one sample per forward, the last round padded with repeats whose loss is
+dropped), then gathered and averaged in sample order. Noise is keyed by prompt seed or held-out
+sample index (``SampleRNG``), never by rank or step, so a config writes the same clips and loss at
+any layout, and ``val_loss`` at two steps differs only by what the model learnt.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from mm_data import collate_video_text, write_video
+from mm_pipelines import SampleRNG, key_seed
+from torch import nn
+
+from mm_trainer.data.batches import build_dataset
+from mm_trainer.loop.metrics import MetricsLogger
+
+
+class Validator:
+    """Runs ``training.validation`` after every ``interval`` optimizer steps.
+
+    Args:
+        model: the model container (``sample`` / ``validation_loss`` hooks, see the module docstring).
+        validation: the ``training.validation`` section (``mm_config.ValidationConfig``).
+        data: the ``data`` section: the held-out file is read by its dataset, with its options.
+        seed: ``training.seed`` (keys the held-out noise).
+        out_dir: the run's log folder; clips go to ``out_dir/validation/iter_<step>/<prompt index>.mp4``.
+        device: the training device.
+        dp_rank, dp_size, dp_group: this rank's data-parallel place (ranks of one CP group get the
+            same held-out samples).
+        write: whether this rank writes the clips (rank 0).
+
+    Raises:
+        ValueError: the model has no hook for what the section asks (checked here, before training).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        validation: Any,
+        *,
+        data: Any,
+        seed: int,
+        out_dir: str | Path,
+        device: torch.device,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        dp_group: Any = None,
+        write: bool = True,
+    ) -> None:
+        self.model, self.config, self.device = model, validation, device
+        self.out_dir, self.write = Path(out_dir) / "validation", write
+        self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
+        self.noise_seed = key_seed(seed, "validation")
+        _check_hooks(model, validation)
+        self.dataset = None
+        self.references: dict[int, torch.Tensor] = {}
+        if validation.data_path is not None:
+            self.dataset = build_dataset(data, data_path=validation.data_path)
+            self.collate = getattr(self.dataset, "collate_fn", None) or collate_video_text
+
+    def due(self, step: int) -> bool:
+        """Whether optimizer step ``step`` (1-based) ends with a validation."""
+        return step % self.config.interval == 0
+
+    def run(self, step: int, metrics: MetricsLogger | None = None) -> dict[str, float]:
+        """Validate after step ``step`` if it is due: write the clips (and log them to TensorBoard
+        through ``metrics``); return ``val_loss`` (with held-out data) and ``val_time_s`` (``{}`` when not due)."""
+        if not self.due(step):
+            return {}
+        started = time.perf_counter()
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                out = self._clips(step, metrics)
+                if self.dataset is not None:
+                    out["val_loss"] = self._loss()
+        finally:
+            self.model.train(was_training)
+        return {**out, "val_time_s": time.perf_counter() - started}
+
+    def _clips(self, step: int, metrics: MetricsLogger | None) -> dict[str, float]:
+        """Sample and write every prompt's clip; ``val_psnr_to_reference`` where the model draws references."""
+        cfg, psnrs = self.config, []
+        reference = getattr(self.model, "has_sample_reference", False)
+        for index, (prompt, seed) in enumerate(zip(cfg.prompts, cfg.prompt_seeds(), strict=True)):
+            video = self.model.sample(
+                prompt, seed=seed, num_frames=cfg.num_frames, height=cfg.height, width=cfg.width,
+                steps=cfg.sampling_steps, guidance_scale=cfg.guidance_scale,
+                negative_prompt=cfg.negative_prompt, shift=cfg.shift,
+            )  # fmt: skip
+            if self.write:
+                write_video(video, self.out_dir / f"iter_{step:07d}" / f"{index}.mp4", fps=cfg.fps)
+            if metrics is not None:
+                metrics.add_video(f"validation/{index}", video, step)
+            if reference:
+                if index not in self.references:
+                    self.references[index] = self.model.sample_reference(
+                        prompt, seed=seed, num_frames=cfg.num_frames, height=cfg.height, width=cfg.width
+                    )
+                mse = (video.float() - self.references[index].float()).pow(2).mean()
+                psnrs.append(float(10 * torch.log10(4.0 / mse.clamp_min(1e-12))))  # [-1, 1]: peak-to-peak 2
+        return {"val_psnr_to_reference": sum(psnrs) / len(psnrs)} if psnrs else {}
+
+    def _loss(self) -> float:
+        """Mean held-out loss: this rank's share of the samples, gathered over data-parallel ranks."""
+        assert self.dataset is not None
+        total = len(self.dataset)
+        rounds = math.ceil(total / self.dp_size)
+        local = torch.zeros(rounds, dtype=torch.float64, device=self.device)
+        for r in range(rounds):
+            index = min(r * self.dp_size + self.dp_rank, total - 1)  # past the end: a repeat, dropped below
+            local[r] = self._sample_loss(index)
+        if self.dp_size > 1:
+            parts = [torch.empty_like(local) for _ in range(self.dp_size)]
+            dist.all_gather(parts, local, group=self.dp_group)
+            local = torch.stack(parts, dim=1).flatten()  # [round, dp rank] -> sample order
+        return float(local[:total].mean())
+
+    def _sample_loss(self, index: int) -> torch.Tensor:
+        assert self.dataset is not None
+        item = self.dataset[index]
+        batch = {k: v for k, v in self.collate([item]).items() if k != "skipped"}
+        batch = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        rng = SampleRNG(seed=self.noise_seed, step=0, sample_ids=[index], device=self.device)
+        return self.model.validation_loss(batch, rng, self.config.loss_timesteps)[0].double()
+
+
+def _check_hooks(model: nn.Module, validation: Any) -> None:
+    """Refuse a section the model cannot serve, naming the missing hook."""
+    name = type(model).__name__
+    if validation.prompts:
+        if not callable(getattr(model, "sample", None)):
+            raise ValueError(
+                f"training.validation.prompts: {name} has no sample(prompt, *, seed, num_frames, height, width, "
+                "steps, guidance_scale, negative_prompt, shift) hook, so this model cannot sample validation clips; "
+                "leave prompts empty"
+            )
+        check = getattr(model, "check_sampling", None)
+        if callable(check):
+            check()
+    if validation.data_path is not None and not getattr(model, "has_validation_loss", False):
+        raise ValueError(
+            f"training.validation.data_path: {name} computes no held-out loss (its pipeline "
+            f"{type(getattr(model, 'pipeline', None)).__name__} has no validation_loss(container, batch, rng, "
+            "num_timesteps)); leave data_path out"
+        )

@@ -1,0 +1,8 @@
+"""Training modes beyond one loss and one optimizer: each mode in a module of its own.
+
+Fine-tuning (full or LoRA) is the plain loop (:mod:`mm_trainer.loop.engine`, :mod:`mm_trainer.model.lora`).
+
+- ``phases``: ``training.phases``, several optimizers over disjoint sub-models with their own schedule
+  and cadence; few-step distillation (DMD2: critic and generator) runs as two phases, its losses in
+  mm-pipelines' ``DistributionMatchingDistillation`` (docs/DESIGN.md "Training phases").
+"""
