@@ -26,3 +26,10 @@ def test_installed_member_advertises_the_entry_points_its_pyproject_declares(pyp
         f"{name} is installed with stale metadata (entry points differ from {pyproject}); "
         "run `hatch run sync` to re-install the workspace members"
     )
+
+
+def test_the_test_command_ends_with_the_slowest_tests_and_their_times():
+    """`hatch run test` (CI's command) prints the durations table: a test past 120 s is a benchmark in
+    disguise, and the table shows it."""
+    scripts = tomllib.loads((REPO / "hatch.toml").read_text())["envs"]["default"]["scripts"]
+    assert "--durations=20" in " ".join(scripts["test"])
