@@ -29,6 +29,24 @@ def test_dump_round_trips_through_load_config(tmp_path, load, container):
     assert again.parallel.fully_shard_parallel_size == 4 and again.training.global_batch_size == 2
 
 
+def test_a_dump_that_fails_midway_leaves_the_previous_file_whole(tmp_path, load, container, monkeypatch):
+    """A run resumed after a SIGKILL compares its settings with the saved config: a write cut short must
+    never leave it truncated."""
+    import mm_config.loader as loader
+
+    path = dump_config(load(container(), world_size=1), tmp_path / "saved" / "config.yaml")
+    before = path.read_text()
+
+    def disk_full(fd):  # the new text is written, but never reaches the disk
+        raise OSError("disk full")
+
+    monkeypatch.setattr(loader.os, "fsync", disk_full)
+    with pytest.raises(OSError, match="disk full"):
+        dump_config(load(container(training={"lr": 1e-5}), world_size=1), path)
+    assert path.read_text() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ["config.yaml"]  # no temporary left beside it
+
+
 @pytest.mark.parametrize(("name", "world"), [("wan", 8), ("ltx", 2), ("ltx", 8)])
 def test_example_configs_validate_and_round_trip(example_configs, tmp_path, name, world):
     cfg = load_config(example_configs[name], world_size=world)

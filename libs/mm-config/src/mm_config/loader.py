@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import os
 import re
 from collections.abc import Sequence
 from importlib.metadata import version
@@ -284,10 +285,23 @@ def config_to_yaml(cfg: TrainConfig) -> str:
 
 
 def dump_config(cfg: TrainConfig, path: str | Path) -> Path:
-    """Write the resolved config as YAML to ``path`` (parents created); return the path."""
+    """Write the resolved config as YAML to ``path`` (parents created); return the path.
+
+    Atomic: the text goes to a temporary file beside ``path``, flushed to disk, then renamed over it, so
+    a process killed mid-write leaves the previous file whole (a run resumed after a SIGKILL compares its
+    settings with this file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(config_to_yaml(cfg))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # one writer per process; default permissions
+    try:
+        with open(tmp, "w") as f:
+            f.write(config_to_yaml(cfg))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -75,14 +75,14 @@ class CheckpointSaves:
         self.finish()  # at most one save in flight, over both series
         info = {"sources": weight_sources(self.config.model)}  # where an export finds config.json
         reported = series.staging_bytes
+        if self.rank == 0:  # before the save commits: a committed checkpoint always has the config it resumes with
+            dump_config(self.config, series.root / RUN_CONFIG_NAME)
         series.save(state, iteration, submodels=self.submodels, info=info, background=self.background)
         if self.background and not reported:
             log_rank0(
                 f"training.async_save: {series.root} stages {series.staging_bytes / 2**30:.2f} GiB per rank in "
                 "host memory (kept for the next save)"
             )
-        if self.rank == 0:
-            dump_config(self.config, series.root / RUN_CONFIG_NAME)
 
     def check(self) -> None:
         """Commit a background save whose write has ended; raise its error if it failed (no waiting)."""
