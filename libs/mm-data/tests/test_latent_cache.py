@@ -329,6 +329,26 @@ def test_a_rerun_verifies_every_shard_and_encodes_again_the_samples_of_one_faili
     assert_each_row_holds_its_own_clip_and_captions(metadata, tmp_path / "cache", toy)
 
 
+def test_a_damaged_sample_an_interrupted_run_staged_is_named_and_encoded_again_on_resume(tmp_path, toy, fork):
+    """Before, packing read it and failed on its CRC on every resume until it was deleted by hand."""
+    metadata = tiny_clips(tmp_path / "clips", num_clips=8)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    write_cache(metadata, straight, toy)
+    killed(fork, lambda: write_cache(metadata, resumed, toy), "encoded:3")
+    staged = sorted((resumed / "staging").glob("*.safetensors"))[1]
+    damaged = bytearray(staged.read_bytes())
+    damaged[-3] ^= 0xFF
+    staged.write_bytes(bytes(damaged))
+
+    report = write_cache(metadata, resumed, toy)
+
+    [line] = report.corrupt
+    assert line.startswith(f"{staged}: tensor {staged.stem}/")
+    assert line.endswith("fails its CRC-32; its samples are encoded again")
+    assert len(report.resumed) == 2 and len(report.computed) == 6
+    assert folder_bytes(resumed) == folder_bytes(straight)
+
+
 def test_a_second_preprocess_run_of_one_cache_is_refused_naming_the_run_that_holds_it(tmp_path, toy, fork):
     """The first run (a forked child) holds the cache while it encodes; the second is refused at once and
     leaves the first one's work alone, which then finishes."""
@@ -359,7 +379,9 @@ def test_a_second_preprocess_run_of_one_cache_is_refused_naming_the_run_that_hol
         while not started.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert started.exists(), "the first run did not start encoding"
-        with pytest.raises(CacheLockedError, match=rf"is being written by another preprocess run \(pid {pid} on host "):
+        with pytest.raises(
+            CacheLockedError, match=rf"is being written by another preprocess run \(pid {pid} on host "
+        ):
             write_cache(metadata, tmp_path / "cache", toy)
     finally:
         go.touch()
@@ -411,7 +433,9 @@ def test_a_cache_that_records_no_recipe_is_still_read_refused_by_the_check_and_r
     cache = tmp_path / "cache"
     write_cache(metadata, cache, toy, recipe=RECIPE)
     data = json.loads((cache / INDEX_NAME).read_text())
-    (cache / INDEX_NAME).write_text(json.dumps({**{k: v for k, v in data.items() if k != "made_with"}, "version": 1}))
+    (cache / INDEX_NAME).write_text(
+        json.dumps({**{k: v for k, v in data.items() if k != "made_with"}, "version": 1})
+    )
     per_file = write_per_file_copy(cache, tmp_path / "per_file")
     assert len(CachedVideoTextDataset(cache)) == len(CachedVideoTextDataset(per_file)) == 4
     for old in (cache, per_file):

@@ -434,5 +434,9 @@ def _corrupt_lines(plan: CachePlan) -> list[str]:
     """Each file that failed verification: its path, why, and the rows it held (encoded again)."""
     lines = [f"{e.path}: {e.reason}; its rows {e.samples} are encoded again" for e in plan.corrupt]
     listed = {e.path for e in plan.corrupt}
-    lines += [f"{path}: {why}; its samples are encoded again" for path, why in plan.damaged.items() if path not in listed]
+    lines += [
+        f"{path}: {why}; its samples are encoded again"
+        for path, why in plan.damaged.items()
+        if path not in listed
+    ]
     return lines

@@ -91,9 +91,7 @@ class CacheLock:
     def _held_message(self, holder: str) -> str:
         try:
             who = json.loads(holder)
-            described = (
-                f"pid {who['pid']} on host {who['host']}, started {who['started']}: {who['command']}"
-            )
+            described = f"pid {who['pid']} on host {who['host']}, started {who['started']}: {who['command']}"
         except (ValueError, KeyError, TypeError):
             described = "a run that has not written its name yet"
         return (

@@ -34,7 +34,13 @@ from .cache_store import CACHE_MANIFEST, open_cache
 from .file_records import sha256_file
 from .precomputed import PRECOMPUTED_EXTENSIONS
 
-__all__ = ["CacheMismatchError", "cache_made_with", "check_cache_made_with", "made_with", "recipe_differences"]
+__all__ = [
+    "CacheMismatchError",
+    "cache_made_with",
+    "check_cache_made_with",
+    "made_with",
+    "recipe_differences",
+]
 
 logger = logging.getLogger("mm_data")
 

@@ -162,9 +162,7 @@ def cache_files(root: Path, previous: CacheIndex | None) -> list[tuple[Path, int
     return files
 
 
-def verify_files(
-    files: list[tuple[Path, int | None]], workers: int | None = None
-) -> dict[str, str]:
+def verify_files(files: list[tuple[Path, int | None]], workers: int | None = None) -> dict[str, str]:
     """:func:`verify_shard` of each ``(path, expected size)`` in ``workers`` threads (default: the CPUs, at
     most 8); the damaged ones: path -> why."""
     with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
@@ -197,9 +195,7 @@ def _scan(
     return available, corrupt
 
 
-def _staged(
-    root: Path, damaged: Mapping[str, str]
-) -> tuple[dict[str, Location], dict[str, tuple[str, str]]]:
+def _staged(root: Path, damaged: Mapping[str, str]) -> tuple[dict[str, Location], dict[str, tuple[str, str]]]:
     staged: dict[str, Location] = {}
     bad: dict[str, tuple[str, str]] = {}
     folder = root / STAGING

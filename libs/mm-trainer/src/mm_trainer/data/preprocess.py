@@ -75,7 +75,9 @@ def weights_identity(out_dir: str | Path, weights: Mapping[str, str | Path | Non
     records = FileRecords(Path(out_dir) / WEIGHT_DIGESTS)
 
     def digests() -> dict[str, str | None]:
-        return {name: tree_digest(path, records, verify=True) if path else None for name, path in weights.items()}
+        return {
+            name: tree_digest(path, records, verify=True) if path else None for name, path in weights.items()
+        }
 
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return digests()
