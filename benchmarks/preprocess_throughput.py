@@ -138,8 +138,8 @@ def integrity_costs(gb: float) -> None:
     from mm_data import clip_digests, write_shard
     from mm_data.cache_plan import verify_files
 
-    piece = 64 << 20
-    count = max(2, int(gb * (1 << 30)) // piece)
+    piece = min(64 << 20, int(gb * (1 << 30)) // 4 // 16 * 16)  # 64 MiB files (4 at least)
+    count = max(4, int(gb * (1 << 30)) // piece)
     total_gb = count * piece / 1e9
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -166,7 +166,7 @@ def integrity_costs(gb: float) -> None:
             Path(path).unlink()
         shards = []
         for i in range(count):  # four float32 tensors of 16 MiB per shard
-            tensors = {f"t{j}": torch.randn((piece // 4) // 4) for j in range(4)}
+            tensors = {f"t{j}": torch.randn(piece // 16) for j in range(4)}
             shard = root / f"shard-{i:04d}.safetensors"
             write_shard(shard, [(f"{i:064x}", tensors, {})])
             shards.append((shard, shard.stat().st_size))
