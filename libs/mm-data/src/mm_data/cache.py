@@ -21,7 +21,8 @@ A run, on every rank (one process, or each rank of ``torchrun``):
    (:mod:`mm_data.cache_made_with`), then remove the shards no longer listed and the staging folder.
 
 A re-run therefore encodes only what changed, drops what was removed, and a run killed at any point
-resumes where it stopped and ends with the same bytes as an uninterrupted run. Ranks meet at three
+resumes where it stopped and ends with the same bytes as an uninterrupted run. Ranks meet after the
+lock and each check (rank 0's result or error reaches every rank: :func:`from_rank0`) and at three
 barriers (a gloo group with a long timeout: a rank with more rows is waited for); a failing rank ends
 the job through ``torchrun``, as any failure.
 """
