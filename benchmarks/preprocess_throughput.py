@@ -5,7 +5,13 @@
 2. clips/s on 1 rank with the clips decoded in 1 DataLoader worker vs in the main process (the worker
    decodes the next clip while the encoders run);
 3. files opened per training step reading the cache (``PrecomputedLatentDataset`` + ``build_dataloader``),
-   sharded vs the per-file layout, counted with ``strace -e openat`` on the reading process.
+   sharded vs the per-file layout, counted with ``strace -e openat`` on the reading process;
+4. with ``--integrity`` (alone): what the cache's integrity checks cost per GB, the price of every
+   preprocess run hashing every clip (``mm_data.clip_digests``: SHA-256 of the bytes, in 1 and 2
+   processes, with no records yet and with records to verify) and verifying every shard
+   (``mm_data.shards.verify_shard`` through ``cache_plan.verify_files``: each tensor's CRC-32, in 1 and 2
+   threads), over ``--integrity-gb`` GB of files just written (in the page cache: a cold read from disk
+   adds the disk's time, which usually bounds it).
 
 The work per clip is real: synthetic 480x832 H.264 clips (``--source-frames`` frames, keyframe every 16)
 decoded and resized to ``--frames`` x ``--height`` x ``--width``, encoded by a randomly initialised
@@ -16,6 +22,7 @@ Every figure is measured here, in this run; print ``uptime``'s load beside it (a
 work slows the 2-rank run most). Usage::
 
     python benchmarks/preprocess_throughput.py [--clips 16] [--frames 17] [--height 128] [--width 224]
+    python benchmarks/preprocess_throughput.py --integrity [--integrity-gb 1]
 """
 
 from __future__ import annotations
@@ -123,6 +130,57 @@ def _opens(cache: Path, args: argparse.Namespace) -> tuple[int, float] | None:
     return start, (_cache_opens(cache, args.steps, args.batch) - start) / args.steps
 
 
+def integrity_costs(gb: float) -> None:
+    """Seconds per GB of hashing clips (:func:`mm_data.clip_digests`) and verifying shards (CRC-32)."""
+    import hashlib
+
+    import torch
+    from mm_data import clip_digests, write_shard
+    from mm_data.cache_plan import verify_files
+
+    piece = min(64 << 20, int(gb * (1 << 30)) // 4 // 16 * 16)  # 64 MiB files (4 at least)
+    count = max(4, int(gb * (1 << 30)) // piece)
+    total_gb = count * piece / 1e9
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        clips = []
+        for i in range(count):
+            path = root / f"clip_{i:04d}.mp4"  # the bytes are what is hashed; nothing decodes them
+            path.write_bytes(os.urandom(piece))
+            clips.append(str(path))
+        data = Path(clips[0]).read_bytes()
+        start = time.perf_counter()
+        hashlib.sha256(data).hexdigest()
+        sha = piece / 1e9 / (time.perf_counter() - start)
+        print(f"{count} files of {piece >> 20} MiB ({total_gb:.2f} GB) in the page cache; load average "
+              f"{os.getloadavg()[0]:.2f}; hashlib.sha256 in memory: {sha:.2f} GB/s")  # fmt: skip
+        print(f"\n{'check':<52} {'workers':>7} {'s':>7} {'s/GB':>6} {'GB/s':>6}")
+        for workers in (1, 2):
+            metadata = root / f"metadata_{workers}.json"
+            for what in ("clip digests, no records yet", "clip digests, records to verify"):
+                start = time.perf_counter()
+                clip_digests(clips, metadata_path=metadata, workers=workers)
+                took = time.perf_counter() - start
+                print(f"{what:<52} {workers:>7} {took:>7.2f} {took / total_gb:>6.2f} {total_gb / took:>6.2f}")
+        for path in clips:
+            Path(path).unlink()
+        shards = []
+        for i in range(count):  # four float32 tensors of 16 MiB per shard
+            tensors = {f"t{j}": torch.randn(piece // 16) for j in range(4)}
+            shard = root / f"shard-{i:04d}.safetensors"
+            write_shard(shard, [(f"{i:064x}", tensors, {})])
+            shards.append((shard, shard.stat().st_size))
+        size_gb = sum(size for _, size in shards) / 1e9
+        for workers in (1, 2):
+            start = time.perf_counter()
+            damaged = verify_files(shards, workers)
+            took = time.perf_counter() - start
+            assert not damaged, damaged
+            print(f"{'shard verification (every tensor CRC-32)':<52} {workers:>7} {took:>7.2f} "
+                  f"{took / size_gb:>6.2f} {size_gb / took:>6.2f}")  # fmt: skip
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -135,6 +193,8 @@ def main() -> None:
     parser.add_argument("--vae-dim", type=int, default=16, help="base channels of the random Wan VAE")
     parser.add_argument("--steps", type=int, default=8, help="training steps read for the file-open count")
     parser.add_argument("--batch", type=int, default=4, help="samples per training step")
+    parser.add_argument("--integrity", action="store_true", help="measure the integrity checks' cost per GB only")
+    parser.add_argument("--integrity-gb", type=float, default=1.0, help="GB of files the integrity checks read")
     parser.add_argument("--rank-run", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--count-opens", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -146,6 +206,8 @@ def main() -> None:
         return rank_run(args)
     if args.count_opens:
         return count_opens(args)
+    if args.integrity:
+        return integrity_costs(args.integrity_gb)
 
     from mm_data import make_synthetic_dataset, write_per_file_copy
 

@@ -96,3 +96,9 @@ def test_wan_levers_prints_the_chosen_variants_as_ratios_to_eager():
     for name in ("compiled, no recompute", "eager, full recompute", "compiled, full recompute"):
         assert name not in out, out
     assert re.search(r"^eager, no recompute\s+\S+\s+\S+\s+1\.000\s+\d+\s+1\.000", out, re.M), out
+
+
+def test_preprocess_throughput_integrity_prints_what_hashing_and_verifying_cost_per_gb():
+    out = _run("benchmarks/preprocess_throughput.py", "--integrity", "--integrity-gb", "0.01")
+    rows = re.findall(r"^(clip digests, .*?|shard verification .*?)\s+([12])\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+$", out, re.M)
+    assert len(rows) == 6, out

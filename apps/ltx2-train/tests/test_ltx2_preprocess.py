@@ -1,4 +1,5 @@
-"""`ltx2-train preprocess`: tiny clips -> cached files -> the precomputed dataset equals a direct encode."""
+"""`ltx2-train preprocess`: tiny clips -> cached files -> the precomputed dataset equals a direct encode; a
+training run is checked against how the cache was made."""
 
 from __future__ import annotations
 
@@ -46,6 +47,38 @@ def test_a_second_preprocess_run_reuses_every_sample(tiny_cache, run_config):
     config = load_config(run_config(tiny_cache), ["parallel.ulysses_parallel_size=1"], world_size=1)
     report = run_preprocess(config)
     assert report.computed == [] and report.reused == list(range(4))
+
+
+def test_a_run_is_refused_when_its_section_differs_from_the_cache_or_the_source_changed_since(
+    tiny_cache, run_config
+):
+    from mm_config import load_config
+    from mm_data import CacheMismatchError
+    from mm_trainer import check_cache_made_as_configured
+
+    config = run_config(tiny_cache)
+    same = load_config(config, ["parallel.ulysses_parallel_size=1"], world_size=1)
+    check_cache_made_as_configured(same.data)  # made as this run says
+    other = load_config(config, ["parallel.ulysses_parallel_size=1", "data.dataset.preprocess.height=32",
+                                 "data.dataset.preprocess.dtype=bf16"], world_size=1)  # fmt: skip
+    with pytest.raises(CacheMismatchError) as error:
+        check_cache_made_as_configured(other.data)
+    assert "data.dataset.preprocess.height: the cache was made with 16, this run says 32" in str(error.value)
+    assert 'data.dataset.preprocess.dtype: the cache was made with "fp32", this run says "bf16"' in str(
+        error.value
+    )
+
+    metadata = tiny_cache / "data" / "metadata.json"
+    original = metadata.read_bytes()
+    try:
+        metadata.write_bytes(original + b"\n")  # the same rows, other bytes: refused all the same
+        with pytest.raises(
+            CacheMismatchError, match=f"the source metadata {metadata} changed since the cache was made"
+        ):
+            check_cache_made_as_configured(same.data)
+    finally:
+        metadata.write_bytes(original)
+    check_cache_made_as_configured(same.data)
 
 
 def test_silent_clips_get_a_tone_chosen_by_their_content():

@@ -4,8 +4,9 @@
   micro-batch;
 - the encoder cache (``wan22-train preprocess`` + ``tiny_t2v_cached.yaml``): no encoder is loaded, the
   batches carry the cached latents and the caption embeddings drawn at train time; the sharded cache
-  and its per-file copy (the layout of earlier versions) train the same losses at two layouts, and a
-  2-rank preprocess with UMT5 sharded over the ranks writes the same cache as one process.
+  and its per-file copy (the layout of earlier versions) train the same losses at two layouts, a
+  2-rank preprocess with UMT5 sharded over the ranks writes the same cache as one process, and a run
+  whose preprocess section differs from what the cache records is refused before its model is built.
 
 Each run is ``wan22-train``'s ``main`` on 2 forked gloo ranks (the ``main_forked`` fixture). The online
 run reads one window per clip (``frame_offset: start``, what a cache holds) and draws captions with
@@ -18,7 +19,7 @@ import json
 from pathlib import Path
 
 import pytest
-from mm_data import CACHE_MANIFEST, CacheIndex, write_per_file_copy
+from mm_data import CACHE_MANIFEST, CacheIndex, CacheMismatchError, write_per_file_copy
 from wan22_train.cli import main as wan22_main
 from wan22_train.configs import config_path
 from wan22_train.tiny import make_tiny, tiny_cached_overrides, tiny_overrides
@@ -128,3 +129,36 @@ def test_two_ranks_with_umt5_sharded_over_them_write_the_one_rank_cache(tiny, ca
         return {p.name: p.read_bytes() for p in root.iterdir() if p.name.startswith(("shard-", "index"))}
 
     assert files(two) == files(cache) and len(files(cache)) >= 2
+
+
+def _first_words_of(rank: int, world_size: int, overrides: list[str]) -> tuple[str | None, bool]:
+    """``Trainer(config)`` on this rank: the cache check's refusal, and whether a model was built first."""
+    from mm_config import load_config
+    from mm_trainer import Trainer
+
+    built = []
+
+    def build_model(self):
+        built.append(True)
+        raise AssertionError("the model was built before the cache was checked")
+
+    Trainer._build_model = build_model  # this forked rank's class only: says whether the build came first
+    try:
+        Trainer(load_config(str(config_path("tiny_t2v_cached.yaml")), overrides, world_size=world_size))
+    except CacheMismatchError as e:
+        return str(e), bool(built)
+    return None, bool(built)
+
+
+def test_a_run_whose_preprocess_section_differs_from_the_cache_is_refused_before_its_model_is_built(
+    tiny, cache, tmp_path, distributed
+):
+    """The cache was preprocessed at 32x32; a run whose section says 16x16 is refused naming the key and
+    both values."""
+    overrides = [*tiny_cached_overrides(tiny, cache), "parallel.ulysses_parallel_size=1", f"training.save={tmp_path}",
+                 "data.dataset.preprocess.clips.height=16", "data.dataset.preprocess.clips.width=16"]  # fmt: skip
+    [(refusal, built)] = distributed(_first_words_of, 1, overrides)
+    assert refusal is not None and not built
+    assert "data.dataset.preprocess.clips.height: the cache was made with 32, this run says 16" in refusal
+    assert "data.dataset.preprocess.clips.width: the cache was made with 32, this run says 16" in refusal
+    assert "data.dataset.preprocess.clips.num_frames" not in refusal

@@ -1,31 +1,42 @@
 """The sharded, content-keyed latent cache: incremental re-runs, resumed interruptions, corrupt shards,
-ranks, and the clip facts probed once (docs/DESIGN.md "Latent cache")."""
+ranks, the clip facts probed once, clips changed in place, how the cache was made and the check of a
+run against it, one preprocess run per cache (docs/DESIGN.md "Latent cache")."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import os
+import re
 import signal
+import struct
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from mm_data import (
+    CACHE_MANIFEST,
     INDEX_NAME,
     CachedVideoTextDataset,
     CacheIndex,
+    CacheLockedError,
+    CacheMismatchError,
     CorruptShardError,
     PrecomputedLatentDataset,
     VideoTextDataset,
     build_dataloader,
     cache_dataset,
+    check_cache_made_with,
     clip_info_path,
     make_synthetic_dataset,
+    open_cache,
+    sha256_file,
     shard_layout,
     write_clip,
+    write_per_file_copy,
 )
 from mm_data.cache_encode import KILL_HOOK_ENV
 from torch.distributed.device_mesh import init_device_mesh
@@ -33,6 +44,8 @@ from torch.distributed.fsdp import fully_shard
 
 READ = {"num_frames": 9, "height": 16, "width": 16, "frame_offset": "start", "max_bad_fraction": 0.3}
 IDENTITY = {"encoder": "toy", "version": 1}
+RECIPE = {"preprocess.clips.height": 16, "preprocess.clips.width": 16, "preprocess.encoder": "toy"}
+"""What a maker says the cache is made from, in its own keys (the apps: their preprocess section)."""
 
 
 DISTINCT = list(
@@ -249,6 +262,192 @@ def test_clip_facts_are_probed_once_beside_the_metadata_and_again_when_a_clip_ch
     assert json.loads(clip_info_path(metadata).read_text())["records"][str(tmp_path / "clip_0001.mp4")][
         "probe"
     ] == [13, 8.0, 16, 32]
+
+
+def rewrite_in_place(path: Path, frames: np.ndarray) -> None:
+    """Rewrite the clip ``path`` with ``frames`` under its old size and mtime, as ``rsync -t``, ``tar`` and
+    ``cp -p`` leave a replaced file: the new clip (encoded smaller) is padded with an mp4 ``free`` box."""
+    before = path.stat()
+    fresh = path.with_name(f".new{path.suffix}")
+    write_clip(fresh, frames, fps=8)
+    data = fresh.read_bytes()
+    fresh.unlink()
+    pad = before.st_size - len(data)
+    assert pad >= 8, "the new clip must encode smaller than the old one"
+    with open(path, "r+b") as f:
+        f.write(data + struct.pack(">I", pad) + b"free" + bytes(pad - 8))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+
+
+def test_a_clip_rewritten_in_place_with_its_size_and_mtime_kept_is_hashed_and_encoded_again(tmp_path, toy):
+    """The clip's bytes decide, not its stat; its bucket follows its new header too (its probed facts went
+    with its digest)."""
+    metadata = tiny_clips(tmp_path / "clips", num_clips=4)
+    metadata.write_text(json.dumps([{"path": r["path"], "cap": r["cap"]} for r in rows_of(metadata)]))
+    clip = tmp_path / "clips" / "clip_0001.mp4"
+    write_clip(clip, np.random.default_rng(0).integers(0, 255, (9, 16, 16, 3), dtype=np.uint8), fps=8)
+    read = {**READ, "buckets": [[16, 16, 9], [16, 32, 9]]}
+
+    def run() -> tuple[VideoTextDataset, object]:
+        dataset = VideoTextDataset(metadata, **read)
+        report = cache_dataset(dataset, toy.encoder(dataset), tmp_path / "cache", identity=IDENTITY,
+                               uses_prompt=False, shard_size=4, num_workers=0, progress=False)  # fmt: skip
+        return dataset, report
+
+    first, _ = run()
+    rewrite_in_place(clip, np.full((9, 16, 32, 3), 200, np.uint8))
+    dataset, report = run()
+
+    assert report.rewritten == [str(clip)] and report.computed == [1] and report.reused == [0, 2, 3]
+    assert first.bucket_ids[1] == 0 and dataset.bucket_ids[1] == 1  # 16x16 then, 16x32 now
+    assert CacheIndex.load(tmp_path / "cache").bucket_ids == dataset.bucket_ids
+    tensors, _ = open_cache(tmp_path / "cache").read(1)
+    assert torch.equal(tensors["latents"], toy.pooled(dataset.sample(1)["video"]))
+    assert tensors["latents"].shape[-2:] == (4, 8)
+
+
+def test_a_rerun_verifies_every_shard_and_encodes_again_the_samples_of_one_failing_its_crc(tmp_path, toy):
+    """A flipped byte keeps the file's size: only the CRC tells. The rerun names the shard and its rows,
+    encodes them again, and the shard is the one an undamaged run wrote."""
+    metadata = tiny_clips(tmp_path / "clips", num_clips=8)
+    write_cache(metadata, tmp_path / "cache", toy)
+    index = CacheIndex.load(tmp_path / "cache")
+    path = tmp_path / "cache" / index.shards[1].name
+    rows = index.shard_rows(index.shards[1].name)
+    before = path.read_bytes()
+    damaged = bytearray(before)
+    damaged[-5] ^= 0xFF
+    path.write_bytes(bytes(damaged))
+
+    report = write_cache(metadata, tmp_path / "cache", toy)
+
+    assert len(report.corrupt) == 1 and report.corrupt[0].startswith(f"{path}: tensor ")
+    assert f"fails its CRC-32; its rows {rows} are encoded again" in report.corrupt[0]
+    assert report.computed == rows and report.shards_written == 1 and path.read_bytes() == before
+    assert_each_row_holds_its_own_clip_and_captions(metadata, tmp_path / "cache", toy)
+
+
+def test_a_damaged_sample_an_interrupted_run_staged_is_named_and_encoded_again_on_resume(tmp_path, toy, fork):
+    """Before, packing read it and failed on its CRC on every resume until it was deleted by hand."""
+    metadata = tiny_clips(tmp_path / "clips", num_clips=8)
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    write_cache(metadata, straight, toy)
+    killed(fork, lambda: write_cache(metadata, resumed, toy), "encoded:3")
+    staged = sorted((resumed / "staging").glob("*.safetensors"))[1]
+    damaged = bytearray(staged.read_bytes())
+    damaged[-3] ^= 0xFF
+    staged.write_bytes(bytes(damaged))
+
+    report = write_cache(metadata, resumed, toy)
+
+    [line] = report.corrupt
+    assert line.startswith(f"{staged}: tensor {staged.stem}/")
+    assert line.endswith("fails its CRC-32; its samples are encoded again")
+    assert len(report.resumed) == 2 and len(report.computed) == 6
+    assert folder_bytes(resumed) == folder_bytes(straight)
+
+
+def test_a_second_preprocess_run_of_one_cache_is_refused_naming_the_run_that_holds_it(tmp_path, toy, fork):
+    """The first run (a forked child) holds the cache while it encodes; the second is refused at once and
+    leaves the first one's work alone, which then finishes."""
+    metadata = tiny_clips(tmp_path / "clips", num_clips=4)
+    started, go = tmp_path / "started", tmp_path / "go"
+    pid = fork()
+    if pid == 0:  # pragma: no cover - the child: the first run
+        code = 1
+        try:
+            torch.set_num_threads(1)
+            dataset = VideoTextDataset(metadata, **READ)
+            encode = toy.encoder(dataset)
+
+            def held(item: dict) -> dict:
+                started.touch()
+                deadline = time.monotonic() + 60
+                while not go.exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                return encode(item)
+
+            cache_dataset(dataset, held, tmp_path / "cache", identity=IDENTITY, uses_prompt=False,
+                          num_workers=0, progress=False)  # fmt: skip
+            code = 0
+        finally:
+            os._exit(code)
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), "the first run did not start encoding"
+        with pytest.raises(
+            CacheLockedError, match=rf"is being written by another preprocess run \(pid {pid} on host "
+        ):
+            write_cache(metadata, tmp_path / "cache", toy)
+    finally:
+        go.touch()
+        _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "the first run failed"
+    assert write_cache(metadata, tmp_path / "cache", toy).computed == []  # its cache is whole
+
+
+def test_the_index_records_how_the_cache_was_made_and_a_check_with_the_same_recipe_passes(tmp_path, toy):
+    metadata = tiny_clips(tmp_path / "clips", num_clips=4)
+    write_cache(metadata, tmp_path / "cache", toy, recipe=RECIPE)
+    record = CacheIndex.load(tmp_path / "cache").made_with
+    assert record["recipe"] == RECIPE and record["encoders"] == IDENTITY
+    assert record["reading"]["buckets"] == [[16, 16, 9]] and record["reading"]["frame_offset"] == "start"
+    assert record["source"] == {"path": str(metadata.resolve()), "sha256": sha256_file(metadata), "rows": 4}
+    check_cache_made_with(tmp_path / "cache", dict(RECIPE))
+
+
+def test_a_cache_made_with_other_values_is_refused_naming_each_key_and_both_values(tmp_path, toy):
+    metadata = tiny_clips(tmp_path / "clips", num_clips=4)
+    write_cache(metadata, tmp_path / "cache", toy, recipe=RECIPE)
+    run = {**RECIPE, "preprocess.clips.height": 32, "preprocess.tiling": True}
+    with pytest.raises(CacheMismatchError) as error:
+        check_cache_made_with(tmp_path / "cache", run)
+    message = str(error.value)
+    assert "preprocess.clips.height: the cache was made with 16, this run says 32" in message
+    assert "preprocess.tiling: the cache was made with (not set), this run says true" in message
+    assert "preprocess.clips.width" not in message and "run the preprocess with this config again" in message
+
+
+def test_a_cache_whose_source_metadata_changed_since_it_was_made_is_refused_until_a_rerun(tmp_path, toy):
+    metadata = tiny_clips(tmp_path / "clips", num_clips=4)
+    write_cache(metadata, tmp_path / "cache", toy, recipe=RECIPE)
+    metadata.write_text(json.dumps(rows_of(metadata)[1:]))
+    changed = rf"the source metadata {re.escape(str(metadata.resolve()))} changed since the cache was made"
+    with pytest.raises(CacheMismatchError, match=rf"{changed} \(SHA-256 .*; 4 rows then\)"):
+        check_cache_made_with(tmp_path / "cache", RECIPE)
+    assert write_cache(metadata, tmp_path / "cache", toy, recipe=RECIPE).computed == []
+    check_cache_made_with(tmp_path / "cache", RECIPE)
+
+
+def test_a_cache_that_records_no_recipe_is_still_read_refused_by_the_check_and_recorded_by_a_rerun(
+    tmp_path, toy
+):
+    """An index of version 1 (before the record) and a per-file cache of earlier versions: read by the
+    datasets, refused by the check; a rerun rewrites the index without encoding, and a per-file copy of
+    a recorded cache carries the record."""
+    metadata = tiny_clips(tmp_path / "clips", num_clips=4)
+    cache = tmp_path / "cache"
+    write_cache(metadata, cache, toy, recipe=RECIPE)
+    data = json.loads((cache / INDEX_NAME).read_text())
+    (cache / INDEX_NAME).write_text(
+        json.dumps({**{k: v for k, v in data.items() if k != "made_with"}, "version": 1})
+    )
+    per_file = write_per_file_copy(cache, tmp_path / "per_file")
+    assert len(CachedVideoTextDataset(cache)) == len(CachedVideoTextDataset(per_file)) == 4
+    for old in (cache, per_file):
+        with pytest.raises(CacheMismatchError, match="records no recipe .* remove the preprocess section"):
+            check_cache_made_with(old, RECIPE)
+
+    report = write_cache(metadata, cache, toy, recipe=RECIPE)
+    assert report.computed == [] and report.shards_written == 0
+    check_cache_made_with(cache, RECIPE)
+    copy = write_per_file_copy(cache, tmp_path / "per_file_again")
+    assert json.loads((copy / CACHE_MANIFEST).read_text())["made_with"]["recipe"] == RECIPE
+    check_cache_made_with(copy, RECIPE)
 
 
 def _text_model() -> torch.nn.Module:

@@ -1,5 +1,6 @@
 """What both apps' preprocess commands share: the ``run`` keys reach the cache writer, encoders load once in
-their dtype, the text encoder is sharded when large (docs/DESIGN.md "Latent cache")."""
+their dtype, the text encoder is sharded when large, the weights are identified by their bytes, the cache
+records its section's keys and a training run is checked against them (docs/DESIGN.md "Latent cache")."""
 
 from __future__ import annotations
 
@@ -9,9 +10,19 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from mm_config import PreprocessRunConfig
-from mm_data import CacheIndex, VideoTextDataset, make_synthetic_dataset
-from mm_trainer import FSDP_AUTO_BYTES, load_frozen, use_text_encoder_fsdp, write_latent_cache
+from mm_config import ConfigModel, PreprocessRunConfig
+from mm_data import CacheIndex, CacheMismatchError, VideoTextDataset, make_synthetic_dataset
+from mm_trainer import (
+    FSDP_AUTO_BYTES,
+    check_cache_made_as_configured,
+    data_register,
+    load_frozen,
+    preprocess_recipe,
+    register_preprocess_section,
+    use_text_encoder_fsdp,
+    weights_identity,
+    write_latent_cache,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -142,3 +153,64 @@ def test_a_text_encoder_sharded_over_two_ranks_computes_what_the_whole_one_does(
     for logits, local in results:
         torch.testing.assert_close(logits, want, rtol=0, atol=0)
         assert local < total  # each rank holds a shard
+
+
+def test_weights_rewritten_in_place_with_their_size_and_mtime_kept_get_another_digest(tmp_path):
+    weights = tmp_path / "vae"
+    weights.mkdir()
+    (weights / "config.json").write_text("{}")
+    tensor = weights / "model.safetensors"
+    tensor.write_bytes(b"a" * 4096)
+    first = weights_identity(tmp_path / "cache", {"ae": weights, "none": None})
+    before = tensor.stat()
+    tensor.write_bytes(b"b" * 4096)
+    os.utime(tensor, ns=(before.st_atime_ns, before.st_mtime_ns))  # what rsync -t, tar and cp -p leave
+    second = weights_identity(tmp_path / "cache", {"ae": weights, "none": None})
+    assert second["ae"] != first["ae"] and second["none"] is first["none"] is None
+
+
+class ToySection(ConfigModel):
+    """A preprocess section: what is read, how it is encoded, how the run goes."""
+
+    source: str
+    height: int = 16
+    encoder: dict = {}
+    device: str | None = None
+    run: PreprocessRunConfig = PreprocessRunConfig()
+
+
+def test_the_recipe_holds_every_key_of_the_section_but_those_that_only_say_how_the_preprocess_runs():
+    section = ToySection(source="m.json", encoder={"dtype": "bf16", "tiles": {"size": 64}}, device="cpu",
+                         run=PreprocessRunConfig(shard_size=8, decode_workers=4, prefetch=3, text_encoder_fsdp=True))  # fmt: skip
+    pre = "data.dataset.preprocess"
+    assert preprocess_recipe(section) == {
+        f"{pre}.source": "m.json", f"{pre}.height": 16, f"{pre}.encoder.dtype": "bf16",
+        f"{pre}.encoder.tiles.size": 64, f"{pre}.run.vae_tiling": False,
+    }  # fmt: skip
+    tiled = section.model_copy(update={"run": PreprocessRunConfig(vae_tiling=True, vae_tile=128)})
+    assert preprocess_recipe(tiled)[f"{pre}.run.vae_tile"] == 128
+
+
+@data_register("toy_cache_check")
+def _toy_cache_dataset(**kwargs):  # pragma: no cover - only its registration is used
+    raise AssertionError("not built: the check runs before any dataset")
+
+
+register_preprocess_section("toy_cache_check", ToySection)
+
+
+def test_a_run_whose_section_differs_from_what_its_cache_records_is_refused_naming_the_key(clips, tmp_path):
+    section = {"source": str(clips), "height": 16}
+    report = write_latent_cache(PidDataset(clips, **READ), encoder([]), tmp_path, run=PreprocessRunConfig(decode_workers=0),
+                                identity={}, uses_prompt=False, recipe=preprocess_recipe(ToySection(**section)))  # fmt: skip
+    assert len(report.computed) == 4
+
+    def data(**changes) -> SimpleNamespace:
+        return SimpleNamespace(dataset_id="toy_cache_check", data_path=str(tmp_path),
+                               dataset={"preprocess": {**section, **changes}})  # fmt: skip
+
+    check_cache_made_as_configured(data())
+    check_cache_made_as_configured(data(device="cpu", run={"decode_workers": 7}))  # how it runs: not compared
+    with pytest.raises(CacheMismatchError, match=r"data.dataset.preprocess.height: the cache was made with 16, this run says 32"):
+        check_cache_made_as_configured(data(height=32))
+    check_cache_made_as_configured(SimpleNamespace(dataset_id="toy_cache_check", data_path=str(tmp_path), dataset={}))

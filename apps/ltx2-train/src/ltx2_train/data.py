@@ -1,7 +1,9 @@
 """The ``ltx2_precomputed`` dataset id: the cache written by ``ltx2-train preprocess``, read at train time.
 
 One YAML drives both steps: ``data.data_path`` is the cache folder, ``data.dataset.preprocess``
-says where the clips and the frozen encoders are (only ``ltx2-train preprocess`` reads it).
+says where the clips and the frozen encoders are (``ltx2-train preprocess`` reads it; a training run
+checks that the cache records the same section and an unchanged source metadata file, before any model
+loads: ``mm_trainer.check_cache_made_as_configured``).
 """
 
 from __future__ import annotations
@@ -9,9 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from mm_data import PrecomputedLatentDataset
-from mm_trainer import data_register
+from mm_trainer import data_register, register_preprocess_section
 
 from ltx2_train.config_schema import LTX2PrecomputedSchema, PreprocessOptions
+
+register_preprocess_section("ltx2_precomputed", PreprocessOptions)
 
 
 @data_register("ltx2_precomputed")

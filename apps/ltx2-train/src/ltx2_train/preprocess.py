@@ -11,7 +11,8 @@ audio streams), ``prompt_attention_mask [S]`` and ``frame_rate`` (for the RoPE t
 The cache is :func:`mm_data.cache_dataset`'s (through :func:`mm_trainer.write_latent_cache`): sharded,
 keyed by each clip's content, the row (and, for a row whose prompt is drawn from a caption list, its
 position), the reading parameters and the encoders' identity, so a re-run encodes only what changed and
-resumes an interrupted run. Under ``torchrun`` the ranks split the clips; Gemma-3 is sharded over them
+resumes an interrupted run; it records the ``data.dataset.preprocess`` keys it was made with, which a
+training run's own section must match (``mm_trainer.check_cache_made_as_configured``). Under ``torchrun`` the ranks split the clips; Gemma-3 is sharded over them
 with FSDP2 when ``run.text_encoder_fsdp`` says so (docs/DESIGN.md "Latent cache"). A silent clip's
 stand-in tone is chosen by the clip's content (its digest), not its row.
 """
@@ -33,6 +34,7 @@ from mm_parallel import parse_dtype
 from mm_trainer import (
     enable_vae_tiling,
     preprocess_ranks,
+    preprocess_recipe,
     preprocess_section,
     shard_frozen,
     use_text_encoder_fsdp,
@@ -256,5 +258,5 @@ def run_preprocess(
 
     return write_latent_cache(
         dataset, encode, out, run=run, identity=encoders_identity(options, out), uses_prompt=True,
-        idle=idle if encoders.sharded else None,
+        idle=idle if encoders.sharded else None, recipe=preprocess_recipe(options),
     )  # fmt: skip

@@ -15,7 +15,8 @@ are called through the run's own ``Wan22Pipeline`` stages (``encode_latents``, `
 The cache is :func:`mm_data.cache_dataset`'s (through :func:`mm_trainer.write_latent_cache`, as for
 LTX-2): sharded, keyed by each clip's content, the row, the reading parameters and the encoders' identity
 (their weights' digests, dtypes, the task, ``ENCODE_VERSION``), so a re-run encodes only what changed
-and resumes an interrupted run. Under ``torchrun`` the ranks split the clips; UMT5 is sharded over them
+and resumes an interrupted run; it records the ``data.dataset.preprocess`` keys it was made with, which a
+training run's own section must match (``mm_trainer.check_cache_made_as_configured``). Under ``torchrun`` the ranks split the clips; UMT5 is sharded over them
 with FSDP2 when ``run.text_encoder_fsdp`` says so (docs/DESIGN.md "Latent cache").
 """
 
@@ -32,6 +33,7 @@ from mm_trainer import (
     enable_vae_tiling,
     load_frozen,
     preprocess_ranks,
+    preprocess_recipe,
     preprocess_section,
     use_text_encoder_fsdp,
     weights_identity,
@@ -147,4 +149,5 @@ def run_preprocess(
     return write_latent_cache(
         dataset, encode, out, run=options.run, identity=encoders.identity(options, out, pipeline.task),
         uses_prompt=False, idle=(lambda: idle_text_encoder(pipeline, encoders)) if encoders.sharded else None,
+        recipe=preprocess_recipe(options),
     )  # fmt: skip

@@ -4,9 +4,11 @@ __version__ = "0.1.0"
 
 from .bad_samples import BadSample, BadSampleError, BadSampleTracker
 from .buckets import Bucket, assign_bucket, make_buckets, parse_buckets, same_bucket_order
-from .cache import CacheReport, cache_dataset
+from .cache import CacheReport, cache_dataset, from_rank0
 from .cache_index import INDEX_NAME, CacheIndex, ShardEntry, shard_layout, shard_name
 from .cache_keys import canonical_json, content_key, tree_digest
+from .cache_lock import CacheLock, CacheLockedError
+from .cache_made_with import CacheMismatchError, cache_made_with, check_cache_made_with, recipe_differences
 from .cache_store import (
     CACHE_MANIFEST,
     FileStore,
@@ -22,7 +24,7 @@ from .caption_tokenizer import write_caption_tokenizer
 from .captions import caption_candidates, draw_caption, sample_rng
 from .chat_template import IGNORE_INDEX, TEMPLATES, ChatTemplate, EncodedConversation, register_template
 from .clip_checks import caption_direction, moves_as_captioned, psnr, shape_centroids
-from .clip_info import clip_info, clip_info_path, record_info
+from .clip_info import clip_digests, clip_info, clip_info_path, record_info
 from .collate import collate_video_text
 from .contact_sheet import contact_sheet, contact_sheet_size, write_contact_sheet
 from .conversation import Conversation, ConversationColumns, ConversationError, Message, to_conversation
@@ -41,7 +43,7 @@ from .precomputed_dataset import PrecomputedLatentDataset
 from .registry import Registry
 from .sample_check import check_samples
 from .sampler import GlobalOrderSampler
-from .shards import CorruptShardError, ShardReader, read_shard_header, write_shard
+from .shards import CorruptShardError, ShardReader, read_shard_header, verify_shard, write_shard
 from .synthetic import (
     caption_vocabulary,
     frame_index_from_colour,
@@ -55,6 +57,9 @@ __all__ = [
     "CACHE_MANIFEST",
     "INDEX_NAME",
     "CacheIndex",
+    "CacheLock",
+    "CacheLockedError",
+    "CacheMismatchError",
     "CorruptShardError",
     "FileRecords",
     "FileStore",
@@ -62,12 +67,18 @@ __all__ = [
     "ShardReader",
     "ShardedStore",
     "canonical_json",
+    "cache_made_with",
+    "check_cache_made_with",
+    "clip_digests",
     "clip_info",
+    "from_rank0",
     "clip_info_path",
     "content_key",
     "file_stat",
     "open_cache",
     "read_shard_header",
+    "recipe_differences",
+    "verify_shard",
     "record_info",
     "sha256_file",
     "shard_layout",

@@ -7,7 +7,10 @@ The index, written last and atomically, is what a reader trusts:
   of a run over the cache is the order over the clips, so the sampler works unchanged);
 - ``keys``: each row's content key (:mod:`mm_data.cache_keys`), or None for a row the source could not
   read, whose path and reason are in ``bad``;
-- ``shards``: each shard's file name, size in bytes and the keys it holds, in order.
+- ``shards``: each shard's file name, size in bytes and the keys it holds, in order;
+- ``made_with`` (version 2): how the cache was made (:mod:`mm_data.cache_made_with`: the maker's recipe,
+  the encoders' identity, the reading parameters, the source metadata's identity); an index of version 1
+  has none and is still read (a preprocess run reuses its shards and rewrites it as version 2).
 
 **Layout.** The distinct keys, in row order, are cut into shards by their content: a shard ends after a
 key whose hash hits a target (expected length ``shard_size``, at least half and at most four times it).
@@ -32,7 +35,9 @@ __all__ = ["INDEX_NAME", "CacheIndex", "ShardEntry", "shard_layout", "shard_name
 INDEX_NAME = "index.json"
 """Name of the index file of a sharded cache folder."""
 _FORMAT = "mm-data latent cache"
-_VERSION = 1
+_VERSION = 2
+_READS = (1, 2)
+"""Index versions this mm-data reads (1: before ``made_with``)."""
 
 
 def shard_name(keys: Sequence[str]) -> str:
@@ -83,6 +88,8 @@ class CacheIndex:
     shards: list[ShardEntry]
     bad: dict[int, tuple[str, str]] = field(default_factory=dict)
     shard_size: int = 64
+    made_with: dict[str, Any] | None = None
+    """How the cache was made (:func:`mm_data.cache_made_with.made_with`); None in a version-1 index."""
 
     def __post_init__(self) -> None:
         if not len(self.bucket_ids) == len(self.keys) == self.num_samples:
@@ -123,6 +130,7 @@ class CacheIndex:
             "keys": self.keys,
             "bad": {str(row): list(self.bad[row]) for row in sorted(self.bad)},
             "shards": [{"name": s.name, "bytes": s.bytes, "keys": s.keys} for s in self.shards],
+            "made_with": self.made_with,
         }
         return json.dumps(data, separators=(",", ":"))
 
@@ -150,10 +158,10 @@ class CacheIndex:
             ) from None
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not JSON ({e}); run the preprocess again to rewrite it") from e
-        if data.get("format") != _FORMAT or data.get("version") != _VERSION:
+        if data.get("format") != _FORMAT or data.get("version") not in _READS:
             raise ValueError(
                 f"{path}: format {data.get('format')!r} version {data.get('version')!r}; this mm-data reads "
-                f"{_FORMAT!r} version {_VERSION}"
+                f"{_FORMAT!r} versions {', '.join(map(str, _READS))}"
             )
         try:
             return cls(
@@ -163,6 +171,7 @@ class CacheIndex:
                 shards=[ShardEntry(s["name"], int(s["bytes"]), list(s["keys"])) for s in data["shards"]],
                 bad={int(row): (str(p), str(r)) for row, (p, r) in data.get("bad", {}).items()},
                 shard_size=int(data.get("shard_size", 64)),
+                made_with=data.get("made_with") if data["version"] >= 2 else None,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path}: malformed cache index ({e!r}); run the preprocess again") from e

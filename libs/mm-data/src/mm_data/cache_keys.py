@@ -11,10 +11,12 @@ A sample's key is the SHA-256 of the canonical JSON of
   or with dropout (the draw is keyed by the index), else absent.
 
 Why the clip's bytes and not a cheaper fingerprint (size + mtime, a partial hash): a key must change
-exactly when the cached tensors would, and a copied or re-synced dataset keeps its bytes but not its
-mtimes. Hashing reads each clip once (at ~1-2 GB/s, small beside decoding and VAE encoding it), and
-the digest is stored beside the metadata and reused while the clip's size and mtime are unchanged, so a
-re-run hashes only the clips that changed on disk.
+exactly when the cached tensors would, a copied or re-synced dataset keeps its bytes but not its mtimes,
+and a clip rewritten in place can keep its size and have its mtime restored (``rsync -t``, ``tar``,
+``cp -p``). So every preprocess run hashes every clip again (:func:`mm_data.clip_digests`; the stored
+size and mtime are a pre-filter that never alone decides that a clip is unchanged): one read of each
+clip, SHA-256 at about 1.6 GB/s per process (measured in docs/DESIGN.md "Latent cache"), small beside
+decoding and VAE-encoding it, and only a re-run that encodes nothing notices it.
 """
 
 from __future__ import annotations
@@ -48,11 +50,15 @@ def _digest(path: str) -> dict[str, Any]:
     return {"sha256": sha256_file(path)}
 
 
-def tree_digest(path: str | Path, records: FileRecords | None = None, *, workers: int | None = None) -> str:
+def tree_digest(
+    path: str | Path, records: FileRecords | None = None, *, workers: int | None = None, verify: bool = False
+) -> str:
     """SHA-256 over every file under ``path`` (or of the file ``path``): its relative names and contents.
 
     ``records`` keeps each file's digest while its size and mtime are unchanged (a re-run does not
-    read a 10 GB text encoder again). Hidden files and ``*.lock`` files are left out.
+    read a 10 GB text encoder again), unless ``verify``: then every file is hashed again and the records
+    only say which ones changed in place (:meth:`FileRecords.ensure`). Hidden files and ``*.lock``
+    files are left out.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -65,7 +71,9 @@ def tree_digest(path: str | Path, records: FileRecords | None = None, *, workers
         if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
         and p.suffix != ".lock"
     )  # fmt: skip
-    found = (records or FileRecords(None)).ensure([str(p) for p in files], "sha256", _digest, workers=workers)
+    found = (records or FileRecords(None)).ensure(
+        [str(p) for p in files], "sha256", _digest, workers=workers, verify=verify
+    )
     listing = []
     for p in files:
         record = found[str(p)]

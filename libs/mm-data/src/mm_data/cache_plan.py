@@ -1,28 +1,41 @@
 """What a preprocess run has to do: every row's content key, what the cache folder already holds, and
 which rows each rank encodes (docs/DESIGN.md "Latent cache").
 
-Every rank builds the plan from the same inputs (the metadata, the clips' digests, the folder), so the
-work is split by sample, never by arrival: rank ``r`` of ``W`` encodes the rows ``i`` with
-``i % W == r`` whose key is cached nowhere yet. A key is *available* when it is in a shard of the current
-index (whose size matches what the index recorded), in a complete shard file an interrupted run left, or
-in a sample file an interrupted run staged (``staging/<key>.safetensors``); a row whose source could not
-be read in an interrupted run (``staging/<key>.bad.json``) is not retried within the same resumed run.
+Every rank builds the plan from the same inputs (the metadata, the clips' digests and the verdicts on
+the folder's files, both computed once and shared by the ranks), so the work is split by sample, never
+by arrival: rank ``r`` of ``W`` encodes the rows ``i`` with ``i % W == r`` whose key is cached nowhere
+yet. A key is *available* when it is in a shard of the current index, in a complete shard file an
+interrupted run left, or in a sample file an interrupted run staged (``staging/<key>.safetensors``),
+and that file passed :func:`~mm_data.shards.verify_shard` this run (its size, header and every tensor's
+CRC-32); a damaged file's samples are encoded again and the file is rewritten. A row whose source could
+not be read in an interrupted run (``staging/<key>.bad.json``) is not retried within the same resumed
+run.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .cache_index import INDEX_NAME, CacheIndex
 from .cache_keys import content_key
-from .clip_info import clip_info
-from .shards import CorruptShardError, read_shard_header
+from .file_records import default_workers
+from .shards import CorruptShardError, read_shard_header, verify_shard
 
-__all__ = ["STAGING", "CachePlan", "Location", "plan_cache", "staged_bad", "staged_file"]
+__all__ = [
+    "STAGING",
+    "CachePlan",
+    "Location",
+    "cache_files",
+    "plan_cache",
+    "staged_bad",
+    "staged_file",
+    "verify_files",
+]
 
 STAGING = "staging"
 """Folder (inside the cache folder) of the sample files encoded before they are packed into shards."""
@@ -64,6 +77,8 @@ class CachePlan:
     previous: CacheIndex | None
     corrupt: list[CorruptShardError] = field(default_factory=list)
     """Shards of the previous index found damaged (their samples are encoded again)."""
+    damaged: dict[str, str] = field(default_factory=dict)
+    """Every file of the folder that failed :func:`verify_shard` (path -> why): never kept nor read."""
 
     @property
     def todo(self) -> list[int]:
@@ -95,7 +110,11 @@ def _draws_prompt(row: Mapping[str, Any], caption_dropout: float) -> bool:
 
 
 def sample_keys(
-    dataset: Any, identity: Mapping[str, Any], *, uses_prompt: bool, probe_workers: int | None = None
+    dataset: Any,
+    identity: Mapping[str, Any],
+    records: Mapping[str, Mapping[str, Any] | None],
+    *,
+    uses_prompt: bool,
 ) -> tuple[list[str | None], list[str | None], dict[int, tuple[str, str]]]:
     """Each row's content key (``mm_data.cache_keys``) and clip digest, and the rows whose clip cannot be
     read.
@@ -103,14 +122,11 @@ def sample_keys(
     Args:
         dataset: A :class:`~mm_data.VideoTextDataset` (rows, buckets, reading parameters).
         identity: The encoders' identity (weights digests, dtypes, options).
+        records: Each clip path's record with its ``sha256`` (:func:`mm_data.clip_digests`).
         uses_prompt: The encoder reads the item's drawn ``prompt``: rows whose draw varies (a caption
             list, caption dropout) are keyed by their index too.
     """
     rows = dataset.rows
-    records = clip_info(
-        [r["path"] for r in rows], metadata_path=dataset.metadata_path, probe=False, digests=True,
-        workers=probe_workers, prune=True,
-    )  # fmt: skip
     reading = dataset.reading_params()
     keys: list[str | None] = []
     unreadable: dict[int, tuple[str, str]] = {}
@@ -135,25 +151,42 @@ def sample_keys(
     return keys, digests, unreadable
 
 
-def _scan(root: Path, previous: CacheIndex | None) -> tuple[dict[str, Location], list[CorruptShardError]]:
-    """Keys available in the folder's shards: the index's (size checked) and unlisted complete ones."""
+def cache_files(root: Path, previous: CacheIndex | None) -> list[tuple[Path, int | None]]:
+    """Every file a run might keep or read samples from, with the size the index recorded (None: not
+    listed): the index's shards, unlisted shard files an interrupted run left, staged sample files."""
+    listed = {shard.name: shard.bytes for shard in previous.shards} if previous else {}
+    files: list[tuple[Path, int | None]] = [(root / name, size) for name, size in listed.items()]
+    files += [(p, None) for p in sorted(root.glob("shard-*.safetensors")) if p.name not in listed]
+    folder = root / STAGING
+    files += [(p, None) for p in sorted(folder.glob("*.safetensors"))] if folder.is_dir() else []
+    return files
+
+
+def verify_files(files: list[tuple[Path, int | None]], workers: int | None = None) -> dict[str, str]:
+    """:func:`verify_shard` of each ``(path, expected size)`` in ``workers`` threads (default: the CPUs, at
+    most 8); the damaged ones: path -> why."""
+    with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
+        verdicts = list(pool.map(lambda file: verify_shard(*file), files))
+    return {str(path): why for (path, _), why in zip(files, verdicts) if why is not None}
+
+
+def _scan(
+    root: Path, previous: CacheIndex | None, damaged: Mapping[str, str]
+) -> tuple[dict[str, Location], list[CorruptShardError]]:
+    """Keys available in the folder's shards that passed verification: the index's and unlisted ones."""
     available: dict[str, Location] = {}
     corrupt: list[CorruptShardError] = []
     listed = set()
     for shard in previous.shards if previous else []:
         listed.add(shard.name)
         path = root / shard.name
-        size = path.stat().st_size if path.is_file() else None
-        if size != shard.bytes:
-            why = (
-                "the file is missing" if size is None else f"{size} bytes, the cache index says {shard.bytes}"
-            )
-            corrupt.append(CorruptShardError(path, why, previous.shard_rows(shard.name)))  # type: ignore[union-attr]
+        if str(path) in damaged:
+            corrupt.append(CorruptShardError(path, damaged[str(path)], previous.shard_rows(shard.name)))  # type: ignore[union-attr]
             continue
         available.update({key: Location(path) for key in shard.keys})
     for path in sorted(root.glob("shard-*.safetensors")):
-        if path.name in listed:
-            continue
+        if path.name in listed or str(path) in damaged:
+            continue  # a damaged unlisted shard: removed when the run commits
         try:
             keys = read_shard_header(path)
         except CorruptShardError:
@@ -162,12 +195,13 @@ def _scan(root: Path, previous: CacheIndex | None) -> tuple[dict[str, Location],
     return available, corrupt
 
 
-def _staged(root: Path) -> tuple[dict[str, Location], dict[str, tuple[str, str]]]:
+def _staged(root: Path, damaged: Mapping[str, str]) -> tuple[dict[str, Location], dict[str, tuple[str, str]]]:
     staged: dict[str, Location] = {}
     bad: dict[str, tuple[str, str]] = {}
     folder = root / STAGING
     for path in sorted(folder.glob("*.safetensors")) if folder.is_dir() else []:
-        staged[path.name.removesuffix(".safetensors")] = Location(path, staged=True)
+        if str(path) not in damaged:  # a damaged one is encoded again (and replaced)
+            staged[path.name.removesuffix(".safetensors")] = Location(path, staged=True)
     for path in sorted(folder.glob("*.bad.json")) if folder.is_dir() else []:
         data = json.loads(path.read_text())
         bad[path.name.removesuffix(".bad.json")] = (str(data["path"]), str(data["reason"]))
@@ -188,18 +222,24 @@ def plan_cache(
     dataset: Any,
     root: str | Path,
     identity: Mapping[str, Any],
+    records: Mapping[str, Mapping[str, Any] | None],
+    damaged: Mapping[str, str],
     *,
     uses_prompt: bool = True,
-    probe_workers: int | None = None,
 ) -> CachePlan:
-    """The plan of a run writing ``dataset``'s cache into ``root`` (see the module docstring)."""
+    """The plan of a run writing ``dataset``'s cache into ``root`` (see the module docstring).
+
+    Args:
+        records: The clips' digests (:func:`mm_data.clip_digests`).
+        damaged: The folder's files that failed verification (:func:`verify_files` of :func:`cache_files`).
+    """
     root = Path(root)
-    keys, digests, unreadable = sample_keys(
-        dataset, identity, uses_prompt=uses_prompt, probe_workers=probe_workers
-    )
+    keys, digests, unreadable = sample_keys(dataset, identity, records, uses_prompt=uses_prompt)
     previous = previous_index(root)
-    available, corrupt = _scan(root, previous)
-    staged, bad = _staged(root)
+    available, corrupt = _scan(root, previous, damaged)
+    staged, bad = _staged(root, damaged)
     available.update({k: v for k, v in staged.items() if k not in available})
     bucket_ids = [int(b) for b in dataset.bucket_ids]
-    return CachePlan(root, keys, digests, bucket_ids, unreadable, available, bad, previous, corrupt)
+    return CachePlan(
+        root, keys, digests, bucket_ids, unreadable, available, bad, previous, corrupt, dict(damaged)
+    )

@@ -4,7 +4,8 @@
   (:mod:`mm_data.cache_index`, :mod:`mm_data.shards`); a reader keeps a few shards open per process.
 - **Per-file** (``cache.json``, written by mm-data before the sharded format): one
   ``NNNNNNNN.safetensors`` per row and ``NNNNNNNN.bad.json`` per row the source could not read. Still
-  read, never written.
+  read; written only as a copy of a sharded cache (:func:`write_per_file_copy`, whose manifest carries
+  the sharded cache's ``made_with``: :mod:`mm_data.cache_made_with`).
 
 :func:`open_cache` returns either as a :class:`SampleStore`; the datasets over a cache
 (:class:`~mm_data.CachedVideoTextDataset`, :class:`~mm_data.PrecomputedLatentDataset`) read through it.
@@ -92,6 +93,11 @@ class ShardedStore:
             max_open, describe=lambda p: self.index.shard_rows(p.name), expected_bytes=sizes.get
         )
 
+    @property
+    def made_with(self) -> dict[str, Any] | None:
+        """How the cache was made (:mod:`mm_data.cache_made_with`); None in an index of version 1."""
+        return self.index.made_with
+
     def bad(self, row: int) -> tuple[str, str] | None:
         return self.index.bad.get(row)
 
@@ -122,7 +128,13 @@ class FileStore:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
-        self.bucket_ids = [int(b) for b in read_cache_manifest(self.root)["bucket_ids"]]
+        self.manifest = read_cache_manifest(self.root)
+        self.bucket_ids = [int(b) for b in self.manifest["bucket_ids"]]
+
+    @property
+    def made_with(self) -> dict[str, Any] | None:
+        """How the cache was made: a copy's (:func:`write_per_file_copy`); None in one of earlier versions."""
+        return self.manifest.get("made_with")
 
     def bad(self, row: int) -> tuple[str, str] | None:
         if (self.root / cache_file_name(row)).is_file():
@@ -155,7 +167,9 @@ def write_per_file_copy(root: str | Path, out: str | Path) -> Path:
             (out / bad_marker_name(row)).write_text(json.dumps({"path": bad[0], "reason": bad[1]}))
         else:
             save_precomputed(out / cache_file_name(row), *store.read(row))
-    manifest = {"num_samples": len(store.bucket_ids), "bucket_ids": list(store.bucket_ids)}
+    manifest: dict[str, Any] = {"num_samples": len(store.bucket_ids), "bucket_ids": list(store.bucket_ids)}
+    if store.made_with is not None:
+        manifest["made_with"] = store.made_with
     (out / CACHE_MANIFEST).write_text(json.dumps(manifest))
     return out
 

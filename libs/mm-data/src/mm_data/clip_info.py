@@ -1,6 +1,8 @@
 """Clip facts probed once: frame count, frame rate, size (from the container header) and, for the latent
 cache, the SHA-256 of the clip's bytes; stored beside the metadata file and reused while the clips are
-unchanged (:class:`~mm_data.file_records.FileRecords`: valid while a clip's size and mtime are).
+unchanged (:class:`~mm_data.file_records.FileRecords`: valid while a clip's size and mtime are). The
+latent cache asks for the digests with ``verify`` (:func:`clip_digests`): every clip is hashed again on
+every preprocess run, so a clip rewritten in place with its size and mtime kept is seen by its content.
 
 ``metadata.json`` gets ``metadata.json.clips.json``. Every process that needs the facts (each rank of a
 run assigning buckets, each rank of a preprocess) asks :func:`clip_info`; the first one probes what is
@@ -16,7 +18,7 @@ from typing import Any
 from .decode import DecodeError, VideoInfo, probe_video
 from .file_records import FileRecords, sha256_file
 
-__all__ = ["clip_info", "clip_info_path", "record_info"]
+__all__ = ["clip_digests", "clip_info", "clip_info_path", "record_info"]
 
 
 def clip_info_path(metadata_path: str | Path) -> Path:
@@ -76,3 +78,20 @@ def clip_info(
     if digests:
         records = store.ensure(unique, "sha256", _digest, workers=workers, prune=prune)
     return records
+
+
+def clip_digests(
+    paths: Sequence[str], *, metadata_path: str | Path | None, workers: int | None = None
+) -> tuple[dict[str, dict[str, Any] | None], list[str]]:
+    """The SHA-256 of every clip in ``paths`` (all of a metadata file's clips), each hashed from its bytes
+    now, in ``workers`` processes; and the clips found changed under an unchanged size and mtime.
+
+    What the latent cache keys samples by: the stored digest of a clip is never trusted on its stat
+    alone (a rewrite that restores the mtime keeps both). Costs one read of every clip per call (SHA-256
+    at about 1.6 GB/s per process on the machine of docs/DESIGN.md "Latent cache"; reading the files
+    from disk usually bounds it).
+    """
+    store = FileRecords(clip_info_path(metadata_path) if metadata_path is not None else None)
+    unique = list(dict.fromkeys(paths))
+    records = store.ensure(unique, "sha256", _digest, workers=workers, prune=True, verify=True)
+    return records, list(store.rewritten)

@@ -141,6 +141,12 @@ class VideoTextDataset(Dataset):
             "tokenizer": None if self.tokenizer is None else type(self.tokenizer).__name__,
         }  # fmt: skip
 
+    def reassign_buckets(self) -> None:
+        """Assign the buckets again from the clips' facts as now stored (the latent cache calls it after
+        finding clips whose bytes changed under an unchanged size and mtime: their probed sizes are
+        dropped with their digests and probed again here)."""
+        self.bucket_ids = self._assign_buckets()
+
     def check(self, indices: Sequence[int] | None = None) -> list[BadSample]:
         """Load every sample (or ``indices``) without replacement, each under the deadline; return the
         bad ones (``mm_data.check_samples`` runs this in parallel)."""

@@ -10,9 +10,14 @@ folder cannot be written is skipped with a logged warning: the records are then 
 this process only (slower, never wrong).
 
 The ``(size, mtime_ns)`` pair only decides whether a record is still *valid*; what is recorded (e.g. the
-content digest) is computed from the file itself. A file rewritten in place with the same size within
-the file system's timestamp granularity would keep a stale record (git's index has the same caveat);
-touching a file without changing it costs a recomputation of its record, nothing else.
+content digest) is computed from the file itself. A file rewritten in place with its size and mtime kept
+(``rsync -t``, ``tar``, ``cp -p`` restore the mtime) would keep a stale record: where that must not
+happen (the latent cache's clip and weight digests) the caller asks for ``verify``, and the record's
+field is computed from the file's bytes again on every call, the stat serving only as a pre-filter
+that never alone decides that a file is unchanged. A record whose recomputed field differs is replaced
+whole (its other facts, such as a probed header, are stale too) and the file is listed in
+:attr:`FileRecords.rewritten`. Touching a file without changing it costs a recomputation of its
+record, nothing else.
 """
 
 from __future__ import annotations
@@ -68,6 +73,8 @@ class FileRecords:
 
     def __init__(self, store: str | Path | None) -> None:
         self.store = Path(store) if store is not None else None
+        self.rewritten: list[str] = []
+        """Files the last :meth:`ensure` with ``verify`` found changed under an unchanged size and mtime."""
 
     def ensure(
         self,
@@ -77,15 +84,19 @@ class FileRecords:
         *,
         workers: int | None = None,
         prune: bool = False,
+        verify: bool = False,
     ) -> dict[str, dict[str, Any] | None]:
         """The records of ``paths`` with ``field`` in them, computing what is missing or stale.
 
         ``compute(path)`` returns the fields to record (it must contain ``field``; record an error as a
         value rather than raising). It runs in ``workers`` processes (default :func:`default_workers`;
         0 or 1: in this process). With ``prune`` the store then keeps ``paths``' records only (else it
-        keeps the others too). A path that cannot be stat'ed (missing, unreadable) maps to None.
+        keeps the others too). A path that cannot be stat'ed (missing, unreadable) maps to None. With
+        ``verify``, ``field`` is computed again for every file, whatever its stat says (see the module
+        docstring); :attr:`rewritten` lists the files whose record it replaced for that reason.
         """
         workers = default_workers() if workers is None else workers
+        self.rewritten = []
         with self._locked() as writable:
             known = self._load()
             stats = {p: file_stat(p) for p in paths}
@@ -97,7 +108,7 @@ class FileRecords:
                     records[path] = None
                 elif record is not None and (record.get("size"), record.get("mtime_ns")) == stat:
                     records[path] = record
-                    if field not in record:
+                    if field not in record or verify:
                         todo.append(path)
                 else:
                     records[path] = {"size": stat[0], "mtime_ns": stat[1]}
@@ -105,11 +116,21 @@ class FileRecords:
             for path, fields in zip(todo, _run(compute, todo, workers)):
                 if field not in fields:
                     raise KeyError(f"{compute.__name__}({path!r}) returned no {field!r}: {sorted(fields)}")
-                records[path] = {**(records[path] or {}), **fields}
+                record = records[path] or {}
+                if field in record and record[field] != fields[field]:  # same size and mtime, other bytes
+                    self.rewritten.append(path)
+                    size, mtime_ns = stats[path]  # type: ignore[misc]
+                    record = {"size": size, "mtime_ns": mtime_ns}
+                records[path] = {**record, **fields}
             kept = {} if prune else {p: r for p, r in known.items() if p not in records}
             kept.update({p: r for p, r in records.items() if r is not None})
-            if writable and (todo or kept.keys() != known.keys()):
+            if writable and kept != known:
                 self._save(kept)
+        if self.rewritten:
+            logger.warning(
+                "mm_data: %d file(s) changed in place with their size and mtime kept (their records are "
+                "replaced): %s", len(self.rewritten), ", ".join(self.rewritten[:5]),
+            )  # fmt: skip
         return records
 
     @contextlib.contextmanager

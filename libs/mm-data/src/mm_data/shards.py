@@ -13,12 +13,18 @@ once instead of one file per sample. Keep a cache's shard count under ``max_open
 samples / 4096 or more) and a training step opens no file once every shard has been reached. A file that is truncated, has an
 unreadable header, lacks a sample or whose bytes fail the CRC raises :class:`CorruptShardError` naming
 the file and the samples it held.
+
+Verifying (:func:`verify_shard`, what a preprocess run does to every shard before it trusts one): the
+file's safetensors header is parsed by hand and each tensor's stored bytes are CRC-checked against the
+shard header, without torch (a tensor's CRC is that of its bytes as stored, so the two agree); zlib
+releases the GIL, so threads verify shards in parallel.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -37,6 +43,7 @@ __all__ = [
     "ShardReader",
     "read_shard_header",
     "tensor_crc32",
+    "verify_shard",
     "write_sample_file",
     "write_shard",
 ]
@@ -56,8 +63,8 @@ class CorruptShardError(RuntimeError):
         self.path, self.reason, self.samples = str(path), reason, list(samples)
         held = f"; it held samples {self.samples}" if self.samples else ""
         super().__init__(
-            f"{self.path}: corrupt cache shard ({reason}){held}. Delete it and run the preprocess again: "
-            "it recomputes exactly the samples the shard held"
+            f"{self.path}: corrupt cache shard ({reason}){held}. Run the preprocess again: it verifies "
+            "every shard and recomputes exactly the samples a damaged one held"
         )
 
 
@@ -131,6 +138,77 @@ def _header(handle: Any, path: str | Path, samples: Sequence[Any]) -> dict[str, 
     if header.get("version") != _VERSION or not isinstance(header.get("samples"), dict):
         raise CorruptShardError(path, f"unknown shard version {header.get('version')!r}", samples)
     return header["samples"]
+
+
+_MAX_HEADER = 1 << 30
+"""Largest safetensors header a shard may declare (a larger one means damaged length bytes)."""
+_CHUNK = 1 << 24
+
+
+def _stored_header(handle: Any) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """``(tensor entries, shard samples, first data byte)`` of an open shard file, read without torch."""
+    head = handle.read(8)
+    if len(head) < 8:
+        raise ValueError("shorter than a safetensors header")
+    (length,) = struct.unpack("<Q", head)
+    if length > _MAX_HEADER:
+        raise ValueError(f"header length {length} is not plausible")
+    raw = handle.read(length)
+    if len(raw) < length:
+        raise ValueError("truncated in its header")
+    entries = json.loads(raw)
+    meta = entries.pop("__metadata__", None) or {}
+    if SHARD_HEADER_KEY not in meta:
+        raise ValueError(f"no {SHARD_HEADER_KEY!r} header entry")
+    samples = json.loads(meta[SHARD_HEADER_KEY])
+    if samples.get("version") != _VERSION or not isinstance(samples.get("samples"), dict):
+        raise ValueError(f"unknown shard version {samples.get('version')!r}")
+    return entries, samples["samples"], 8 + length
+
+
+def _crc_of(handle: Any, begin: int, end: int) -> int:
+    handle.seek(begin)
+    crc, left = 0, end - begin
+    while left > 0:
+        block = handle.read(min(_CHUNK, left))
+        if not block:
+            raise ValueError(f"truncated: bytes {begin}-{end} are not all there")
+        crc, left = zlib.crc32(block, crc), left - len(block)
+    return crc
+
+
+def verify_shard(path: str | Path, expected_bytes: int | None = None) -> str | None:
+    """Why the shard (or staged sample) file ``path`` cannot be trusted, or None when every tensor the
+    shard header lists is there and its stored bytes match the CRC-32 recorded for it.
+
+    Reads the whole file once (sequentially; no torch). ``expected_bytes``: the size the cache index
+    recorded, checked first.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if expected_bytes is not None and size != expected_bytes:
+            return f"{size} bytes, the cache index says {expected_bytes}"
+        with open(path, "rb") as handle:
+            entries, samples, start = _stored_header(handle)
+            spans = []
+            for key, entry in samples.items():
+                for name, crc in entry["crc32"].items():
+                    tensor = entries.get(f"{key}/{name}")
+                    if tensor is None:
+                        return f"tensor {key}/{name} is not in it"
+                    begin, end = tensor["data_offsets"]
+                    spans.append((start + int(begin), start + int(end), f"{key}/{name}", int(crc)))
+            if max((end for _, end, _, _ in spans), default=start) > size:
+                return f"truncated: {size} bytes"
+            for begin, end, name, crc in sorted(spans):
+                if _crc_of(handle, begin, end) != crc:
+                    return f"tensor {name} fails its CRC-32"
+    except FileNotFoundError:
+        return "the file is missing"
+    except (OSError, ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+        return f"unreadable: {e}"
+    return None
 
 
 class _OpenShard:

@@ -7,6 +7,7 @@ __version__ = "0.1.0"
 
 from mm_trainer.checks.preflight import preflight  # noqa: E402
 from mm_trainer.data.batches import BatchStream, build_batch_stream, build_dataset  # noqa: E402
+from mm_trainer.data.cache_check import check_cache_made_as_configured, register_preprocess_section  # noqa: E402
 from mm_trainer.data.conditions import ConditionStream  # noqa: E402
 from mm_trainer.data.conversation import conversation_dataset  # noqa: E402
 from mm_trainer.data.frozen_encoders import (  # noqa: E402
@@ -17,7 +18,12 @@ from mm_trainer.data.frozen_encoders import (  # noqa: E402
     use_text_encoder_fsdp,
     weights_bytes,
 )
-from mm_trainer.data.preprocess import preprocess_ranks, weights_identity, write_latent_cache  # noqa: E402
+from mm_trainer.data.preprocess import (  # noqa: E402
+    preprocess_ranks,
+    preprocess_recipe,
+    weights_identity,
+    write_latent_cache,
+)
 from mm_trainer.loop.engine import TrainEngine  # noqa: E402
 from mm_trainer.loop.metrics import PEAK_FLOPS, MetricsLogger  # noqa: E402
 from mm_trainer.loop.nonfinite import NonFiniteGuard, NonFiniteLossError, state_is_finite  # noqa: E402
@@ -153,6 +159,9 @@ __all__ = [
     "enable_vae_tiling",
     "load_frozen",
     "preprocess_ranks",
+    "preprocess_recipe",
+    "check_cache_made_as_configured",
+    "register_preprocess_section",
     "shard_frozen",
     "use_text_encoder_fsdp",
     "weights_bytes",

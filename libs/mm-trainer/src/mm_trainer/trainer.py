@@ -35,6 +35,7 @@ from torch import nn
 
 from mm_trainer.checks.preflight import preflight
 from mm_trainer.data.batches import BatchStream, build_batch_stream
+from mm_trainer.data.cache_check import check_cache_made_as_configured
 from mm_trainer.data.conditions import ConditionStream
 from mm_trainer.loop.engine import TrainEngine
 from mm_trainer.loop.metrics import MetricsLogger, peak_memory_bytes
@@ -96,6 +97,8 @@ class Trainer:
         for line in check_resume(config, self.run_dir.resume_from):
             log_rank0(line)
         import_plugins(config.training.plugin)
+        # an encoder cache made otherwise than data.dataset.preprocess says: refused before any model loads
+        check_cache_made_as_configured(config.data)
         seed_everything(config.training.seed)
         if config.training.deterministic:
             torch.use_deterministic_algorithms(True)

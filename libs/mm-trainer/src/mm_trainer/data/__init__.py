@@ -5,4 +5,5 @@
 - ``conditions``: ``ConditionStream`` (``features.condition_micro_steps``).
 - ``preprocess``, ``frozen_encoders``: what the apps' ``preprocess`` commands share (docs/DESIGN.md
   "Latent cache").
+- ``cache_check``: a training run's check that its encoder cache was made as its preprocess section says.
 """
