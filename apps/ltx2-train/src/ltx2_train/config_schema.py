@@ -177,9 +177,10 @@ class PreprocessOptions(ConfigModel):
     """
 
     source: str
-    """Clip metadata file (``mm_data.VideoTextDataset`` layout: path, cap, fps, ...)."""
+    """Clip metadata file (``mm_data.VideoTextDataset`` layout: path, cap, fps, ...), or a caption folder
+    (clips with a same-named ``.txt`` caption each)."""
     source_root: str | None = None
-    """Directory that relative clip paths are resolved against."""
+    """Directory that relative clip paths of a metadata file are resolved against."""
     model_root: str
     """LTX-2 diffusers folder with ``vae/``, ``audio_vae/``, ``text_encoder/``, ``tokenizer/``, ``connectors/``."""
     num_frames: int = Field(default=121, ge=1)

@@ -28,7 +28,7 @@ from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video
 from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
 from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline as Upstream
 from mm_config import TrainConfig
-from mm_data import CacheReport, VideoTextDataset
+from mm_data import CacheReport, VideoTextDataset, probe_video
 from mm_parallel import parse_dtype
 from mm_trainer import (
     enable_vae_tiling,
@@ -43,8 +43,9 @@ from mm_trainer import (
 from ltx2_train.audio import log_mel, read_audio, synthetic_tone
 from ltx2_train.config_schema import PreprocessOptions
 
-ENCODE_VERSION = 1
-"""Bumped when what this module caches per sample changes (it is part of every sample's key)."""
+ENCODE_VERSION = 2
+"""Bumped when what this module caches per sample changes (it is part of every sample's key). 2: a clip
+whose row names no ``fps`` (a caption folder's rows name none) gets its header's frame rate, not 24."""
 GEMMA_BLOCKS = "*layers.{*}"
 """The FSDP units of a sharded Gemma-3 (its decoder layers, plus the root)."""
 
@@ -156,6 +157,12 @@ class LTX2Encoders:
         return Upstream._unpack_audio_latents(packed, z.shape[2], z.shape[3])[0]
 
 
+def clip_rate(path: str) -> float:
+    """The frame rate of a clip as its header gives it (a caption folder's rows name none); 24 for an image
+    (a header without a rate)."""
+    return probe_video(path).fps or 24.0
+
+
 def clip_waveform(
     path: str | None, tone: int, *, sample_rate: int, seconds: float, start_s: float = 0.0
 ) -> torch.Tensor:
@@ -245,7 +252,7 @@ def run_preprocess(
 
     def encode(item: dict[str, Any]) -> dict[str, Any]:
         row = dataset.rows[int(item["index"])]
-        rate = float(options.fps or row.get("fps") or 24.0)
+        rate = float(options.fps or row.get("fps") or clip_rate(row["path"]))
         if not math.isfinite(rate) or rate <= 0:
             raise ValueError(f"{row['path']}: no usable frame rate ({rate}); set data.dataset.preprocess.fps")
         return encode_sample(encoders, item, frame_rate=rate, max_length=options.max_sequence_length,

@@ -43,8 +43,9 @@ class ValidationConfig(ConfigModel):
     fps: int = Field(default=16, ge=1)
     """Frame rate written into the clips."""
     data_path: InputPath | None = None
-    """Held-out metadata file (read by the ``data.dataset_id`` dataset with the ``data.dataset``
-    options, like the training data) for ``val_loss``; None = no validation loss."""
+    """Held-out samples for ``val_loss``, read by the ``data.dataset_id`` dataset with the ``data.dataset``
+    options, like the training data: a metadata file or caption folder (``video_text``), a cache folder
+    (the cached datasets: the held-out clips preprocessed like the training ones); None = no validation loss."""
     loss_timesteps: int = Field(default=4, ge=1)
     """Fixed timesteps of the validation loss: evenly spaced over the range the run trains (an
     A14B expert: its own range); ``val_loss`` is the mean over held-out samples and these timesteps."""

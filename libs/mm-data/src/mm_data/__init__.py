@@ -18,6 +18,7 @@ from .cache_store import (
     write_per_file_copy,
 )
 from .cached_dataset import CAPTION_KEY, CachedVideoTextDataset, caption_entries
+from .caption_folder import CaptionError, caption_path, read_caption, read_caption_folder
 from .caption_tokenizer import write_caption_tokenizer
 from .captions import caption_candidates, draw_caption, sample_rng
 from .chat_template import IGNORE_INDEX, TEMPLATES, ChatTemplate, EncodedConversation, register_template
@@ -77,6 +78,10 @@ __all__ = [
     "write_shard",
     "CAPTION_KEY",
     "CachedVideoTextDataset",
+    "CaptionError",
+    "caption_path",
+    "read_caption",
+    "read_caption_folder",
     "bad_marker_name",
     "caption_candidates",
     "caption_entries",

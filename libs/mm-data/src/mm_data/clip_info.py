@@ -2,7 +2,8 @@
 cache, the SHA-256 of the clip's bytes; stored beside the metadata file and reused while the clips are
 unchanged (:class:`~mm_data.file_records.FileRecords`: valid while a clip's size and mtime are).
 
-``metadata.json`` gets ``metadata.json.clips.json``. Every process that needs the facts (each rank of a
+``metadata.json`` gets ``metadata.json.clips.json``; a caption folder (:mod:`mm_data.caption_folder`) keeps
+them inside, in ``.clips.json`` (a hidden name: never read as a sample). Every process that needs the facts (each rank of a
 run assigning buckets, each rank of a preprocess) asks :func:`clip_info`; the first one probes what is
 missing in parallel processes, under the store's lock, and the others read its results.
 """
@@ -20,8 +21,11 @@ __all__ = ["clip_info", "clip_info_path", "record_info"]
 
 
 def clip_info_path(metadata_path: str | Path) -> Path:
-    """Where the probed facts of ``metadata_path``'s clips are stored: ``<metadata file>.clips.json``."""
+    """Where the probed facts of ``metadata_path``'s clips are stored: ``<metadata file>.clips.json``, or
+    ``<caption folder>/.clips.json``."""
     path = Path(metadata_path)
+    if path.is_dir():
+        return path / ".clips.json"
     return path.with_name(f"{path.name}.clips.json")
 
 
@@ -62,7 +66,8 @@ def clip_info(
 
     Args:
         paths: Clip (or image) files, as the metadata rows name them (absolute).
-        metadata_path: The metadata file the facts are stored beside (None: not stored).
+        metadata_path: The metadata file the facts are stored beside, or the caption folder they are
+            stored in (None: not stored).
         probe: Read the container headers.
         digests: Hash every clip's bytes (the latent cache's content keys).
         workers: Processes probing / hashing in parallel (default: the CPUs, at most 8).
