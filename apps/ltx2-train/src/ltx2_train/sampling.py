@@ -23,11 +23,11 @@ from typing import Any
 import torch
 from mm_checkpoint import DistributedCheckpointer
 from mm_config import TrainConfig
-from mm_data import to_video_frames, write_clip
+from mm_data import to_video_frames, write_clip, write_wav
 from mm_pipelines import DistributionMatchingDistillation, FlowMatchScheduler
 from mm_trainer import ModelContainer, freeze, import_plugins
 
-from ltx2_train.audio import mel_to_waveform, write_wav
+from ltx2_train.audio import mel_to_waveform
 from ltx2_train.container import LTX2Container
 from ltx2_train.pipeline import LTX2Pipeline, unpack_video, video_patch
 from ltx2_train.predictor import LTX2Predictor

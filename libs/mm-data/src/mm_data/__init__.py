@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
+from .audio_out import write_wav
 from .bad_samples import BadSample, BadSampleError, BadSampleTracker
 from .buckets import Bucket, assign_bucket, make_buckets, parse_buckets, same_bucket_order
 from .cache import CacheReport, cache_dataset
@@ -157,4 +158,5 @@ __all__ = [
     "write_contact_sheet",
     "write_clip",
     "write_video",
+    "write_wav",
 ]

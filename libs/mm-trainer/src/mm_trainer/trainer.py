@@ -252,6 +252,8 @@ class Trainer:
             start_step=self.start_iteration,
             log_dir=log_dir,
             tensorboard=cfg.training.tensorboard,
+            wandb=cfg.training.wandb,
+            config=cfg.model_dump(mode="json") if cfg.training.wandb is not None else None,
             enabled=self.rank == 0,
         )
         validator = self.validator
