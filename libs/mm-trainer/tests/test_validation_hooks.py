@@ -49,8 +49,8 @@ class Sounding(ModelContainer):
         super().__init__({"predictor": nn.Linear(2, 2)}, trainable=("predictor",))
         self.prepared: list[tuple] = []
 
-    def prepare_sampling(self, prompts, *, negative_prompt, data, device) -> None:
-        self.prepared.append((prompts, negative_prompt, data, device))
+    def prepare_sampling(self, validation, *, data, device) -> None:
+        self.prepared.append((validation.prompts, validation.negative_prompt, data, device))
 
     def sample(
         self, prompt, *, seed, num_frames, height, width, steps, guidance_scale, negative_prompt, shift, fps

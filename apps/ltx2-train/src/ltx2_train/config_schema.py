@@ -87,8 +87,9 @@ class LTX2PipelineOptions(PartialConfigModel):
 class LTX2DistillOptions(DistillOptions):
     """``model.pipeline.distill`` of ``ltx2_container``: DMD2 of the frozen ``teacher`` into the student
     ``model``, with the fake-score ``critic``, on the video and audio streams together. LTX-2 trains on
-    cached text embeddings and samples no validation clips, so the teacher's guidance stays 1 and the
-    keys of the unconditional prompt and the validation reference are refused."""
+    cached text embeddings (with no negative ones) and its validation clips are the student's alone (no
+    teacher reference is drawn), so the teacher's guidance stays 1 and the keys of the unconditional
+    prompt and the validation reference are refused."""
 
     shift: float = Field(gt=0)
     """Time shift of the distillation's sigma grid: where its timesteps lie, and the student's schedule
@@ -104,7 +105,8 @@ class LTX2DistillOptions(DistillOptions):
             problems.append(Problem(("guidance_scale",), why, self.guidance_scale))
         for key, why in (
             ("negative_prompt", "no text encoder runs in LTX-2 training: remove it"),
-            ("teacher_steps", "LTX-2 runs sample no validation clips to compare with the teacher's: remove it"),
+            ("teacher_steps", "LTX-2 validation samples the student's clips only, with no teacher reference to "
+             "compare them with: remove it"),
         ):
             if key in self.model_fields_set:
                 problems.append(Problem((key,), why, getattr(self, key)))

@@ -27,7 +27,7 @@ import torch
 from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video
 from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
 from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline as Upstream
-from mm_config import TrainConfig
+from mm_config import DataConfig, TrainConfig
 from mm_data import CacheReport, VideoTextDataset, probe_video
 from mm_parallel import parse_dtype
 from mm_trainer import (
@@ -56,9 +56,10 @@ class LTX2Encoders:
 
     vae: AutoencoderKLLTX2Video
     audio_vae: AutoencoderKLLTX2Audio | None
-    text_encoder: torch.nn.Module
+    text_encoder: torch.nn.Module | None
+    """Gemma-3 (None once released: :meth:`release_text_side`)."""
     tokenizer: Any
-    connectors: LTX2TextConnectors
+    connectors: LTX2TextConnectors | None
     device: torch.device
     dtype: torch.dtype
     n_fft: int = 1024
@@ -114,9 +115,19 @@ class LTX2Encoders:
         )
         return encoders
 
+    def release_text_side(self) -> None:
+        """Drop Gemma-3, its tokenizer and the connectors (what a run keeps for decoding: the VAEs), and
+        free their memory; :meth:`encode_text` is refused afterwards."""
+        self.text_encoder = self.connectors = self.tokenizer = None
+        empty = getattr(getattr(torch, self.device.type, None), "empty_cache", None)
+        if self.device.type != "cpu" and callable(empty):
+            empty()
+
     @torch.no_grad()
     def encode_text(self, prompt: str, max_length: int) -> dict[str, torch.Tensor]:
         """Gemma-3 hidden states of every layer -> connectors -> video/audio text embeddings + mask."""
+        if self.text_encoder is None or self.connectors is None:
+            raise RuntimeError("LTX2Encoders.encode_text after release_text_side: the text encoder is gone")
         tokens = self.tokenizer(
             [prompt.strip()],
             padding="max_length",
@@ -209,8 +220,8 @@ def source_dataset(options: PreprocessOptions) -> VideoTextDataset:
     )  # fmt: skip
 
 
-def preprocess_options(config: TrainConfig) -> PreprocessOptions:
-    """``data.dataset.preprocess`` of an ``ltx2_precomputed`` config, validated."""
+def preprocess_options(config: TrainConfig | DataConfig) -> PreprocessOptions:
+    """``data.dataset.preprocess`` of an ``ltx2_precomputed`` config (or of its ``data`` section), validated."""
     return preprocess_section(
         config, dataset_id="ltx2_precomputed", schema=PreprocessOptions, tool="ltx2-train preprocess"
     )

@@ -5,10 +5,10 @@ The trainer knows no model: it calls two hooks of the model container.
 - ``sample(prompt, *, seed, num_frames, height, width, steps, guidance_scale, negative_prompt,
   shift, fps) -> video [3, F, H, W] in [-1, 1]``, or a :class:`mm_trainer.SampledClip` with the clip's
   audio (written beside the clip as ``<index>.wav``), for the clips. Optional: ``check_sampling()``
-  raises before training when sampling could not run; ``prepare_sampling(prompts, *, negative_prompt,
-  data, device)`` is called once, before training, with every prompt the clips will need and the
-  ``data`` section (a model that trains on cached latents loads its frozen encoders from where the cache
-  was written, e.g. ``data.dataset.preprocess``, and may encode the prompts once);
+  raises before training when sampling could not run; ``prepare_sampling(validation, *, data, device)``
+  is called once, before training, with the ``training.validation`` section (the prompts, the clip size)
+  and the ``data`` section (a model that trains on cached latents loads its frozen encoders from where
+  the cache was written, e.g. ``data.dataset.preprocess``, and may encode the prompts once);
 - optionally ``sample_reference(prompt, *, seed, num_frames, height, width) -> video`` where
   ``has_sample_reference`` is true: the clip each sampled one is compared against (a distillation's
   teacher, many steps); its PSNR to the sampled clip, averaged over prompts, is ``val_psnr_to_reference``
@@ -83,9 +83,7 @@ class Validator:
         _check_hooks(model, validation)
         prepare = getattr(model, "prepare_sampling", None)
         if validation.prompts and callable(prepare):
-            prepare(
-                list(validation.prompts), negative_prompt=validation.negative_prompt, data=data, device=device
-            )
+            prepare(validation, data=data, device=device)
         self.dataset = None
         self.references: dict[int, torch.Tensor] = {}
         if validation.data_path is not None:
