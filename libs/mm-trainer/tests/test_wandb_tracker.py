@@ -125,6 +125,17 @@ def test_without_the_package_the_error_names_the_extra_and_nothing_is_opened(tmp
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+def test_a_run_without_the_package_is_refused_before_anything_is_built(monkeypatch):
+    from mm_config import TrainingConfig
+    from mm_trainer import check_tracker_packages
+
+    training = TrainingConfig(save="runs/x", tensorboard=False, wandb={"project": "p"})
+    check_tracker_packages(training)  # installed here
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"training.wandb is set .*pip install 'mm-trainer\[wandb\]'"):
+        check_tracker_packages(training)
+
+
 def test_only_an_enabled_logger_opens_a_run(tmp_path):
     logger = MetricsLogger(total_steps=1, log_dir=tmp_path, wandb=WandbConfig(project="p"), enabled=False)
     logger.log(1, {"loss": 1.0})

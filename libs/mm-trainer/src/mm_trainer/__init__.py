@@ -21,7 +21,13 @@ from mm_trainer.data.preprocess import preprocess_ranks, weights_identity, write
 from mm_trainer.loop.engine import TrainEngine  # noqa: E402
 from mm_trainer.loop.metrics import PEAK_FLOPS, MetricsLogger  # noqa: E402
 from mm_trainer.loop.nonfinite import NonFiniteGuard, NonFiniteLossError, state_is_finite  # noqa: E402
-from mm_trainer.loop.trackers import TensorBoardTracker, Tracker, WandbTracker, open_trackers  # noqa: E402
+from mm_trainer.loop.trackers import (  # noqa: E402
+    TensorBoardTracker,
+    Tracker,
+    WandbTracker,
+    check_tracker_packages,
+    open_trackers,
+)
 from mm_trainer.loop.validation import Validator  # noqa: E402
 from mm_trainer.model.base_model import BaseModel, init_module_weights, load_module_weights  # noqa: E402
 from mm_trainer.model.container import ModelContainer, ModelContainerHub, freeze  # noqa: E402
@@ -102,6 +108,7 @@ __all__ = [
     "Tracker",
     "WandbTracker",
     "as_sampled_clip",
+    "check_tracker_packages",
     "open_trackers",
     "ModelContainer",
     "ModelContainerHub",

@@ -9,9 +9,11 @@ is disabled).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import secrets
 import string
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,7 +22,14 @@ import torch
 
 from mm_trainer.run.summary import tensorboard_enabled
 
-__all__ = ["TensorBoardTracker", "Tracker", "WandbTracker", "open_trackers", "wandb_run_id_path"]
+__all__ = [
+    "TensorBoardTracker",
+    "Tracker",
+    "WandbTracker",
+    "check_tracker_packages",
+    "open_trackers",
+    "wandb_run_id_path",
+]
 
 logger = logging.getLogger("mm_trainer")
 
@@ -44,6 +53,27 @@ class Tracker(Protocol):
 
     def close(self, failed: bool) -> None:
         """Flush and close (``failed``: the run ends with an error)."""
+
+
+def _installed(name: str) -> bool:
+    if name in sys.modules:
+        return sys.modules[name] is not None
+    return importlib.util.find_spec(name) is not None
+
+
+def check_tracker_packages(training: Any) -> None:
+    """Before a run builds anything: the packages its trackers need (``training.tensorboard: true``,
+    ``training.wandb``) are installed, else an ImportError naming the extra (nothing is imported here)."""
+    if training.tensorboard and not _installed("tensorboard"):
+        raise ImportError(
+            "training.tensorboard is on but the tensorboard package is not installed: pip install "
+            "'mm-trainer[tensorboard]', or set training.tensorboard: false"
+        )
+    if getattr(training, "wandb", None) is not None and not _installed("wandb"):
+        raise ImportError(
+            "training.wandb is set but the wandb package is not installed: pip install 'mm-trainer[wandb]', "
+            "or remove training.wandb"
+        )
 
 
 def _summary_writer_class(setting: bool | None) -> type:
