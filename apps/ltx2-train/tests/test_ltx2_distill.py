@@ -119,7 +119,7 @@ def test_the_distillation_config_validates_and_builds_its_three_roles():
     [
         ("model.pipeline.distill.guidance_scale=3.0", r"distill.guidance_scale.*no negative ones"),
         ("model.pipeline.distill.negative_prompt=blur", r"distill.negative_prompt.*no text encoder"),
-        ("model.pipeline.distill.teacher_steps=20", r"distill.teacher_steps.*no validation clips"),
+        ("model.pipeline.distill.teacher_steps=20", r"distill.teacher_steps.*no teacher reference"),
         ("model.pipeline.distill={student_steps: 4}", r"distill.shift"),
         ("model.pipeline.shift_max=3.0", r"model.pipeline.shift_max.*grid of distill.shift"),
         ("model.pipeline.first_frame_conditioning_p=0.5", r"first_frame_conditioning_p.*whole clips"),

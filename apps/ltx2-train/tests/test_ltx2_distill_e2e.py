@@ -1,7 +1,8 @@
 """LTX-2 few-step distillation through the trainer (``configs/tiny_t2av_distill.yaml``: a teacher, the
 student ``model`` and a critic, video and audio): a run at 2 ranks with Ulysses 2, resumed from its
 checkpoint at 1 rank without Ulysses, trains every phase's losses of the uninterrupted run; the student
-exports as a plain LTX-2 transformer and ``ltx2-train sample --steps 4`` draws it on its own schedule."""
+exports as a plain LTX-2 transformer and ``ltx2-train sample --steps 4`` draws it on its own schedule, the
+clip (and audio) that ``training.validation`` sampled after the last step at 2 ranks with Ulysses 2."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from mm_data import decode_frames
 
 pytestmark = pytest.mark.slow
 
@@ -35,9 +37,12 @@ def phase_losses(rows: list[dict], key: str) -> torch.Tensor:
 def distilled(tiny_cache, run_config, distill_config, ltx2_train) -> SimpleNamespace:
     """The uninterrupted distillation: 6 steps on 2 ranks (Ulysses 2), checkpoints at 3 and 6."""
     save = tiny_cache / "distill"
+    validation = {"interval": STEPS, "prompts": ["a red circle moving up"], "num_frames": 5, "height": 16,
+                  "width": 16, "fps": 8}  # fmt: skip  (the student samples on its own 4-step schedule)
     config = run_config(
-        tiny_cache, distill_config, train_iters=STEPS, save_interval=SAVE_EVERY, deterministic=True, save=str(save)
-    )
+        tiny_cache, distill_config, train_iters=STEPS, save_interval=SAVE_EVERY, deterministic=True, save=str(save),
+        validation=validation,
+    )  # fmt: skip
     ltx2_train("--config", str(config), GENERATOR_EVERY, nproc=2)
     return SimpleNamespace(config=config, save=save, rows=records(save))
 
@@ -92,6 +97,9 @@ def test_the_student_exports_as_a_plain_transformer_and_samples_on_its_schedule(
     clip = tiny_cache / "sample_distill.mp4"
     ltx2_train(*readme.command(LTX2_README, SAMPLE, paths=runs)[1:])
     assert clip.is_file() and clip.with_suffix(".wav").is_file()
+    validated = distilled.save / "validation" / f"iter_{STEPS:07d}" / "0.mp4"  # the same prompt, seed 0, size
+    sampled, during_training = (decode_frames(p, list(range(5)), 16, 16).astype(int) for p in (clip, validated))
+    assert abs(sampled - during_training).max() <= 1 and validated.with_suffix(".wav").is_file()
     modules = sampling.load_for_sampling(load_run_config(distilled.save), distilled.save)
     timesteps: list[tuple[float, float]] = []
     modules["holder"].model.register_forward_hook(

@@ -159,6 +159,52 @@ def test_forward_runs_the_transformer_and_reports_tokens(tiny_predictor):
     assert model.proj_out.weight.grad is not None and model.audio_proj_out.weight.grad is not None
 
 
+def held_out_batch(size: int = 2) -> dict:
+    g = torch.Generator().manual_seed(1)
+    return {
+        "latents": torch.randn(size, 8, 2, 4, 4, generator=g),
+        "audio_latents": torch.randn(size, 4, 6, 4, generator=g),
+        "prompt_embeds": torch.randn(size, 6, 32, generator=g),
+        "prompt_attention_mask": torch.ones(size, 6, dtype=torch.long),
+        "frame_rate": torch.full((size,), 8.0),
+    }
+
+
+def test_the_held_out_loss_is_the_training_loss_at_fixed_sigmas_with_the_samples_own_noise(tiny_predictor):
+    """At ``n`` timesteps: the mean over sigmas ``(k + 1/2) / n`` of each sample's video MSE + weighted audio
+    MSE against ``eps - x0``, ``eps`` drawn once per sample (purposes ``noise``, ``audio_noise``)."""
+    container = SimpleNamespace(model=tiny_predictor())
+    pipe = LTX2Pipeline.from_options({"audio": True, "audio_loss_weight": 0.5})
+    batch, rng = held_out_batch(), SampleRNG(seed=3, step=0, sample_ids=[4, 9])
+    got = pipe.validation_loss(container, batch, rng, 2)
+    cond = pipe.prepare_conditions(container, batch)
+    eps = rng.randn("noise", cond["video"].shape[1:])
+    eps_a = rng.randn("audio_noise", cond["audio"].shape[1:])
+    expected = torch.zeros(2)
+    with torch.no_grad():
+        for sigma in (0.25, 0.75):
+            s = torch.full((2,), sigma)
+            noised = {**cond, "sigma": s, "video_timestep": s, "noisy_audio": (1 - sigma) * cond["audio"] + sigma * eps_a,
+                      "noisy_video": (1 - sigma) * cond["video"] + sigma * eps}  # fmt: skip
+            video, audio = pipe.predict(container, noised)
+            video_mse = (video - (eps - cond["video"])).pow(2).mean(dim=(1, 2))
+            audio_mse = (audio - (eps_a - cond["audio"])).pow(2).mean(dim=(1, 2))
+            expected += (video_mse + 0.5 * audio_mse) / 2
+    assert got.shape == (2,) and not got.requires_grad
+    torch.testing.assert_close(got, expected)
+
+
+def test_the_held_out_loss_of_a_sample_is_the_same_in_any_batch(tiny_predictor):
+    container = SimpleNamespace(model=tiny_predictor())
+    pipe = LTX2Pipeline.from_options({"audio": True})
+    batch = held_out_batch()
+    whole = pipe.validation_loss(container, batch, SampleRNG(seed=3, step=0, sample_ids=[4, 9]), 3)
+    for i, sample_id in enumerate((4, 9)):
+        alone = {k: v[i : i + 1] for k, v in batch.items()}
+        one = pipe.validation_loss(container, alone, SampleRNG(seed=3, step=0, sample_ids=[sample_id]), 3)
+        torch.testing.assert_close(one, whole[i : i + 1])
+
+
 def test_unknown_pipeline_option_is_named():
     with pytest.raises(ValueError, match="first_frame_p"):
         LTX2Pipeline.from_options({"first_frame_p": 0.1})

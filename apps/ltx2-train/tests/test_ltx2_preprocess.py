@@ -3,6 +3,9 @@ training run is checked against how the cache was made."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -79,6 +82,39 @@ def test_a_run_is_refused_when_its_section_differs_from_the_cache_or_the_source_
     finally:
         metadata.write_bytes(original)
     check_cache_made_as_configured(same.data)
+
+
+def test_a_caption_folder_source_caches_the_tensors_of_the_metadata_file_of_the_same_clips(
+    tiny_cache, run_config, tmp_path
+):
+    """The tiny clips in a folder, each with the caption the metadata source draws for it as ``.txt``: the
+    cache written from the folder holds the metadata source's tensors, sample by sample (the frame rate
+    from the clips' headers, as the metadata rows state it)."""
+    from ltx2_train.preprocess import preprocess_options, run_preprocess, source_dataset
+    from mm_config import load_config
+    from mm_trainer.registry.registries import DATA_REGISTRY
+
+    config = load_config(run_config(tiny_cache), ["parallel.ulysses_parallel_size=1"], world_size=1)
+    clips = source_dataset(preprocess_options(config))
+    folder = tmp_path / "captioned"
+    folder.mkdir()
+    for index, row in enumerate(clips.rows):
+        clip = folder / Path(row["path"]).name
+        shutil.copy(row["path"], clip)
+        clip.with_suffix(".txt").write_text(clips.sample(index)["prompt"])
+    overrides = ["parallel.ulysses_parallel_size=1", f"data.data_path={tmp_path / 'cache'}",
+                 f"data.dataset.preprocess.source={folder}"]  # fmt: skip
+    report = run_preprocess(load_config(run_config(tiny_cache), overrides, world_size=1))
+    assert report.computed == [0, 1, 2, 3]
+    cached = DATA_REGISTRY.get("ltx2_precomputed")
+    from_folder = cached(data_path=str(tmp_path / "cache"))
+    from_file = cached(data_path=config.data.data_path)
+    for index in range(4):
+        a, b = from_folder[index], from_file[index]
+        assert a["prompt"] == b["prompt"]
+        for key, value in b.items():
+            if isinstance(value, torch.Tensor):
+                torch.testing.assert_close(a[key], value, rtol=0, atol=0, msg=key)
 
 
 def test_silent_clips_get_a_tone_chosen_by_their_content():

@@ -47,6 +47,16 @@ def test_start_lines_name_the_run_directory_checkpoints_and_metrics(tmp_path: Pa
     ]
 
 
+def test_start_lines_name_the_wandb_project_and_where_its_files_go(tmp_path: Path):
+    training = _training(tmp_path, tensorboard=False, wandb={"project": "video-lora", "mode": "offline"})
+    lines = start_lines(training, resume_from=None, start_iteration=0)
+    ckpt = tmp_path / "ckpt"
+    assert (
+        lines[2]
+        == f"metrics:       {ckpt / 'metrics.jsonl'} + W&B project video-lora (offline; {ckpt / 'wandb'})"
+    )
+
+
 def test_start_lines_say_where_a_resumed_run_continues(tmp_path: Path):
     lines = start_lines(_training(tmp_path), resume_from=tmp_path / "ckpt", start_iteration=20)
     assert (

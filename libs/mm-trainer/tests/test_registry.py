@@ -35,3 +35,29 @@ def test_re_registering_the_same_object_is_allowed():
     reg.register("x")(int)
     reg.register("x")(int)
     assert reg.get("x") is int and "x" in reg
+
+
+def test_the_single_model_form_uses_the_container_its_model_class_names():
+    from types import SimpleNamespace
+
+    from mm_trainer import ModelContainer, model_register
+    from mm_trainer.model.container import container_class
+    from torch import nn
+
+    @model_register("test_registry_holder")
+    class Holder(ModelContainer):
+        pass
+
+    @model_register("test_registry_held")
+    class Held(nn.Linear):
+        single_model_container = "test_registry_holder"
+
+    @model_register("test_registry_plain")
+    class Plain(nn.Linear):
+        pass
+
+    def single(model_id: str) -> SimpleNamespace:
+        return SimpleNamespace(container_id=None, is_container=False, model_id=model_id)
+
+    assert container_class(single("test_registry_held")) is Holder
+    assert container_class(single("test_registry_plain")) is ModelContainer

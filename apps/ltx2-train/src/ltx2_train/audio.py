@@ -116,18 +116,3 @@ def mel_to_waveform(
         spec = magnitude * torch.exp(1j * rebuilt.angle())
     return torch.istft(spec, n_fft, hop_length=hop_length, window=window, center=True, length=length)
 
-
-def write_wav(path: str | Path, wave: torch.Tensor, sample_rate: int) -> Path:
-    """Write ``[channels, N]`` floats in ``[-1, 1]`` (peak-normalised when louder) as 16-bit PCM WAV."""
-    import wave as wav
-
-    peak = float(wave.abs().max())
-    samples = (wave / max(peak, 1.0) * 32767).round().to(torch.int16).T.contiguous()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with wav.open(str(path), "wb") as out:
-        out.setnchannels(wave.shape[0])
-        out.setsampwidth(2)
-        out.setframerate(sample_rate)
-        out.writeframes(samples.numpy().tobytes())
-    return path

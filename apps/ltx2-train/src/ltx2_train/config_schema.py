@@ -87,8 +87,9 @@ class LTX2PipelineOptions(PartialConfigModel):
 class LTX2DistillOptions(DistillOptions):
     """``model.pipeline.distill`` of ``ltx2_container``: DMD2 of the frozen ``teacher`` into the student
     ``model``, with the fake-score ``critic``, on the video and audio streams together. LTX-2 trains on
-    cached text embeddings and samples no validation clips, so the teacher's guidance stays 1 and the
-    keys of the unconditional prompt and the validation reference are refused."""
+    cached text embeddings (with no negative ones) and its validation clips are the student's alone (no
+    teacher reference is drawn), so the teacher's guidance stays 1 and the keys of the unconditional
+    prompt and the validation reference are refused."""
 
     shift: float = Field(gt=0)
     """Time shift of the distillation's sigma grid: where its timesteps lie, and the student's schedule
@@ -104,7 +105,8 @@ class LTX2DistillOptions(DistillOptions):
             problems.append(Problem(("guidance_scale",), why, self.guidance_scale))
         for key, why in (
             ("negative_prompt", "no text encoder runs in LTX-2 training: remove it"),
-            ("teacher_steps", "LTX-2 runs sample no validation clips to compare with the teacher's: remove it"),
+            ("teacher_steps", "LTX-2 validation samples the student's clips only, with no teacher reference to "
+             "compare them with: remove it"),
         ):
             if key in self.model_fields_set:
                 problems.append(Problem((key,), why, getattr(self, key)))
@@ -177,9 +179,10 @@ class PreprocessOptions(ConfigModel):
     """
 
     source: str
-    """Clip metadata file (``mm_data.VideoTextDataset`` layout: path, cap, fps, ...)."""
+    """Clip metadata file (``mm_data.VideoTextDataset`` layout: path, cap, fps, ...), or a caption folder
+    (clips with a same-named ``.txt`` caption each)."""
     source_root: str | None = None
-    """Directory that relative clip paths are resolved against."""
+    """Directory that relative clip paths of a metadata file are resolved against."""
     model_root: str
     """LTX-2 diffusers folder with ``vae/``, ``audio_vae/``, ``text_encoder/``, ``tokenizer/``, ``connectors/``."""
     num_frames: int = Field(default=121, ge=1)

@@ -1,35 +1,41 @@
-"""The LTX-2 container: several LTX-2 transformers in one run (a distillation's student ``model``,
-frozen ``teacher`` and fake-score ``critic``); ordinary training uses the single-model form."""
+"""The LTX-2 container: the transformer ``model`` of a run (the single-model form ``model.model_id:
+ltx2_predictor`` is held in it too) or several LTX-2 transformers in one run (a distillation's student
+``model``, frozen ``teacher`` and fake-score ``critic``), with the hooks of ``training.validation``."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from mm_pipelines import DistributionMatchingDistillation, with_distillation
-from mm_trainer import ModelContainer, model_register
+import torch
+from mm_pipelines import DistributionMatchingDistillation
+from mm_trainer import ModelContainer, SampledClip, model_register
 
-from ltx2_train.distill import check_models, distillation_pipeline
+from ltx2_train.distill import check_models, run_pipeline
 from ltx2_train.pipeline import LTX2Pipeline
+from ltx2_train.validation import SamplingSet, prepare_sampling, sample_validation_clip
 
 
 @model_register("ltx2_container")
 class LTX2Container(ModelContainer):
-    """LTX-2 transformers by name, the one that trains as in the single-model form being ``model``.
+    """LTX-2 transformers by name, the one that trains being ``model`` (the single-model form's only one).
 
     With ``model.pipeline.distill`` the container must hold ``model`` (the student), ``teacher``
     (frozen) and ``critic``; the trainable ones are checkpointed, the teacher reloads from its source.
+    ``training.validation`` samples ``model``'s clips with their audio (:mod:`ltx2_train.validation`); the
+    pipeline's ``validation_loss`` gives ``val_loss``.
     """
 
     def __init__(self, sub_models: Mapping[str, Any], **kwargs: Any) -> None:
         super().__init__(sub_models, **kwargs)
         if isinstance(self.pipeline, DistributionMatchingDistillation):
             check_models(sub_models, self.trainable_submodels)
+        self._sampling: SamplingSet | None = None
 
     @classmethod
     def build_pipeline(cls, options: Mapping[str, Any]) -> LTX2Pipeline | DistributionMatchingDistillation:
         """``LTX2Pipeline``; with ``distill``, DMD2 around it (:mod:`ltx2_train.distill`)."""
-        return with_distillation(options, LTX2Pipeline.from_options, distillation_pipeline)
+        return run_pipeline(options)
 
     @property
     def flow_pipeline(self) -> LTX2Pipeline:
@@ -39,3 +45,38 @@ class LTX2Container(ModelContainer):
     def planning_batch(self, data: Any, micro_batch_size: int) -> dict[str, Any]:
         """A micro-batch of the run's real shapes for ``mm-train plan`` (:mod:`ltx2_train.planning`)."""
         return self.flow_pipeline.planning_batch(self, data, micro_batch_size)
+
+    # ------------------------------------------------------ validation hooks (training.validation)
+    def prepare_sampling(self, validation: Any, *, data: Any, device: torch.device) -> None:
+        """Before training: the frozen encoders of ``data.dataset.preprocess`` on ``device``, every prompt
+        encoded once, Gemma-3 released (:func:`ltx2_train.validation.prepare_sampling`)."""
+        self._sampling = prepare_sampling(
+            validation, data=data, device=device, model=self.model, audio=self.flow_pipeline.audio,
+            distilled=isinstance(self.pipeline, DistributionMatchingDistillation),
+        )  # fmt: skip
+
+    def sample(
+        self,
+        prompt: str,
+        *,
+        seed: int,
+        num_frames: int,
+        height: int,
+        width: int,
+        steps: int,
+        guidance_scale: float,
+        negative_prompt: str,
+        shift: float | None,
+        fps: int,
+    ) -> SampledClip:
+        """One clip of ``model`` and its audio (a distillation's student on its own schedule): every rank
+        calls it alike (:func:`ltx2_train.validation.sample_validation_clip`)."""
+        if self._sampling is None:
+            raise RuntimeError(
+                "LTX2Container.sample before prepare_sampling: the trainer's Validator calls it first"
+            )
+        return sample_validation_clip(
+            self, self.pipeline, self._sampling, prompt, seed=seed, num_frames=num_frames, height=height,
+            width=width, steps=steps, guidance_scale=guidance_scale, negative_prompt=negative_prompt, shift=shift,
+            fps=fps,
+        )  # fmt: skip

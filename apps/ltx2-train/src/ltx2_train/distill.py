@@ -11,7 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mm_pipelines import DistributionMatchingDistillation, FlowMatchScheduler, check_distillation_models
+from mm_pipelines import (
+    DistributionMatchingDistillation,
+    FlowMatchScheduler,
+    check_distillation_models,
+    with_distillation,
+)
 
 from ltx2_train.pipeline import LTX2Pipeline
 
@@ -34,6 +39,11 @@ def distillation_pipeline(base: LTX2Pipeline, options: Mapping[str, Any]) -> Dis
         )
     base.scheduler = FlowMatchScheduler(shift=float(options.pop("shift")))
     return DistributionMatchingDistillation.from_options(base, options)
+
+
+def run_pipeline(options: Mapping[str, Any]) -> LTX2Pipeline | DistributionMatchingDistillation:
+    """A run's pipeline from ``model.pipeline``: ``LTX2Pipeline``, and with ``distill`` DMD2 around it."""
+    return with_distillation(options, LTX2Pipeline.from_options, distillation_pipeline)
 
 
 def check_models(sub_models: Mapping[str, Any], trainable: tuple[str, ...]) -> None:

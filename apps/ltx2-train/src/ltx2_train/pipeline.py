@@ -15,6 +15,10 @@ the micro-batch's :class:`mm_pipelines.SampleRNG` (purposes ``sigma``, ``first_f
 4. target ``eps - x0``; loss = MSE over the video tokens that are not conditioning tokens
    + ``audio_loss_weight`` x audio MSE (fp32).
 
+Held-out samples (``training.validation.data_path``, :meth:`LTX2Pipeline.validation_loss`): the same loss
+without conditioning frames at ``num_timesteps`` fixed sigmas ``(k + 1/2) / num_timesteps``, with one noise
+draw per sample (purposes ``noise`` and ``audio_noise`` of the held-out sample's key) shared by them.
+
 Batch keys (from ``ltx2-train preprocess``): ``latents [B, C, F, H, W]``, ``prompt_embeds [B, S, D]``,
 ``prompt_attention_mask [B, S]``, optional ``audio_prompt_embeds``, ``audio_latents [B, C, L, M]``,
 ``frame_rate [B]``. Without audio (``audio: false``, the T2V recipe) the audio stream gets a few zero
@@ -85,6 +89,18 @@ def first_frame_token_mask(
     first = torch.zeros(frames * tokens_per_frame, dtype=torch.bool, device=device)
     first[:tokens_per_frame] = True
     return chosen[:, None] & first[None, :]
+
+
+def validation_sigmas(num_timesteps: int) -> list[float]:
+    """The fixed sigmas of the held-out loss: the midpoints ``(k + 1/2) / n`` of ``n`` equal parts of (0, 1)."""
+    if num_timesteps < 1:
+        raise ValueError(f"num_timesteps={num_timesteps}: expected >= 1")
+    return [(k + 0.5) / num_timesteps for k in range(num_timesteps)]
+
+
+def per_sample_mse(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``[B]``: each sample's fp32 mean of squared errors."""
+    return (prediction.float() - target.float()).pow(2).flatten(1).mean(dim=1)
 
 
 def masked_mse(
@@ -199,8 +215,20 @@ class LTX2Pipeline(GenerativePipelineBase):
             )[0],
             device,
         )
-        token_sigma = sigma[:, None] * (~conditioned).to(sigma.dtype)  # [B, S]: 0 on conditioning tokens
         eps = rng.randn("noise", x0.shape[1:], dtype=x0.dtype, device=device)
+        eps_a = None
+        if self.audio:
+            a0 = conditions["audio"]
+            eps_a = rng.randn("audio_noise", a0.shape[1:], dtype=a0.dtype, device=device)
+        return self._mixed(conditions, sigma, conditioned, eps, eps_a)
+
+    def _mixed(
+        self, conditions: dict[str, Any], sigma: torch.Tensor, conditioned: torch.Tensor, eps: torch.Tensor,
+        eps_audio: torch.Tensor | None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """``x_sigma = (1 - sigma) x0 + sigma eps`` per stream (0 on conditioning tokens) and the targets."""
+        x0 = conditions["video"]
+        token_sigma = sigma[:, None] * (~conditioned).to(sigma.dtype)  # [B, S]: 0 on conditioning tokens
         s = token_sigma[..., None].to(x0.dtype)
         noised = {
             **conditions,
@@ -212,10 +240,9 @@ class LTX2Pipeline(GenerativePipelineBase):
         }
         if self.audio:
             a0 = conditions["audio"]
-            eps_a = rng.randn("audio_noise", a0.shape[1:], dtype=a0.dtype, device=device)
             sa = sigma[:, None, None].to(a0.dtype)
-            noised["noisy_audio"] = (1 - sa) * a0 + sa * eps_a
-            noised["audio_target"] = eps_a - a0
+            noised["noisy_audio"] = (1 - sa) * a0 + sa * eps_audio
+            noised["audio_target"] = eps_audio - a0
         return noised
 
     def predict(self, container: Any, noised: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -285,6 +312,36 @@ class LTX2Pipeline(GenerativePipelineBase):
         audio_loss = masked_mse(audio_pred, noised["audio_target"])
         noised["audio_loss"] = audio_loss.detach()
         return video_loss + self.audio_loss_weight * audio_loss
+
+    # ---------------------------------------------------------- validation
+    @torch.no_grad()
+    def validation_loss(
+        self, container: Any, batch: Mapping[str, Any], rng: SampleRNG, num_timesteps: int
+    ) -> torch.Tensor:
+        """Per-sample loss ``[B]`` of held-out samples: the training loss (video MSE over every token +
+        ``audio_loss_weight`` x audio MSE; no conditioning frames) at the fixed sigmas of
+        :func:`validation_sigmas`, averaged. The noise comes from ``rng`` (purposes ``noise`` and
+        ``audio_noise``, one draw per sample shared by every sigma): keyed by held-out sample index, it is
+        the same at every validation and layout."""
+        conditions = self.prepare_conditions(container, batch)
+        x0 = conditions["video"]
+        size, device = x0.shape[0], x0.device
+        eps = rng.randn("noise", x0.shape[1:], dtype=x0.dtype, device=device)
+        eps_audio = None
+        if self.audio:
+            a0 = conditions["audio"]
+            eps_audio = rng.randn("audio_noise", a0.shape[1:], dtype=a0.dtype, device=device)
+        clean = torch.zeros(x0.shape[:2], dtype=torch.bool, device=device)  # no conditioning tokens
+        per_sigma = []
+        for value in validation_sigmas(num_timesteps):
+            sigma = torch.full((size,), value, dtype=torch.float32, device=device)
+            noised = self._mixed(conditions, sigma, clean, eps, eps_audio)
+            video_pred, audio_pred = self.predict(container, noised)
+            loss = per_sample_mse(video_pred, noised["video_target"])
+            if self.audio:
+                loss = loss + self.audio_loss_weight * per_sample_mse(audio_pred, noised["audio_target"])
+            per_sigma.append(loss)
+        return torch.stack(per_sigma).mean(dim=0)
 
     def metrics(self, container: Any, noised: dict[str, Any]) -> dict[str, float]:
         """``num_samples``, ``num_tokens`` (video + audio), the losses and the step's ``flops`` (for MFU)."""

@@ -75,6 +75,9 @@ class LTX2Predictor(BaseModel, LTX2VideoTransformer3DModel):
 
     _supports_gradient_checkpointing = False
     _sequence_parallel: SequenceParallelPlan | None = None
+    #: The container of the single-model form (``model.model_id: ltx2_predictor``): LTX-2's, whose
+    #: ``training.validation`` hooks sample clips with audio (``mm_trainer.model.container.container_class``).
+    single_model_container = "ltx2_container"
 
     @classmethod
     def build_from_config(cls, args: Any) -> LTX2Predictor:

@@ -28,8 +28,8 @@ import torch
 from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video
 from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
 from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline as Upstream
-from mm_config import TrainConfig
-from mm_data import CacheReport, VideoTextDataset
+from mm_config import DataConfig, TrainConfig
+from mm_data import CacheReport, VideoTextDataset, probe_video
 from mm_parallel import parse_dtype
 from mm_trainer import (
     enable_vae_tiling,
@@ -45,8 +45,9 @@ from mm_trainer import (
 from ltx2_train.audio import log_mel, read_audio, synthetic_tone
 from ltx2_train.config_schema import PreprocessOptions
 
-ENCODE_VERSION = 1
-"""Bumped when what this module caches per sample changes (it is part of every sample's key)."""
+ENCODE_VERSION = 2
+"""Bumped when what this module caches per sample changes (it is part of every sample's key). 2: a clip
+whose row names no ``fps`` (a caption folder's rows name none) gets its header's frame rate, not 24."""
 GEMMA_BLOCKS = "*layers.{*}"
 """The FSDP units of a sharded Gemma-3 (its decoder layers, plus the root)."""
 
@@ -57,9 +58,10 @@ class LTX2Encoders:
 
     vae: AutoencoderKLLTX2Video
     audio_vae: AutoencoderKLLTX2Audio | None
-    text_encoder: torch.nn.Module
+    text_encoder: torch.nn.Module | None
+    """Gemma-3 (None once released: :meth:`release_text_side`)."""
     tokenizer: Any
-    connectors: LTX2TextConnectors
+    connectors: LTX2TextConnectors | None
     device: torch.device
     dtype: torch.dtype
     n_fft: int = 1024
@@ -115,9 +117,19 @@ class LTX2Encoders:
         )
         return encoders
 
+    def release_text_side(self) -> None:
+        """Drop Gemma-3, its tokenizer and the connectors (what a run keeps for decoding: the VAEs), and
+        free their memory; :meth:`encode_text` is refused afterwards."""
+        self.text_encoder = self.connectors = self.tokenizer = None
+        empty = getattr(getattr(torch, self.device.type, None), "empty_cache", None)
+        if self.device.type != "cpu" and callable(empty):
+            empty()
+
     @torch.no_grad()
     def encode_text(self, prompt: str, max_length: int) -> dict[str, torch.Tensor]:
         """Gemma-3 hidden states of every layer -> connectors -> video/audio text embeddings + mask."""
+        if self.text_encoder is None or self.connectors is None:
+            raise RuntimeError("LTX2Encoders.encode_text after release_text_side: the text encoder is gone")
         tokens = self.tokenizer(
             [prompt.strip()],
             padding="max_length",
@@ -156,6 +168,12 @@ class LTX2Encoders:
             Upstream._pack_audio_latents(z), self.audio_vae.latents_mean, self.audio_vae.latents_std
         )
         return Upstream._unpack_audio_latents(packed, z.shape[2], z.shape[3])[0]
+
+
+def clip_rate(path: str) -> float:
+    """The frame rate of a clip as its header gives it (a caption folder's rows name none); 24 for an image
+    (a header without a rate)."""
+    return probe_video(path).fps or 24.0
 
 
 def clip_waveform(
@@ -204,8 +222,8 @@ def source_dataset(options: PreprocessOptions) -> VideoTextDataset:
     )  # fmt: skip
 
 
-def preprocess_options(config: TrainConfig) -> PreprocessOptions:
-    """``data.dataset.preprocess`` of an ``ltx2_precomputed`` config, validated."""
+def preprocess_options(config: TrainConfig | DataConfig) -> PreprocessOptions:
+    """``data.dataset.preprocess`` of an ``ltx2_precomputed`` config (or of its ``data`` section), validated."""
     return preprocess_section(
         config, dataset_id="ltx2_precomputed", schema=PreprocessOptions, tool="ltx2-train preprocess"
     )
@@ -247,7 +265,7 @@ def run_preprocess(
 
     def encode(item: dict[str, Any]) -> dict[str, Any]:
         row = dataset.rows[int(item["index"])]
-        rate = float(options.fps or row.get("fps") or 24.0)
+        rate = float(options.fps or row.get("fps") or clip_rate(row["path"]))
         if not math.isfinite(rate) or rate <= 0:
             raise ValueError(f"{row['path']}: no usable frame rate ({rate}); set data.dataset.preprocess.fps")
         return encode_sample(encoders, item, frame_rate=rate, max_length=options.max_sequence_length,

@@ -23,12 +23,12 @@ from typing import Any
 import torch
 from mm_checkpoint import DistributedCheckpointer
 from mm_config import TrainConfig
-from mm_data import to_video_frames, write_clip
+from mm_data import to_video_frames, write_clip, write_wav
 from mm_pipelines import DistributionMatchingDistillation, FlowMatchScheduler
 from mm_trainer import ModelContainer, freeze, import_plugins
 
-from ltx2_train.audio import mel_to_waveform, write_wav
-from ltx2_train.container import LTX2Container
+from ltx2_train.audio import mel_to_waveform
+from ltx2_train.distill import run_pipeline
 from ltx2_train.pipeline import LTX2Pipeline, unpack_video, video_patch
 from ltx2_train.predictor import LTX2Predictor
 from ltx2_train.preprocess import LTX2Encoders, preprocess_options
@@ -43,7 +43,7 @@ def load_for_sampling(config: TrainConfig, checkpoint: str | Path) -> dict[str, 
     freeze(model)
     holder = ModelContainer({"model": model}, trainable=("model",))
     DistributedCheckpointer(checkpoint).load({"model": holder})
-    built = LTX2Container.build_pipeline(config.model.pipeline or {})  # the run's pipeline, as training built it
+    built = run_pipeline(config.model.pipeline or {})  # the run's pipeline, as training built it
     distillation = built if isinstance(built, DistributionMatchingDistillation) else None
     pipeline: LTX2Pipeline = getattr(built, "base", built)
     options = preprocess_options(config)
@@ -58,6 +58,17 @@ def load_for_sampling(config: TrainConfig, checkpoint: str | Path) -> dict[str, 
     }
 
 
+def latent_grid(encoders: LTX2Encoders, num_frames: int, height: int, width: int) -> tuple[int, int, int]:
+    """The video latent grid ``(F, H, W)`` of a clip, or a ValueError naming the VAE's compression."""
+    vae = encoders.vae
+    t, s = vae.temporal_compression_ratio, vae.spatial_compression_ratio
+    if (num_frames - 1) % t or height % s or width % s:
+        raise ValueError(
+            f"frames-1 must divide by {t} and height/width by {s}; got {num_frames}x{height}x{width}"
+        )
+    return (1 + (num_frames - 1) // t, height // s, width // s)
+
+
 @torch.no_grad()
 def sample_clip(
     modules: dict[str, Any],
@@ -67,54 +78,82 @@ def sample_clip(
     height: int,
     width: int,
     frame_rate: float,
-    steps: int = 20,
+    steps: int | None = 20,
     seed: int = 0,
+    guidance_scale: float = 1.0,
+    negative_prompt: str = "",
+    shift: float | None = None,
+    texts: dict[str, dict[str, torch.Tensor]] | None = None,
+    device: torch.device | str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(video [3, F, H, W] in [-1, 1], log-mel [2, T, mel_bins] or None without audio)`` for
-    ``prompt``; the same ``seed`` gives the same clip."""
+    ``prompt``, on CPU; the same ``seed`` gives the same clip (the noise is drawn on the CPU from it).
+
+    ``steps`` Euler steps (a distilled student: None = its own ``student_steps``) at the time ``shift``
+    (None: ``exp(mu)`` of the clip's token count; a student samples its own schedule); with
+    ``guidance_scale`` != 1 classifier-free guidance against ``negative_prompt``, on both streams.
+    ``texts`` holds the prompts' embeddings already encoded (:meth:`LTX2Encoders.encode_text`), else the
+    encoders encode them; the transformer runs on ``device``."""
     encoders: LTX2Encoders = modules["encoders"]
     pipeline: LTX2Pipeline = modules["pipeline"]
-    vae = encoders.vae
-    t, s = vae.temporal_compression_ratio, vae.spatial_compression_ratio
-    if (num_frames - 1) % t or height % s or width % s:
-        raise ValueError(
-            f"frames-1 must divide by {t} and height/width by {s}; got {num_frames}x{height}x{width}"
-        )
-    grid = (1 + (num_frames - 1) // t, height // s, width // s)
+    holder = modules["holder"]
+    grid = latent_grid(encoders, num_frames, height, width)
     generator = torch.Generator().manual_seed(seed)
-    video = torch.randn((1, vae.config.latent_channels, *grid), generator=generator)
+    video = torch.randn((1, encoders.vae.config.latent_channels, *grid), generator=generator)
     audio = _audio_noise(encoders, num_frames / frame_rate, generator) if pipeline.audio else None
-    text = {k: v[None] for k, v in encoders.encode_text(prompt, modules["text_len"]).items()}
-    batch = {"latents": video, "frame_rate": torch.tensor([frame_rate]), **text}
-    if audio is not None:
-        batch["audio_latents"] = audio
-    state = pipeline.prepare_conditions(modules["holder"], batch)
-    sigmas = sampling_sigmas(modules, state["video"].shape[1], steps)
+
+    def conditions(text: str) -> dict[str, Any]:
+        embeds = texts[text] if texts is not None else encoders.encode_text(text, modules["text_len"])
+        batch = {"latents": video, "frame_rate": torch.tensor([frame_rate]), **{k: v[None] for k, v in embeds.items()}}
+        if audio is not None:
+            batch["audio_latents"] = audio
+        return pipeline.prepare_conditions(holder, {k: v.to(device) for k, v in batch.items()})
+
+    state = conditions(prompt)
+    unconditional = conditions(negative_prompt) if guidance_scale != 1.0 else None
+    sigmas = sampling_sigmas(modules, state["video"].shape[1], steps, shift=shift).to(device)
     for name in pipeline.state_streams:  # the start: sigmas[0] x the noise (1 x, unless a student's)
         state[name] = state[name] * sigmas[0]
-    for i in range(steps):
-        sigma = sigmas[i].reshape(1)
-        noised = {**state, "noisy_video": state["video"], "video_timestep": sigma, "sigma": sigma,
+
+    def velocity(at: dict[str, Any], sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        noised = {**at, "noisy_video": state["video"], "video_timestep": sigma, "sigma": sigma,
                   "noisy_audio": state.get("audio")}  # fmt: skip
-        v_video, v_audio = pipeline.predict(modules["holder"], noised)
+        return pipeline.predict(holder, noised)
+
+    for i in range(len(sigmas) - 1):
+        sigma = sigmas[i].reshape(1)
+        v_video, v_audio = velocity(state, sigma)
+        if unconditional is not None:
+            u_video, u_audio = velocity({**state, **_text_of(unconditional)}, sigma)
+            v_video = u_video + guidance_scale * (v_video - u_video)
+            v_audio = u_audio + guidance_scale * (v_audio - u_audio)
         state["video"] = FlowMatchScheduler.step(v_video, sigmas[i], sigmas[i + 1], state["video"])
         if audio is not None:
             state["audio"] = FlowMatchScheduler.step(v_audio, sigmas[i], sigmas[i + 1], state["audio"])
-    latents = unpack_video(
-        state["video"], grid, *video_patch(pipeline.submodule(modules["holder"], "predictor"))
-    )
-    return _decode_video(encoders, latents), (
-        _decode_audio(encoders, state["audio"], audio.shape) if audio is not None else None
+    latents = unpack_video(state["video"], grid, *video_patch(pipeline.submodule(holder, "predictor")))
+    return _decode_video(encoders, latents).cpu(), (
+        _decode_audio(encoders, state["audio"], audio.shape).cpu() if audio is not None else None
     )
 
 
-def sampling_sigmas(modules: dict[str, Any], video_tokens: int, steps: int) -> torch.Tensor:
-    """The ``steps + 1`` sigmas :func:`sample_clip` steps through: a distilled student's own schedule, else
-    ``linspace(1, 0)`` at the shift ``exp(mu)`` of ``video_tokens`` tokens."""
+def _text_of(conditions: dict[str, Any]) -> dict[str, Any]:
+    """The text entries of :meth:`LTX2Pipeline.prepare_conditions`' output (what guidance swaps)."""
+    return {k: conditions[k] for k in ("text", "audio_text", "text_mask")}
+
+
+def sampling_sigmas(
+    modules: dict[str, Any], video_tokens: int, steps: int | None, *, shift: float | None = None
+) -> torch.Tensor:
+    """The sigmas :func:`sample_clip` steps through: a distilled student's own schedule (``steps`` of it,
+    None: its ``student_steps``), else ``steps`` on ``linspace(1, 0)`` at ``shift`` (None: ``exp(mu)`` of
+    ``video_tokens`` tokens)."""
     if modules.get("distillation") is not None:
         return modules["distillation"].student_sigmas(steps)
+    if steps is None:
+        raise ValueError("sampling steps are required (only a distilled student has a schedule of its own)")
     pipeline: LTX2Pipeline = modules["pipeline"]
-    scheduler = FlowMatchScheduler(shift=math.exp(pipeline.sampler.shift(video_tokens)))
+    shift = math.exp(pipeline.sampler.shift(video_tokens)) if shift is None else shift
+    scheduler = FlowMatchScheduler(shift=shift)
     scheduler.set_inference_timesteps(steps)
     assert scheduler.inference_sigmas is not None
     return scheduler.inference_sigmas
@@ -130,16 +169,16 @@ def _audio_noise(encoders: LTX2Encoders, seconds: float, generator: torch.Genera
 def _decode_video(encoders: LTX2Encoders, latents: torch.Tensor) -> torch.Tensor:
     vae = encoders.vae
     mean, std = (x.view(1, -1, 1, 1, 1) for x in (vae.latents_mean, vae.latents_std))
-    raw = latents * std / vae.config.scaling_factor + mean
-    return vae.decode(raw).sample[0].clamp(-1, 1)
+    raw = latents.to(mean.device) * std / vae.config.scaling_factor + mean
+    return vae.decode(raw.to(vae.dtype)).sample[0].float().clamp(-1, 1)
 
 
 def _decode_audio(encoders: LTX2Encoders, tokens: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     audio_vae = encoders.audio_vae
-    packed = tokens * audio_vae.latents_std + audio_vae.latents_mean
+    packed = tokens.to(audio_vae.latents_mean.device) * audio_vae.latents_std + audio_vae.latents_mean
     _, channels, length, mel = shape
     latents = packed.reshape(1, length, channels, mel).transpose(1, 2)  # inverse of pack_audio
-    return audio_vae.decode(latents).sample[0]
+    return audio_vae.decode(latents.to(audio_vae.dtype)).sample[0].float()
 
 
 def write_sample(
@@ -152,7 +191,13 @@ def write_sample(
     write_clip(out, to_video_frames(video), fps=fps)
     if mel is None:
         return [out]
-    cfg = modules["encoders"].audio_vae.config
-    wave = mel_to_waveform(mel.float(), sample_rate=cfg.sample_rate, hop_length=cfg.mel_hop_length,
-                           n_fft=modules["encoders"].n_fft)  # fmt: skip
-    return [out, write_wav(out.with_suffix(".wav"), wave, cfg.sample_rate)]
+    wave, rate = waveform(modules["encoders"], mel)
+    return [out, write_wav(out.with_suffix(".wav"), wave, rate)]
+
+
+def waveform(encoders: LTX2Encoders, mel: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``(waveform [2, N], sample rate)`` of a sampled log-mel: Griffin-Lim (the tiny set has no vocoder)."""
+    cfg = encoders.audio_vae.config
+    wave = mel_to_waveform(mel.float().cpu(), sample_rate=cfg.sample_rate, hop_length=cfg.mel_hop_length,
+                           n_fft=encoders.n_fft)  # fmt: skip
+    return wave, int(cfg.sample_rate)

@@ -246,7 +246,8 @@ class WanPreprocessOptions(ConfigModel):
     """
 
     source: InputPath
-    """Clip metadata file (``mm_data.VideoTextDataset`` layout: path, cap, fps, ...)."""
+    """Clip metadata file (``mm_data.VideoTextDataset`` layout: path, cap, fps, ...), or a caption folder
+    (clips with a same-named ``.txt`` caption each)."""
     source_root: InputPath | None = None
     """Directory that relative clip paths are resolved against."""
     clips: VideoTextDatasetConfig

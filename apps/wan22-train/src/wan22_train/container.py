@@ -14,6 +14,9 @@ from wan22_train.pipeline import LOW_NOISE_ROLE, OTHER_EXPERT_ROLE, Wan22Pipelin
 from wan22_train.planning import planning_batch
 from wan22_train.sampling import sample_video
 
+VALIDATION_SHIFT = 5.0
+"""The sampling time shift of validation clips when ``training.validation.shift`` is unset."""
+
 
 @model_register("wan2_2_container")
 class Wan22Container(ModelContainer):
@@ -113,9 +116,12 @@ class Wan22Container(ModelContainer):
         steps: int,
         guidance_scale: float,
         negative_prompt: str,
-        shift: float,
+        shift: float | None,
+        fps: int | None = None,
     ) -> torch.Tensor:
-        """One clip ``[3, F, H, W]`` in ``[-1, 1]`` (Euler flow-match sampling, noise from ``seed``).
+        """One clip ``[3, F, H, W]`` in ``[-1, 1]`` (Euler flow-match sampling, noise from ``seed``) at the
+        time ``shift`` (None: :data:`VALIDATION_SHIFT`); ``fps`` is only the written clip's (the Wan DiT
+        takes no frame rate).
         Every rank calls it alike: the sharded sub-models' forwards gather over ranks. A distillation's
         student samples on its own schedule (the sigmas it trained on: ``student_steps`` at ``student_shift``
         from ``student_sigma_max``, no guidance: it was trained to draw the guided teacher's distribution),
@@ -124,6 +130,7 @@ class Wan22Container(ModelContainer):
         if self.has_sample_reference:
             sigmas, guidance_scale = self.pipeline.student_sigmas(), 1.0
         device = next(self.predictor.parameters()).device
+        shift = VALIDATION_SHIFT if shift is None else shift
         return sample_video(
             self.sampling_modules(), prompt, num_frames=num_frames, height=height, width=width, steps=steps,
             shift=shift, guidance=guidance_scale, negative_prompt=negative_prompt, seed=seed, device=device,

@@ -63,7 +63,7 @@ from .registry import (  # noqa: E402
 )
 from .root import TrainConfig, context_ranks_per_node, replicas_across_nodes  # noqa: E402
 from .tools import MemoryProfileConfig, ProfileConfig, ToolsConfig  # noqa: E402
-from .training import EMAConfig, NonFiniteConfig, TrainingConfig  # noqa: E402
+from .training import EMAConfig, NonFiniteConfig, TrainingConfig, WandbConfig  # noqa: E402
 from .validation import ValidationConfig  # noqa: E402
 from .warning_policy import ALLOWED_WARNINGS, AllowedWarning, install_warning_filters  # noqa: E402
 
@@ -122,6 +122,7 @@ __all__ = [
     "ValidationConfig",
     "TrainConfig",
     "TrainingConfig",
+    "WandbConfig",
     "VideoTextDatasetConfig",
     "__version__",
     "apply_overrides",

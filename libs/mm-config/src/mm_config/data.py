@@ -18,7 +18,8 @@ class DataConfig(ConfigModel):
     dataset_id: Annotated[str | None, registered_name("dataset")] = None
     """Registered dataset id; selects the dataset builder and the schema of ``dataset``."""
     data_path: InputPath | None = None
-    """Annotation / index file (or directory) listing the samples."""
+    """Annotation / index file listing the samples, or a directory: a caption folder (``video_text``: clips
+    with a same-named ``.txt`` caption each) or a cache folder (the cached datasets)."""
     data_root: InputPath | None = None
     """Directory that relative media paths in ``data_path`` are resolved against (refused by datasets
     that read no media paths, such as precomputed latents)."""

@@ -36,7 +36,8 @@ def frame_rule_problem(num_frames: int, rule: str | None) -> str | None:
 
 class VideoTextDatasetConfig(PartialConfigModel):
     """``data.dataset`` of ``video_text`` (``mm_data.VideoTextDataset`` over the metadata file
-    ``data.data_path``; relative media paths resolve against ``data.data_root``)."""
+    ``data.data_path``, whose relative media paths resolve against ``data.data_root``; or over a caption
+    folder ``data.data_path``: clips / images with a same-named ``.txt`` caption each, in sorted order)."""
 
     needs_data_path: ClassVar[bool] = True
     reads_data_root: ClassVar[bool] = True
@@ -70,7 +71,8 @@ class VideoTextDatasetConfig(PartialConfigModel):
     seed: int = Field(default=0, ge=0)
     """Seed of the per-sample random choices (offset, caption, dropout)."""
     columns: dict[str, str | list[str]] | None = None
-    """Source column name(s) per canonical metadata key (``path``, ``caption``, ...)."""
+    """Source column name(s) per canonical metadata key (``path``, ``caption``, ...); metadata files only
+    (refused with a caption folder)."""
     frame_offset: Literal["random", "start", "center"] = "random"
     """Where in a clip the sampled frames start."""
     decode_timeout_s: float | None = Field(default=120.0, gt=0)

@@ -33,6 +33,31 @@ class EMAConfig(ConfigModel):
     steps: 0.999 ~ the last 1000."""
 
 
+class WandbConfig(ConfigModel):
+    """Weights & Biases logging (``training.wandb``; ``pip install 'mm-trainer[wandb]'``): rank 0 logs every
+    record of ``metrics.jsonl`` (its numbers, as ``train/<key>``, at the step) and the validation clips
+    (videos, and audio where the model samples it) to one W&B run; its local files go to
+    ``<log_dir>/wandb``. The run's id is kept there, so a run that resumes in the same log dir continues
+    the same W&B run."""
+
+    project: str = Field(min_length=1)
+    """W&B project the run is logged to."""
+    entity: str | None = None
+    """W&B user or team that owns the project; None = the account's default entity."""
+    name: str | None = None
+    """Display name of the W&B run; None = one W&B generates."""
+    group: str | None = None
+    """W&B group of the run (runs of one experiment side by side); None = no group."""
+    tags: list[str] = []
+    """Tags of the W&B run."""
+    notes: str | None = None
+    """A description of the W&B run."""
+    mode: Literal["online", "offline"] | None = None
+    """``online``: stream to the W&B server; ``offline``: write the run locally only (``wandb sync
+    <log_dir>/wandb/offline-run-*`` uploads it later); None = W&B's own choice (the ``WANDB_MODE``
+    environment variable, else online)."""
+
+
 class TrainingConfig(ConfigModel):
     """The ``training`` section."""
 
@@ -127,6 +152,9 @@ class TrainingConfig(ConfigModel):
     tensorboard: bool | None = None
     """Also write TensorBoard events (``<log_dir>/tensorboard``). None (default): when the
     ``tensorboard`` package is installed; true: required (an error without it); false: never."""
+    wandb: WandbConfig | None = None
+    """Also log to Weights & Biases (needs ``mm-trainer[wandb]``, and ``log_dir`` or ``save``); None
+    (default): not."""
     validation: ValidationConfig | None = None
     """Sampled clips and a held-out loss every ``validation.interval`` steps (written under
     ``log_dir`` or ``save``); None = no validation during training."""
@@ -185,9 +213,17 @@ class TrainingConfig(ConfigModel):
                     deps=(("log_dir",), ("save",)),
                 )
             )
+        if self.wandb is not None and self.save is None and self.log_dir is None:
+            problems.append(
+                Problem(
+                    ("wandb",),
+                    "keeps its local files and run id under training.log_dir (or save): set one of them",
+                    deps=(("log_dir",), ("save",)),
+                )
+            )
         if problems:
             raise RuleViolations(problems)
         return self
 
 
-__all__ = ["EMAConfig", "NonFiniteConfig", "TrainingConfig"]
+__all__ = ["EMAConfig", "NonFiniteConfig", "TrainingConfig", "WandbConfig"]

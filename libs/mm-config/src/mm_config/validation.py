@@ -10,9 +10,10 @@ from .errors import Problem, RuleViolations
 
 class ValidationConfig(ConfigModel):
     """Every ``interval`` optimizer steps the run (1) samples one clip per prompt, written to
-    ``<log_dir or save>/validation/iter_<step>/<prompt index>.mp4`` (and to TensorBoard when
-    ``training.tensorboard`` is on), and (2) computes ``val_loss`` on the held-out samples of
-    ``data_path`` at fixed timesteps and fixed noise, logged with that step's metrics.
+    ``<log_dir or save>/validation/iter_<step>/<prompt index>.mp4`` (its audio beside it as ``.wav`` for a
+    model that samples sound, LTX-2; both logged to the trackers: ``training.tensorboard``,
+    ``training.wandb``), and (2) computes ``val_loss`` on the held-out samples of ``data_path`` at fixed
+    timesteps and fixed noise, logged with that step's metrics.
 
     Every rank takes part (sharded sub-models need all of them). Draws are keyed by prompt seed or
     held-out sample index, never by rank: the same config writes the same clips and loss at any
@@ -38,13 +39,16 @@ class ValidationConfig(ConfigModel):
     """Denoising steps per clip."""
     guidance_scale: float = Field(default=1.0, ge=0)
     """Classifier-free guidance scale; 1 = no guidance (one forward per step)."""
-    shift: float = Field(default=5.0, gt=0)
-    """Time shift of the sampling sigma schedule."""
+    shift: float | None = Field(default=None, gt=0)
+    """Time shift of the sampling sigma schedule; None = the model's own (Wan2.2: 5, LTX-2: ``exp(mu)`` of
+    the clip's video token count, as ``ltx2-train sample``)."""
     fps: int = Field(default=16, ge=1)
-    """Frame rate written into the clips."""
+    """Frame rate written into the clips (and, for a model conditioned on it, the rate it samples at:
+    LTX-2's time positions and audio length)."""
     data_path: InputPath | None = None
-    """Held-out metadata file (read by the ``data.dataset_id`` dataset with the ``data.dataset``
-    options, like the training data) for ``val_loss``; None = no validation loss."""
+    """Held-out samples for ``val_loss``, read by the ``data.dataset_id`` dataset with the ``data.dataset``
+    options, like the training data: a metadata file or caption folder (``video_text``), a cache folder
+    (the cached datasets: the held-out clips preprocessed like the training ones); None = no validation loss."""
     loss_timesteps: int = Field(default=4, ge=1)
     """Fixed timesteps of the validation loss: evenly spaced over the range the run trains (an
     A14B expert: its own range); ``val_loss`` is the mean over held-out samples and these timesteps."""

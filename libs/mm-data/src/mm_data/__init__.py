@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
+from .audio_out import write_wav
 from .bad_samples import BadSample, BadSampleError, BadSampleTracker
 from .buckets import Bucket, assign_bucket, make_buckets, parse_buckets, same_bucket_order
 from .cache import CacheReport, cache_dataset, from_rank0
@@ -20,6 +21,7 @@ from .cache_store import (
     write_per_file_copy,
 )
 from .cached_dataset import CAPTION_KEY, CachedVideoTextDataset, caption_entries
+from .caption_folder import CaptionError, caption_path, read_caption, read_caption_folder
 from .caption_tokenizer import write_caption_tokenizer
 from .captions import caption_candidates, draw_caption, sample_rng
 from .chat_template import IGNORE_INDEX, TEMPLATES, ChatTemplate, EncodedConversation, register_template
@@ -88,6 +90,10 @@ __all__ = [
     "write_shard",
     "CAPTION_KEY",
     "CachedVideoTextDataset",
+    "CaptionError",
+    "caption_path",
+    "read_caption",
+    "read_caption_folder",
     "bad_marker_name",
     "caption_candidates",
     "caption_entries",
@@ -163,4 +169,5 @@ __all__ = [
     "write_contact_sheet",
     "write_clip",
     "write_video",
+    "write_wav",
 ]

@@ -4,7 +4,8 @@ unchanged (:class:`~mm_data.file_records.FileRecords`: valid while a clip's size
 latent cache asks for the digests with ``verify`` (:func:`clip_digests`): every clip is hashed again on
 every preprocess run, so a clip rewritten in place with its size and mtime kept is seen by its content.
 
-``metadata.json`` gets ``metadata.json.clips.json``. Every process that needs the facts (each rank of a
+``metadata.json`` gets ``metadata.json.clips.json``; a caption folder (:mod:`mm_data.caption_folder`) keeps
+them inside, in ``.clips.json`` (a hidden name: never read as a sample). Every process that needs the facts (each rank of a
 run assigning buckets, each rank of a preprocess) asks :func:`clip_info`; the first one probes what is
 missing in parallel processes, under the store's lock, and the others read its results.
 """
@@ -22,8 +23,11 @@ __all__ = ["clip_digests", "clip_info", "clip_info_path", "record_info"]
 
 
 def clip_info_path(metadata_path: str | Path) -> Path:
-    """Where the probed facts of ``metadata_path``'s clips are stored: ``<metadata file>.clips.json``."""
+    """Where the probed facts of ``metadata_path``'s clips are stored: ``<metadata file>.clips.json``, or
+    ``<caption folder>/.clips.json``."""
     path = Path(metadata_path)
+    if path.is_dir():
+        return path / ".clips.json"
     return path.with_name(f"{path.name}.clips.json")
 
 
@@ -64,7 +68,8 @@ def clip_info(
 
     Args:
         paths: Clip (or image) files, as the metadata rows name them (absolute).
-        metadata_path: The metadata file the facts are stored beside (None: not stored).
+        metadata_path: The metadata file the facts are stored beside, or the caption folder they are
+            stored in (None: not stored).
         probe: Read the container headers.
         digests: Hash every clip's bytes (the latent cache's content keys).
         workers: Processes probing / hashing in parallel (default: the CPUs, at most 8).

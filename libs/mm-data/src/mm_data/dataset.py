@@ -11,8 +11,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .bad_samples import BadSample, BadSampleTracker
+from .bad_samples import BadSample, BadSampleError, BadSampleTracker
 from .buckets import Bucket, assign_bucket, parse_buckets, same_bucket_order
+from .caption_folder import CaptionError
 from .captions import draw_caption, sample_rng
 from .clip_info import clip_info, record_info
 from .deadline import call_with_deadline
@@ -32,7 +33,8 @@ def to_video_tensor(frames: np.ndarray) -> torch.Tensor:
 
 
 class VideoTextDataset(Dataset):
-    """Video (or image) + caption samples read from a metadata file.
+    """Video (or image) + caption samples read from a metadata file, or from a caption folder (clips and
+    images with a same-named ``.txt`` caption each: :mod:`mm_data.caption_folder`).
 
     Each item is a dict: ``video`` float ``[C, T, H, W]`` in ``[-1, 1]`` (the sample's bucket
     size), ``prompt`` (one caption, chosen at random from a list; ``""`` with probability
@@ -44,11 +46,13 @@ class VideoTextDataset(Dataset):
 
     Random choices (temporal offset, caption, dropout) are drawn from ``(seed, epoch, index)``, so
     an item is reproducible in any worker and on resume; :meth:`set_epoch` varies them per epoch.
-    A bad sample (undecodable, too short, wrong channels, not a regular file, or not read within
-    ``decode_timeout_s``: :mod:`mm_data.deadline`) is replaced by the next index of the same
-    bucket, logged, counted and named in the item's ``skipped``; more than ``max_bad_fraction`` of
-    the dataset seen by one process raises :class:`BadSampleError` listing the paths (the trainer
-    also sums ``skipped`` over all workers and ranks, see ``mm_trainer.BatchStream``).
+    A bad sample (undecodable, too short, wrong channels, not a regular file, not read within
+    ``decode_timeout_s``: :mod:`mm_data.deadline`, or a caption folder's clip without a usable caption)
+    is replaced by the next index of the same bucket, logged, counted and named in the item's
+    ``skipped``; more than ``max_bad_fraction`` of the dataset seen by one process raises
+    :class:`BadSampleError` listing the paths (the trainer also sums ``skipped`` over all workers and
+    ranks, see ``mm_trainer.BatchStream``). A caption folder whose uncaptioned clips alone pass
+    ``max_bad_fraction`` is refused when the dataset is built.
     """
 
     def __init__(
@@ -97,9 +101,25 @@ class VideoTextDataset(Dataset):
         self._add_image_buckets()
         self.bucket_ids = self._assign_buckets()
         self.tracker = BadSampleTracker(len(self.rows), max_bad_fraction)
+        self._refuse_uncaptioned()
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def _refuse_uncaptioned(self) -> None:
+        """A caption folder whose clips without a usable caption alone pass ``max_bad_fraction`` is refused
+        now, listing them (they would stop the run as bad samples anyway, after reading as many)."""
+        bad = [
+            BadSample(i, r["path"], r["caption_error"])
+            for i, r in enumerate(self.rows)
+            if r.get("caption_error")
+        ]
+        fraction, total = self.tracker.max_bad_fraction, len(self.rows)
+        if len(bad) > fraction * total:
+            lines = [f"{self.metadata_path}: {len(bad)} of {total} samples have no usable caption "
+                     f"(max_bad_fraction={fraction:g} allows {int(fraction * total)}):"]  # fmt: skip
+            lines += [f"  [{b.index}] {b.path}: {b.reason}" for b in bad]
+            raise BadSampleError("\n".join(lines), bad)
 
     @property
     def bad_samples(self) -> list[BadSample]:
@@ -167,6 +187,8 @@ class VideoTextDataset(Dataset):
 
     def _item(self, index: int, bucket_id: int) -> dict[str, Any]:
         row, bucket = self.rows[index], self.buckets[bucket_id]
+        if row.get("caption_error"):
+            raise CaptionError(f"{row['path']}: {row['caption_error']}")
         rng = sample_rng(self.seed, self.epoch, index)
         frames, start_s = self._frames(row, bucket, rng)
         video = to_video_tensor(frames)

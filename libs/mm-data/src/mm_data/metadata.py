@@ -8,6 +8,9 @@ A row read from JSON (a list), JSONL, CSV or Parquet becomes a dict with
 - optional ``num_frames``, ``fps``, ``height``, ``width`` (a Wan-style ``resolution``
   ``{"height": .., "width": ..}`` is flattened into ``height``/``width``),
 - every other column unchanged.
+
+A folder instead of a file is a caption folder (:mod:`mm_data.caption_folder`): each clip or image in it
+with a same-named ``.txt`` caption beside it is a row, in sorted order.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from .caption_folder import VIDEO_EXTENSIONS, read_caption_folder
+from .decode import IMAGE_EXTENSIONS
 
 __all__ = ["MetadataError", "read_metadata", "DEFAULT_COLUMNS"]
 
@@ -41,10 +47,13 @@ def read_metadata(
     data_root: str | Path | None = None,
     columns: Mapping[str, str | list[str] | tuple[str, ...]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Read a metadata file (``.json``, ``.jsonl``, ``.csv``, ``.parquet``) into canonical rows.
+    """Read a metadata file (``.json``, ``.jsonl``, ``.csv``, ``.parquet``), or a caption folder, into
+    canonical rows.
 
     Args:
-        path: The metadata file.
+        path: The metadata file, or a folder of clips / images with a same-named ``.txt`` caption each
+            (:func:`mm_data.caption_folder.read_caption_folder`: rows in sorted order, a sample without a
+            usable caption marked ``caption_error``).
         data_root: Folder that relative sample paths are resolved against
             (default: the metadata file's folder).
         columns: Overrides of the source column name(s) per canonical key, e.g.
@@ -52,15 +61,35 @@ def read_metadata(
 
     Raises:
         MetadataError: unreadable file, unknown format, or a row missing ``path``/``caption``
-            (the message names the file, the row and the columns looked for).
+            (the message names the file, the row and the columns looked for); a caption folder with
+            ``data_root`` or ``columns`` (they apply to metadata files) or without any clip or image.
     """
     path = Path(path)
+    if path.is_dir():
+        return _read_folder(path, data_root, columns)
     if not path.is_file():
         raise MetadataError(f"metadata file not found: {path}")
     root = Path(data_root) if data_root is not None else path.parent
     names = _column_names(columns)
     rows = _read_rows(path)
     return [_normalize(row, i, path, root, names) for i, row in enumerate(rows)]
+
+
+def _read_folder(path: Path, data_root: Any, columns: Any) -> list[dict[str, Any]]:
+    for name, value in (("data_root", data_root), ("columns", columns)):
+        if value is not None:
+            raise MetadataError(
+                f"{path} is a caption folder (clips with a .txt caption each): {name}={value!r} applies to a "
+                "metadata file's rows only; remove it"
+            )
+    rows = read_caption_folder(path)
+    if not rows:
+        kinds = " ".join(sorted(VIDEO_EXTENSIONS | IMAGE_EXTENSIONS))
+        raise MetadataError(
+            f"{path}: a folder, read as a caption folder, but it holds no clip or image ({kinds}); "
+            "expected clips with a same-named .txt caption each, or a metadata file"
+        )
+    return rows
 
 
 def _column_names(columns: Mapping[str, Any] | None) -> dict[str, tuple[str, ...]]:

@@ -27,6 +27,13 @@ from mm_trainer.data.preprocess import (  # noqa: E402
 from mm_trainer.loop.engine import TrainEngine  # noqa: E402
 from mm_trainer.loop.metrics import PEAK_FLOPS, MetricsLogger  # noqa: E402
 from mm_trainer.loop.nonfinite import NonFiniteGuard, NonFiniteLossError, state_is_finite  # noqa: E402
+from mm_trainer.loop.trackers import (  # noqa: E402
+    TensorBoardTracker,
+    Tracker,
+    WandbTracker,
+    check_tracker_packages,
+    open_trackers,
+)
 from mm_trainer.loop.validation import Validator  # noqa: E402
 from mm_trainer.model.base_model import BaseModel, init_module_weights, load_module_weights  # noqa: E402
 from mm_trainer.model.container import ModelContainer, ModelContainerHub, freeze  # noqa: E402
@@ -40,6 +47,7 @@ from mm_trainer.model.lora import LoraAdapters, LoraTargets, inject_lora  # noqa
 from mm_trainer.model.recompute_policy import SAVED_OPS, selective_recompute_contexts  # noqa: E402
 from mm_trainer.model.regional_compile import check_compile  # noqa: E402
 from mm_trainer.model.registered_names import registered_names  # noqa: E402
+from mm_trainer.model.sampled_clip import SampledClip, as_sampled_clip  # noqa: E402
 from mm_trainer.modes.phases import Phase, PhaseSchedulers, build_phases  # noqa: E402
 from mm_trainer.registry.plugins import import_plugins  # noqa: E402
 from mm_trainer.registry.registries import (  # noqa: E402
@@ -101,6 +109,13 @@ __all__ = [
     "LoraAdapters",
     "LoraTargets",
     "MetricsLogger",
+    "SampledClip",
+    "TensorBoardTracker",
+    "Tracker",
+    "WandbTracker",
+    "as_sampled_clip",
+    "check_tracker_packages",
+    "open_trackers",
     "ModelContainer",
     "ModelContainerHub",
     "ModelHub",

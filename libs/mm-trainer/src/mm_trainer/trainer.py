@@ -41,6 +41,7 @@ from mm_trainer.loop.engine import TrainEngine
 from mm_trainer.loop.metrics import MetricsLogger, peak_memory_bytes
 from mm_trainer.loop.plan_check import PlanCheck
 from mm_trainer.loop.seeding import seed_everything
+from mm_trainer.loop.trackers import check_tracker_packages
 from mm_trainer.loop.validation import Validator
 from mm_trainer.model.base_model import init_module_weights, load_module_weights
 from mm_trainer.model.build import (
@@ -72,6 +73,7 @@ class Trainer:
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config = preflight(config)
+        check_tracker_packages(config.training)  # a missing tracker package fails before anything is built
         device_type = config.training.device
         timeout_s = config.training.collective_timeout_s
         self.rank, self.world_size = init_distributed(device_type=device_type, timeout_s=timeout_s)
@@ -255,6 +257,8 @@ class Trainer:
             start_step=self.start_iteration,
             log_dir=log_dir,
             tensorboard=cfg.training.tensorboard,
+            wandb=cfg.training.wandb,
+            config=cfg.model_dump(mode="json") if cfg.training.wandb is not None else None,
             enabled=self.rank == 0,
         )
         validator = self.validator

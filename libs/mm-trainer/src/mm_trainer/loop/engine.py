@@ -126,6 +126,7 @@ class TrainEngine:
         self.stop_signals.install()
         iteration = start_iteration
         pending_save = False
+        failed = True  # until the loop ends without an exception: the trackers record how the run ended
         try:
             while iteration < training.train_iters:
                 for prof in self.profilers:
@@ -166,9 +167,10 @@ class TrainEngine:
                     f"the run reached training.train_iters={iteration} with a non-finite last step: its state was "
                     f"not saved. Skipped steps: {self.nonfinite.describe() or 'none'}. {RESUME_ADVICE}"
                 )
+            failed = False
         finally:
             self.stop_signals.release()
-            self.metrics.close()
+            self.metrics.close(failed=failed)
         return iteration
 
     def train_step(self, step: int) -> StepResult:

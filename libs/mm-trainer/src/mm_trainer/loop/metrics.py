@@ -1,4 +1,5 @@
-"""Training metrics: a progress bar on rank 0, a JSONL file, and optional TensorBoard."""
+"""Training metrics: a progress bar on rank 0, a JSONL file, and optional trackers (TensorBoard, Weights &
+Biases: :mod:`mm_trainer.loop.trackers`)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from mm_trainer.loop.trackers import Tracker, open_trackers
 from mm_trainer.planner.device_specs import peak_flops_by_device_name
-from mm_trainer.run.summary import tensorboard_enabled
 
 #: Dense bf16 peak FLOP/s by device-name substring, used for MFU when the model reports FLOPs per
 #: sample: the device table of ``mm-train plan`` (:mod:`mm_trainer.planner.device_specs`).
@@ -49,19 +50,6 @@ def peak_memory_bytes(device_type: str) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _summary_writer_class(setting: bool | None) -> type:
-    """torch's ``SummaryWriter``; a clear error naming the extra when tensorboard is missing."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as exc:
-        raise ImportError(
-            f"training.tensorboard is {'on' if setting else 'unset (on when installed)'} but "
-            f"torch.utils.tensorboard cannot import tensorboard ({exc}): pip install "
-            "'mm-trainer[tensorboard]', or set training.tensorboard: false"
-        ) from exc
-    return SummaryWriter
-
-
 def format_log_line(step: int, total_steps: int, record: Mapping[str, Any], eta_s: float | None) -> str:
     """One plain console line for a log step: step, loss, lr, grad norm, step time, samples/s, ETA.
 
@@ -78,14 +66,16 @@ def format_log_line(step: int, total_steps: int, record: Mapping[str, Any], eta_
 
 
 class MetricsLogger:
-    """Writes one record per log step to console, JSONL and TensorBoard.
+    """Writes one record per log step to console, JSONL and the trackers (TensorBoard, W&B).
 
     The console gets a progress bar on a terminal, else one :func:`format_log_line` per log step.
     Only rank 0 writes; other ranks hold a disabled logger so that call sites stay simple. A run that
     starts at ``start_step`` (a resume) first drops the records of later steps from ``metrics.jsonl``
     (and purges them from TensorBoard): the run writes them again, and readers see each step once.
     TensorBoard events go to ``<log_dir>/tensorboard`` when ``tensorboard`` is true, or None with the
-    package installed (:func:`tensorboard_enabled`).
+    package installed (:func:`mm_trainer.run.summary.tensorboard_enabled`); ``wandb`` (the
+    ``training.wandb`` section) logs the same numbers and the validation clips to a W&B run, with the run's
+    ``config`` (:class:`mm_trainer.loop.trackers.WandbTracker`).
     """
 
     def __init__(
@@ -95,23 +85,28 @@ class MetricsLogger:
         start_step: int = 0,
         log_dir: str | os.PathLike | None = None,
         tensorboard: bool | None = None,
+        wandb: Any = None,
+        config: Mapping[str, Any] | None = None,
         enabled: bool = True,
     ) -> None:
         self.enabled = enabled
         self._jsonl = None
-        self._tb = None
+        self._trackers: list[Tracker] = []
         self._bar = None
         if not enabled:
             return
         if log_dir is not None:
-            # the TensorBoard check comes first: a refused run leaves no open metrics file behind
-            writer = _summary_writer_class(tensorboard) if tensorboard_enabled(tensorboard) else None
             Path(log_dir).mkdir(parents=True, exist_ok=True)
+            # the trackers come first: a refused run (a missing package) leaves no open metrics file behind
+            self._trackers = open_trackers(log_dir=Path(log_dir), start_step=start_step, tensorboard=tensorboard,
+                                           wandb=wandb, config=config)  # fmt: skip
             path = Path(log_dir) / "metrics.jsonl"
             _drop_records_after(path, start_step)
             self._jsonl = open(path, "a", buffering=1)  # noqa: SIM115
-            if writer is not None:
-                self._tb = writer(log_dir=str(Path(log_dir) / "tensorboard"), purge_step=start_step + 1)
+        elif wandb is not None:
+            raise ValueError(
+                "training.wandb needs training.log_dir or save (its local files and run id go there)"
+            )
         self.total_steps, self._start = total_steps, (start_step, time.monotonic())
         if not _is_terminal(sys.stderr):
             return  # plain lines from log()
@@ -131,10 +126,9 @@ class MetricsLogger:
         record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(record) + "\n")
-        if self._tb is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self._tb.add_scalar(f"train/{key}", value, step)
+        scalars = {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
+        for tracker in self._trackers:
+            tracker.log_scalars(step, scalars)
         if self._bar is not None:
             self._bar.set_postfix(
                 loss=f"{record.get('loss', float('nan')):.4g}", lr=f"{record.get('lr', 0):.2e}", refresh=False
@@ -144,13 +138,25 @@ class MetricsLogger:
                 format_log_line(step, self.total_steps, record, self._eta(step)), file=sys.stderr, flush=True
             )
 
-    def add_video(self, tag: str, video: torch.Tensor, step: int) -> None:
-        """Log a clip ``[3, F, H, W]`` in ``[-1, 1]`` to TensorBoard (when on) as its frames, an image
-        strip (``add_video`` would need moviepy)."""
-        if self._tb is None:
-            return
-        frames = ((video.detach().float().cpu().transpose(0, 1) + 1) / 2).clamp(0, 1)  # [F, 3, H, W]
-        self._tb.add_images(tag, frames, step)
+    def add_video(
+        self, tag: str, video: torch.Tensor, step: int, path: str | os.PathLike | None = None
+    ) -> None:
+        """Log a clip ``[3, F, H, W]`` in ``[-1, 1]`` to the trackers: TensorBoard as its frames (an image
+        strip), W&B as the mp4 ``path`` it was written to (None: not written, not logged there)."""
+        for tracker in self._trackers:
+            tracker.log_video(tag, video, step, Path(path) if path is not None else None)
+
+    def add_audio(
+        self,
+        tag: str,
+        waveform: torch.Tensor,
+        sample_rate: int,
+        step: int,
+        path: str | os.PathLike | None = None,
+    ) -> None:
+        """Log a waveform ``[channels, N]`` in ``[-1, 1]`` to the trackers (W&B: the WAV file ``path``)."""
+        for tracker in self._trackers:
+            tracker.log_audio(tag, waveform, sample_rate, step, Path(path) if path is not None else None)
 
     def _eta(self, step: int) -> float | None:
         """Seconds left at the mean step time since this logger started (None before the first step)."""
@@ -172,10 +178,15 @@ class MetricsLogger:
         else:
             print(message, file=sys.stderr, flush=True)
 
-    def close(self) -> None:
-        for handle in (self._bar, self._jsonl, self._tb):
+    def close(self, failed: bool = False) -> None:
+        """Close the progress bar, ``metrics.jsonl`` and the trackers (``failed``: the run ends with an error,
+        which W&B records as the run's exit code)."""
+        for handle in (self._bar, self._jsonl):
             if handle is not None:
                 handle.close()
+        trackers, self._trackers = self._trackers, []
+        for tracker in trackers:
+            tracker.close(failed)
 
 
 def _is_terminal(stream: Any) -> bool:

@@ -3,8 +3,12 @@
 The trainer knows no model: it calls two hooks of the model container.
 
 - ``sample(prompt, *, seed, num_frames, height, width, steps, guidance_scale, negative_prompt,
-  shift) -> video [3, F, H, W] in [-1, 1]`` (optional ``check_sampling()`` raises before training
-  when sampling could not run), for the clips;
+  shift, fps) -> video [3, F, H, W] in [-1, 1]``, or a :class:`mm_trainer.SampledClip` with the clip's
+  audio (written beside the clip as ``<index>.wav``), for the clips. Optional: ``check_sampling()``
+  raises before training when sampling could not run; ``prepare_sampling(validation, *, data, device)``
+  is called once, before training, with the ``training.validation`` section (the prompts, the clip size)
+  and the ``data`` section (a model that trains on cached latents loads its frozen encoders from where
+  the cache was written, e.g. ``data.dataset.preprocess``, and may encode the prompts once);
 - optionally ``sample_reference(prompt, *, seed, num_frames, height, width) -> video`` where
   ``has_sample_reference`` is true: the clip each sampled one is compared against (a distillation's
   teacher, many steps); its PSNR to the sampled clip, averaged over prompts, is ``val_psnr_to_reference``
@@ -30,12 +34,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from mm_data import collate_video_text, write_video
+from mm_data import collate_video_text, write_video, write_wav
 from mm_pipelines import SampleRNG, key_seed
 from torch import nn
 
 from mm_trainer.data.batches import build_dataset
 from mm_trainer.loop.metrics import MetricsLogger
+from mm_trainer.model.sampled_clip import as_sampled_clip
 
 
 class Validator:
@@ -46,7 +51,8 @@ class Validator:
         validation: the ``training.validation`` section (``mm_config.ValidationConfig``).
         data: the ``data`` section: the held-out file is read by its dataset, with its options.
         seed: ``training.seed`` (keys the held-out noise).
-        out_dir: the run's log folder; clips go to ``out_dir/validation/iter_<step>/<prompt index>.mp4``.
+        out_dir: the run's log folder; clips go to ``out_dir/validation/iter_<step>/<prompt index>.mp4``
+            (their audio, where the model samples it, beside them as ``<prompt index>.wav``).
         device: the training device.
         dp_rank, dp_size, dp_group: this rank's data-parallel place (ranks of one CP group get the
             same held-out samples).
@@ -75,6 +81,9 @@ class Validator:
         self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
         self.noise_seed = key_seed(seed, "validation")
         _check_hooks(model, validation)
+        prepare = getattr(model, "prepare_sampling", None)
+        if validation.prompts and callable(prepare):
+            prepare(validation, data=data, device=device)
         self.dataset = None
         self.references: dict[int, torch.Tensor] = {}
         if validation.data_path is not None:
@@ -86,7 +95,7 @@ class Validator:
         return step % self.config.interval == 0
 
     def run(self, step: int, metrics: MetricsLogger | None = None) -> dict[str, float]:
-        """Validate after step ``step`` if it is due: write the clips (and log them to TensorBoard
+        """Validate after step ``step`` if it is due: write the clips (and log them to the trackers
         through ``metrics``); return ``val_loss`` (with held-out data) and ``val_time_s`` (``{}`` when not due)."""
         if not self.due(step):
             return {}
@@ -107,15 +116,25 @@ class Validator:
         cfg, psnrs = self.config, []
         reference = getattr(self.model, "has_sample_reference", False)
         for index, (prompt, seed) in enumerate(zip(cfg.prompts, cfg.prompt_seeds(), strict=True)):
-            video = self.model.sample(
+            clip = as_sampled_clip(self.model.sample(
                 prompt, seed=seed, num_frames=cfg.num_frames, height=cfg.height, width=cfg.width,
                 steps=cfg.sampling_steps, guidance_scale=cfg.guidance_scale,
-                negative_prompt=cfg.negative_prompt, shift=cfg.shift,
-            )  # fmt: skip
+                negative_prompt=cfg.negative_prompt, shift=cfg.shift, fps=cfg.fps,
+            ))  # fmt: skip
+            video = clip.video
+            mp4 = self.out_dir / f"iter_{step:07d}" / f"{index}.mp4"
             if self.write:
-                write_video(video, self.out_dir / f"iter_{step:07d}" / f"{index}.mp4", fps=cfg.fps)
+                write_video(video, mp4, fps=cfg.fps)
+                if clip.audio is not None:
+                    write_wav(mp4.with_suffix(".wav"), clip.audio, clip.sample_rate)
             if metrics is not None:
-                metrics.add_video(f"validation/{index}", video, step)
+                written = mp4 if self.write else None
+                metrics.add_video(f"validation/{index}", video, step, path=written)
+                if clip.audio is not None:
+                    wav = written.with_suffix(".wav") if written is not None else None
+                    metrics.add_audio(
+                        f"validation/{index}_audio", clip.audio, clip.sample_rate, step, path=wav
+                    )
             if reference:
                 if index not in self.references:
                     self.references[index] = self.model.sample_reference(
@@ -156,8 +175,8 @@ def _check_hooks(model: nn.Module, validation: Any) -> None:
         if not callable(getattr(model, "sample", None)):
             raise ValueError(
                 f"training.validation.prompts: {name} has no sample(prompt, *, seed, num_frames, height, width, "
-                "steps, guidance_scale, negative_prompt, shift) hook, so this model cannot sample validation clips; "
-                "leave prompts empty"
+                "steps, guidance_scale, negative_prompt, shift, fps) hook, so this model cannot sample validation "
+                "clips; leave prompts empty"
             )
         check = getattr(model, "check_sampling", None)
         if callable(check):

@@ -6,6 +6,7 @@ The contract:
 - ``base_model``: ``BaseModel``, the two-phase life cycle of a sub-model (structure, then weights).
 - ``hub``: ``ModelHub``, one sub-model built from its section, on meta or with weights.
 - ``container``: ``ModelContainer`` / ``ModelContainerHub``, several sub-models trained as one.
+- ``sampled_clip``: ``SampledClip``, what a container's ``sample`` hook returns (a clip and its audio).
 - ``hf_model``, ``hf_export``: the transformers path (``HFModel``, single-model form) and its export.
 - ``registered_names``: what the registries hold, told to ``mm-config check``.
 

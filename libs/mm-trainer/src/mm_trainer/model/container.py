@@ -216,8 +216,14 @@ class ModelContainerHub:
 
 
 def container_class(model_section: Any) -> type[ModelContainer]:
-    """The registered ``model.container_id`` class, else the plain :class:`ModelContainer`."""
+    """The registered ``model.container_id`` class; in the single-model form (``model.model_id``) the
+    container the model class names in its ``single_model_container`` attribute (a registered id: e.g.
+    LTX-2's, whose hooks serve both forms); else the plain :class:`ModelContainer`."""
     container_id = getattr(model_section, "container_id", None)
+    if not container_id and not getattr(model_section, "is_container", True):
+        model_id = getattr(model_section, "model_id", None)
+        model_cls = MODEL_REGISTRY.get(model_id) if model_id in MODEL_REGISTRY else None
+        container_id = getattr(model_cls, "single_model_container", None)
     cls = MODEL_REGISTRY.get(container_id) if container_id else ModelContainer
     if not (isinstance(cls, type) and issubclass(cls, ModelContainer)):
         raise TypeError(f"model.container_id {container_id!r} is registered to {cls}, not a ModelContainer")

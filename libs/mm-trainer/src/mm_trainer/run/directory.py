@@ -51,7 +51,7 @@ logger = logging.getLogger("mm_trainer")
 
 RUN_OWNER_FILENAME = ".mm_train_run.json"
 """In a separate ``training.log_dir``: the save dir of the run whose logs it holds."""
-RUN_LOG_NAMES = ("metrics.jsonl", "tensorboard", RUN_OWNER_FILENAME)
+RUN_LOG_NAMES = ("metrics.jsonl", "tensorboard", "wandb", RUN_OWNER_FILENAME)
 """What a run writes into its log dir that the next run would truncate or purge."""
 
 

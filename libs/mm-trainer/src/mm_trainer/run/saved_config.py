@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from mm_checkpoint import checkpoint_info
-from mm_config import TrainConfig, load_config
+from mm_config import DataConfig, TrainConfig, load_config
 
 RUN_CONFIG_NAME = "config.yaml"
 
@@ -58,11 +58,13 @@ def load_run_config(checkpoint_root: str | os.PathLike, overrides: Sequence[str]
     return load_config(path, list(overrides), world_size=int(checkpoint_info(root)["world_size"]))
 
 
-def preprocess_section(config: TrainConfig, *, dataset_id: str, schema: Any, tool: str) -> Any:
-    """``data.dataset.preprocess`` of a config that trains from the encoder cache ``dataset_id`` (in
-    ``data.data_path``), validated by ``schema`` (a pydantic model); what ``tool`` needs, or a clear error."""
-    raw = (config.data.dataset or {}).get("preprocess")
-    if config.data.dataset_id != dataset_id or not raw or not config.data.data_path:
+def preprocess_section(config: TrainConfig | DataConfig, *, dataset_id: str, schema: Any, tool: str) -> Any:
+    """``data.dataset.preprocess`` of a config (or of its ``data`` section) that trains from the encoder
+    cache ``dataset_id`` (in ``data.data_path``), validated by ``schema`` (a pydantic model); what ``tool``
+    needs, or a clear error."""
+    data = config.data if isinstance(config, TrainConfig) else config
+    raw = (data.dataset or {}).get("preprocess")
+    if data.dataset_id != dataset_id or not raw or not data.data_path:
         keys = ", ".join(getattr(schema, "model_fields", {}))
         raise ValueError(
             f"{tool} needs data.dataset_id: {dataset_id}, data.data_path (the cache folder) and "

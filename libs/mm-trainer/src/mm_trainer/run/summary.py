@@ -25,8 +25,12 @@ def _metrics_paths(training: Any) -> str:
     if not log_dir:
         return "console only (set training.save or training.log_dir for metrics.jsonl)"
     out = str(Path(log_dir) / "metrics.jsonl")
-    shown = tensorboard_enabled(training.tensorboard)
-    return out + (f" + TensorBoard {Path(log_dir) / 'tensorboard'}" if shown else "")
+    if tensorboard_enabled(training.tensorboard):
+        out += f" + TensorBoard {Path(log_dir) / 'tensorboard'}"
+    wandb = getattr(training, "wandb", None)
+    if wandb is not None:
+        out += f" + W&B project {wandb.project} ({wandb.mode or 'WANDB_MODE, else online'}; {Path(log_dir) / 'wandb'})"
+    return out
 
 
 def start_lines(training: Any, *, resume_from: str | Path | None, start_iteration: int) -> list[str]:
