@@ -76,6 +76,8 @@ class Layout:
         ]
         if self.recompute != "none":
             out.append(f"features.recompute_plan.policy={self.recompute}")
+        else:  # a plan of no modules takes no options (mm-config refuses them: they would act on nothing)
+            out += ["features.recompute_plan.policy=full", "features.recompute_plan.every=1"]
         if condition_steps > 1:
             cp = self.ulysses * self.ring
             out.append(f"features.condition_micro_steps={cp * max(1, -(-condition_steps // cp))}")
