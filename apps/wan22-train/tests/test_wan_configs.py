@@ -132,3 +132,14 @@ def test_shipped_tiny_configs_pass_the_model_checks(name, tiny_folder, tmp_path)
         overrides += [f"model.models.{role}.from_pretrained={folder / 'transformer'}" for role in roles]
     report = check_config(config_path(name), overrides, world_size=2, check_paths=False)
     assert [str(w) for w in report.warnings if "plan patterns" in str(w)] == []
+
+
+def test_a_bf16_text_encoder_next_to_an_fp32_predictor_is_refused_unless_something_casts_its_output():
+    """It passed the check and crashed at step 1 (bf16 text embeddings into the fp32 predictor); it runs
+    (both accepted forms train on the tiny model) once param_dtype or the pipeline's predict_dtype casts."""
+    bf16_encoder = ["model.models.text_encoder.dtype=bf16"]
+    with pytest.raises(ConfigError) as info:
+        load_config(config_path("tiny_t2v.yaml"), bf16_encoder, world_size=2)
+    assert info.value.paths == ["model.models.text_encoder.dtype"], str(info.value)
+    for cast in ("parallel.fsdp_plan.param_dtype=bf16", "model.pipeline.predict_dtype=fp32"):
+        assert load_config(config_path("tiny_t2v.yaml"), [*bf16_encoder, cast], world_size=2)
