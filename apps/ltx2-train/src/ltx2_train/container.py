@@ -9,7 +9,7 @@ from typing import Any
 from mm_pipelines import DistributionMatchingDistillation, with_distillation
 from mm_trainer import ModelContainer, model_register
 
-from ltx2_train.distill import check_models, distillation_pipeline
+from ltx2_train.distill import architecture_problems, check_models, distillation_pipeline
 from ltx2_train.pipeline import LTX2Pipeline
 
 
@@ -25,6 +25,12 @@ class LTX2Container(ModelContainer):
         super().__init__(sub_models, **kwargs)
         if isinstance(self.pipeline, DistributionMatchingDistillation):
             check_models(sub_models, self.trainable_submodels)
+
+    @classmethod
+    def sub_model_problems(cls, model_section: Any) -> dict[str, str]:
+        """A distillation's student or critic whose architecture is not the teacher's
+        (:func:`ltx2_train.distill.architecture_problems`), before anything is built."""
+        return architecture_problems(model_section)
 
     @classmethod
     def build_pipeline(cls, options: Mapping[str, Any]) -> LTX2Pipeline | DistributionMatchingDistillation:
