@@ -21,7 +21,9 @@ def used_lr(step: int) -> float:
     return MIN_LR + (LR - MIN_LR) * (1 - progress)
 
 
-def test_each_logged_learning_rate_is_the_one_its_step_used_through_warmup_and_decay(toy_yaml, mm_train_forked):
+def test_each_logged_learning_rate_is_the_one_its_step_used_through_warmup_and_decay(
+    toy_yaml, mm_train_forked
+):
     training = {"train_iters": STEPS, "lr": LR, "min_lr": MIN_LR, "lr_warmup_iters": WARMUP,
                 "lr_scheduler": "linear", "save_interval": 100}  # fmt: skip
     records = mm_train_forked(toy_yaml("lr", training=training))

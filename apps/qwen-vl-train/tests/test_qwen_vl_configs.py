@@ -76,7 +76,9 @@ def test_every_listed_typo_of_the_qwen_vl_config_is_one_error_of_one_check_befor
         assert expected[problem.path] in problem.message, problem
 
 
-def test_a_misspelt_model_id_is_refused_by_the_check_and_the_trainers_preflight_naming_the_generic_id(tiny_root):
+def test_a_misspelt_model_id_is_refused_by_the_check_and_the_trainers_preflight_naming_the_generic_id(
+    tiny_root,
+):
     """``qwen25_vl`` over a transformers folder used to pass with a warning and train through transformers'
     generic class (other losses at 1 rank, a collective mismatch at 2): now one error at ``model.model_id``."""
     from mm_config import ConfigError, check_config, load_config

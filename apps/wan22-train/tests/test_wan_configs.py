@@ -170,5 +170,7 @@ def test_a_distillation_critic_of_another_architecture_is_refused_naming_it_and_
     want = f"`critic` is not an architecture of its teacher `teacher`: num_layers (critic: {layers + 1}, teacher: {layers})"
     assert want in info.value.problems[0].message
     model = load_config(config_path("tiny_t2v_distill.yaml"), overrides, world_size=2).model
-    with pytest.raises(ValueError, match=r"model\.models\.critic: `critic` is not an architecture of its teacher"):
+    with pytest.raises(
+        ValueError, match=r"model\.models\.critic: `critic` is not an architecture of its teacher"
+    ):
         ModelContainerHub.build(model, device="cpu", trainable=["predictor", "critic"], meta_init=False)

@@ -85,6 +85,8 @@ def test_a_comfyui_file_with_a_few_foreign_tensors_is_refused_naming_them_and_th
 def test_a_top_level_fp8_marker_beside_prefixed_weights_keeps_the_prefix_off(tmp_path):
     source = nn.Linear(3, 5)
     state = {f"model.diffusion_model.{k}": v for k, v in source.state_dict().items()}
-    save_safetensors({**state, "scaled_fp8": torch.zeros(2, dtype=torch.float8_e4m3fn)}, tmp_path / "m.safetensors")
+    save_safetensors(
+        {**state, "scaled_fp8": torch.zeros(2, dtype=torch.float8_e4m3fn)}, tmp_path / "m.safetensors"
+    )
     with open_weights(tmp_path / "m.safetensors") as reader:
         assert sorted(reader.keys()) == ["bias", "weight"]

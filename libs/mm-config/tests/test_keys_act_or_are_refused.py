@@ -23,7 +23,9 @@ def phased(container, **phase_keys):
 def test_min_lr_with_the_constant_schedule_is_refused_as_read_by_nothing(load_error, problem_at):
     err = load_error({"training": {"lr": 1e-3, "min_lr": 1e-4, "lr_scheduler": "constant"}})
     message = problem_at(err, "training.min_lr")
-    assert "ends a linear / cosine decay, and training.lr_scheduler is `constant`: nothing reads it" in message
+    assert (
+        "ends a linear / cosine decay, and training.lr_scheduler is `constant`: nothing reads it" in message
+    )
 
 
 def test_min_lr_is_accepted_with_a_decay_and_where_a_phase_that_reads_it_decays(load, container):
@@ -33,7 +35,9 @@ def test_min_lr_is_accepted_with_a_decay_and_where_a_phase_that_reads_it_decays(
     assert load(data).training.min_lr == 1e-4
 
 
-def test_a_phase_min_lr_is_refused_under_a_constant_schedule_and_above_the_phase_lr(load_error, problem_at, container):
+def test_a_phase_min_lr_is_refused_under_a_constant_schedule_and_above_the_phase_lr(
+    load_error, problem_at, container
+):
     err = load_error(phased(container, min_lr=1e-6))
     assert "this phase's schedule is `constant`" in problem_at(err, "training.phases.critic.min_lr")
     err = load_error(phased(container, min_lr=1e-3, lr=1e-4, lr_scheduler="cosine"))
@@ -66,13 +70,21 @@ def test_a_learning_rate_float32_cannot_hold_is_refused(load_error, problem_at, 
     assert "overflows float32" in message and "cannot be converted to type float without overflow" in message
 
 
-def test_output_dtype_without_param_dtype_is_refused_with_the_mismatch_it_would_cause(load_error, problem_at, container):
-    err = load_error(container(parallel={"fsdp_plan": {"apply_modules": ["predictor.blocks.{*}"], "output_dtype": "bf16"}}))
+def test_output_dtype_without_param_dtype_is_refused_with_the_mismatch_it_would_cause(
+    load_error, problem_at, container
+):
+    err = load_error(
+        container(parallel={"fsdp_plan": {"apply_modules": ["predictor.blocks.{*}"], "output_dtype": "bf16"}})
+    )
     message = problem_at(err, "parallel.fsdp_plan.output_dtype")
-    assert "casts no unit's inputs" in message and "predictor fp32" in message and "set param_dtype" in message
+    assert (
+        "casts no unit's inputs" in message and "predictor fp32" in message and "set param_dtype" in message
+    )
 
 
-def test_output_dtype_equal_to_the_stored_dtype_without_param_dtype_is_refused_as_casting_nothing(load_error, problem_at):
+def test_output_dtype_equal_to_the_stored_dtype_without_param_dtype_is_refused_as_casting_nothing(
+    load_error, problem_at
+):
     err = load_error({"parallel": {"fsdp_plan": {"apply_modules": ["model.blocks.{*}"], "output_dtype": "fp32"}},
                       "model": {"model_id": "toy_dit"}})  # fmt: skip
     assert "casting its outputs to fp32 does nothing" in problem_at(err, "parallel.fsdp_plan.output_dtype")
@@ -96,7 +108,9 @@ def test_mixed_dtypes_are_accepted_with_param_dtype_or_outside_the_plan(load, co
     assert load(data).model.models["ae"].dtype == "bf16"
 
 
-def test_a_pipeline_that_casts_its_models_inputs_takes_the_mixed_dtypes_on_itself(load, load_error, container):
+def test_a_pipeline_that_casts_its_models_inputs_takes_the_mixed_dtypes_on_itself(
+    load, load_error, container
+):
     class CastingOptions(PartialConfigModel):
         input_cast: str | None = None
         """Dtype the pipeline casts its models' inputs to."""

@@ -27,7 +27,10 @@ def _refused(capsys, argv: list[str]) -> str:
 
 def test_a_world_size_past_what_the_planner_traces_is_refused_at_once_naming_the_limit_and_why(capsys):
     err = _refused(capsys, ["plan", "--config", NOWHERE, "--world-size", "100000000"])
-    assert f"--world-size 100000000 is beyond what the planner traces (at most {MAX_TRACED_WORLD_SIZE} ranks)" in err
+    assert (
+        f"--world-size 100000000 is beyond what the planner traces (at most {MAX_TRACED_WORLD_SIZE} ranks)"
+        in err
+    )
     assert "one piece per rank of its shard group" in err  # why: the trace grows with the world size
 
 

@@ -315,15 +315,17 @@ def _dtype_problems(cfg: TrainConfig) -> list[Problem]:
             )
         )
     if len(set(wrapped.values())) > 1 and not _pipeline_casts_inputs(cfg):
-        dtypes = list(wrapped.values())  # the most common one, on a tie the default: the others are the odd ones
+        # the most common dtype (on a tie the default) is the run's; the sub-models in another are the odd ones
+        dtypes = list(wrapped.values())
         common = max(sorted(set(dtypes)), key=lambda d: (dtypes.count(d), d == "fp32"))
+        in_common = ", ".join(n for n, d in wrapped.items() if d == common)
         for name, dtype in wrapped.items():
             if dtype != common:
                 out.append(
                     Problem(
                         ("model", "models", name, "dtype") if cfg.model.is_container else ("model", "dtype"),
                         f"`{name}` is stored in {dtype} and the other sub-models the FSDP plan wraps in {common} "
-                        "(" + ", ".join(n for n, d in wrapped.items() if d == common) + "): they pass activations "
+                        f"({in_common}): they pass activations "
                         "to each other, and with parallel.fsdp_plan.param_dtype unset nothing casts them (a dtype "
                         "mismatch at the first forward); set param_dtype (every unit then computes in it and casts "
                         "its inputs) or give them one dtype",

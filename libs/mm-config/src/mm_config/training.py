@@ -200,7 +200,9 @@ def _min_lr_problems(t: TrainingConfig) -> list[Problem]:
     readers = [n for n, ph in t.phases.items() if ph.min_lr is None] if t.phases else [None]
     kinds = {(t.phases[n].lr_scheduler if n else None) or t.lr_scheduler for n in readers}
     if t.min_lr > 0 and readers and kinds == {"constant"}:
-        which = "training.lr_scheduler" if not t.phases else f"the schedule of the phases {readers} that read it"
+        which = (
+            "training.lr_scheduler" if not t.phases else f"the schedule of the phases {readers} that read it"
+        )
         out.append(
             Problem(
                 ("min_lr",),
@@ -225,7 +227,9 @@ def _min_lr_problems(t: TrainingConfig) -> list[Problem]:
                 )
             )
         elif phase.min_lr > peak:
-            out.append(Problem(loc, f"must not exceed the phase's lr ({peak})", phase.min_lr, deps=(("lr",),)))
+            out.append(
+                Problem(loc, f"must not exceed the phase's lr ({peak})", phase.min_lr, deps=(("lr",),))
+            )
     return out
 
 
