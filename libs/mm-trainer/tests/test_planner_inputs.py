@@ -69,3 +69,14 @@ def test_plan_refuses_an_input_out_of_range_at_once_naming_the_option_and_the_ra
 )
 def test_a_dry_run_refuses_what_plan_refuses_before_reading_the_config(capsys, args, message):
     assert message in _refused(capsys, ["--config", NOWHERE, "--dry-run", *args])
+
+
+def test_the_planner_api_refuses_a_world_it_cannot_trace_before_any_work():
+    from mm_config import TrainConfig
+    from mm_trainer.planner import PlanInputError, plan_device, search_layouts, trace_run
+
+    device = plan_device("h100")
+    with pytest.raises(PlanInputError, match="beyond what the planner traces"):
+        trace_run(TrainConfig(), world_size=10**8, device=device)
+    with pytest.raises(PlanInputError, match="beyond what the planner traces"):
+        search_layouts(NOWHERE, [], world=10**8, ranks_per_node=8, device=device)
