@@ -152,3 +152,24 @@ def test_distill_shift_sets_the_grid_of_the_timesteps_and_of_the_students_schedu
     three, five = (LTX2Container.build_pipeline({"audio": True, "distill": {"shift": s}}) for s in (3.0, 5.0))
     assert (three.base.scheduler.shift, five.base.scheduler.shift) == (3.0, 5.0)
     assert (five.student_sigmas(4)[1:-1] > three.student_sigmas(4)[1:-1]).all()  # a larger shift: more noise
+
+
+def test_a_student_or_critic_of_another_architecture_is_refused_naming_it_and_the_keys_before_it_is_built():
+    """Only the config sections are read (the configs' weight folders do not exist here); the same shape
+    passes, a critic with another ``num_attention_heads`` is named with the key and both values."""
+    import json
+
+    from mm_config import ConfigError, check_config, load_config
+    from mm_trainer import ModelContainerHub
+
+    shape = json.dumps({**TINY_TRANSFORMER, "vae_scale_factors": list(TINY_TRANSFORMER["vae_scale_factors"])})
+    same = [f"model.models.{role}.config={shape}" for role in ("teacher", "model", "critic")]
+    assert LTX2Container.sub_model_problems(load_config(CONFIG, same, world_size=2).model) == {}
+    other = [*same, "model.models.critic.config.num_attention_heads=2"]
+    with pytest.raises(ConfigError) as info:
+        check_config(CONFIG, other, world_size=2, check_paths=False)
+    assert info.value.paths == ["model.models.critic"], str(info.value)
+    assert "num_attention_heads (critic: 2, teacher: 4)" in info.value.problems[0].message
+    with pytest.raises(ValueError, match=r"model\.models\.critic: `critic` is not an architecture of its teacher"):
+        ModelContainerHub.build(load_config(CONFIG, other, world_size=2).model, device="cpu",
+                                trainable=["model", "critic"], meta_init=False)  # fmt: skip

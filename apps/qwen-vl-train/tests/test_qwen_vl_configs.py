@@ -74,3 +74,24 @@ def test_every_listed_typo_of_the_qwen_vl_config_is_one_error_of_one_check_befor
     assert sorted(found) == sorted(expected), str(info.value)
     for problem in info.value.problems:
         assert expected[problem.path] in problem.message, problem
+
+
+def test_a_misspelt_model_id_is_refused_by_the_check_and_the_trainers_preflight_naming_the_generic_id(
+    tiny_root,
+):
+    """``qwen25_vl`` over a transformers folder used to pass with a warning and train through transformers'
+    generic class (other losses at 1 rank, a collective mismatch at 2): now one error at ``model.model_id``."""
+    from mm_config import ConfigError, check_config, load_config
+    from mm_trainer.checks.preflight import preflight
+
+    model, data = tiny_root / "model", tiny_root / "data" / "sharegpt.json"
+    overrides = [f"model.from_pretrained={model}", f"data.data_path={data}", f"data.dataset.processor={model}",
+                 "model.model_id=qwen25_vl"]  # fmt: skip
+    with pytest.raises(ConfigError) as checked:
+        check_config(CONFIGS / "tiny_sft.yaml", overrides, world_size=2)
+    with pytest.raises(ConfigError) as preflighted:
+        preflight(load_config(CONFIGS / "tiny_sft.yaml", overrides, world_size=2))
+    for err in (checked.value, preflighted.value):
+        assert err.paths == ["model.model_id"], str(err)
+        message = err.problems[0].message
+        assert "did you mean `qwen2_5_vl`?" in message and "set model_id: hf_causal_lm" in message, message

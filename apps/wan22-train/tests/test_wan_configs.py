@@ -132,3 +132,45 @@ def test_shipped_tiny_configs_pass_the_model_checks(name, tiny_folder, tmp_path)
         overrides += [f"model.models.{role}.from_pretrained={folder / 'transformer'}" for role in roles]
     report = check_config(config_path(name), overrides, world_size=2, check_paths=False)
     assert [str(w) for w in report.warnings if "plan patterns" in str(w)] == []
+
+
+def test_a_bf16_text_encoder_next_to_an_fp32_predictor_is_refused_unless_something_casts_its_output():
+    """It passed the check and crashed at step 1 (bf16 text embeddings into the fp32 predictor); it runs
+    (both accepted forms train on the tiny model) once param_dtype or the pipeline's predict_dtype casts."""
+    bf16_encoder = ["model.models.text_encoder.dtype=bf16"]
+    with pytest.raises(ConfigError) as info:
+        load_config(config_path("tiny_t2v.yaml"), bf16_encoder, world_size=2)
+    assert info.value.paths == ["model.models.text_encoder.dtype"], str(info.value)
+    for cast in ("parallel.fsdp_plan.param_dtype=bf16", "model.pipeline.predict_dtype=fp32"):
+        assert load_config(config_path("tiny_t2v.yaml"), [*bf16_encoder, cast], world_size=2)
+
+
+def test_a_distillation_critic_of_another_architecture_is_refused_naming_it_and_the_keys_before_any_weight_is_read(
+    tiny_folder, tmp_path
+):
+    """It used to train without a word; now ``mm-config check`` and the build refuse it, from config.json
+    alone (the critic's weights are junk: reading them would fail differently)."""
+    import shutil
+
+    from mm_config import check_config
+    from mm_trainer import ModelContainerHub
+    from wan22_train.tiny import tiny_overrides
+
+    other = shutil.copytree(tiny_folder / "transformer", tmp_path / "deeper")
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "num_layers": config["num_layers"] + 1}))
+    for weights in other.glob("*.safetensors"):
+        weights.write_bytes(b"junk: a check that read the weights would fail on it")
+    overrides = [*tiny_overrides(tiny_folder), f"model.models.teacher.from_pretrained={tiny_folder / 'transformer'}",
+                 f"model.models.critic.from_pretrained={other}"]  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        check_config(config_path("tiny_t2v_distill.yaml"), overrides, world_size=2, check_paths=False)
+    assert info.value.paths == ["model.models.critic"], str(info.value)
+    layers = config["num_layers"]
+    want = f"`critic` is not an architecture of its teacher `teacher`: num_layers (critic: {layers + 1}, teacher: {layers})"
+    assert want in info.value.problems[0].message
+    model = load_config(config_path("tiny_t2v_distill.yaml"), overrides, world_size=2).model
+    with pytest.raises(
+        ValueError, match=r"model\.models\.critic: `critic` is not an architecture of its teacher"
+    ):
+        ModelContainerHub.build(model, device="cpu", trainable=["predictor", "critic"], meta_init=False)

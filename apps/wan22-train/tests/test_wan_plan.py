@@ -29,3 +29,24 @@ def test_a_real_size_config_plans_to_completion_and_reports_every_part(readme):
     assert "FITS on NVIDIA H200" in out and "predictor.blocks.{*}" in out and "MFU" in out, out
     assert "attention: flash x" in out, out  # the target's kernel stood in for the CPU one
     assert "micro-step 1/1: backward" in done.stderr  # progress while tracing
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--world-size", "100000000"], "is beyond what the planner traces"),
+        (["--world-size", "8", "--device", "h900"], "unknown device 'h900'"),
+    ],
+)
+def test_wan22_train_plan_refuses_bad_input_before_importing_the_wan_plugin(args, message):
+    """A refused input used to be answered after the Wan plugin's imports (24 s for an unknown device) or
+    never (a world of 100,000,000 grew to 14 GB): now before them, with nothing read. (What is left is
+    importing mm_trainer, i.e. torch; the check itself takes milliseconds: test_planner_inputs.py.)"""
+    probe = (
+        "import sys; from wan22_train.cli import main; "
+        f"code = main(['plan', '--config', 'configs/tiny_t2v.yaml', *{args!r}]); "
+        "print(code, 'wan22_train.plugin' in sys.modules, 'diffusers' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["2", "False", "False"], done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr, done.stderr

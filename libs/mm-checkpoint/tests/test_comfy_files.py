@@ -61,3 +61,32 @@ def test_comfyuis_per_layer_quantization_format_is_refused_by_name(tmp_path):
     )
     with pytest.raises(CheckpointFormatError, match=r"q\.safetensors.*comfy_quant"):
         open_weights(tmp_path / "q.safetensors")
+
+
+class _Blocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(3, 3) for _ in range(4))
+
+
+def test_a_comfyui_file_with_a_few_foreign_tensors_is_refused_naming_them_and_the_expected_prefix(tmp_path):
+    """Two stray tensors beside the prefixed model used to fail as 8 missing / 10 unexpected keys."""
+    state = {f"model.diffusion_model.{k}": v for k, v in _Blocks().state_dict().items()}
+    state |= {"first_stage_model.decoder.weight": torch.zeros(2), "vae_extra": torch.zeros(1)}
+    save_safetensors(state, tmp_path / "bundle.safetensors")
+    with pytest.raises(CheckpointFormatError) as info:
+        load_checkpoint_with_conversion(_Blocks(), tmp_path / "bundle.safetensors")
+    message = str(info.value)
+    assert "8 of 10 tensors are under ComfyUI's diffusion-model prefix `model.diffusion_model.`" in message
+    assert "these 2 are outside it: first_stage_model.decoder.weight, vae_extra" in message, message
+    assert "missing" not in message
+
+
+def test_a_top_level_fp8_marker_beside_prefixed_weights_keeps_the_prefix_off(tmp_path):
+    source = nn.Linear(3, 5)
+    state = {f"model.diffusion_model.{k}": v for k, v in source.state_dict().items()}
+    save_safetensors(
+        {**state, "scaled_fp8": torch.zeros(2, dtype=torch.float8_e4m3fn)}, tmp_path / "m.safetensors"
+    )
+    with open_weights(tmp_path / "m.safetensors") as reader:
+        assert sorted(reader.keys()) == ["bias", "weight"]

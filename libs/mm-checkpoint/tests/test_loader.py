@@ -117,3 +117,18 @@ def test_single_safetensors_file_path_loads(tmp_path: Path, tiny: Any) -> None:
 def test_missing_path_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(CheckpointNotFoundError, match="does not exist"):
         load_checkpoint_with_conversion(_Tiny(), tmp_path / "nope", fmt="hf")
+
+
+def test_a_load_whose_source_keys_carry_a_prefix_names_it_and_the_tensors_it_leaves(tmp_path):
+    """A DDP-style save (``module.`` in front of every key) plus one stray tensor: the error says so in
+    one line instead of leaving the reader to compare two lists of keys."""
+    from mm_checkpoint import save_safetensors
+
+    state = {f"module.{k}": v for k, v in nn.Linear(3, 5).state_dict().items()} | {"step": torch.zeros(1)}
+    save_safetensors(state, tmp_path / "ddp.safetensors")
+    with pytest.raises(CheckpointLoadError) as info:
+        load_checkpoint_with_conversion(nn.Linear(3, 5), tmp_path / "ddp.safetensors")
+    assert (
+        "2 of the 2 missing keys are in the source under the prefix `module.`, which the model's keys do not "
+        "have; its other 1 tensors are not the model's: ['step']"
+    ) in str(info.value)

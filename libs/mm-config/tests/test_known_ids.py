@@ -91,10 +91,25 @@ def test_a_missing_processor_folder_is_a_path_error(write_config, tmp_path):
     assert err.paths == ["data.dataset.processor"] and "path not found" in str(err)
 
 
-def test_any_model_id_over_a_transformers_folder_is_the_generic_hf_path(write_config, tmp_path):
+def test_an_unregistered_model_id_over_a_transformers_folder_is_an_error_naming_the_generic_id(
+    write_config, tmp_path
+):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
+    declare_ids("model", "qwen2_5_vl")  # as qwen-vl-train's schema module does
+    try:
+        data = {"model": {"model_id": "qwen25_vl", "from_pretrained": str(tmp_path)}}
+        err = check_error(write_config, data)
+    finally:
+        undeclare_ids("model", "qwen2_5_vl")
+    assert err.paths == ["model.model_id"], str(err)
+    assert "unknown model id; did you mean `qwen2_5_vl`?" in str(err)
+    assert "set model_id: hf_causal_lm" in str(err)
+
+
+def test_the_generic_transformers_class_is_asked_for_by_its_id(write_config, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
-    data = {"model": {"model_id": "my_qwen", "from_pretrained": str(tmp_path)}}
-    assert check_config(write_config(data), model_checks=False).config.model.model_id == "my_qwen"
+    data = {"model": {"model_id": "hf_causal_lm", "from_pretrained": str(tmp_path)}}
+    assert check_config(write_config(data), model_checks=False).config.model.model_id == "hf_causal_lm"
 
 
 def test_names_are_left_to_the_registries_by_load_config_and_without_plugins(load, write_config):

@@ -22,13 +22,23 @@ def tiny_lm(tmp_path_factory):
 
 
 def section(path, **overrides):
-    base = dict(model_id="my_lm", from_pretrained=str(path), checkpoint_path=None, meta_init=False, dtype=None,
+    base = dict(model_id="hf_causal_lm", from_pretrained=str(path), checkpoint_path=None, meta_init=False, dtype=None,
                 config={}, load_format="auto", weight_transform=None,
                 checkpoint_conversion_dir=None)  # fmt: skip
     return SimpleNamespace(**{**base, **overrides})
 
 
-def test_an_unregistered_id_on_a_transformers_folder_trains_with_a_loss(tiny_lm):
+def test_an_unregistered_id_on_a_transformers_folder_is_refused_naming_the_generic_id(tiny_lm):
+    from mm_trainer import ModelHub
+    from mm_trainer.registry.registries import RegistryError
+
+    with pytest.raises(RegistryError) as info:
+        ModelHub.build(section(tiny_lm, model_id="qwen25_vl"))
+    message = str(info.value)
+    assert "unknown model id 'qwen25_vl'" in message and "set model_id: hf_causal_lm" in message, message
+
+
+def test_the_generic_id_on_a_transformers_folder_trains_with_a_loss(tiny_lm):
     from mm_trainer import HFModel, ModelHub
 
     model = ModelHub.build(section(tiny_lm))

@@ -11,7 +11,7 @@ import torch
 from mm_pipelines import DistributionMatchingDistillation
 from mm_trainer import ModelContainer, SampledClip, model_register
 
-from ltx2_train.distill import check_models, run_pipeline
+from ltx2_train.distill import architecture_problems, check_models, run_pipeline
 from ltx2_train.pipeline import LTX2Pipeline
 from ltx2_train.validation import SamplingSet, prepare_sampling, sample_validation_clip
 
@@ -31,6 +31,12 @@ class LTX2Container(ModelContainer):
         if isinstance(self.pipeline, DistributionMatchingDistillation):
             check_models(sub_models, self.trainable_submodels)
         self._sampling: SamplingSet | None = None
+
+    @classmethod
+    def sub_model_problems(cls, model_section: Any) -> dict[str, str]:
+        """A distillation's student or critic whose architecture is not the teacher's
+        (:func:`ltx2_train.distill.architecture_problems`), before anything is built."""
+        return architecture_problems(model_section)
 
     @classmethod
     def build_pipeline(cls, options: Mapping[str, Any]) -> LTX2Pipeline | DistributionMatchingDistillation:

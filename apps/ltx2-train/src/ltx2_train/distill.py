@@ -15,13 +15,16 @@ from mm_pipelines import (
     DistributionMatchingDistillation,
     FlowMatchScheduler,
     check_distillation_models,
+    distillation_architecture_problems,
     with_distillation,
 )
 
 from ltx2_train.pipeline import LTX2Pipeline
+from ltx2_train.predictor import TRANSFORMER_DEFAULTS, transformer_config
 
 #: The student's sub-model name (as in ordinary training), then the teacher and the critic.
 STUDENT, TEACHER, CRITIC = "model", "teacher", "critic"
+PREDICTOR_ID = "ltx2_predictor"
 ROLES = (STUDENT, TEACHER, CRITIC)
 
 
@@ -44,6 +47,35 @@ def distillation_pipeline(base: LTX2Pipeline, options: Mapping[str, Any]) -> Dis
 def run_pipeline(options: Mapping[str, Any]) -> LTX2Pipeline | DistributionMatchingDistillation:
     """A run's pipeline from ``model.pipeline``: ``LTX2Pipeline``, and with ``distill`` DMD2 around it."""
     return with_distillation(options, LTX2Pipeline.from_options, distillation_pipeline)
+
+
+def architecture_problems(model_section: Any) -> dict[str, str]:
+    """The student ``model`` and the ``critic`` of a distillation (``model.pipeline.distill``) whose
+    architecture is not the teacher's, each with the differing keys: ``LTX2VideoTransformer3DModel``'s
+    arguments from the config sections and the sources' ``config.json`` alone (before any weight is read;
+    a sub-model whose shape cannot be told that way is left to its build to refuse)."""
+    if not dict(getattr(model_section, "pipeline", None) or {}).get("distill"):
+        return {}
+    subs = model_section.sub_models()
+    pairs = {role: TEACHER for role in (STUDENT, CRITIC) if role in subs and TEACHER in subs}
+    architectures = {name: _architecture(subs[name]) for name in {*pairs, *pairs.values()}}
+    return distillation_architecture_problems(architectures, pairs)
+
+
+def _architecture(args: Any) -> dict[str, Any] | None:
+    """A sub-model's model id and, for an LTX-2 transformer, every constructor argument (defaults filled
+    in, lists for tuples); None when its shape cannot be read without building it."""
+    if args.model_id != PREDICTOR_ID:
+        return {"model_id": args.model_id}
+    try:
+        arguments = {**TRANSFORMER_DEFAULTS, **transformer_config(args)}
+    except (ValueError, OSError):
+        return None
+    return {"model_id": args.model_id, **{k: _plain(v) for k, v in arguments.items()}}
+
+
+def _plain(value: Any) -> Any:
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def check_models(sub_models: Mapping[str, Any], trainable: tuple[str, ...]) -> None:

@@ -25,6 +25,12 @@ from torch import nn
 from ltx2_train.context_parallel import LAYOUT, install_attention_processors, sequence_parallel_forward
 
 INIT_KEYS = frozenset(inspect.signature(LTX2VideoTransformer3DModel.__init__).parameters) - {"self"}
+TRANSFORMER_DEFAULTS = {
+    name: p.default
+    for name, p in inspect.signature(LTX2VideoTransformer3DModel.__init__).parameters.items()
+    if p.default is not inspect.Parameter.empty
+}
+"""``LTX2VideoTransformer3DModel``'s argument defaults: what a key missing from a ``config.json`` means."""
 #: The attentions of one ``LTX2VideoTransformerBlock``: (query stream, key/value stream).
 BLOCK_ATTENTIONS = {
     "attn1": ("video", "video"),

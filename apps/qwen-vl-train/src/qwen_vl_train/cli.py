@@ -41,9 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0] not in COMMANDS:
         from mm_trainer.cli import main as train_main
 
-        import qwen_vl_train.plugin  # noqa: F401  (registers the Qwen-VL pieces before the config is read)
-
-        return train_main(argv, prog="qwen-vl-train", version=__version__, commands=COMMANDS)
+        # the plugin registers the Qwen-VL pieces: imported once the command line is checked, before the config
+        plugins = ("qwen_vl_train.plugin",)
+        return train_main(argv, prog="qwen-vl-train", version=__version__, commands=COMMANDS, plugins=plugins)
     args = _parser().parse_args(argv)
     if args.command == "make-tiny":
         from qwen_vl_train.tiny import make_tiny

@@ -135,9 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0] not in COMMANDS:
         from mm_trainer.cli import main as train_main
 
-        import wan22_train.plugin  # noqa: F401  (registers the Wan pieces before the config is read)
-
-        return train_main(argv, prog="wan22-train", version=__version__, commands=COMMANDS)
+        # the plugin registers the Wan pieces: imported once the command line is checked, before the config
+        plugins = ("wan22_train.plugin",)
+        return train_main(argv, prog="wan22-train", version=__version__, commands=COMMANDS, plugins=plugins)
     args = _parser().parse_args(argv)
     if args.command == "make-tiny":
         from mm_trainer import fit_summary

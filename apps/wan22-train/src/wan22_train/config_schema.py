@@ -53,7 +53,8 @@ class WanPipelineOptions(PartialConfigModel):
     boundary: float | None = Field(default=None, gt=0, lt=1)
     """Override of the A14B expert split as a fraction of the grid (0.417 t2v, 0.358 i2v)."""
     predict_dtype: DType = None
-    """Autocast dtype of the predictor call; None = the parameters' dtype."""
+    """Dtype the predictor's inputs (latents, text embeddings) are cast to before each call; None: not cast
+    here (``parallel.fsdp_plan.param_dtype``, when set, casts every unit's inputs)."""
     num_train_timesteps: int = Field(default=1000, ge=1)
     """Grid size N (timesteps are N x sigma)."""
     shift: float = Field(default=3.0, gt=0)
@@ -68,6 +69,10 @@ class WanPipelineOptions(PartialConfigModel):
     """Gaussian-in-t loss weight (False: weight 1)."""
     distill: DistillOptions | None = None
     """Few-step distillation (DMD2) of a ``teacher`` into the ``predictor``; None: ordinary training."""
+
+    input_dtype_key: ClassVar[str] = "predict_dtype"
+    """The option that casts the predictor's inputs (mm-config's dtype rules then leave the sub-models'
+    dtypes to the pipeline)."""
 
     @model_validator(mode="after")
     def _expert_keys_fit(self) -> WanPipelineOptions:

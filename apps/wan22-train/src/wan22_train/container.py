@@ -9,7 +9,13 @@ import torch
 from mm_pipelines import DistributionMatchingDistillation, with_distillation
 from mm_trainer import ModelContainer, model_register
 
-from wan22_train.distill import CRITIC, TEACHER, check_distillation_models, distillation_pipeline
+from wan22_train.distill import (
+    CRITIC,
+    TEACHER,
+    architecture_problems,
+    check_distillation_models,
+    distillation_pipeline,
+)
 from wan22_train.pipeline import LOW_NOISE_ROLE, OTHER_EXPERT_ROLE, Wan22Pipeline, low_noise_role
 from wan22_train.planning import planning_batch
 from wan22_train.sampling import sample_video
@@ -35,6 +41,12 @@ class Wan22Container(ModelContainer):
         super().__init__(sub_models, **kwargs)
         if isinstance(self.pipeline, DistributionMatchingDistillation):
             check_distillation_models(sub_models, self.trainable_submodels, self.pipeline.base.expert)
+
+    @classmethod
+    def sub_model_problems(cls, model_section: Any) -> dict[str, str]:
+        """A distillation's students and critics whose architecture is not their teacher's
+        (:func:`wan22_train.distill.architecture_problems`), before anything is built."""
+        return architecture_problems(model_section)
 
     @classmethod
     def build_pipeline(cls, options: Mapping[str, Any]) -> Wan22Pipeline | DistributionMatchingDistillation:

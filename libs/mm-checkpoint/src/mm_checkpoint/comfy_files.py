@@ -5,7 +5,10 @@ What such a file may hold besides the model's own tensors, and what :class:`Comf
 (read from ComfyUI's ``comfy/utils.py`` / ``comfy/model_detection.py``, 2026-12):
 
 - every key under ``model.diffusion_model.`` (ComfyUI's checkpoint prefix for the diffusion model):
-  the prefix comes off when *every* tensor has it;
+  the prefix comes off when every tensor has it (the marker and the tokenizer blob below aside). A file
+  where some tensors have it and others do not (a checkpoint bundling a VAE or text encoder, or a few
+  stray tensors) is refused naming the tensors outside the file's layout, instead of a load that
+  reports every one of the model's keys missing;
 - fp8 "scaled" weights: a marker tensor ``<prefix>scaled_fp8`` says the file is scaled; each scaled
   layer stores its ``weight`` in float8 and a ``<layer>.scale_weight``; the real weight is
   ``weight.to(float32) * scale_weight`` (what ComfyUI computes before its matmul). The view returns
@@ -46,8 +49,31 @@ def is_comfy_file(reader: SafetensorsReader) -> bool:
             "mm-checkpoint does not read; use the file's bf16 / fp16 or fp8_scaled release"
         )
     marked = any(k == SCALED_FP8_MARKER or k.endswith("." + SCALED_FP8_MARKER) for k in keys)
-    prefixed = bool(keys) and all(k.startswith(DIFFUSION_MODEL_PREFIX) for k in keys)
+    prefixed = bool(comfy_prefix(keys, reader.path))
     return marked or prefixed or any(k in HIDDEN_KEYS for k in keys)
+
+
+def comfy_prefix(keys: Sequence[str], path: object) -> str:
+    """ComfyUI's diffusion-model prefix when every tensor of ``keys`` has it (the top-level fp8 marker and
+    the tokenizer blob aside), else ``""``; a file where some tensors have it and others do not is refused
+    (:class:`CheckpointFormatError`) naming the ones outside the file's layout."""
+    tensors = [k for k in keys if k not in HIDDEN_KEYS and k != SCALED_FP8_MARKER]
+    under = [k for k in tensors if k.startswith(DIFFUSION_MODEL_PREFIX)]
+    if not under:
+        return ""
+    if len(under) == len(tensors):
+        return DIFFUSION_MODEL_PREFIX
+    outside = [k for k in tensors if not k.startswith(DIFFUSION_MODEL_PREFIX)]
+    foreign, where = (outside, "outside it") if len(under) >= len(outside) else (under, "under it")
+    shown = ", ".join(foreign[:10]) + (f" and {len(foreign) - 10} more" if len(foreign) > 10 else "")
+    raise CheckpointFormatError(
+        f"{path}: {len(under)} of {len(tensors)} tensors are under ComfyUI's diffusion-model prefix "
+        f"`{DIFFUSION_MODEL_PREFIX}` and {len(outside)} are not; these {len(foreign)} are {where}: {shown}. A "
+        "ComfyUI single file of one model has every tensor under that prefix (a checkpoint) or none (a "
+        "repackaged split file); a file that bundles other models (a VAE's `first_stage_model.`, text "
+        "encoders' `cond_stage_model.` / `text_encoders.`) or stray tensors is not one model's weights: use "
+        "the model's own file, or save it without these tensors"
+    )
 
 
 class ComfyFileView:
@@ -59,14 +85,14 @@ class ComfyFileView:
         self.reader = reader
         self.path = reader.path
         raw = reader.keys()
-        self.prefix = DIFFUSION_MODEL_PREFIX if all(k.startswith(DIFFUSION_MODEL_PREFIX) for k in raw) else ""
+        self.prefix = comfy_prefix(raw, reader.path)
         hidden = {
             k
             for k in raw
             if k.endswith(SCALED_FP8_MARKER) and k.removesuffix(SCALED_FP8_MARKER) in ("", self.prefix)
         }
         hidden |= {k for k in raw if k.endswith((SCALE_WEIGHT, SCALE_INPUT)) or k in HIDDEN_KEYS}
-        self._raw = {k[len(self.prefix) :]: k for k in raw if k not in hidden}
+        self._raw = {k.removeprefix(self.prefix): k for k in raw if k not in hidden}
         self._scales = {
             name: scale
             for name, key in self._raw.items()

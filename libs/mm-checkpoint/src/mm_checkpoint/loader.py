@@ -52,12 +52,52 @@ class LoadReport:
         if self.complete:
             return
         lines = [f"loading {self.format} checkpoint {self.path} failed (strict):"]
+        why = explain_key_mismatch(self.missing, self.unexpected)
+        if why:
+            lines.append(f"  {why}")
         for label, keys in (("missing", self.missing), ("unexpected", self.unexpected)):
             if keys:
                 lines.append(f"  {len(keys)} {label}: {keys[:20]}{' ...' if len(keys) > 20 else ''}")
         for key in self.mismatched[:20]:
             lines.append(f"  shape mismatch {key}: {self.details.get(key, '')}")
         raise CheckpointLoadError("\n".join(lines))
+
+
+def explain_key_mismatch(missing: list[str], unexpected: list[str]) -> str | None:
+    """Why a load found these keys missing and unexpected, when one prefix explains at least half of the
+    missing ones: the source stores the model's tensors under a prefix the model's keys lack (``module.``
+    of a DDP save, a bundling file's ``model.``), or the model's keys carry one the source's lack. Names
+    the prefix, how many keys it explains and the keys it leaves (the source's foreign tensors); None
+    when no prefix explains that many."""
+    prefix, matched = _prefix_over(unexpected, set(missing))
+    if prefix is not None and 2 * len(matched) >= len(missing):
+        others = [k for k in unexpected if k not in matched]
+        rest = f"; its other {len(others)} tensors are not the model's: {others[:10]}" if others else ""
+        return (
+            f"{len(matched)} of the {len(missing)} missing keys are in the source under the prefix `{prefix}`, "
+            f"which the model's keys do not have{rest}"
+        )
+    prefix, matched = _prefix_over(missing, set(unexpected))
+    if prefix is not None and 2 * len(matched) >= len(missing):
+        return (
+            f"{len(matched)} of the {len(missing)} missing keys are source keys with the prefix `{prefix}` in "
+            "front: the model's keys have it, the source's do not"
+        )
+    return None
+
+
+def _prefix_over(longer: list[str], shorter: set[str]) -> tuple[str | None, list[str]]:
+    """The dotted prefix ``p`` for which most keys ``p + k`` of ``longer`` have ``k`` in ``shorter``, and
+    those keys of ``longer``."""
+    by_prefix: dict[str, list[str]] = {}
+    for key in longer:
+        for i, char in enumerate(key):
+            if char == "." and key[i + 1 :] in shorter:
+                by_prefix.setdefault(key[: i + 1], []).append(key)
+    if not by_prefix:
+        return None, []
+    prefix = max(by_prefix, key=lambda p: len(by_prefix[p]))
+    return prefix, by_prefix[prefix]
 
 
 def _finish(report: LoadReport, targets: dict[str, Target], seen: set[str]) -> LoadReport:

@@ -21,7 +21,7 @@ from .features import (  # noqa: E402
     ModulePlanConfig,
     RecomputePlanConfig,
 )
-from .hf_model import ATTN_IMPLEMENTATIONS, HFModelConfig  # noqa: E402
+from .hf_model import ATTN_IMPLEMENTATIONS, GENERIC_TRANSFORMERS_ID, HFModelConfig  # noqa: E402
 from .known_ids import (  # noqa: E402
     ID_KINDS,
     declare_ids,
@@ -99,6 +99,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "FSDPPlanConfig",
     "FeaturesConfig",
+    "GENERIC_TRANSFORMERS_ID",
     "HFModelConfig",
     "InputPath",
     "LoadFormat",

@@ -89,6 +89,22 @@ def _normalize_dtype(value: Any) -> Any:
 DType = Annotated[Literal["fp32", "bf16", "fp16"] | None, BeforeValidator(_normalize_dtype)]
 """A dtype name, normalized to ``fp32``/``bf16``/``fp16``; ``None`` keeps the framework default."""
 
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest finite float32: the largest learning rate AdamW can apply to float32 weights."""
+
+
+def _fits_float32(value: float) -> float:
+    if value > FLOAT32_MAX:
+        raise ValueError(
+            f"overflows float32 (largest {FLOAT32_MAX:.4g}): AdamW applies the rate to float32 tensors, which "
+            "cannot hold it (the first update fails: 'value cannot be converted to type float without overflow')"
+        )
+    return value
+
+
+LearningRate = Annotated[float, Field(ge=0), AfterValidator(_fits_float32)]
+"""A learning rate: a finite float >= 0 that float32 can hold."""
+
 _BRACE = re.compile(r"\{([^{}]*)\}")
 
 

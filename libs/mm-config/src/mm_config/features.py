@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .base import ConfigModel, ModulePattern
+from .errors import Problem, RuleViolations
 
 
 class ModulePlanConfig(ConfigModel):
@@ -28,6 +29,11 @@ class RecomputePlanConfig(ModulePlanConfig):
     """Recompute every k-th matched module in module order, starting with the first (1 = all); the
     others keep their activations."""
 
+    @model_validator(mode="after")
+    def _options_need_modules(self) -> RecomputePlanConfig:
+        _refuse_options_without_modules(self, {"policy": "full", "every": 1}, "recomputes")
+        return self
+
 
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
@@ -42,6 +48,30 @@ class CompilePlanConfig(ModulePlanConfig):
     ``aot_eager``, ...); checked against the device when the trainer builds the model."""
     mode: CompileMode = "default"
     """``torch.compile`` mode (``reduce-overhead`` uses CUDA graphs; ``max-autotune`` searches kernels)."""
+
+    @model_validator(mode="after")
+    def _options_need_modules(self) -> CompilePlanConfig:
+        _refuse_options_without_modules(self, {"backend": "inductor", "mode": "default"}, "compiles")
+        return self
+
+
+def _refuse_options_without_modules(plan: ModulePlanConfig, defaults: dict[str, object], verb: str) -> None:
+    """An option of a plan that matches no module acts on nothing: refused (a default value is no choice)."""
+    if plan.apply_modules:
+        return
+    problems = [
+        Problem(
+            (key,),
+            f"the plan {verb} nothing: apply_modules is empty (name the modules, e.g. `predictor.blocks.{{*}}`, "
+            "or leave this key out)",
+            getattr(plan, key),
+            deps=(("apply_modules",),),
+        )
+        for key, default in defaults.items()
+        if getattr(plan, key) != default
+    ]
+    if problems:
+        raise RuleViolations(problems)
 
 
 class FeaturesConfig(ConfigModel):

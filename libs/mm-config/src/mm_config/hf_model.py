@@ -35,7 +35,12 @@ class HFModelConfig(ConfigModel):
     is no source (e.g. a ``--dry-run`` of a model whose weights are elsewhere)."""
 
 
-register_model_schema("hf_causal_lm", HFModelConfig)
+GENERIC_TRANSFORMERS_ID = "hf_causal_lm"
+"""The model id of transformers' generic class (mm-trainer's ``HFCausalLM``: ``architecture`` or the
+source's ``architectures[0]``). The one way to train a transformers folder without an app's registered
+id: an unregistered ``model_id`` is an error, never this class by default."""
+
+register_model_schema(GENERIC_TRANSFORMERS_ID, HFModelConfig)
 declare_ids("attn_implementation", *ATTN_IMPLEMENTATIONS)
 
-__all__ = ["ATTN_IMPLEMENTATIONS", "HFModelConfig"]
+__all__ = ["ATTN_IMPLEMENTATIONS", "GENERIC_TRANSFORMERS_ID", "HFModelConfig"]

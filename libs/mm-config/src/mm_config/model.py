@@ -10,6 +10,7 @@ from pydantic import ValidationInfo, field_validator, model_validator
 
 from .base import ConfigModel, DType, InputPath
 from .errors import Problem, RuleViolations
+from .hf_model import GENERIC_TRANSFORMERS_ID
 from .known_ids import registered_name, unknown_name
 from .lora import LoraConfig
 from .registry import model_schema, pipeline_schema, validate_plugin_dict
@@ -56,10 +57,17 @@ class SubModelConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _model_id_is_registered(self, info: ValidationInfo) -> SubModelConfig:
-        """With ``check_ids`` (``mm-config check``, the trainer's preflight): a registered model id, or
-        any id over a transformers folder (built by the generic ``hf_causal_lm`` path, as the trainer does)."""
+        """With ``check_ids`` (``mm-config check``, the trainer's preflight): a registered model id. An
+        unregistered id is an error even over a transformers folder (a misspelt app id would otherwise
+        train through the generic class, without the app's model-specific parts); transformers' generic
+        class is asked for by name, ``model_id: hf_causal_lm`` (:data:`GENERIC_TRANSFORMERS_ID`)."""
         why = unknown_name("model", self.model_id, info.context)
-        if why and not _is_transformers_dir(self.from_pretrained):
+        if why:
+            if _is_transformers_dir(self.from_pretrained):
+                why += (
+                    f"; {self.from_pretrained} is a transformers folder: for transformers' generic class "
+                    f"(its config.json's `architectures`) set model_id: {GENERIC_TRANSFORMERS_ID}"
+                )
             raise RuleViolations([Problem(("model_id",), why, self.model_id)])
         return self
 

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import ConfigModel
+from .base import ConfigModel, LearningRate
 
 
 class PhaseConfig(ConfigModel):
@@ -24,10 +24,11 @@ class PhaseConfig(ConfigModel):
     every: int = Field(default=1, ge=1)
     """Cadence: the phase updates at the optimizer steps ``s`` with ``s % every == 0`` (0-based). A critic
     with ``every: 1`` and a generator with ``every: 5`` make five critic updates per generator update."""
-    lr: float | None = Field(default=None, ge=0)
+    lr: LearningRate | None = None
     """Peak learning rate of this phase; None: ``training.lr``."""
     min_lr: float | None = Field(default=None, ge=0)
-    """Learning rate at the end of a decay; None: ``training.min_lr``."""
+    """Learning rate at the end of a decay (refused with a ``constant`` schedule, and above the phase's
+    ``lr``); None: ``training.min_lr``."""
     lr_scheduler: Literal["constant", "linear", "cosine"] | None = None
     """Shape of the learning rate after warmup; None: ``training.lr_scheduler``."""
     lr_warmup_iters: int | None = Field(default=None, ge=0)

@@ -62,7 +62,11 @@ def register_dataset_schema(dataset_id: str, schema: type[BaseModel]) -> type[Ba
 
 def register_pipeline_schema(owner_id: str, schema: type[BaseModel]) -> type[BaseModel]:
     """Validate ``model.pipeline`` by ``schema`` when the pipeline's owner is ``owner_id``: the
-    container (``model.container_id``), or in the single-model form the model (``model.model_id``)."""
+    container (``model.container_id``), or in the single-model form the model (``model.model_id``).
+
+    The schema may declare the class variable ``input_dtype_key``: the option that sets the dtype the
+    pipeline casts its models' inputs to (when it is set, the rule that sub-models wrapped without
+    ``parallel.fsdp_plan.param_dtype`` share one dtype leaves the conversion to the pipeline)."""
     return _register("pipeline", owner_id, schema)
 
 

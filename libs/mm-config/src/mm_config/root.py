@@ -22,6 +22,7 @@ from .errors import Loc, Problem, RuleViolations, suggest
 from .features import FeaturesConfig
 from .model import ModelConfig
 from .parallel import ParallelConfig
+from .registry import pipeline_schema
 from .tools import ToolsConfig
 from .training import TrainingConfig
 
@@ -201,6 +202,7 @@ def _submodel_problems(cfg: TrainConfig) -> list[Problem]:
             )
     out += _lora_problems(cfg)
     out += _phase_problems(cfg)
+    out += _dtype_problems(cfg)
     for name in cfg.parallel.fsdp_plan.sub_plans:
         if name not in subs:
             out.append(
@@ -263,6 +265,83 @@ def _phase_problems(cfg: TrainConfig) -> list[Problem]:
             )
         )
     return out
+
+
+def _dtype_problems(cfg: TrainConfig) -> list[Problem]:
+    """Dtypes that cannot run together when ``parallel.fsdp_plan.param_dtype`` is unset.
+
+    FSDP2 casts a unit's forward inputs only to ``param_dtype`` (with ``cast_forward_inputs``); unset, every
+    unit computes in the dtype its sub-model is stored in and nothing converts the activations passed
+    between units or sub-models. So, without ``param_dtype``:
+
+    - ``output_dtype`` other than the stored dtype, with more than one unit (units inside a sub-model, or
+      several wrapped sub-models), hands the next unit activations it cannot multiply with its weights
+      (a dtype mismatch at the first forward); equal to the stored dtypes it casts nothing;
+    - the sub-models the plan wraps (not ``ignored_modules``, not ``enabled: false``) must share one
+      stored ``dtype``: a bf16 text encoder feeds an fp32 predictor bf16 activations (the same mismatch),
+      unless the pipeline casts its models' inputs itself (its schema's ``input_dtype_key`` option, e.g.
+      Wan's ``predict_dtype``, is set).
+    """
+    plan = cfg.parallel.fsdp_plan
+    if plan.param_dtype is not None:
+        return []
+    ignored = set(plan.ignored_modules)
+    wrapped = {
+        name: sub.dtype or "fp32"
+        for name, sub in cfg.model.sub_models().items()
+        if name not in ignored and (name not in plan.sub_plans or plan.sub_plans[name].enabled)
+    }
+    param_deps: tuple[Loc, ...] = (("parallel", "fsdp_plan", "param_dtype"),)
+    out: list[Problem] = []
+    output = plan.output_dtype
+    several_units = bool(plan.apply_modules) or len(wrapped) > 1
+    if output is not None and several_units:
+        others = {n: d for n, d in wrapped.items() if d != output}
+        reason = (
+            f"FSDP casts each unit's outputs to {output} but, with param_dtype unset, casts no unit's inputs: the "
+            f"next unit computes in its stored dtype ({', '.join(f'{n} {d}' for n, d in others.items())}) and gets "
+            f"{output} activations, a dtype mismatch at the first forward"
+            if others
+            else f"with param_dtype unset every unit computes in {output} already: casting its outputs to {output} "
+            "does nothing"
+        )
+        out.append(
+            Problem(
+                ("parallel", "fsdp_plan", "output_dtype"),
+                f"{reason}; set param_dtype (the dtype every unit computes in and casts its inputs to), or leave "
+                "output_dtype out",
+                output,
+                deps=param_deps,
+            )
+        )
+    if len(set(wrapped.values())) > 1 and not _pipeline_casts_inputs(cfg):
+        # the most common dtype (on a tie the default) is the run's; the sub-models in another are the odd ones
+        dtypes = list(wrapped.values())
+        common = max(sorted(set(dtypes)), key=lambda d: (dtypes.count(d), d == "fp32"))
+        in_common = ", ".join(n for n, d in wrapped.items() if d == common)
+        for name, dtype in wrapped.items():
+            if dtype != common:
+                out.append(
+                    Problem(
+                        ("model", "models", name, "dtype") if cfg.model.is_container else ("model", "dtype"),
+                        f"`{name}` is stored in {dtype} and the other sub-models the FSDP plan wraps in {common} "
+                        f"({in_common}): they pass activations "
+                        "to each other, and with parallel.fsdp_plan.param_dtype unset nothing casts them (a dtype "
+                        "mismatch at the first forward); set param_dtype (every unit then computes in it and casts "
+                        "its inputs) or give them one dtype",
+                        dtype,
+                        deps=param_deps,
+                    )
+                )
+    return out
+
+
+def _pipeline_casts_inputs(cfg: TrainConfig) -> bool:
+    """Whether the pipeline's options set the dtype it casts its models' inputs to (the schema's
+    ``input_dtype_key``, e.g. Wan's ``predict_dtype``)."""
+    owner = cfg.model.container_id if cfg.model.is_container else cfg.model.model_id
+    key = getattr(pipeline_schema(owner), "input_dtype_key", None)
+    return bool(key) and cfg.model.pipeline.get(key) is not None
 
 
 def _lora_problems(cfg: TrainConfig) -> list[Problem]:

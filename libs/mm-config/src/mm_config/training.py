@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from .base import ConfigModel, InputPath
-from .errors import Problem, RuleViolations
+from .base import ConfigModel, InputPath, LearningRate
+from .errors import Loc, Problem, RuleViolations
 from .phases import PhaseConfig
 from .validation import ValidationConfig
 
@@ -76,10 +76,10 @@ class TrainingConfig(ConfigModel):
     train the same run at any layout."""
     train_iters: int = Field(default=1000, ge=1)
     """Optimizer steps to train."""
-    lr: float = Field(default=1.0e-5, ge=0)
-    """Peak learning rate."""
+    lr: LearningRate = 1.0e-5
+    """Peak learning rate (at most the largest float32: the optimizer's step is computed in float32)."""
     min_lr: float = Field(default=0.0, ge=0)
-    """Learning rate at the end of a linear/cosine decay."""
+    """Learning rate at the end of a linear/cosine decay (refused with ``constant``, which never decays)."""
     lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
     """Shape of the learning rate after warmup."""
     lr_warmup_iters: int = Field(default=0, ge=0)
@@ -196,6 +196,8 @@ class TrainingConfig(ConfigModel):
             problems.append(
                 Problem(("min_lr",), f"must not exceed training.lr ({self.lr})", self.min_lr, deps=(("lr",),))
             )
+        else:  # one problem per key
+            problems += _min_lr_problems(self)
         if self.lr_warmup_iters > self.train_iters:
             problems.append(
                 Problem(
@@ -224,6 +226,47 @@ class TrainingConfig(ConfigModel):
         if problems:
             raise RuleViolations(problems)
         return self
+
+
+def _min_lr_problems(t: TrainingConfig) -> list[Problem]:
+    """A ``min_lr`` is the end of a decay: refused where every schedule that reads it is ``constant``
+    (``training.min_lr`` is read by the run's schedule, or with phases by each phase without its own),
+    and a phase's above its own peak."""
+    out: list[Problem] = []
+    readers = [n for n, ph in t.phases.items() if ph.min_lr is None] if t.phases else [None]
+    kinds = {(t.phases[n].lr_scheduler if n else None) or t.lr_scheduler for n in readers}
+    if t.min_lr > 0 and readers and kinds == {"constant"}:
+        which = (
+            "training.lr_scheduler" if not t.phases else f"the schedule of the phases {readers} that read it"
+        )
+        out.append(
+            Problem(
+                ("min_lr",),
+                f"ends a linear / cosine decay, and {which} is `constant`: nothing reads it (set "
+                "lr_scheduler: linear or cosine, or leave min_lr out)",
+                t.min_lr,
+                deps=(("lr_scheduler",), ("phases",)),
+            )
+        )
+    for name, phase in t.phases.items():
+        if phase.min_lr is None:
+            continue
+        loc: Loc = ("phases", name, "min_lr")
+        kind, peak = phase.lr_scheduler or t.lr_scheduler, t.lr if phase.lr is None else phase.lr
+        if kind == "constant" and phase.min_lr > 0:
+            out.append(
+                Problem(
+                    loc,
+                    "ends a linear / cosine decay, and this phase's schedule is `constant`: nothing reads it",
+                    phase.min_lr,
+                    deps=(("lr_scheduler",), ("phases", name, "lr_scheduler")),
+                )
+            )
+        elif phase.min_lr > peak:
+            out.append(
+                Problem(loc, f"must not exceed the phase's lr ({peak})", phase.min_lr, deps=(("lr",),))
+            )
+    return out
 
 
 __all__ = ["EMAConfig", "NonFiniteConfig", "TrainingConfig", "WandbConfig"]

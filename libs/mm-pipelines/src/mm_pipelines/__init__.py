@@ -14,6 +14,7 @@ from .distribution_matching import (
     DistributionMatchingDistillation,
     FlowState,
     check_distillation_models,
+    distillation_architecture_problems,
     with_distillation,
 )
 from .flow_match_scheduler import (
@@ -33,6 +34,7 @@ __all__ = [
     "DistributionMatchingDistillation",
     "FlowState",
     "check_distillation_models",
+    "distillation_architecture_problems",
     "with_distillation",
     "FlowMatchScheduler",
     "FlowMatchT2VPipeline",

@@ -361,6 +361,33 @@ def check_distillation_models(
         raise ValueError(f"{what}: the teacher {trained} must be frozen (freeze: true)")
 
 
+def distillation_architecture_problems(
+    architectures: Mapping[str, Mapping[str, Any] | None], teacher_of: Mapping[str, str]
+) -> dict[str, str]:
+    """Why a student or critic cannot be distilled against its teacher, by sub-model name.
+
+    ``architectures`` holds each sub-model's architecture as a flat mapping (its model id and the config
+    keys that define its modules; None: not known here, e.g. no ``config.json`` to read, and not judged);
+    ``teacher_of`` maps each student and critic to its teacher. DMD2 starts the student and the critic
+    from the teacher's weights, and compares the critic's score with the teacher's at the same inputs, so
+    each must have its teacher's architecture: a sub-model whose mapping differs is named with every
+    differing key and both values."""
+    problems: dict[str, str] = {}
+    for role, teacher in teacher_of.items():
+        mine, theirs = architectures.get(role), architectures.get(teacher)
+        if mine is None or theirs is None:
+            continue
+        differing = [k for k in sorted({*mine, *theirs}) if mine.get(k) != theirs.get(k)]
+        if differing:
+            keys = ", ".join(f"{k} ({role}: {mine.get(k)!r}, {teacher}: {theirs.get(k)!r})" for k in differing)
+            problems[role] = (
+                f"`{role}` is not an architecture of its teacher `{teacher}`: {keys}. A distillation starts the "
+                "student and the critic from the teacher's weights and compares their scores with the teacher's "
+                f"at the same inputs: give `{role}` the teacher's model id and config (e.g. its from_pretrained)"
+            )
+    return problems
+
+
 def _copy_grid(scheduler: FlowMatchScheduler, sigma_max: float) -> FlowMatchScheduler:
     """``scheduler``'s grid convention with its top at the unshifted ``sigma_max``."""
     return FlowMatchScheduler(
@@ -378,4 +405,11 @@ def _unshift(sigma: float, shift: float) -> float:
     return sigma / (shift - (shift - 1.0) * sigma)
 
 
-__all__ = ["DistributionMatchingDistillation", "FlowState", "GeneratorLoss", "check_distillation_models", "with_distillation"]
+__all__ = [
+    "DistributionMatchingDistillation",
+    "FlowState",
+    "GeneratorLoss",
+    "check_distillation_models",
+    "distillation_architecture_problems",
+    "with_distillation",
+]

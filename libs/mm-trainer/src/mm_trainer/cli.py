@@ -24,6 +24,8 @@ from mm_config import install_warning_filters, load_config
 
 from mm_trainer import __version__
 from mm_trainer.planner.device_specs import DEFAULT_DEVICE, DEVICES
+from mm_trainer.planner.inputs import check_nodes, check_world, plan_device
+from mm_trainer.registry.plugins import import_plugins
 from mm_trainer.run.exit_codes import EXIT_FAILED, EXIT_FINISHED, EXIT_INCOMPLETE
 
 EMA_HELP = (
@@ -101,13 +103,15 @@ def build_parser(
 
 
 def _dry_run_layout(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[int, int | None]:
-    """``(world size, ranks per node or None)`` from --world-size / --nnodes / --nproc-per-node."""
+    """``(world size, ranks per node or None)`` from --world-size / --nnodes / --nproc-per-node; a dry
+    run's layout and device are checked as ``plan`` checks them (:mod:`mm_trainer.planner.inputs`)."""
     world = args.world_size
     if args.nnodes is not None or args.nproc_per_node is not None:
         if not args.dry_run:
             parser.error(
                 "--nnodes / --nproc-per-node describe the layout of a --dry-run; torchrun sets them for a run"
             )
+        check_nodes(args.nnodes, args.nproc_per_node)
         if args.nnodes is not None:
             if args.nproc_per_node is None:
                 parser.error("--nnodes needs --nproc-per-node")
@@ -117,7 +121,12 @@ def _dry_run_layout(parser: argparse.ArgumentParser, args: argparse.Namespace) -
                     f"--world-size {world} != --nnodes {args.nnodes} x --nproc-per-node {args.nproc_per_node}"
                 )
             world = nodes_world
-    return world or int(os.environ.get("WORLD_SIZE", "1")), args.nproc_per_node
+    world = int(os.environ.get("WORLD_SIZE", "1")) if world is None else world
+    if args.dry_run:
+        check_world(world, args.nproc_per_node)
+        if not args.no_plan:
+            plan_device(args.device)
+    return world, args.nproc_per_node
 
 
 def main(
@@ -126,14 +135,19 @@ def main(
     prog: str = "mm-train",
     version: str | None = None,
     commands: Mapping[str, str] | None = None,
+    plugins: Sequence[str] = (),
 ) -> int:
     """Validate the config, then train (or ``--dry-run``); returns the exit code. Rank 0 prints where
-    the run's directory, checkpoints and metrics are when it starts and when it ends."""
+    the run's directory, checkpoints and metrics are when it starts and when it ends. Apps pass the
+    modules that register their pieces as ``plugins``: imported once the command line is checked
+    (a bad ``plan`` argument is refused before the app's imports), before the config is read."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["plan"]:
         from mm_trainer.planner.cli import main as plan_main
 
-        return plan_main(argv[1:], prog=f"{prog} plan")
+        return plan_main(argv[1:], prog=f"{prog} plan", plugins=plugins)
+    if argv[:1] in (["check-layouts"], ["plot"]):
+        import_plugins(plugins)
     if argv[:1] == ["check-layouts"]:
         from mm_trainer.checks.layouts import main as check_layouts_main
 
@@ -144,7 +158,12 @@ def main(
         return plot_main(argv[1:], prog=f"{prog} plot")
     parser = build_parser(prog, version=version, commands=commands)
     args = parser.parse_args(argv)
-    world, per_node = _dry_run_layout(parser, args)
+    try:
+        world, per_node = _dry_run_layout(parser, args)
+    except ValueError as err:  # a dry run's world size or device that the planner refuses
+        print(f"{prog}: {err}", file=sys.stderr)
+        return 2
+    import_plugins(plugins)
     try:  # the full check (the Trainer repeats it); a dry run needs no weights or data on disk
         config = load_config(
             args.config,

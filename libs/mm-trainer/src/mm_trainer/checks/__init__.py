@@ -1,8 +1,9 @@
 """Checks before work: of the config, of the model's plan patterns, of a run at several layouts.
 
 - ``preflight``: ``mm-config check`` as the trainer runs it first.
-- ``model_checks``: the ``mm_config.checks`` entry point (``hf_config`` and ``plan_patterns`` below).
+- ``model_checks``: the ``mm_config.checks`` entry point (``hf_config``, ``sub_models`` and ``plan_patterns`` below).
 - ``hf_config``: transformers sub-models' ``config`` keys against the upstream classes.
+- ``sub_models``: the container's rules on its sub-models (a distillation's architectures).
 - ``plan_patterns``: every plan pattern against the model built on meta.
 - ``layouts``: ``mm-train check-layouts``, the same losses at several layouts.
 """

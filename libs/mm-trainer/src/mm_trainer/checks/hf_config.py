@@ -26,7 +26,6 @@ from mm_config import Problem
 from mm_config.errors import Loc, suggest
 
 from mm_trainer.model.hf_model import HFCausalLM, HFModel, hf_class, hf_model_class, import_transformers
-from mm_trainer.model.hub import _is_transformers_dir
 from mm_trainer.registry.registries import MODEL_REGISTRY
 
 __all__ = ["config_fields", "hf_model_problems"]
@@ -68,12 +67,9 @@ def _model_class(
 ) -> type | None:
     """The :class:`HFModel` class a section builds, or None (not a transformers model, or unknown id)."""
     model_id = section.get("model_id")
-    if model_id in MODEL_REGISTRY:
-        cls = MODEL_REGISTRY.get(model_id)
-    elif section.get("from_pretrained") and _is_transformers_dir(section["from_pretrained"]):
-        cls = HFCausalLM  # what ModelHub builds for an unregistered id over a transformers folder
-    else:
+    if model_id not in MODEL_REGISTRY:
         return None  # not ours to judge: the id check reports an unknown id
+    cls = MODEL_REGISTRY.get(model_id)
     if isinstance(cls, type) and issubclass(cls, HFModel):
         return cls
     if cls is not HFCausalLM:

@@ -9,14 +9,18 @@ from mm_config import Problem, prune_problems
 
 from mm_trainer.checks.hf_config import hf_model_problems
 from mm_trainer.checks.plan_patterns import plan_pattern_problems
+from mm_trainer.checks.sub_models import sub_model_problems
 
 __all__ = ["model_checks"]
 
 
 def model_checks(data: dict[str, Any]) -> tuple[list[Problem], list[Problem]]:
     """``(problems, warnings)`` of raw config ``data``: transformers sub-models' ``config``
-    (:mod:`~mm_trainer.checks.hf_config`), then the plan patterns against the model built on meta
-    (:mod:`~mm_trainer.checks.plan_patterns`) from the data without the values the first refused."""
+    (:mod:`~mm_trainer.checks.hf_config`), the container's rules on its sub-models
+    (:mod:`~mm_trainer.checks.sub_models`), then the plan patterns against the model built on meta
+    (:mod:`~mm_trainer.checks.plan_patterns`), the last two on the data without the values the first
+    refused (a sub-model the container's rules refuse still has its module tree: its patterns are judged)."""
     hf_problems = hf_model_problems(data)
-    pattern_problems, warnings = plan_pattern_problems(prune_problems(data, [p.loc for p in hf_problems]))
-    return hf_problems + pattern_problems, warnings
+    pruned = prune_problems(data, [p.loc for p in hf_problems])
+    pattern_problems, warnings = plan_pattern_problems(pruned)
+    return hf_problems + sub_model_problems(pruned) + pattern_problems, warnings

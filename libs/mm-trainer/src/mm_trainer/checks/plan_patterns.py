@@ -23,7 +23,7 @@ from mm_trainer.checks.hf_config import sub_model_sections
 from mm_trainer.model.container import container_class
 from mm_trainer.model.hub import ModelHub
 
-__all__ = ["PLAN_PATTERN_KEYS", "meta_container", "plan_pattern_problems"]
+__all__ = ["PLAN_PATTERN_KEYS", "meta_container", "plan_pattern_problems", "validated_model_section"]
 
 PLAN_PATTERN_KEYS: tuple[Loc, ...] = (
     ("parallel", "fsdp_plan", "apply_modules"),
@@ -54,7 +54,7 @@ def meta_container(model: ModelConfig) -> tuple[nn.Module, dict[str, str]]:
     return container_class(model)(sub_models, pipeline=None), failed
 
 
-def _model_section(data: dict[str, Any]) -> tuple[ModelConfig | None, set[str]]:
+def validated_model_section(data: dict[str, Any]) -> tuple[ModelConfig | None, set[str]]:
     """The ``model`` section of pruned ``data`` validated without the sub-models whose id the earlier
     checks refused (None when it still does not validate), and the names of those left out."""
     section = copy.deepcopy(data.get("model") or {})
@@ -93,7 +93,7 @@ def plan_pattern_problems(data: dict[str, Any]) -> tuple[list[Problem], list[Pro
     model built on meta. Patterns of a sub-model that could not be built are not judged (a warning says
     why, unless an earlier problem does)."""
     lists = _pattern_lists(data)
-    model_cfg, left_out = _model_section(data) if lists else (None, set())
+    model_cfg, left_out = validated_model_section(data) if lists else (None, set())
     if model_cfg is None:
         return [], []
     model, failed = meta_container(model_cfg)

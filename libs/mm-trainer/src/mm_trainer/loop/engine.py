@@ -41,6 +41,7 @@ class Phase(Protocol):
     name: str
     optimizer: torch.optim.Optimizer
     lr_scheduler: Any
+    every: int
 
     @property
     def params(self) -> list[nn.Parameter]: ...
@@ -63,6 +64,9 @@ class StepResult:
     """Ranks (of all ranks) that received SIGTERM / SIGINT by this step: every rank stops if any did."""
     sample_ids: list[int] | None = None  # the step's global sample indices (training.log_sample_ids)
     phase_losses: dict[str, float] | None = None  # training.phases: each updated phase's loss
+    lrs: dict[str, float] | None = None
+    """The learning rate the step's optimizer update used (read before its schedule stepped): ``{"": lr}``
+    without phases, ``{phase: lr}`` of each phase that updated."""
 
 
 class TrainEngine:
@@ -110,6 +114,9 @@ class TrainEngine:
         self.saves = saves  # CheckpointSaves: model-only saves, background saves' completion
         self.cp_rank, self.cp_size = cp_rank, cp_size
         self.phases = phases or []
+        # the record's `lr`: the step's own, or with phases the first phase that updates at every step
+        # (the config requires one), so the line is one phase's at every step; each has its lr_<phase>
+        self._lr_phase = next((p.name for p in self.phases if p.every == 1), "") if self.phases else ""
         _check_layout(dp_group, cp_rank, cp_size)
         self.metrics = metrics or MetricsLogger(total_steps=training.train_iters, enabled=False)
         self.profilers = profilers
@@ -209,10 +216,11 @@ class TrainEngine:
             samples = self._describe_samples(self._gather_sample_ids(step_ids))
             self.nonfinite.skip(step + 1, loss, float(grad_norm), samples)
         self.optimizer.zero_grad(set_to_none=True)
+        lr = _current_lr(self.optimizer)  # the step's: the schedule moves on to the next step's below
         self.lr_scheduler.step()
         result = StepResult(
             loss, float(grad_norm), skipped, int(counts[0]), int(counts[1]), counts[2], int(counts[3]),
-            stop_requests,
+            stop_requests, lrs={"": lr},
         )  # fmt: skip
         if self.training.log_sample_ids:
             result.sample_ids = self._gather_sample_ids(step_ids)
@@ -226,6 +234,7 @@ class TrainEngine:
         micro_batches = [to_device(self.batches.next_batch(), self.device) for _ in range(accum)]
         ids = [batch.pop("sample_ids", None) for batch in micro_batches]
         phase_losses: dict[str, float] = {}
+        lrs: dict[str, float] = {}
         norms, skipped, samples = [], False, 0
         for phase in (p for p in self.phases if p.due(step)):
             loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -246,6 +255,7 @@ class TrainEngine:
                 phase.optimizer.step()
             skipped |= not finite
             self.model.zero_grad(set_to_none=True)  # the other phases' gradients too: each phase starts clean
+            lrs[phase.name] = _current_lr(phase.optimizer)  # this update's, before its schedule moves on
             phase.lr_scheduler.step()
             phase_losses[phase.name], norms = float(loss), [*norms, grad_norm]
         mean = sum(phase_losses.values()) / len(phase_losses)
@@ -262,7 +272,7 @@ class TrainEngine:
                 self.ema.update()
             self.nonfinite.finite_step()
         result = StepResult(mean, max(norms), skipped, int(counts[0]), 0, 0.0, int(counts[3]), stop_requests)
-        result.phase_losses = phase_losses
+        result.phase_losses, result.lrs = phase_losses, lrs
         if self.training.log_sample_ids:
             result.sample_ids = self._gather_sample_ids(step_ids)
         return result
@@ -352,9 +362,7 @@ class TrainEngine:
         out: dict[str, Any] = {
             "loss": r.loss,
             "grad_norm": r.grad_norm,
-            "lr": self.phases[0].optimizer.param_groups[0]["lr"]
-            if self.phases
-            else self.optimizer.param_groups[0]["lr"],
+            "lr": (r.lrs or {}).get(self._lr_phase, float("nan")),
             "step_time_s": elapsed,
             "samples_per_s": r.samples / elapsed if elapsed > 0 else 0.0,
             "tokens_per_s": r.tokens / elapsed if elapsed > 0 else 0.0,
@@ -366,14 +374,20 @@ class TrainEngine:
             out["bad_samples_epoch"] = r.bad_samples
         if r.sample_ids is not None:
             out["sample_ids"] = r.sample_ids
-        for phase in self.phases:
-            out[f"lr_{phase.name}"] = phase.optimizer.param_groups[0]["lr"]
+        for name, lr in (r.lrs or {}).items():
+            if name:  # a phase that updated at this step, as its loss_<phase>
+                out[f"lr_{name}"] = lr
         for name, value in (r.phase_losses or {}).items():
             out[f"loss_{name}"] = value
         if r.flops and self.peak_flops:
             world = dist.get_world_size() if dist.is_initialized() else 1
             out["mfu"] = r.flops / elapsed / (self.peak_flops * world)
         return out
+
+
+def _current_lr(optimizer: torch.optim.Optimizer) -> float:
+    """The learning rate ``optimizer`` updates with now (its first group's: the schedule sets them alike)."""
+    return float(optimizer.param_groups[0]["lr"])
 
 
 def _check_layout(dp_group: Any, cp_rank: int, cp_size: int) -> None:

@@ -6,7 +6,8 @@ group cannot share this one; ``nice`` 19, so it yields to the data loaders), and
 until the plan is back asks whether it is: then it logs the planned peak per rank beside this rank's
 measured one (``max_memory_allocated``) once, and adds ``planned_peak_memory_bytes`` to that step's
 metrics record. CPU runs start nothing (their measured peak is the process RSS, which a plan of
-tensor memory does not predict), and neither does a device the planner's table does not know.
+tensor memory does not predict), and neither does a device the planner's table does not know, nor a world
+larger than the planner traces (``mm_trainer.planner.inputs``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from mm_config import TrainConfig, dump_config
 
 from mm_trainer.planner.device_specs import DEVICES, DeviceSpec
+from mm_trainer.planner.inputs import MAX_TRACED_WORLD_SIZE
 
 logger = logging.getLogger("mm_trainer")
 GIB = 2**30
@@ -67,6 +69,12 @@ class PlanCheck:
         """The check of rank 0 on a known accelerator; None elsewhere."""
         spec = accelerator_spec(device_type)
         if rank != 0 or spec is None:
+            return None
+        if world_size > MAX_TRACED_WORLD_SIZE:
+            logger.warning(
+                "no planned peak: world size %d is beyond what mm-train plan traces (%d ranks; "
+                "mm_trainer.planner.inputs says why)", world_size, MAX_TRACED_WORLD_SIZE,
+            )  # fmt: skip
             return None
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
         return cls(config, world_size=world_size, ranks_per_node=per_node, device=spec.name)

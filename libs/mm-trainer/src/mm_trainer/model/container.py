@@ -55,6 +55,15 @@ class ModelContainer(nn.Module):
             self.checkpoint_submodels = self.trainable_submodels
 
     @classmethod
+    def sub_model_problems(cls, model_section: Any) -> dict[str, str]:
+        """Why sub-models of ``model_section`` (the validated ``model`` section) cannot be trained together
+        in this container, by sub-model name, judged from their config sections alone (nothing built, no
+        weight read: at most a ``config.json``). ``ModelContainerHub.build`` refuses them before building
+        any sub-model, ``mm-config check`` reports them at ``model.models.<name>``. None by default; e.g. a
+        distillation's student whose architecture is not its teacher's."""
+        return {}
+
+    @classmethod
     def build_pipeline(cls, options: Mapping[str, Any]) -> Any:
         """Create the pipeline from ``model.pipeline`` options; the base container has none."""
         if options:
@@ -202,6 +211,10 @@ class ModelContainerHub:
         ones wait for FSDP. Weights of meta sub-models are loaded by the trainer
         after sharding.
         """
+        cls = container_class(model_section)
+        problems = cls.sub_model_problems(model_section)  # before any sub-model is built or a weight read
+        if problems:
+            raise ValueError("; ".join(f"model.models.{name}: {why}" for name, why in problems.items()))
         sub_models: dict[str, nn.Module] = {}
         for name, args in model_section.sub_models().items():
             module = ModelHub.build(args, meta_init=args.meta_init if meta_init is None else meta_init)
@@ -210,7 +223,6 @@ class ModelContainerHub:
                 if not _is_meta(module) and not getattr(module, "_skip_to_device", False):
                     module.to(device)
             sub_models[name] = module
-        cls = container_class(model_section)
         pipeline = pipeline_factory(model_section, cls)(dict(getattr(model_section, "pipeline", None) or {}))
         return cls(sub_models, trainable=tuple(trainable), pipeline=pipeline)
 

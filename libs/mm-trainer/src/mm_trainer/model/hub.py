@@ -7,22 +7,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mm_config import GENERIC_TRANSFORMERS_ID
 from mm_parallel import parse_dtype
 from torch import nn
 
-from mm_trainer.model.hf_model import import_transformers
-from mm_trainer.registry.registries import MODEL_REGISTRY
+from mm_trainer.registry.registries import MODEL_REGISTRY, RegistryError
 
 
 class ModelHub:
     """Builds sub-models by ``model_id``.
 
-    Resolution order: a class registered with ``@model_register(model_id)``;
-    otherwise, when ``from_pretrained`` is a transformers directory (its
-    ``config.json`` has a ``model_type``), the generic ``hf_causal_lm`` path
-    (:mod:`mm_trainer.model.hf_model`: the ``architectures[0]`` class, with a loss).
-    Registered ids win so that a plugin's bridge (e.g. a UMT5 wrapper with its
-    own ``post_load``) is never bypassed by the generic path.
+    Only a class registered with ``@model_register(model_id)`` builds. An unregistered id is an error,
+    also over a transformers directory: transformers' generic class is asked for by name
+    (``model_id: hf_causal_lm``, :mod:`mm_trainer.model.hf_model`), so a misspelt app id never trains
+    silently through it, without the app's model-specific parts.
     """
 
     @staticmethod
@@ -36,13 +34,7 @@ class ModelHub:
         """
         meta = bool(args.meta_init if meta_init is None else meta_init)
         model_id = args.model_id
-        if model_id in MODEL_REGISTRY:
-            model = _build_registered(MODEL_REGISTRY.get(model_id), args, meta)
-        elif args.from_pretrained and _is_transformers_dir(args.from_pretrained):
-            model = _build_transformers(args, meta)
-        else:
-            MODEL_REGISTRY.get(model_id)  # raises listing the known ids
-            raise AssertionError("unreachable")
+        model = _build_registered(_registered_class(args), args, meta)
         dtype = parse_dtype(getattr(args, "dtype", None), key=f"model {model_id!r} dtype")
         if dtype is not None:
             model.to(dtype)
@@ -70,6 +62,15 @@ def _is_transformers_dir(path: str) -> bool:
         return False
 
 
-def _build_transformers(args: Any, meta: bool) -> nn.Module:
-    import_transformers(f"model {args.model_id!r} ({args.from_pretrained} is a transformers directory)")
-    return _build_registered(MODEL_REGISTRY.get("hf_causal_lm"), args, meta)
+def _registered_class(args: Any) -> Any:
+    """The class registered as ``args.model_id``; for an unknown id over a transformers directory the
+    registry's error also names the generic id."""
+    try:
+        return MODEL_REGISTRY.get(args.model_id)
+    except RegistryError as err:
+        if args.from_pretrained and _is_transformers_dir(args.from_pretrained):
+            raise RegistryError(
+                f"{err} {args.from_pretrained} is a transformers directory: for transformers' generic class "
+                f"(its config.json's `architectures`) set model_id: {GENERIC_TRANSFORMERS_ID}"
+            ) from None
+        raise

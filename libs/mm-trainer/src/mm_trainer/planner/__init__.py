@@ -9,6 +9,7 @@ from mm_trainer.planner.categories import (
     Tag,
     register_host_term,
 )
+from mm_trainer.planner.inputs import MAX_TRACED_WORLD_SIZE, PlanInputError, check_world, plan_device
 from mm_trainer.planner.report import PlanSummary, render, summarize
 from mm_trainer.planner.search import Layout, SearchResult, render_search, search_layouts
 from mm_trainer.planner.trace import TracedRun, trace_run
@@ -16,12 +17,16 @@ from mm_trainer.planner.trace import TracedRun, trace_run
 __all__ = [
     "DEVICE_CATEGORIES",
     "HOST_CATEGORIES",
+    "MAX_TRACED_WORLD_SIZE",
     "Category",
     "Layout",
+    "PlanInputError",
     "PlanSummary",
     "SearchResult",
     "Tag",
     "TracedRun",
+    "check_world",
+    "plan_device",
     "register_host_term",
     "render",
     "render_search",

@@ -18,11 +18,13 @@ from typing import Any
 
 from mm_config import ConfigError, load_config
 
-from mm_trainer.planner.device_specs import DEFAULT_DEVICE, DEVICES, DeviceSpec, device_spec
+from mm_trainer.planner.device_specs import DEFAULT_DEVICE, DEVICES, DeviceSpec
 from mm_trainer.planner.fake_world import PlanningError
+from mm_trainer.planner.inputs import PlanInputError, check_nodes, check_world, plan_device
 from mm_trainer.planner.layouts import CONFIGURED
 from mm_trainer.planner.report import DEFAULT_MARGIN, render, summarize
 from mm_trainer.planner.trace import TracedRun, trace_run
+from mm_trainer.registry.plugins import import_plugins
 
 EXIT_BAD_INPUT = 2
 
@@ -74,6 +76,7 @@ def build_parser(prog: str = "mm-train plan") -> argparse.ArgumentParser:
 def world_layout(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[int, int]:
     """``(world size, ranks per node)`` from the arguments, refusing inconsistent ones."""
     per_node = args.nproc_per_node
+    check_nodes(args.nnodes, per_node)
     if args.nnodes is not None:
         if per_node is None:
             parser.error("--nnodes needs --nproc-per-node")
@@ -86,18 +89,28 @@ def world_layout(parser: argparse.ArgumentParser, args: argparse.Namespace) -> t
         world = args.world_size
     else:
         parser.error("give --world-size N (or --nnodes K --nproc-per-node P)")
-    if world < 1:
-        parser.error(f"--world-size must be >= 1, got {world}")
+    check_world(world, per_node)
     return world, per_node or world
 
 
-def main(argv: Sequence[str] | None = None, *, prog: str = "mm-train plan") -> int:
-    """Plan (or search) and print; 2 for bad input (the config check's report, or what the build refused)."""
+def main(
+    argv: Sequence[str] | None = None, *, prog: str = "mm-train plan", plugins: Sequence[str] = ()
+) -> int:
+    """Plan (or search) and print; 2 for bad input: the arguments (:mod:`~mm_trainer.planner.inputs`,
+    checked before ``plugins`` are imported and the config is read), the config check's report, or
+    what the build refused."""
     parser = build_parser(prog)
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    world, per_node = world_layout(parser, args)
     try:
-        device = device_spec(args.device, args.device_memory)
+        world, per_node = world_layout(parser, args)
+        device = plan_device(args.device, args.device_memory, args.margin)
+        if args.top < 1:
+            raise PlanInputError(f"--top must be >= 1, got {args.top}")
+    except ValueError as err:  # before anything is imported, read or traced
+        print(f"{prog}: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        import_plugins(plugins)
         if args.search:  # the config's own layout need not suit this world size: the search replaces it
             return _search(args, world, per_node, device)
         config = load_config(

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from mm_config import ConfigError, TrainConfig, load_config, parse_override
 
 from mm_trainer.planner.device_specs import DeviceSpec
+from mm_trainer.planner.inputs import check_world
 from mm_trainer.planner.layouts import layout_view
 from mm_trainer.planner.report import DEFAULT_MARGIN, PlanSummary, gib, summarize
 from mm_trainer.planner.trace import trace_run
@@ -76,6 +77,8 @@ class Layout:
         ]
         if self.recompute != "none":
             out.append(f"features.recompute_plan.policy={self.recompute}")
+        else:  # a plan of no modules takes no options (mm-config refuses them: they would act on nothing)
+            out += ["features.recompute_plan.policy=full", "features.recompute_plan.every=1"]
         if condition_steps > 1:
             cp = self.ulysses * self.ring
             out.append(f"features.condition_micro_steps={cp * max(1, -(-condition_steps // cp))}")
@@ -147,6 +150,7 @@ def search_layouts(
     progress: Callable[[str], None] = lambda line: None,
 ) -> SearchResult:
     """Trace, filter and rank the layouts of ``path`` (+ ``overrides``) on ``world`` ranks (module docstring)."""
+    check_world(world, ranks_per_node)
     started = time.perf_counter()
     base = _base_config(path, overrides, world, ranks_per_node)
     modules, batch = recompute_modules(base), int(base.training.global_batch_size)

@@ -50,6 +50,7 @@ from mm_trainer.model.build import (
 from mm_trainer.planner.cost_model import CostModel, StepCost
 from mm_trainer.planner.device_specs import DeviceSpec
 from mm_trainer.planner.fake_world import fake_world
+from mm_trainer.planner.inputs import check_world
 from mm_trainer.planner.layouts import CONFIGURED, ParamShard, layout_view, param_shards
 from mm_trainer.planner.tracker import ModuleStats, PlanTracker, View, ViewPeak
 from mm_trainer.registry.plugins import import_plugins
@@ -110,7 +111,9 @@ def trace_run(
     extra_views: Callable[[list[ParamShard]], list[View]] | None = None,
     progress: Progress = lambda line: None,
 ) -> TracedRun:
-    """Trace one optimizer step of ``config`` on ``world_size`` ranks (rank 0) for ``device``."""
+    """Trace one optimizer step of ``config`` on ``world_size`` ranks (rank 0) for ``device``; a world
+    past :data:`~mm_trainer.planner.inputs.MAX_TRACED_WORLD_SIZE` is refused first."""
+    check_world(world_size, ranks_per_node)
     started = time.perf_counter()
     per_node = ranks_per_node or world_size
     with fake_world(world_size) as fake:
