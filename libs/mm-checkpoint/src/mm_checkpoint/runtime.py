@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
+from .errors import raised_on_every_rank
+
 T = TypeVar("T")
 
 _LONG_WAIT_GROUP: contextvars.ContextVar[Any] = contextvars.ContextVar("long_wait_group", default=None)
@@ -77,8 +79,9 @@ def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
 
 def on_rank0(fn: Callable[[], T]) -> T:
     """``fn()`` run on rank 0 only, its result returned on every rank; an exception it raises is raised
-    on every rank (so that no rank waits in a collective for a rank that failed). The others wait on the
-    :func:`long_waits` group when one is set."""
+    on every rank (so that no rank waits in a collective for a rank that failed), marked as such
+    (:func:`~mm_checkpoint.errors.raised_on_every_rank`). The others wait on the :func:`long_waits`
+    group when one is set."""
     outcome: tuple[bool, Any] = (True, None)
     if get_rank() == 0:
         try:
@@ -87,7 +90,7 @@ def on_rank0(fn: Callable[[], T]) -> T:
             outcome = (False, exc)
     ok, value = broadcast_object(outcome, group=long_wait_group())
     if not ok:
-        raise value
+        raise raised_on_every_rank(value)
     return value
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mm_config import MissingDependencyError
 from tqdm import tqdm
 
 from mm_trainer.planner.device_specs import peak_flops_by_device_name
@@ -54,7 +55,7 @@ def _summary_writer_class(setting: bool | None) -> type:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as exc:
-        raise ImportError(
+        raise MissingDependencyError(
             f"training.tensorboard is {'on' if setting else 'unset (on when installed)'} but "
             f"torch.utils.tensorboard cannot import tensorboard ({exc}): pip install "
             "'mm-trainer[tensorboard]', or set training.tensorboard: false"
