@@ -14,8 +14,9 @@ import statistics
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,7 +57,9 @@ def measure(name: str, target: str, repeats: int) -> tuple[float, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=3, help="runs per script (the median is shown)")
     parser.add_argument("--scripts", nargs="*", help="only these console scripts (default: all)")
     args = parser.parse_args(argv)

@@ -40,7 +40,11 @@ def run_entry(body: str, here: Path, **env: str) -> subprocess.CompletedProcess:
     code = ENTRY.format(body="\n".join(f"    {line}" for line in body.strip().splitlines()))
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_") and k != TRACEBACK_ENV}
     return subprocess.run(
-        [sys.executable, "-c", code, str(here)], env={**clean, **env}, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code, str(here)],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

@@ -181,10 +181,14 @@ def main(
     _import_plugin(plugin)
     if args.dry_run:
         from mm_trainer.planner.dry_run import dry_run
+        from mm_trainer.tools.progress import PhaseLog
 
         try:
             device = None if args.no_plan else args.device
-            print(dry_run(config, world_size=world, ranks_per_node=per_node, device=device))
+            progress = PhaseLog("dry run")  # its trace takes minutes at real size: phases, units, time left
+            print(
+                dry_run(config, world_size=world, ranks_per_node=per_node, device=device, progress=progress)
+            )
         except ValueError as err:  # an unknown --device, or what the build refuses
             print(f"{prog}: {err}", file=sys.stderr)
             return 2
@@ -285,7 +289,8 @@ def _report_user_error(exc: BaseException, kind: UserErrorClass, prog: str) -> N
     if error_file:
         try:
             with open(error_file, "w") as out:
-                extra = {"py_callstack": message, "timestamp": str(int(time.time()))}  # what its summary shows
+                # torchrun's summary shows py_callstack: the message, not a traceback
+                extra = {"py_callstack": message, "timestamp": str(int(time.time()))}
                 json.dump({"message": {"message": f"{type(exc).__name__}: {exc}", "extraInfo": extra}}, out)
         except OSError as err:
             sys.stderr.write(f"[rank {place.rank}] (torchrun's error file not written: {err})\n")

@@ -157,7 +157,9 @@ def prints_here(exc: BaseException, kind: UserErrorClass, place: ProcessPlace) -
 
 def rank_prefix(exc: BaseException, kind: UserErrorClass, place: ProcessPlace) -> str:
     """``[rank N] `` before an error of this rank's (or node's) own in a job of several ranks."""
-    return f"[rank {place.rank}] " if place.world_size > 1 and not raised_alike_on_every_rank(exc, kind) else ""
+    return (
+        f"[rank {place.rank}] " if place.world_size > 1 and not raised_alike_on_every_rank(exc, kind) else ""
+    )
 
 
 def user_error_message(exc: BaseException, kind: UserErrorClass, prog: str) -> str:
