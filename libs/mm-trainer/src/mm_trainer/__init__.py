@@ -88,6 +88,8 @@ _EXPORTS: dict[str, str] = {
     "preprocess_section": "mm_trainer.run.saved_config",
     "weight_sources": "mm_trainer.run.saved_config",
     "StopSignals": "mm_trainer.run.stop_signals",
+    "UsageError": "mm_trainer.run.user_errors",
+    "register_user_error": "mm_trainer.run.user_errors",
     "AutoencoderFit": "mm_trainer.tools.autoencoder_fit",
     "FIT_REPORT": "mm_trainer.tools.autoencoder_fit",
     "fit_autoencoder": "mm_trainer.tools.autoencoder_fit",
@@ -98,6 +100,8 @@ _EXPORTS: dict[str, str] = {
     "posterior_means": "mm_trainer.tools.autoencoder_fit",
     "reconstruct": "mm_trainer.tools.autoencoder_fit",
     "save_fitted": "mm_trainer.tools.autoencoder_fit",
+    "PhaseLog": "mm_trainer.tools.progress",
+    "Progress": "mm_trainer.tools.progress",
     "Trainer": "mm_trainer.trainer",
 }
 
