@@ -156,6 +156,24 @@ def test_an_error_of_one_rank_is_printed_by_that_rank_with_its_rank(tmp_path):
     assert "Traceback" not in rank1.stderr
 
 
+def test_an_error_a_data_loader_worker_raised_is_told_without_the_workers_traceback():
+    from mm_data.bad_samples import BadSampleError
+    from mm_trainer.run.user_errors import user_error_class, user_error_message
+    from torch._utils import ExceptionWrapper
+
+    try:
+        raise BadSampleError("too many bad samples: 3 of 8: /data/a.mp4: cannot decode")
+    except BadSampleError:
+        wrapped = ExceptionWrapper(where="in DataLoader worker process 0")  # what the worker sends back
+    with pytest.raises(BadSampleError) as raised:
+        wrapped.reraise()
+    message = user_error_message(raised.value, user_error_class(raised.value), "tool")
+    assert message == (
+        "tool: error: too many bad samples: 3 of 8: /data/a.mp4: cannot decode "
+        "(Caught BadSampleError in DataLoader worker process 0)"
+    )
+
+
 def test_every_class_named_as_a_user_error_exists_under_that_name():
     for name in USER_ERRORS:
         module, _, qualname = name.rpartition(".")

@@ -164,20 +164,22 @@ def rank_prefix(exc: BaseException, kind: UserErrorClass, place: ProcessPlace) -
 
 def user_error_message(exc: BaseException, kind: UserErrorClass, prog: str) -> str:
     """The lines a user error prints: ``PROG: error: MESSAGE`` (``PROG: interrupted`` for Ctrl-C)."""
-    text = _worker_message(str(exc).strip())
+    text = _worker_message(str(exc).strip(), exc)
     if kind is INTERRUPTED:
         return f"{prog}: interrupted" + (f": {text}" if text else "")
     return f"{prog}: error: {text or type(exc).__name__}"
 
 
-def _worker_message(text: str) -> str:
-    """A DataLoader worker's error arrives as its traceback inside the message: keep what it raised."""
+def _worker_message(text: str, exc: BaseException) -> str:
+    """A DataLoader worker's error arrives as its traceback inside the message (torch's
+    ``ExceptionWrapper``): keep what it raised, and where."""
     head, marker, original = text.partition("Original Traceback (most recent call last):\n")
     if not marker:
         return text
     lines = original.splitlines()
     frames = [i for i, line in enumerate(lines) if line.startswith(" ")]
     raised = "\n".join(lines[frames[-1] + 1 :] if frames else lines)
+    raised = raised.removeprefix(f"{_dotted(type(exc))}: ")
     return f"{raised} ({head.strip().rstrip('.')})"
 
 
