@@ -29,6 +29,13 @@ def test_wan_step_prints_the_three_models_and_the_ratio():
     assert re.search(r"^ratio ours / diffusers: \d+\.\d{3}", out, re.MULTILINE), out
 
 
+def test_cli_start_prints_a_row_per_script_beside_python_c_pass():
+    out = _run("benchmarks/cli_start.py", "--repeats", "1", "--scripts", "mm-config", "wan22-train")
+    assert re.search(r"^python -c pass\s+\d+\.\d\d\s+1\.0\s+False$", out, re.M), out
+    for script in ("mm-config", "wan22-train"):
+        assert re.search(rf"^{script} --help\s+\d+\.\d\d\s+\d+\.\d\s+False$", out, re.M), out
+
+
 def test_cp_memory_a14b_fused_block_is_at_most_a_twentieth_of_math_and_the_model_holds_on_cpu():
     # _run checks the exit status: 1 when a measured figure is off the model by more than 10%
     out = _run("benchmarks/cp_memory.py", "--validate", "--shape", "1024", "1024", "2", "64")

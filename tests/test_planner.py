@@ -2,6 +2,7 @@
 their own traces, bad inputs refused with the config check's report (exit 2, no traceback)."""
 
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -171,3 +172,21 @@ def test_a_phased_run_is_traced_at_the_step_where_every_phase_updates(toy_yaml):
     assert step.flops == pytest.approx(sum(part.flops for part in run.parts.values())) and step.flops > 0
     assert step.compute_s == pytest.approx(sum(part.compute_s for part in run.parts.values()))
     assert summarize(run).categories["optimizer states"] > 0  # both phases' AdamW states
+
+
+def test_the_trace_counts_each_phases_fsdp_units_with_a_rate_and_the_time_left(toy_yaml):
+    import io
+
+    from mm_trainer.tools.progress import PhaseLog
+
+    config = load_config(str(toy_yaml("plan")), [], world_size=2, check_paths=False)
+    out = io.StringIO()
+    trace_run(config, world_size=2, device=CPU, progress=PhaseLog("plan", stream=out, interval_s=0))
+    lines = out.getvalue().splitlines()
+    counted = [line.split(" | ")[0] for line in lines if line.startswith("plan: ")]
+    # 5 units (text encoder, 3 blocks, the predictor's root) run forward; the 4 that train, backward
+    assert counted[-1] == "plan: micro-step 1/1: backward 4/4 FSDP units", lines
+    assert "plan: micro-step 1/1: forward 5/5 FSDP units" in counted, lines
+    rate_and_eta = r" \| [\d.]+ FSDP units/s \| eta \d:\d\d:\d\d$"
+    assert all(re.search(rate_and_eta, line) for line in lines if line.startswith("plan: ")), lines
+    assert lines[0].startswith("[plan     0 s] building the model on meta")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from mm_trainer.run.exit_codes import EXIT_CONFIG
 
 pytestmark = pytest.mark.slow
 
@@ -95,9 +96,15 @@ def test_narrower_lora_targets_on_resume_are_refused_naming_the_dropped_layers(
     assert "predictor.blocks.0.fc2, predictor.blocks.1.fc2, predictor.blocks.2.fc2" in message
 
 
-def test_a_changed_lora_alpha_on_resume_is_refused_with_both_values(base, mm_train_forked, tmp_path):
-    with pytest.raises(AssertionError, match=r"model.models.predictor.lora.alpha: 4.0 -> 8.0"):
-        mm_train_forked(resumed_copy(base, tmp_path), "model.models.predictor.lora.alpha=8.0")
+def test_a_changed_lora_alpha_on_resume_is_refused_with_both_values_as_a_config_error(
+    base, mm_train_result, tmp_path
+):
+    done = mm_train_result(resumed_copy(base, tmp_path), "model.models.predictor.lora.alpha=8.0")
+    assert done.returncode == EXIT_CONFIG, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    (start,) = [line for line in done.stderr.splitlines() if line.startswith("mm-train: error: ")]
+    assert start.startswith(f"mm-train: error: resuming {tmp_path / 'run' / 'ckpt'} with settings that")
+    assert "model.models.predictor.lora.alpha: 4.0 -> 8.0" in done.stderr.split(start)[1]
 
 
 def test_an_lr_blow_up_leaves_the_tracker_at_the_last_finite_checkpoint(

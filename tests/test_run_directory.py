@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from mm_checkpoint import checkpoint_info
+from mm_trainer.run.exit_codes import EXIT_DESTINATION
 
 
 def train_once(build, config: Path, world_size: int, *overrides: str) -> tuple[int, int]:
@@ -59,6 +60,31 @@ def test_a_save_dir_in_use_by_a_live_run_is_refused_on_every_rank(distributed, t
         holder.wait()
     for message in messages:
         assert message.startswith("RunLockedError") and f"pid {holder.pid} on host" in message, message
+
+
+@pytest.mark.slow
+def test_a_save_dir_in_use_ends_each_rank_of_a_job_with_one_message_and_no_traceback(toy_yaml, processes):
+    config = toy_yaml()
+    ckpt = config.parent / "ckpt"
+    holder = subprocess.Popen(["sleep", "120"])
+    try:
+        ckpt.mkdir()
+        record = {"pid": holder.pid, "host": socket.gethostname(), "started": "2026-01-01 00:00:00 +0000"}
+        (ckpt / ".mm_train.lock").write_text(json.dumps(record))
+        codes, output = processes.finish(processes.start(config, launcher="plain"), timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert codes == [EXIT_DESTINATION, EXIT_DESTINATION], output[-4000:]
+    errors = [line for line in output.splitlines() if "error" in line]
+    assert errors == [
+        f"mm-train: error: {ckpt} is in use by another training run (pid {holder.pid} on host "
+        f"{socket.gethostname()}, started 2026-01-01 00:00:00 +0000; lock file {ckpt / '.mm_train.lock'}). "
+        "Two runs writing one directory overwrite each other's checkpoints and metrics: wait for it, or "
+        "choose another directory. A run that is gone is taken over once its lease expires; to take it "
+        f"over sooner, delete {ckpt / '.mm_train.lock'}"
+    ], output[-4000:]  # rank 0's, once: rank 1 raised the same error (on_rank0) and left it to rank 0
+    assert "Traceback" not in output
 
 
 @pytest.mark.slow

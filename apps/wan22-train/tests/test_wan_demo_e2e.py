@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ import torch
 from mm_data import contact_sheet_size, moves_as_captioned, psnr, to_video_frames
 from mm_trainer import load_run_config
 from mm_trainer.cli import main as mm_train_main
+from mm_trainer.run.exit_codes import EXIT_INTERRUPTED
 from PIL import Image
 from wan22_train.demo import (
     DEMO_CLIP,
@@ -218,3 +220,41 @@ def test_the_readmes_short_demo_runs_its_8_steps_with_a_warmup_that_fits(chain, 
     lrs = [r["lr"] for r in rows]  # warmup: 10% of 8 steps (1 step), then the cosine decay from 5e-3
     assert max(lrs) <= 5e-3 * (1 + 1e-6) and lrs[-1] < max(lrs)
     assert str(out / "sample.mp4") in printed and (out / "export" / "transformer" / "config.json").is_file()
+
+
+def test_ctrl_c_during_the_demos_training_saves_ends_in_one_line_and_leaves_a_run_to_resume(
+    chain, tmp_path, readme, kill_job
+):
+    # `wan22-train demo` on a copy of the chain's fitted model set, started as a terminal starts a job (a
+    # process group of its own), then Ctrl-C as a terminal sends it: SIGINT to that group (the demo and
+    # torchrun; the ranks get it from torchrun) once the first step is logged.
+    from mm_checkpoint import latest_iteration
+    from wan22_train.demo import demo_overrides
+
+    out = tmp_path / "interrupted"
+    shutil.copytree(chain[0], out, ignore=shutil.ignore_patterns("ckpt", "export", "sample.mp4", "*.png"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = demo_command(readme, DEMO, out, "training.save_interval=1000")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    metrics = out / "ckpt" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 300
+        while not (metrics.exists() and metrics.read_text().strip()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the demo ended before its first step"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        printed, err = proc.communicate(timeout=120)
+    finally:
+        kill_job(proc)
+    saved = latest_iteration(out / "ckpt")
+    assert proc.returncode == EXIT_INTERRUPTED, err[-3000:]
+    assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
+    assert err.splitlines()[-1] == (
+        f"wan22-train: interrupted: training stopped at its checkpoint of iteration {saved} ({out / 'ckpt'}); "
+        "the same command resumes it"
+    ), err[-3000:]
+    assert err.count("wan22-train: interrupted") == 1 and saved >= 1  # the stop saved where it was
+    assert f"wan22-train: last checkpoint: {out / 'ckpt' / f'iter_{saved:07d}'}" in printed.splitlines()
+    assert not (out / "ckpt" / ".mm_train.lock").exists()  # released: a rerun is not refused
+    assert f"training.load={out / 'ckpt'}" in demo_overrides(out, DEMO_STEPS, 2)  # and resumes it

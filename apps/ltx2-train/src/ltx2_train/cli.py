@@ -33,8 +33,6 @@ def _load(config: str, overrides: Sequence[str]):
     """A user's config, validated as one process (preprocessing ignores the parallel layout)."""
     from mm_trainer import load_offline_config
 
-    if not Path(config).is_file():
-        raise SystemExit(f"error: no config at {config}")
     return load_offline_config(config, overrides)
 
 
@@ -93,9 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0] not in COMMANDS:
         from mm_trainer.cli import main as train_main
 
-        # the plugin registers the LTX-2 pieces: imported once the command line is checked, before the config
-        plugins = ("ltx2_train.plugin",)
-        return train_main(argv, prog="ltx2-train", version=__version__, commands=COMMANDS, plugins=plugins)
+        # the plugin registers the LTX-2 pieces; imported once the arguments parsed and the config
+        # validated (its schema is the torch-free config_schema), so --help and a refused config are quick
+        return train_main(
+            argv, prog="ltx2-train", version=__version__, commands=COMMANDS, plugin="ltx2_train.plugin"
+        )
     args = _parser().parse_args(argv)
     if args.command == "make-tiny":
         from mm_trainer import fit_summary
@@ -136,7 +136,7 @@ def run() -> NoReturn:
     """Console-script and ``python -m`` entry: :func:`main`, leaving through ``mm_trainer.cli.run``."""
     from mm_trainer.cli import run as run_process
 
-    run_process(main)
+    run_process(main, prog="ltx2-train")
 
 
 if __name__ == "__main__":

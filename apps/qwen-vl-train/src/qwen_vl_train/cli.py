@@ -41,9 +41,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0] not in COMMANDS:
         from mm_trainer.cli import main as train_main
 
-        # the plugin registers the Qwen-VL pieces: imported once the command line is checked, before the config
-        plugins = ("qwen_vl_train.plugin",)
-        return train_main(argv, prog="qwen-vl-train", version=__version__, commands=COMMANDS, plugins=plugins)
+        # the plugin registers the Qwen-VL pieces; imported once the arguments parsed and the config
+        # validated (its schema is the torch-free config_schema), so --help and a refused config are quick
+        return train_main(
+            argv, prog="qwen-vl-train", version=__version__, commands=COMMANDS, plugin="qwen_vl_train.plugin"
+        )
     args = _parser().parse_args(argv)
     if args.command == "make-tiny":
         from qwen_vl_train.tiny import make_tiny
@@ -66,7 +68,7 @@ def run() -> NoReturn:
     """Console-script and ``python -m`` entry: :func:`main`, leaving through ``mm_trainer.cli.run``."""
     from mm_trainer.cli import run as run_process
 
-    run_process(main)
+    run_process(main, prog="qwen-vl-train")
 
 
 if __name__ == "__main__":

@@ -135,9 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0] not in COMMANDS:
         from mm_trainer.cli import main as train_main
 
-        # the plugin registers the Wan pieces: imported once the command line is checked, before the config
-        plugins = ("wan22_train.plugin",)
-        return train_main(argv, prog="wan22-train", version=__version__, commands=COMMANDS, plugins=plugins)
+        # the plugin registers the Wan pieces; imported once the arguments parsed and the config
+        # validated (its schema is the torch-free config_schema), so --help and a refused config are quick
+        return train_main(
+            argv, prog="wan22-train", version=__version__, commands=COMMANDS, plugin="wan22_train.plugin"
+        )
     args = _parser().parse_args(argv)
     if args.command == "make-tiny":
         from mm_trainer import fit_summary
@@ -153,8 +155,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         from wan22_train.preprocess import run_preprocess
 
-        if not Path(args.config).is_file():
-            raise SystemExit(f"error: no config at {args.config}")
         report = run_preprocess(load_offline_config(args.config, args.overrides))
         if report.rank == 0:  # the same totals on every rank
             print(report)
@@ -182,19 +182,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _export(args: argparse.Namespace) -> Path | str:
+    from mm_trainer.run.user_errors import UsageError
+
     from wan22_train.export import EXPERT_SUBMODELS, export_lora, export_lora_pair, export_predictor
 
     config = _load(args.config, args.checkpoint)
     if args.lora is None:
         if args.expert is not None:
-            raise SystemExit("wan22-train export: --expert picks the adapters of a LoRA pair (with --lora)")
+            raise UsageError("export: --expert picks the adapters of a LoRA pair (with --lora)")
         layout = args.layout or "diffusers"
         return export_predictor(
             config, args.checkpoint, args.out, layout=layout, submodel=args.submodel or "predictor", ema=args.ema,
             max_shard_size=args.max_shard_size,
         )  # fmt: skip
     if args.layout is not None:
-        raise SystemExit("wan22-train export: --layout applies to full exports; --lora fixes its own layout")
+        raise UsageError("export: --layout applies to full exports; --lora fixes its own layout")
     two_experts = all(s in config.model.sub_models() for s in EXPERT_SUBMODELS.values())
     if two_experts and args.submodel is None:
         paths = export_lora_pair(
@@ -202,7 +204,7 @@ def _export(args: argparse.Namespace) -> Path | str:
         )
         return "\n".join(str(p) for p in paths)
     if args.expert is not None:
-        raise SystemExit("wan22-train export: --expert needs a run with both A14B experts (expert: both)")
+        raise UsageError("export: --expert needs a run with both A14B experts (expert: both)")
     submodel = args.submodel or "predictor"
     return export_lora(config, args.checkpoint, args.out, fmt=args.lora, submodel=submodel, ema=args.ema)
 
@@ -211,7 +213,7 @@ def run() -> NoReturn:
     """Console-script and ``python -m`` entry: :func:`main`, leaving through ``mm_trainer.cli.run``."""
     from mm_trainer.cli import run as run_process
 
-    run_process(main)
+    run_process(main, prog="wan22-train")
 
 
 if __name__ == "__main__":

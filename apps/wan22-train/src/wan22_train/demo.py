@@ -4,6 +4,11 @@ make-tiny (if missing; the tiny VAE fitted to the clips) -> train on ``nproc`` C
 FSDP2 + Ulysses -> export the predictor to diffusers -> sample a clip for the first training clip's
 caption (at the run's time shift) -> a contact sheet PNG: the sampled frames above that clip's frames,
 and the loss curve. Rerunning resumes training from the last checkpoint.
+
+Ctrl-C is a stop: the training saves the iteration it reached and the demo ends with one line saying
+so (exit 130; ``mm_trainer.run.user_errors``); rerunning the same command resumes there. torchrun runs
+under :data:`QUIET_TORCHRUN`, which forwards the Ctrl-C to the ranks and waits for them as torchrun does,
+without the traceback torchrun prints when a signal ends it.
 """
 
 from __future__ import annotations
@@ -95,8 +100,24 @@ def demo_overrides(out: Path, steps: int, nproc: int, extra: Sequence[str] = ())
     return overrides
 
 
+QUIET_TORCHRUN = """
+import logging, sys
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.run import main
+for name in list(logging.root.manager.loggerDict):  # its "shutting down workers" warnings
+    if name.startswith("torch.distributed.elastic"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+try:
+    main(sys.argv[1:])
+except SignalException:  # Ctrl-C: the ranks got it, saved and exited; torchrun waited for them
+    sys.exit(130)
+"""
+"""``torchrun ARGS`` as ``python -c QUIET_TORCHRUN ARGS``: the same launcher, ended by a signal
+without a traceback (the demo reports the stop in one line)."""
+
+
 def train_command(config: Path, overrides: list[str], nproc: int) -> list[str]:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    launcher = [sys.executable, "-c", QUIET_TORCHRUN, "--standalone", f"--nproc-per-node={nproc}"]
     return [
         *(launcher if nproc > 1 else [sys.executable]),
         "-m",
@@ -105,6 +126,26 @@ def train_command(config: Path, overrides: list[str], nproc: int) -> list[str]:
         str(config),
         *overrides,
     ]
+
+
+def wait_through_ctrl_c(proc: subprocess.Popen) -> tuple[int, bool]:
+    """``(exit code, whether Ctrl-C came)`` of the training ``proc``. A Ctrl-C reaches the training too
+    (the terminal signals its process group: this process and torchrun, which forwards it to the ranks);
+    the ranks then save and exit, so this waits for them instead of ending at once."""
+    interrupted = False
+    while True:
+        try:
+            return proc.wait(), interrupted
+        except KeyboardInterrupt:
+            interrupted = True
+
+
+def resume_hint(ckpt: Path) -> str:
+    """What an interrupted demo says: where its training stopped, and that a rerun resumes there."""
+    saved = latest_iteration(ckpt)
+    if saved is None:
+        return "no checkpoint saved yet: the same command starts the training again"
+    return f"training stopped at its checkpoint of iteration {saved} ({ckpt}); the same command resumes it"
 
 
 def training_shift(config: TrainConfig) -> float:
@@ -145,11 +186,14 @@ def run_demo(
     overrides = demo_overrides(out, steps, nproc, overrides)
     print(f"[2/5] training {steps} steps on {nproc} CPU process(es): FSDP2 + Ulysses", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    result = subprocess.run(train_command(config, overrides, nproc), env=env)
-    if result.returncode != 0:
-        print(f"training failed (exit {result.returncode})", file=sys.stderr)
-        return result.returncode
     ckpt = out / "ckpt"
+    training = subprocess.Popen(train_command(config, overrides, nproc), env=env)
+    returncode, interrupted = wait_through_ctrl_c(training)
+    if interrupted:
+        raise KeyboardInterrupt(resume_hint(ckpt))  # run() prints it as one line, exit 130
+    if returncode != 0:
+        print(f"training failed (exit {returncode})", file=sys.stderr)
+        return returncode
     from mm_trainer import load_run_config
 
     cfg = load_run_config(ckpt)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 
 class CheckpointError(Exception):
     """Base class of every mm-checkpoint error."""
@@ -30,3 +32,17 @@ class KeyMapError(CheckpointError, ValueError):
 class ContainerCheckpointError(CheckpointFormatError):
     """A checkpoint holds several sub-models (a training run's container, a diffusers pipeline root) and
     the call did not choose one; the message lists them and the known key-map model types."""
+
+
+EVERY_RANK_ATTRIBUTE = "raised_on_every_rank"
+"""Set (true) on an exception raised alike on every rank of a job; the trainer's entry point then lets
+rank 0 alone report it (mm-trainer's ``mm_trainer.run.user_errors``)."""
+
+E = TypeVar("E", bound=BaseException)
+
+
+def raised_on_every_rank(exc: E) -> E:
+    """Mark ``exc`` as raised alike on every rank (what :func:`~mm_checkpoint.runtime.on_rank0` and a
+    collective checkpoint read raise); returns it."""
+    setattr(exc, EVERY_RANK_ATTRIBUTE, True)
+    return exc

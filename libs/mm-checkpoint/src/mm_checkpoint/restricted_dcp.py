@@ -30,9 +30,15 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.planner import ReadItem
 
-from .errors import CheckpointError, CheckpointFormatError, CheckpointLoadError, CheckpointNotFoundError
+from .errors import (
+    CheckpointError,
+    CheckpointFormatError,
+    CheckpointLoadError,
+    CheckpointNotFoundError,
+    raised_on_every_rank,
+)
 from .layout import METADATA_FILENAME
-from .runtime import single_process_quiet
+from .runtime import is_distributed, single_process_quiet
 
 _ALLOWED: dict[tuple[str, str], Any] = {
     **{
@@ -195,13 +201,17 @@ def restricted_dcp_load(
         with single_process_quiet():
             dcp.load(state, storage_reader=reader, planner=planner, no_dist=no_dist)
     except CheckpointException as exc:
+        # a collective read gathers every rank's failures and raises them on every rank
+        mark = raised_on_every_rank if not no_dist and is_distributed() else (lambda e: e)
         failures = {rank: e for rank, (e, _) in exc.failures.items()}
         ours = [e for e in failures.values() if isinstance(e, CheckpointError)]
         if ours:
-            raise ours[0] from None
+            raise mark(ours[0]) from None
         rank, first = next(iter(failures.items()))
         what = (str(first).strip().splitlines() or [""])[0]  # torch's own messages run over many lines
-        raise CheckpointLoadError(
-            f"reading DCP checkpoint {path} failed on rank(s) {sorted(failures)}; rank {rank}: "
-            f"{type(first).__name__}: {what}"
+        raise mark(
+            CheckpointLoadError(
+                f"reading DCP checkpoint {path} failed on rank(s) {sorted(failures)}; rank {rank}: "
+                f"{type(first).__name__}: {what}"
+            )
         ) from exc

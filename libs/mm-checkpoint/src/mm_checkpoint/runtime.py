@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import datetime
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch.distributed as dist
+
+from .errors import raised_on_every_rank
 
 T = TypeVar("T")
 
@@ -77,8 +81,9 @@ def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
 
 def on_rank0(fn: Callable[[], T]) -> T:
     """``fn()`` run on rank 0 only, its result returned on every rank; an exception it raises is raised
-    on every rank (so that no rank waits in a collective for a rank that failed). The others wait on the
-    :func:`long_waits` group when one is set."""
+    on every rank (so that no rank waits in a collective for a rank that failed), marked as such
+    (:func:`~mm_checkpoint.errors.raised_on_every_rank`). The others wait on the :func:`long_waits`
+    group when one is set."""
     outcome: tuple[bool, Any] = (True, None)
     if get_rank() == 0:
         try:
@@ -87,16 +92,42 @@ def on_rank0(fn: Callable[[], T]) -> T:
             outcome = (False, exc)
     ok, value = broadcast_object(outcome, group=long_wait_group())
     if not ok:
-        raise value
+        raise raised_on_every_rank(value)
     return value
 
 
+PROGRESS_INTERVAL_S = 10.0
+"""Seconds between two progress lines where stderr is no terminal."""
+
+
 def progress(iterable: Iterable[T], *, desc: str, total: int | None = None, unit: str = "it") -> Iterator[T]:
-    """Wrap ``iterable`` in a tqdm bar shown only on rank 0 and only when stderr is a terminal."""
-    enabled = get_rank() == 0 and sys.stderr.isatty()
-    if not enabled:
+    """``iterable``, its progress shown on rank 0: a tqdm bar where stderr is a terminal; otherwise (a
+    log file, a pipe) a plain line once it has run :data:`PROGRESS_INTERVAL_S` seconds, then every
+    :data:`PROGRESS_INTERVAL_S` and at its end (``convert x -> dcp: 120/400 tensor | 8.1 tensor/s |
+    eta 0:00:35``); a short one prints nothing."""
+    if get_rank() != 0:
         yield from iterable
         return
-    from tqdm.auto import tqdm
+    if sys.stderr.isatty():
+        from tqdm.auto import tqdm
 
-    yield from tqdm(iterable, desc=desc, total=total, unit=unit, dynamic_ncols=True)
+        yield from tqdm(iterable, desc=desc, total=total, unit=unit, dynamic_ncols=True)
+        return
+    started = last = time.monotonic()
+    done, said = 0, 0
+    for item in iterable:
+        yield item
+        done += 1
+        now = time.monotonic()
+        if now - last >= PROGRESS_INTERVAL_S:
+            last, said = now, done
+            _progress_line(desc, done, total, unit, now - started)
+    if said and said != done:
+        _progress_line(desc, done, total, unit, time.monotonic() - started)
+
+
+def _progress_line(desc: str, done: int, total: int | None, unit: str, elapsed_s: float) -> None:
+    rate = done / elapsed_s if elapsed_s > 0 else 0.0
+    eta = str(datetime.timedelta(seconds=round((total - done) / rate))) if total and rate > 0 else "?"
+    count = f"{done}/{total}" if total else str(done)
+    print(f"{desc}: {count} {unit} | {rate:.3g} {unit}/s | eta {eta}", file=sys.stderr, flush=True)

@@ -13,7 +13,7 @@ from .conversation import (  # noqa: E402
 from .data import DataConfig  # noqa: E402
 from .datasets import PrecomputedLatentsConfig, VideoTextDatasetConfig, frame_rule_problem  # noqa: E402
 from .distill import DistillOptions  # noqa: E402
-from .errors import ConfigError, Problem, RuleViolations  # noqa: E402
+from .errors import ConfigError, MissingDependencyError, Problem, RuleViolations  # noqa: E402
 from .features import (  # noqa: E402
     CompileMode,
     CompilePlanConfig,
@@ -105,6 +105,7 @@ __all__ = [
     "LoadFormat",
     "LoraConfig",
     "MemoryProfileConfig",
+    "MissingDependencyError",
     "ModelConfig",
     "ModulePattern",
     "ModulePlanConfig",

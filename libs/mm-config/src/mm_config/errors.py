@@ -77,6 +77,12 @@ class RuleViolations(ValueError):
         super().__init__("; ".join(str(p) for p in self.problems))
 
 
+class MissingDependencyError(ImportError):
+    """An optional package that a config setting or a command needs is not installed. The message names
+    what needs it and how to install it (``pip install 'mm-trainer[lora]'``); console scripts end with
+    their "dependency" exit code (69) and this message, without a traceback."""
+
+
 class ConfigError(ValueError):
     """An invalid config. ``problems`` lists every problem found; ``str()`` is the full report."""
 

@@ -1,173 +1,144 @@
-"""Video/image + caption datasets (PyAV), buckets, a layout-independent stateful sampler, and the latent cache."""
+"""Video/image + caption datasets (PyAV), buckets, a layout-independent stateful sampler, and the latent cache.
+
+The public names below are imported on first use (PEP 562), so ``import mm_data`` and its console
+script's ``--help`` / ``--version`` do not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-from .audio_out import write_wav
-from .bad_samples import BadSample, BadSampleError, BadSampleTracker
-from .buckets import Bucket, assign_bucket, make_buckets, parse_buckets, same_bucket_order
-from .cache import CacheReport, cache_dataset, from_rank0
-from .cache_index import INDEX_NAME, CacheIndex, ShardEntry, shard_layout, shard_name
-from .cache_keys import canonical_json, content_key, tree_digest
-from .cache_lock import CacheLock, CacheLockedError
-from .cache_made_with import CacheMismatchError, cache_made_with, check_cache_made_with, recipe_differences
-from .cache_store import (
-    CACHE_MANIFEST,
-    FileStore,
-    ShardedStore,
-    bad_marker_name,
-    cache_file_name,
-    open_cache,
-    read_cache_manifest,
-    write_per_file_copy,
-)
-from .cached_dataset import CAPTION_KEY, CachedVideoTextDataset, caption_entries
-from .caption_folder import CaptionError, caption_path, read_caption, read_caption_folder
-from .caption_tokenizer import write_caption_tokenizer
-from .captions import caption_candidates, draw_caption, sample_rng
-from .chat_template import IGNORE_INDEX, TEMPLATES, ChatTemplate, EncodedConversation, register_template
-from .clip_checks import caption_direction, moves_as_captioned, psnr, shape_centroids
-from .clip_info import clip_digests, clip_info, clip_info_path, record_info
-from .collate import collate_video_text
-from .contact_sheet import contact_sheet, contact_sheet_size, write_contact_sheet
-from .conversation import Conversation, ConversationColumns, ConversationError, Message, to_conversation
-from .conversation_dataset import ConversationDataset
-from .dataset import VideoTextDataset, load_clip_tensors, to_video_tensor
-from .deadline import SampleTimeout, call_with_deadline
-from .decode import DecodeError, VideoInfo, decode_frames, load_image, probe_video, require_regular_file
-from .file_records import FileRecords, file_stat, sha256_file
-from .frames import check_frame_rule, frame_step, sample_frame_indices
-from .loader import ResumableDataLoader, build_dataloader
-from .metadata import MetadataError, read_metadata
-from .mm_plugin import MM_PLUGINS, MediaBudget, MediaFeatures, MultimodalPlugin, SampleError, VideoClip
-from .multimodal_collate import MultimodalCollator
-from .precomputed import load_precomputed, save_precomputed
-from .precomputed_dataset import PrecomputedLatentDataset
-from .registry import Registry
-from .sample_check import check_samples
-from .sampler import GlobalOrderSampler
-from .shards import CorruptShardError, ShardReader, read_shard_header, verify_shard, write_shard
-from .synthetic import (
-    caption_vocabulary,
-    frame_index_from_colour,
-    index_colour_rgb,
-    make_synthetic_dataset,
-    write_clip,
-)
-from .video_out import to_video_frames, write_video
+_EXPORTS: dict[str, str] = {
+    # name: submodule that defines it
+    "BadSample": "bad_samples",
+    "BadSampleError": "bad_samples",
+    "BadSampleTracker": "bad_samples",
+    "Bucket": "buckets",
+    "assign_bucket": "buckets",
+    "make_buckets": "buckets",
+    "parse_buckets": "buckets",
+    "same_bucket_order": "buckets",
+    "CacheReport": "cache",
+    "cache_dataset": "cache",
+    "CacheIndex": "cache_index",
+    "INDEX_NAME": "cache_index",
+    "ShardEntry": "cache_index",
+    "shard_layout": "cache_index",
+    "shard_name": "cache_index",
+    "canonical_json": "cache_keys",
+    "content_key": "cache_keys",
+    "tree_digest": "cache_keys",
+    "CACHE_MANIFEST": "cache_store",
+    "FileStore": "cache_store",
+    "ShardedStore": "cache_store",
+    "bad_marker_name": "cache_store",
+    "cache_file_name": "cache_store",
+    "open_cache": "cache_store",
+    "read_cache_manifest": "cache_store",
+    "write_per_file_copy": "cache_store",
+    "CAPTION_KEY": "cached_dataset",
+    "CachedVideoTextDataset": "cached_dataset",
+    "caption_entries": "cached_dataset",
+    "write_caption_tokenizer": "caption_tokenizer",
+    "caption_candidates": "captions",
+    "draw_caption": "captions",
+    "sample_rng": "captions",
+    "ChatTemplate": "chat_template",
+    "EncodedConversation": "chat_template",
+    "IGNORE_INDEX": "chat_template",
+    "TEMPLATES": "chat_template",
+    "register_template": "chat_template",
+    "caption_direction": "clip_checks",
+    "moves_as_captioned": "clip_checks",
+    "psnr": "clip_checks",
+    "shape_centroids": "clip_checks",
+    "clip_info": "clip_info",
+    "clip_info_path": "clip_info",
+    "record_info": "clip_info",
+    "collate_video_text": "collate",
+    "contact_sheet": "contact_sheet",
+    "contact_sheet_size": "contact_sheet",
+    "write_contact_sheet": "contact_sheet",
+    "Conversation": "conversation",
+    "ConversationColumns": "conversation",
+    "ConversationError": "conversation",
+    "Message": "conversation",
+    "to_conversation": "conversation",
+    "ConversationDataset": "conversation_dataset",
+    "VideoTextDataset": "dataset",
+    "load_clip_tensors": "dataset",
+    "to_video_tensor": "dataset",
+    "SampleTimeout": "deadline",
+    "call_with_deadline": "deadline",
+    "DecodeError": "decode",
+    "VideoInfo": "decode",
+    "decode_frames": "decode",
+    "load_image": "decode",
+    "probe_video": "decode",
+    "require_regular_file": "decode",
+    "FileRecords": "file_records",
+    "file_stat": "file_records",
+    "sha256_file": "file_records",
+    "check_frame_rule": "frames",
+    "frame_step": "frames",
+    "sample_frame_indices": "frames",
+    "ResumableDataLoader": "loader",
+    "build_dataloader": "loader",
+    "MetadataError": "metadata",
+    "read_metadata": "metadata",
+    "MM_PLUGINS": "mm_plugin",
+    "MediaBudget": "mm_plugin",
+    "MediaFeatures": "mm_plugin",
+    "MultimodalPlugin": "mm_plugin",
+    "SampleError": "mm_plugin",
+    "VideoClip": "mm_plugin",
+    "MultimodalCollator": "multimodal_collate",
+    "load_precomputed": "precomputed",
+    "save_precomputed": "precomputed",
+    "PrecomputedLatentDataset": "precomputed_dataset",
+    "Registry": "registry",
+    "check_samples": "sample_check",
+    "GlobalOrderSampler": "sampler",
+    "CorruptShardError": "shards",
+    "ShardReader": "shards",
+    "read_shard_header": "shards",
+    "write_shard": "shards",
+    "caption_vocabulary": "synthetic",
+    "frame_index_from_colour": "synthetic",
+    "index_colour_rgb": "synthetic",
+    "make_synthetic_dataset": "synthetic",
+    "write_clip": "synthetic",
+    "to_video_frames": "video_out",
+    "write_video": "video_out",
+    "CacheLock": "cache_lock",
+    "CacheLockedError": "cache_lock",
+    "CacheMismatchError": "cache_made_with",
+    "CaptionError": "caption_folder",
+    "cache_made_with": "cache_made_with",
+    "caption_path": "caption_folder",
+    "check_cache_made_with": "cache_made_with",
+    "clip_digests": "clip_info",
+    "from_rank0": "cache",
+    "read_caption": "caption_folder",
+    "read_caption_folder": "caption_folder",
+    "recipe_differences": "cache_made_with",
+    "verify_shard": "shards",
+    "write_wav": "audio_out",
+}
 
-__all__ = [
-    "CACHE_MANIFEST",
-    "INDEX_NAME",
-    "CacheIndex",
-    "CacheLock",
-    "CacheLockedError",
-    "CacheMismatchError",
-    "CorruptShardError",
-    "FileRecords",
-    "FileStore",
-    "ShardEntry",
-    "ShardReader",
-    "ShardedStore",
-    "canonical_json",
-    "cache_made_with",
-    "check_cache_made_with",
-    "clip_digests",
-    "clip_info",
-    "from_rank0",
-    "clip_info_path",
-    "content_key",
-    "file_stat",
-    "open_cache",
-    "read_shard_header",
-    "recipe_differences",
-    "verify_shard",
-    "record_info",
-    "sha256_file",
-    "shard_layout",
-    "shard_name",
-    "tree_digest",
-    "write_per_file_copy",
-    "write_shard",
-    "CAPTION_KEY",
-    "CachedVideoTextDataset",
-    "CaptionError",
-    "caption_path",
-    "read_caption",
-    "read_caption_folder",
-    "bad_marker_name",
-    "caption_candidates",
-    "caption_entries",
-    "draw_caption",
-    "read_cache_manifest",
-    "sample_rng",
-    "same_bucket_order",
-    "IGNORE_INDEX",
-    "MM_PLUGINS",
-    "TEMPLATES",
-    "BadSample",
-    "BadSampleError",
-    "BadSampleTracker",
-    "Bucket",
-    "CacheReport",
-    "ChatTemplate",
-    "Conversation",
-    "ConversationColumns",
-    "ConversationDataset",
-    "ConversationError",
-    "DecodeError",
-    "EncodedConversation",
-    "GlobalOrderSampler",
-    "MediaBudget",
-    "MediaFeatures",
-    "Message",
-    "MetadataError",
-    "MultimodalCollator",
-    "MultimodalPlugin",
-    "PrecomputedLatentDataset",
-    "Registry",
-    "ResumableDataLoader",
-    "SampleError",
-    "SampleTimeout",
-    "call_with_deadline",
-    "check_samples",
-    "require_regular_file",
-    "VideoClip",
-    "VideoInfo",
-    "VideoTextDataset",
-    "load_clip_tensors",
-    "assign_bucket",
-    "build_dataloader",
-    "cache_dataset",
-    "cache_file_name",
-    "caption_direction",
-    "caption_vocabulary",
-    "check_frame_rule",
-    "collate_video_text",
-    "contact_sheet",
-    "contact_sheet_size",
-    "decode_frames",
-    "frame_index_from_colour",
-    "frame_step",
-    "index_colour_rgb",
-    "load_image",
-    "load_precomputed",
-    "make_buckets",
-    "make_synthetic_dataset",
-    "moves_as_captioned",
-    "parse_buckets",
-    "probe_video",
-    "psnr",
-    "read_metadata",
-    "register_template",
-    "sample_frame_indices",
-    "save_precomputed",
-    "shape_centroids",
-    "to_conversation",
-    "to_video_frames",
-    "to_video_tensor",
-    "write_caption_tokenizer",
-    "write_contact_sheet",
-    "write_clip",
-    "write_video",
-    "write_wav",
-]
+__all__ = sorted([*_EXPORTS])
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -12,12 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
-from .cache import cache_dataset
-from .dataset import VideoTextDataset
-from .file_records import sha256_file
-from .metadata import read_metadata
-from .sample_check import check_samples, default_check_workers
-from .synthetic import make_synthetic_dataset
+
+# The commands import what they use (torch, PyAV): --help and --version answer without them.
 
 __all__ = ["main"]
 
@@ -69,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _dataset_args(p)
     p.add_argument(
-        "--workers", type=int, default=default_check_workers(),
+        "--workers", type=int, default=None,
         help="decoding processes (default: the usable CPUs, at most 8; 0 = this process)",
     )  # fmt: skip
     p.add_argument(
@@ -96,7 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _dataset(args: argparse.Namespace, **extra: Any) -> VideoTextDataset:
+def _dataset(args: argparse.Namespace, **extra: Any) -> Any:
+    from .dataset import VideoTextDataset
+
     kwargs: dict[str, Any] = {**json.loads(args.dataset_kwargs), **extra}
     kwargs.setdefault("frame_offset", "start")
     return VideoTextDataset(
@@ -113,6 +111,8 @@ def _dataset(args: argparse.Namespace, **extra: Any) -> VideoTextDataset:
 
 
 def _make_synthetic(args: argparse.Namespace) -> int:
+    from .synthetic import make_synthetic_dataset
+
     kwargs = {"sizes": args.size, "fps": args.fps, "num_frames": args.num_frames}
     path = make_synthetic_dataset(
         args.out,
@@ -129,6 +129,8 @@ def _make_synthetic(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from .metadata import read_metadata
+
     rows = read_metadata(args.metadata, data_root=args.data_root)
     missing = [r["path"] for r in rows if not os.path.exists(r["path"])]
     sizes = Counter((r.get("height"), r.get("width")) for r in rows)
@@ -141,8 +143,11 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from .sample_check import check_samples, default_check_workers
+
     dataset = _dataset(args, decode_timeout_s=args.decode_timeout_s or None)
-    bad = check_samples(dataset, workers=args.workers)
+    workers = default_check_workers() if args.workers is None else args.workers
+    bad = check_samples(dataset, workers=workers)
     print(f"{len(dataset)} samples, {len(bad)} bad")
     for b in bad:
         print(f"  [{b.index}] {b.path}: {b.reason}")
@@ -150,6 +155,9 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _cache(args: argparse.Namespace) -> int:
+    from .cache import cache_dataset
+    from .file_records import sha256_file
+
     module_name, _, attr = args.encoder.partition(":")
     if not attr:
         raise SystemExit(f"--encoder must look like module:function, got {args.encoder!r}")

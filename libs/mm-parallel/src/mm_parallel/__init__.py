@@ -1,130 +1,90 @@
-"""Devices, ParallelState meshes, declarative FSDP2 plans, and Ulysses / Ring / USP context-parallel attention."""
+"""Devices, ParallelState meshes, declarative FSDP2 plans, and Ulysses / Ring / USP context-parallel attention.
+
+The public names below are imported on first use (PEP 562), so ``import mm_parallel`` and its console
+script's ``--help`` / ``--version`` do not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-# --- devices, meshes, FSDP plans (imports) ---
-from mm_parallel.broadcast import broadcast_tensor_dict
-from mm_parallel.devices import get_device_type, get_dist_backend, get_local_device, init_distributed
-from mm_parallel.explain import FSDPPlanExplanation, explain_fsdp_plan
-from mm_parallel.fsdp_apply import FSDPPlanReport, FSDPUnit, apply_fsdp_plan
-from mm_parallel.fsdp_plan import FSDPPlan, SubPlan, parse_dtype
-from mm_parallel.grad_clip import clip_grad_norm_, total_grad_norm
-from mm_parallel.grad_sync import fsdp_roots, set_gradient_sync
-from mm_parallel.launcher import signal_when_launcher_dies
-from mm_parallel.node_layout import (
-    GROUP_ROLES,
-    NodeLayout,
-    describe_node_layout,
-    mesh_rank_groups,
-    node_crossings,
-    sub_plan_rank_groups,
-)
-from mm_parallel.parallel_state import ParallelState
-from mm_parallel.patterns import (
-    PatternMatchError,
-    match_modules,
-    module_paths,
-    pattern_matches,
-    unmatched_segment,
-)
-from mm_parallel.process_exit import exit_process
-from mm_parallel.timeouts import new_long_wait_group, set_collective_timeout
-from mm_parallel.unit_layout import SKIP_ROOT_WRAP_ATTR, plan_units
+_EXPORTS: dict[str, str] = {
+    # name: submodule that defines it
+    "AttentionBackend": "attention_backends",
+    "attention": "attention_backends",
+    "available_backends": "attention_backends",
+    "get_backend": "attention_backends",
+    "lse_backends": "attention_backends",
+    "register_backend": "attention_backends",
+    "ring_backend_names": "attention_backends",
+    "AttentionChoice": "attention_choice",
+    "resolve_attention_backend": "attention_choice",
+    "use_attention_backend": "attention_choice",
+    "BlockShape": "attention_memory",
+    "block_step_bytes": "attention_memory",
+    "kernel_workspace_bytes": "attention_memory",
+    "broadcast_tensor_dict": "broadcast",
+    "get_device_type": "devices",
+    "get_dist_backend": "devices",
+    "get_local_device": "devices",
+    "init_distributed": "devices",
+    "FSDPPlanExplanation": "explain",
+    "explain_fsdp_plan": "explain",
+    "FSDPPlanReport": "fsdp_apply",
+    "FSDPUnit": "fsdp_apply",
+    "apply_fsdp_plan": "fsdp_apply",
+    "FSDPPlan": "fsdp_plan",
+    "SubPlan": "fsdp_plan",
+    "parse_dtype": "fsdp_plan",
+    "clip_grad_norm_": "grad_clip",
+    "total_grad_norm": "grad_clip",
+    "fsdp_roots": "grad_sync",
+    "set_gradient_sync": "grad_sync",
+    "signal_when_launcher_dies": "launcher",
+    "GROUP_ROLES": "node_layout",
+    "NodeLayout": "node_layout",
+    "describe_node_layout": "node_layout",
+    "mesh_rank_groups": "node_layout",
+    "node_crossings": "node_layout",
+    "sub_plan_rank_groups": "node_layout",
+    "ParallelState": "parallel_state",
+    "PatternMatchError": "patterns",
+    "match_modules": "patterns",
+    "module_paths": "patterns",
+    "pattern_matches": "patterns",
+    "unmatched_segment": "patterns",
+    "exit_process": "process_exit",
+    "ring_attention": "ring",
+    "gather_for_usp": "sequence",
+    "gather_sequence": "sequence",
+    "local_token_indices": "sequence",
+    "padded_length": "sequence",
+    "real_token_counts": "sequence",
+    "split_for_usp": "sequence",
+    "split_sequence": "sequence",
+    "usp_padded_length": "sequence",
+    "SequenceParallelPlan": "sequence_plan",
+    "new_long_wait_group": "timeouts",
+    "set_collective_timeout": "timeouts",
+    "ulysses_attention": "ulysses",
+    "SKIP_ROOT_WRAP_ATTR": "unit_layout",
+    "plan_units": "unit_layout",
+    "usp_attention": "usp",
+}
 
-# isort: split
-# --- context parallel ---
-from mm_parallel.attention_backends import (
-    AttentionBackend,
-    attention,
-    available_backends,
-    get_backend,
-    lse_backends,
-    register_backend,
-    ring_backend_names,
-)
-from mm_parallel.attention_choice import AttentionChoice, resolve_attention_backend, use_attention_backend
-from mm_parallel.attention_memory import BlockShape, block_step_bytes, kernel_workspace_bytes
-from mm_parallel.ring import ring_attention
-from mm_parallel.sequence import (
-    gather_for_usp,
-    gather_sequence,
-    local_token_indices,
-    padded_length,
-    real_token_counts,
-    split_for_usp,
-    split_sequence,
-    usp_padded_length,
-)
-from mm_parallel.sequence_plan import SequenceParallelPlan
-from mm_parallel.ulysses import ulysses_attention
-from mm_parallel.usp import usp_attention
-
-__all__ = [
-    "__version__",
-    "AttentionBackend",
-    "AttentionChoice",
-    "BlockShape",
-    "SequenceParallelPlan",
-    "attention",
-    "available_backends",
-    "block_step_bytes",
-    "kernel_workspace_bytes",
-    "gather_for_usp",
-    "gather_sequence",
-    "get_backend",
-    "local_token_indices",
-    "lse_backends",
-    "padded_length",
-    "real_token_counts",
-    "register_backend",
-    "resolve_attention_backend",
-    "ring_attention",
-    "ring_backend_names",
-    "split_for_usp",
-    "split_sequence",
-    "ulysses_attention",
-    "use_attention_backend",
-    "usp_attention",
-    "usp_padded_length",
-]
-# --- end context parallel ---
+__all__ = sorted([*_EXPORTS, "__version__"])
 
 
-# --- devices, meshes, FSDP plans (exports) ---
-__all__ += [
-    "FSDPPlan",
-    "FSDPPlanExplanation",
-    "FSDPPlanReport",
-    "FSDPUnit",
-    "GROUP_ROLES",
-    "NodeLayout",
-    "ParallelState",
-    "PatternMatchError",
-    "SKIP_ROOT_WRAP_ATTR",
-    "SubPlan",
-    "apply_fsdp_plan",
-    "broadcast_tensor_dict",
-    "clip_grad_norm_",
-    "describe_node_layout",
-    "exit_process",
-    "explain_fsdp_plan",
-    "fsdp_roots",
-    "get_device_type",
-    "get_dist_backend",
-    "get_local_device",
-    "init_distributed",
-    "match_modules",
-    "module_paths",
-    "mesh_rank_groups",
-    "node_crossings",
-    "parse_dtype",
-    "pattern_matches",
-    "unmatched_segment",
-    "plan_units",
-    "new_long_wait_group",
-    "set_collective_timeout",
-    "set_gradient_sync",
-    "signal_when_launcher_dies",
-    "sub_plan_rank_groups",
-    "total_grad_norm",
-]
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

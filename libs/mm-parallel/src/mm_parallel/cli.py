@@ -17,18 +17,20 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from mm_parallel import __version__
-from mm_parallel.explain import explain_fsdp_plan
-from mm_parallel.fsdp_plan import FSDPPlan
+
+if TYPE_CHECKING:  # torch is imported by the command, not by --help / --version
+    from torch import nn
+
+    from mm_parallel.fsdp_plan import FSDPPlan
 
 
 def load_plan_file(path: str | Path) -> FSDPPlan:
     """Read an FSDP plan from JSON/YAML: the plan mapping or a config with ``parallel.fsdp_plan``."""
+    from mm_parallel.fsdp_plan import FSDPPlan
+
     path = Path(path)
     text = path.read_text()
     if path.suffix in (".yaml", ".yml"):
@@ -60,6 +62,10 @@ def explain_command(
     build_model: Callable[[], nn.Module], plan: FSDPPlan, world_size: int, dp_replicate: int = 1
 ) -> str:
     """Build the model on the meta device and return the explanation table."""
+    import torch
+
+    from mm_parallel.explain import explain_fsdp_plan
+
     with torch.device("meta"):
         model = build_model()
     return explain_fsdp_plan(model, plan, world_size, dp_replicate=dp_replicate).table()
@@ -78,6 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     explain.add_argument("--world-size", type=int, required=True)
     explain.add_argument("--dp-replicate", type=int, default=1)
     args = parser.parse_args(argv)
+    from mm_parallel.fsdp_plan import FSDPPlan
+
     plan = load_plan_file(args.plan) if args.plan else FSDPPlan()
     print(explain_command(import_factory(args.model), plan, args.world_size, args.dp_replicate))
     return 0

@@ -1,192 +1,130 @@
 """The model-agnostic FSDP2 trainer: registries, model hubs and containers, features, TrainEngine, resume, metrics.
 
 Its modules live in rooms by concern (``registry``, ``model``, ``checks``, ``data``, ``run``, ``planner``,
-``loop``, ``modes``, ``tools``; the README's "Layout"); every public name is re-exported here."""
+``loop``, ``modes``, ``tools``; the README's "Layout"); every public name is re-exported here.
+
+The names are imported on first use (PEP 562), so ``import mm_trainer`` (and ``mm-train --help``)
+imports no torch; ``from mm_trainer import Trainer`` works as before."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-from mm_trainer.checks.preflight import preflight  # noqa: E402
-from mm_trainer.data.batches import BatchStream, build_batch_stream, build_dataset  # noqa: E402
-from mm_trainer.data.cache_check import check_cache_made_as_configured, register_preprocess_section  # noqa: E402
-from mm_trainer.data.conditions import ConditionStream  # noqa: E402
-from mm_trainer.data.conversation import conversation_dataset  # noqa: E402
-from mm_trainer.data.frozen_encoders import (  # noqa: E402
-    FSDP_AUTO_BYTES,
-    enable_vae_tiling,
-    load_frozen,
-    shard_frozen,
-    use_text_encoder_fsdp,
-    weights_bytes,
-)
-from mm_trainer.data.preprocess import (  # noqa: E402
-    preprocess_ranks,
-    preprocess_recipe,
-    weights_identity,
-    write_latent_cache,
-)
-from mm_trainer.loop.engine import TrainEngine  # noqa: E402
-from mm_trainer.loop.metrics import PEAK_FLOPS, MetricsLogger  # noqa: E402
-from mm_trainer.loop.nonfinite import NonFiniteGuard, NonFiniteLossError, state_is_finite  # noqa: E402
-from mm_trainer.loop.trackers import (  # noqa: E402
-    TensorBoardTracker,
-    Tracker,
-    WandbTracker,
-    check_tracker_packages,
-    open_trackers,
-)
-from mm_trainer.loop.validation import Validator  # noqa: E402
-from mm_trainer.model.base_model import BaseModel, init_module_weights, load_module_weights  # noqa: E402
-from mm_trainer.model.container import ModelContainer, ModelContainerHub, freeze  # noqa: E402
-from mm_trainer.model.ema import ParameterEMA  # noqa: E402
-from mm_trainer.model.features import FeaturesReport, apply_features, feature_plans, plan_features  # noqa: E402
-from mm_trainer.model.fsdp_plan import fsdp_plan_from_config  # noqa: E402
-from mm_trainer.model.hf_export import export_hf_model  # noqa: E402
-from mm_trainer.model.hf_model import HFModel, TransformersKeyRenaming, hf_model_class  # noqa: E402
-from mm_trainer.model.hub import ModelHub  # noqa: E402
-from mm_trainer.model.lora import LoraAdapters, LoraTargets, inject_lora  # noqa: E402
-from mm_trainer.model.recompute_policy import SAVED_OPS, selective_recompute_contexts  # noqa: E402
-from mm_trainer.model.regional_compile import check_compile  # noqa: E402
-from mm_trainer.model.registered_names import registered_names  # noqa: E402
-from mm_trainer.model.sampled_clip import SampledClip, as_sampled_clip  # noqa: E402
-from mm_trainer.modes.phases import Phase, PhaseSchedulers, build_phases  # noqa: E402
-from mm_trainer.registry.plugins import import_plugins  # noqa: E402
-from mm_trainer.registry.registries import (  # noqa: E402
-    DATA_REGISTRY,
-    MODEL_REGISTRY,
-    Registry,
-    RegistryError,
-    data_register,
-    model_register,
-)
-from mm_trainer.run.directory import (  # noqa: E402
-    RunDirectory,
-    RunDirectoryError,
-    RunStart,
-    holds_a_run,
-    open_run_directory,
-)
-from mm_trainer.run.lock import RunLock, RunLockedError  # noqa: E402
-from mm_trainer.run.resume_settings import (  # noqa: E402
-    ResumeSettingsError,
-    check_resume,
-    compare_settings,
-    keep_configured_hyperparameters,
-    refuse_dropped_tensors,
-)
-from mm_trainer.run.saved_config import (  # noqa: E402
-    load_offline_config,
-    load_run_config,
-    preprocess_section,
-    weight_sources,
-)
-from mm_trainer.run.stop_signals import StopSignals  # noqa: E402
-from mm_trainer.tools.autoencoder_fit import (  # noqa: E402
-    FIT_REPORT,
-    AutoencoderFit,
-    fit_autoencoder,
-    fit_or_reuse_autoencoder,
-    fit_report,
-    fit_summary,
-    latent_statistics,
-    posterior_means,
-    reconstruct,
-    save_fitted,
-)
-from mm_trainer.trainer import Trainer  # noqa: E402
+_EXPORTS: dict[str, str] = {
+    # name: module that defines it
+    "preflight": "mm_trainer.checks.preflight",
+    "BatchStream": "mm_trainer.data.batches",
+    "build_batch_stream": "mm_trainer.data.batches",
+    "build_dataset": "mm_trainer.data.batches",
+    "ConditionStream": "mm_trainer.data.conditions",
+    "conversation_dataset": "mm_trainer.data.conversation",
+    "FSDP_AUTO_BYTES": "mm_trainer.data.frozen_encoders",
+    "enable_vae_tiling": "mm_trainer.data.frozen_encoders",
+    "load_frozen": "mm_trainer.data.frozen_encoders",
+    "shard_frozen": "mm_trainer.data.frozen_encoders",
+    "use_text_encoder_fsdp": "mm_trainer.data.frozen_encoders",
+    "weights_bytes": "mm_trainer.data.frozen_encoders",
+    "preprocess_ranks": "mm_trainer.data.preprocess",
+    "weights_identity": "mm_trainer.data.preprocess",
+    "write_latent_cache": "mm_trainer.data.preprocess",
+    "TrainEngine": "mm_trainer.loop.engine",
+    "MetricsLogger": "mm_trainer.loop.metrics",
+    "PEAK_FLOPS": "mm_trainer.loop.metrics",
+    "NonFiniteGuard": "mm_trainer.loop.nonfinite",
+    "NonFiniteLossError": "mm_trainer.loop.nonfinite",
+    "state_is_finite": "mm_trainer.loop.nonfinite",
+    "Validator": "mm_trainer.loop.validation",
+    "BaseModel": "mm_trainer.model.base_model",
+    "init_module_weights": "mm_trainer.model.base_model",
+    "load_module_weights": "mm_trainer.model.base_model",
+    "ModelContainer": "mm_trainer.model.container",
+    "ModelContainerHub": "mm_trainer.model.container",
+    "freeze": "mm_trainer.model.container",
+    "ParameterEMA": "mm_trainer.model.ema",
+    "FeaturesReport": "mm_trainer.model.features",
+    "apply_features": "mm_trainer.model.features",
+    "feature_plans": "mm_trainer.model.features",
+    "plan_features": "mm_trainer.model.features",
+    "fsdp_plan_from_config": "mm_trainer.model.fsdp_plan",
+    "export_hf_model": "mm_trainer.model.hf_export",
+    "HFModel": "mm_trainer.model.hf_model",
+    "TransformersKeyRenaming": "mm_trainer.model.hf_model",
+    "hf_model_class": "mm_trainer.model.hf_model",
+    "ModelHub": "mm_trainer.model.hub",
+    "LoraAdapters": "mm_trainer.model.lora",
+    "LoraTargets": "mm_trainer.model.lora",
+    "inject_lora": "mm_trainer.model.lora",
+    "SAVED_OPS": "mm_trainer.model.recompute_policy",
+    "selective_recompute_contexts": "mm_trainer.model.recompute_policy",
+    "check_compile": "mm_trainer.model.regional_compile",
+    "registered_names": "mm_trainer.model.registered_names",
+    "Phase": "mm_trainer.modes.phases",
+    "PhaseSchedulers": "mm_trainer.modes.phases",
+    "build_phases": "mm_trainer.modes.phases",
+    "import_plugins": "mm_trainer.registry.plugins",
+    "DATA_REGISTRY": "mm_trainer.registry.registries",
+    "MODEL_REGISTRY": "mm_trainer.registry.registries",
+    "Registry": "mm_trainer.registry.registries",
+    "RegistryError": "mm_trainer.registry.registries",
+    "data_register": "mm_trainer.registry.registries",
+    "model_register": "mm_trainer.registry.registries",
+    "RunDirectory": "mm_trainer.run.directory",
+    "RunDirectoryError": "mm_trainer.run.directory",
+    "RunStart": "mm_trainer.run.directory",
+    "holds_a_run": "mm_trainer.run.directory",
+    "open_run_directory": "mm_trainer.run.directory",
+    "RunLock": "mm_trainer.run.lock",
+    "RunLockedError": "mm_trainer.run.lock",
+    "ResumeSettingsError": "mm_trainer.run.resume_settings",
+    "check_resume": "mm_trainer.run.resume_settings",
+    "compare_settings": "mm_trainer.run.resume_settings",
+    "keep_configured_hyperparameters": "mm_trainer.run.resume_settings",
+    "refuse_dropped_tensors": "mm_trainer.run.resume_settings",
+    "load_offline_config": "mm_trainer.run.saved_config",
+    "load_run_config": "mm_trainer.run.saved_config",
+    "preprocess_section": "mm_trainer.run.saved_config",
+    "weight_sources": "mm_trainer.run.saved_config",
+    "StopSignals": "mm_trainer.run.stop_signals",
+    "UsageError": "mm_trainer.run.user_errors",
+    "register_user_error": "mm_trainer.run.user_errors",
+    "AutoencoderFit": "mm_trainer.tools.autoencoder_fit",
+    "FIT_REPORT": "mm_trainer.tools.autoencoder_fit",
+    "fit_autoencoder": "mm_trainer.tools.autoencoder_fit",
+    "fit_or_reuse_autoencoder": "mm_trainer.tools.autoencoder_fit",
+    "fit_report": "mm_trainer.tools.autoencoder_fit",
+    "fit_summary": "mm_trainer.tools.autoencoder_fit",
+    "latent_statistics": "mm_trainer.tools.autoencoder_fit",
+    "posterior_means": "mm_trainer.tools.autoencoder_fit",
+    "reconstruct": "mm_trainer.tools.autoencoder_fit",
+    "save_fitted": "mm_trainer.tools.autoencoder_fit",
+    "PhaseLog": "mm_trainer.tools.progress",
+    "Progress": "mm_trainer.tools.progress",
+    "Trainer": "mm_trainer.trainer",
+    "SampledClip": "mm_trainer.model.sampled_clip",
+    "TensorBoardTracker": "mm_trainer.loop.trackers",
+    "Tracker": "mm_trainer.loop.trackers",
+    "WandbTracker": "mm_trainer.loop.trackers",
+    "as_sampled_clip": "mm_trainer.model.sampled_clip",
+    "check_cache_made_as_configured": "mm_trainer.data.cache_check",
+    "check_tracker_packages": "mm_trainer.loop.trackers",
+    "open_trackers": "mm_trainer.loop.trackers",
+    "preprocess_recipe": "mm_trainer.data.preprocess",
+    "register_preprocess_section": "mm_trainer.data.cache_check",
+}
 
-__all__ = [
-    "SAVED_OPS",
-    "DATA_REGISTRY",
-    "MODEL_REGISTRY",
-    "FIT_REPORT",
-    "PEAK_FLOPS",
-    "AutoencoderFit",
-    "BaseModel",
-    "BatchStream",
-    "ConditionStream",
-    "FeaturesReport",
-    "HFModel",
-    "LoraAdapters",
-    "LoraTargets",
-    "MetricsLogger",
-    "SampledClip",
-    "TensorBoardTracker",
-    "Tracker",
-    "WandbTracker",
-    "as_sampled_clip",
-    "check_tracker_packages",
-    "open_trackers",
-    "ModelContainer",
-    "ModelContainerHub",
-    "ModelHub",
-    "NonFiniteGuard",
-    "NonFiniteLossError",
-    "ParameterEMA",
-    "Phase",
-    "PhaseSchedulers",
-    "build_phases",
-    "Registry",
-    "RegistryError",
-    "RunDirectory",
-    "RunDirectoryError",
-    "ResumeSettingsError",
-    "RunLock",
-    "RunLockedError",
-    "RunStart",
-    "StopSignals",
-    "TrainEngine",
-    "TransformersKeyRenaming",
-    "Trainer",
-    "Validator",
-    "apply_features",
-    "check_compile",
-    "check_resume",
-    "compare_settings",
-    "holds_a_run",
-    "keep_configured_hyperparameters",
-    "refuse_dropped_tensors",
-    "state_is_finite",
-    "weight_sources",
-    "feature_plans",
-    "plan_features",
-    "selective_recompute_contexts",
-    "build_batch_stream",
-    "build_dataset",
-    "conversation_dataset",
-    "export_hf_model",
-    "data_register",
-    "fit_autoencoder",
-    "fit_or_reuse_autoencoder",
-    "fit_report",
-    "fit_summary",
-    "freeze",
-    "hf_model_class",
-    "fsdp_plan_from_config",
-    "import_plugins",
-    "inject_lora",
-    "init_module_weights",
-    "latent_statistics",
-    "load_module_weights",
-    "load_offline_config",
-    "load_run_config",
-    "preprocess_section",
-    "FSDP_AUTO_BYTES",
-    "enable_vae_tiling",
-    "load_frozen",
-    "preprocess_ranks",
-    "preprocess_recipe",
-    "check_cache_made_as_configured",
-    "register_preprocess_section",
-    "shard_frozen",
-    "use_text_encoder_fsdp",
-    "weights_bytes",
-    "weights_identity",
-    "write_latent_cache",
-    "model_register",
-    "open_run_directory",
-    "preflight",
-    "registered_names",
-    "posterior_means",
-    "reconstruct",
-    "save_fitted",
-]
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -13,20 +13,32 @@ mm-train plot runs/my_run/ckpt [--out curves.png]   # loss, lr, grad norm, valid
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn
 
-from mm_config import install_warning_filters, load_config
+# Nothing here imports torch: --help, --version and a refused config answer in about a second
+# (benchmarks/cli_start.py). The trainer, the planner and the plugins are imported once they are needed.
+from mm_config import ConfigError, install_warning_filters, load_config
 
 from mm_trainer import __version__
 from mm_trainer.planner.device_specs import DEFAULT_DEVICE, DEVICES
 from mm_trainer.planner.inputs import check_nodes, check_world, plan_device
-from mm_trainer.registry.plugins import import_plugins
 from mm_trainer.run.exit_codes import EXIT_FAILED, EXIT_FINISHED, EXIT_INCOMPLETE
+from mm_trainer.run.user_errors import (
+    ProcessPlace,
+    UserErrorClass,
+    prints_here,
+    rank_prefix,
+    traceback_wanted,
+    user_error_class,
+    user_error_message,
+)
 
 EMA_HELP = (
     "write the EMA of the trained weights (a run with training.ema) instead of their last values; with "
@@ -78,7 +90,8 @@ def build_parser(
     parser.add_argument(
         "--no-plan",
         action="store_true",
-        help="--dry-run: leave out the full estimate (its one-step trace takes about a minute at real size)",
+        help="--dry-run: leave out the full estimate (its trace of one step takes minutes at real size: "
+        "3 for Wan A14B, 7 for LTX-2 at 8 ranks on 2 busy CPU cores; it shows its progress on stderr)",
     )
     parser.add_argument(
         "--device",
@@ -135,20 +148,21 @@ def main(
     prog: str = "mm-train",
     version: str | None = None,
     commands: Mapping[str, str] | None = None,
-    plugins: Sequence[str] = (),
+    plugin: str | None = None,
 ) -> int:
     """Validate the config, then train (or ``--dry-run``); returns the exit code. Rank 0 prints where
-    the run's directory, checkpoints and metrics are when it starts and when it ends. Apps pass the
-    modules that register their pieces as ``plugins``: imported once the command line is checked
-    (a bad ``plan`` argument is refused before the app's imports), before the config is read."""
+    the run's directory, checkpoints and metrics are when it starts and when it ends.
+
+    An app passes its ``plugin`` module, imported once the arguments parsed and the config validated
+    (its schema comes from its torch-free ``mm_config.schemas`` entry point). A refused config raises
+    :class:`~mm_config.ConfigError`, which :func:`run` reports with exit code 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["plan"]:
+    if argv[:1] == ["plan"]:  # the plugin is imported once the planner's inputs are checked
         from mm_trainer.planner.cli import main as plan_main
 
-        return plan_main(argv[1:], prog=f"{prog} plan", plugins=plugins)
-    if argv[:1] in (["check-layouts"], ["plot"]):
-        import_plugins(plugins)
+        return plan_main(argv[1:], prog=f"{prog} plan", plugins=() if plugin is None else (plugin,))
     if argv[:1] == ["check-layouts"]:
+        _import_plugin(plugin)
         from mm_trainer.checks.layouts import main as check_layouts_main
 
         return check_layouts_main(argv[1:])
@@ -163,7 +177,6 @@ def main(
     except ValueError as err:  # a dry run's world size or device that the planner refuses
         print(f"{prog}: {err}", file=sys.stderr)
         return 2
-    import_plugins(plugins)
     try:  # the full check (the Trainer repeats it); a dry run needs no weights or data on disk
         config = load_config(
             args.config,
@@ -172,15 +185,21 @@ def main(
             check_paths=not args.dry_run,
             ranks_per_node=per_node,
         )
-    except ValueError as err:  # a ConfigError report, or ranks per node that do not divide the world
-        print(err, file=sys.stderr)
-        return 2
+    except ConfigError:
+        raise  # reported by run(), on rank 0 alone, exit 2
+    except ValueError as err:  # ranks per node that do not divide the world
+        parser.error(str(err))
+    _import_plugin(plugin)
     if args.dry_run:
         from mm_trainer.planner.dry_run import dry_run
+        from mm_trainer.tools.progress import PhaseLog
 
         try:
             device = None if args.no_plan else args.device
-            print(dry_run(config, world_size=world, ranks_per_node=per_node, device=device))
+            progress = PhaseLog("dry run")  # its trace takes minutes at real size: phases, units, time left
+            print(
+                dry_run(config, world_size=world, ranks_per_node=per_node, device=device, progress=progress)
+            )
         except ValueError as err:  # an unknown --device, or what the build refuses
             print(f"{prog}: {err}", file=sys.stderr)
             return 2
@@ -205,6 +224,14 @@ def main(
     return EXIT_FINISHED if iteration >= config.training.train_iters else EXIT_INCOMPLETE
 
 
+def _import_plugin(plugin: str | None) -> None:
+    """Import an app's plugin module (its registrations), where one is given."""
+    if plugin is not None:
+        from mm_trainer.registry.plugins import import_plugins
+
+        import_plugins([plugin])
+
+
 def _rank0_printer(prog: str, rank: int) -> Callable[[list[str]], None]:
     def say(lines: list[str]) -> None:
         if rank == 0:
@@ -213,16 +240,21 @@ def _rank0_printer(prog: str, rank: int) -> Callable[[list[str]], None]:
     return say
 
 
-def run(entry: Callable[[], int] = main) -> NoReturn:
+def run(entry: Callable[[], int] = main, *, prog: str = "mm-train") -> NoReturn:
     """Process entry point (console script, ``python -m``): ``entry()`` (default :func:`main`), then
     :func:`mm_parallel.exit_process` with its code, so that no communication thread outlives the
-    interpreter. Apps pass their own ``main``.
+    interpreter. Apps pass their own ``main`` and ``prog``.
 
     Under torchrun the process asks for SIGTERM when its launcher dies (a stop, as any SIGTERM:
-    :mod:`mm_trainer.run.stop_signals`). An exception ends this rank at once, with code 1 (130 for
-    Ctrl-C outside the training loop), after printing it with its rank: no ``close()``, no
+    :mod:`mm_trainer.run.stop_signals`). An exception ends this rank at once: no ``close()``, no
     collective, no waiting for the other ranks. torchrun then stops them; under another launcher
     they fail in their next collective, at the latest after ``training.collective_timeout_s``.
+
+    - A user error (:mod:`mm_trainer.run.user_errors`: a refused config, a held lock, a missing
+      file, a missing package, Ctrl-C outside the training loop) prints ``PROG: error: MESSAGE``
+      once (from rank 0 where every rank has it) and exits with its class's code (2, 66, 69, 73,
+      130); ``MM_TRAIN_TRACEBACK=1`` adds the traceback.
+    - Any other exception is a bug: printed with its traceback and its rank, code 1.
 
     The project's warning allowlist is installed first (:func:`mm_config.install_warning_filters`).
     """
@@ -236,11 +268,43 @@ def run(entry: Callable[[], int] = main) -> NoReturn:
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: BLE001 - any failure ends this rank, reported
-        _report_failure(exc)
-        code = 130 if isinstance(exc, KeyboardInterrupt) else EXIT_FAILED
+        code = _report(exc, prog)
+    if "torch" not in sys.modules:  # no process group, no communication thread: a plain exit
+        sys.exit(code)
     from mm_parallel import exit_process
 
     exit_process(code)
+
+
+def _report(exc: BaseException, prog: str) -> int:
+    """Print ``exc`` (inside its ``except``) as a user error or as a bug; its exit code."""
+    kind = user_error_class(exc)
+    if kind is not None and not traceback_wanted():
+        _report_user_error(exc, kind, prog)
+        return kind.exit_code
+    _report_failure(exc)
+    return kind.exit_code if kind is not None else EXIT_FAILED
+
+
+def _report_user_error(exc: BaseException, kind: UserErrorClass, prog: str) -> None:
+    """``PROG: error: MESSAGE`` on stderr from the rank that should say it (``[rank N]`` in front
+    where it is not the same on every rank), and in torchrun's error file on every failing rank, so
+    that its summary shows the message instead of a traceback."""
+    place = ProcessPlace.current()
+    message = user_error_message(exc, kind, prog)
+    if prints_here(exc, kind, place):
+        prefix = rank_prefix(exc, kind, place)
+        sys.stderr.write("".join(f"{prefix}{line}\n" for line in message.splitlines()))
+        sys.stderr.flush()
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        try:
+            with open(error_file, "w") as out:
+                # torchrun's summary shows py_callstack: the message, not a traceback
+                extra = {"py_callstack": message, "timestamp": str(int(time.time()))}
+                json.dump({"message": {"message": f"{type(exc).__name__}: {exc}", "extraInfo": extra}}, out)
+        except OSError as err:
+            sys.stderr.write(f"[rank {place.rank}] (torchrun's error file not written: {err})\n")
 
 
 def _report_failure(exc: BaseException) -> None:
@@ -261,10 +325,7 @@ def _report_failure(exc: BaseException) -> None:
 
 
 def _rank() -> str:
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return str(dist.get_rank())
-    return os.environ.get("RANK", "0")
+    return str(ProcessPlace.current().rank)
 
 
 if __name__ == "__main__":

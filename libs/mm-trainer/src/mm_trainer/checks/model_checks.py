@@ -10,6 +10,7 @@ from mm_config import Problem, prune_problems
 from mm_trainer.checks.hf_config import hf_model_problems
 from mm_trainer.checks.plan_patterns import plan_pattern_problems
 from mm_trainer.checks.sub_models import sub_model_problems
+from mm_trainer.model import registered_names as _registered_names  # noqa: F401 - tells mm-config the ids
 
 __all__ = ["model_checks"]
 

@@ -7,6 +7,8 @@ import os
 
 from mm_config import TrainConfig, recheck_config
 
+from mm_trainer.model import registered_names as _registered_names  # noqa: F401 - tells mm-config the ids
+
 logger = logging.getLogger("mm_trainer")
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from mm_data import PrecomputedLatentDataset, VideoTextDataset, build_dataloader, collate_video_text
 
+from mm_trainer.data import conversation as _conversation  # noqa: F401 - registers the "conversation" dataset
 from mm_trainer.registry.registries import DATA_REGISTRY, data_register
 
 

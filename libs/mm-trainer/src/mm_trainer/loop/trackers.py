@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from mm_config import MissingDependencyError
 
 from mm_trainer.run.summary import tensorboard_enabled
 
@@ -63,14 +64,14 @@ def _installed(name: str) -> bool:
 
 def check_tracker_packages(training: Any) -> None:
     """Before a run builds anything: the packages its trackers need (``training.tensorboard: true``,
-    ``training.wandb``) are installed, else an ImportError naming the extra (nothing is imported here)."""
+    ``training.wandb``) are installed, else a :class:`~mm_config.MissingDependencyError` naming the extra (a user error: exit 69) (nothing is imported here)."""
     if training.tensorboard and not _installed("tensorboard"):
-        raise ImportError(
+        raise MissingDependencyError(
             "training.tensorboard is on but the tensorboard package is not installed: pip install "
             "'mm-trainer[tensorboard]', or set training.tensorboard: false"
         )
     if getattr(training, "wandb", None) is not None and not _installed("wandb"):
-        raise ImportError(
+        raise MissingDependencyError(
             "training.wandb is set but the wandb package is not installed: pip install 'mm-trainer[wandb]', "
             "or remove training.wandb"
         )
@@ -81,7 +82,7 @@ def _summary_writer_class(setting: bool | None) -> type:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as exc:
-        raise ImportError(
+        raise MissingDependencyError(
             f"training.tensorboard is {'on' if setting else 'unset (on when installed)'} but "
             f"torch.utils.tensorboard cannot import tensorboard ({exc}): pip install "
             "'mm-trainer[tensorboard]', or set training.tensorboard: false"
@@ -120,7 +121,7 @@ def _import_wandb() -> Any:
     try:
         import wandb
     except ImportError as exc:
-        raise ImportError(
+        raise MissingDependencyError(
             f"training.wandb is set but wandb cannot be imported ({exc}): pip install 'mm-trainer[wandb]', "
             "or remove training.wandb"
         ) from exc
@@ -189,7 +190,7 @@ def open_trackers(
     config: Mapping[str, Any] | None = None,
 ) -> list[Tracker]:
     """The trackers a run asks for: TensorBoard (``tensorboard``: True, or None with the package installed)
-    and W&B (``wandb``: the ``training.wandb`` section, or None). A missing package raises ImportError
+    and W&B (``wandb``: the ``training.wandb`` section, or None). A missing package raises MissingDependencyError
     naming its extra before anything is opened."""
     writer = _summary_writer_class(tensorboard) if tensorboard_enabled(tensorboard) else None
     if wandb is not None:

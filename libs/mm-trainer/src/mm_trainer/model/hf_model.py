@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 from mm_checkpoint import KeyMapError, KeyPlan, LoadReport, register_weight_transform
-from mm_config import HFModelConfig
+from mm_config import HFModelConfig, MissingDependencyError
 from mm_parallel import pattern_matches
 from torch import nn
 
@@ -37,11 +37,12 @@ __all__ = ["HFModel", "TransformersKeyRenaming", "hf_class", "hf_model_class", "
 
 
 def import_transformers(needed_by: str) -> Any:
-    """The ``transformers`` module, or an ImportError saying what needs it and which extra installs it."""
+    """The ``transformers`` module, or a :class:`~mm_config.MissingDependencyError` saying what needs
+    it and which extra installs it."""
     try:
         import transformers
     except ImportError as exc:  # optional for the trainer: mm-trainer[transformers]
-        raise ImportError(
+        raise MissingDependencyError(
             f"{needed_by} needs transformers, which is not installed (pip install 'mm-trainer[transformers]')"
         ) from exc
     return transformers

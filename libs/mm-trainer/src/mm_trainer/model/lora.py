@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 from mm_checkpoint.module_state import assign_local, local_index
+from mm_config import MissingDependencyError
 from mm_parallel import match_modules
 from torch import nn
 
@@ -66,11 +67,12 @@ class LoraTargets:
 
 
 def require_peft(where: str) -> Any:
-    """The ``peft`` module, or an ImportError naming the config key and the extra that installs it."""
+    """The ``peft`` module, or a :class:`~mm_config.MissingDependencyError` naming the config key and
+    the extra that installs it."""
     try:
         import peft
     except ImportError as exc:
-        raise ImportError(
+        raise MissingDependencyError(
             f"{where}: LoRA is trained through peft, which is not installed; "
             "install it with `pip install 'mm-trainer[lora]'` (or `pip install peft`)"
         ) from exc

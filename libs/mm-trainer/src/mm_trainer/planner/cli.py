@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from mm_trainer.planner.layouts import CONFIGURED
 from mm_trainer.planner.report import DEFAULT_MARGIN, render, summarize
 from mm_trainer.planner.trace import TracedRun, trace_run
 from mm_trainer.registry.plugins import import_plugins
+from mm_trainer.tools.progress import PhaseLog
 
 EXIT_BAD_INPUT = 2
 
@@ -117,7 +117,7 @@ def main(
             args.config, args.overrides, world_size=world, check_paths=False, ranks_per_node=per_node
         )
         run = trace_run(
-            config, world_size=world, device=device, ranks_per_node=per_node, progress=_progress()
+            config, world_size=world, device=device, ranks_per_node=per_node, progress=PhaseLog("plan")
         )
     except (ConfigError, ValueError, NotImplementedError, PlanningError, FileNotFoundError) as err:
         print(f"{prog}: {err}" if not isinstance(err, ConfigError) else err, file=sys.stderr)
@@ -172,7 +172,7 @@ def _search(args: argparse.Namespace, world: int, per_node: int, device: DeviceS
     from mm_trainer.planner.search import render_search, search_layouts
 
     result = search_layouts(args.config, args.overrides, world=world, ranks_per_node=per_node, device=device,
-                            margin=args.margin, progress=_progress())  # fmt: skip
+                            margin=args.margin, progress=PhaseLog("plan --search"))  # fmt: skip
     command = (
         f"torchrun --nnodes {world // per_node} --nproc-per-node {per_node} -m <app> --config {args.config}"
     )
@@ -180,15 +180,6 @@ def _search(args: argparse.Namespace, world: int, per_node: int, device: DeviceS
     print(render_search(result, top=args.top, command=command))
     return 0
 
-
-def _progress() -> Any:
-    started = time.perf_counter()
-
-    def say(line: str) -> None:
-        first = line.splitlines()[0]
-        print(f"[plan {time.perf_counter() - started:5.0f} s] {first[:160]}", file=sys.stderr, flush=True)
-
-    return say
 
 
 if __name__ == "__main__":

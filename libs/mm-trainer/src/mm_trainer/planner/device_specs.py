@@ -12,8 +12,11 @@ communicator buffers): an estimate, not a vendor figure. Links are per device an
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-import torch
+HALF_PRECISION = ("torch.bfloat16", "torch.float16")
+"""The dtypes whose matrix work runs at the tensor-core peak (named: this table imports no torch, so
+that ``mm-train --help`` lists the devices without it)."""
 
 
 @dataclass(frozen=True)
@@ -46,9 +49,9 @@ class DeviceSpec:
     device_names: tuple[str, ...] = ()
     """Substrings of ``torch.cuda.get_device_name()`` / ``torch.npu.get_device_name()`` that identify it."""
 
-    def peak_flops(self, dtype: torch.dtype) -> float:
-        """Peak FLOP/s for matrix work in ``dtype`` (half precision: the tensor-core peak)."""
-        tflops = self.bf16_tflops if dtype in (torch.bfloat16, torch.float16) else self.fp32_tflops
+    def peak_flops(self, dtype: Any) -> float:
+        """Peak FLOP/s for matrix work in ``dtype`` (a ``torch.dtype``; half precision: the tensor-core peak)."""
+        tflops = self.bf16_tflops if str(dtype) in HALF_PRECISION else self.fp32_tflops
         return tflops * 1e12
 
     @property

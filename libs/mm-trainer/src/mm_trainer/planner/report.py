@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from mm_trainer.planner import checkpoint_staging as _checkpoint_staging  # noqa: F401 - registers its host line
 from mm_trainer.planner.categories import (
     DEVICE_CATEGORIES,
     HOST_CATEGORIES,

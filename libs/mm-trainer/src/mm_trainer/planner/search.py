@@ -30,6 +30,7 @@ from mm_trainer.planner.inputs import check_world
 from mm_trainer.planner.layouts import layout_view
 from mm_trainer.planner.report import DEFAULT_MARGIN, PlanSummary, gib, summarize
 from mm_trainer.planner.trace import trace_run
+from mm_trainer.tools.progress import clock
 
 RECOMPUTE = ("full", "selective", "none")  # least memory first
 
@@ -170,8 +171,8 @@ def search_layouts(
     by_key: dict[tuple, list[Candidate]] = {}
     for candidate in candidates:
         by_key.setdefault(candidate.layout.key, []).append(candidate)
-    traces = 0
-    for key in _trace_order(by_key):
+    traces, order = 0, _trace_order(by_key)
+    for key in order:
         group = by_key[key]
         blocker = _blocker(key, by_key)
         if blocker is not None:
@@ -181,7 +182,8 @@ def search_layouts(
                 )
             continue
         progress(
-            f"trace {traces + 1}: ulysses {key[0]} x ring {key[1]}, recompute {key[2]}, micro-batch {key[3]}"
+            f"trace {traces + 1} of at most {len(order)} (elapsed {clock(time.perf_counter() - started)}): "
+            f"ulysses {key[0]} x ring {key[1]}, recompute {key[2]}, micro-batch {key[3]}"
         )
         traces += 1
         try:

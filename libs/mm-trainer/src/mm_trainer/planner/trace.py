@@ -37,6 +37,7 @@ import torch
 from mm_config import TrainConfig
 from mm_parallel import clip_grad_norm_, set_gradient_sync, use_attention_backend
 from mm_pipelines import SampleRNG
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_map_only
 
@@ -54,8 +55,11 @@ from mm_trainer.planner.inputs import check_world
 from mm_trainer.planner.layouts import CONFIGURED, ParamShard, layout_view, param_shards
 from mm_trainer.planner.tracker import ModuleStats, PlanTracker, View, ViewPeak
 from mm_trainer.registry.plugins import import_plugins
+from mm_trainer.tools.progress import Progress as UnitProgress
+from mm_trainer.tools.progress import clock
 
 Progress = Callable[[str], None]
+"""Announces a phase; a :class:`~mm_trainer.tools.progress.PhaseLog` also counts a phase's FSDP units."""
 CPU = torch.device("cpu")
 
 
@@ -144,6 +148,8 @@ def trace_run(
             progress(f"tracing one step at world size {world_size} ({len(sharded.fsdp.units)} FSDP units)")
             with tracker:
                 flops = _step(model, shards, optimizer, ema, config, tracker, progress)
+            tracker.on_unit = None
+    progress(f"step traced ({clock(time.perf_counter() - started)} since the build started)")
     notes = [f"compile not traced: {line}" for line in sharded.features.lines() if line.startswith("compile")]
     return TracedRun(
         config=config, world_size=world_size, device=device, ranks_per_node=per_node,
@@ -239,23 +245,45 @@ def _micro_steps(
         batch = model.planning_batch(config.data, training.micro_batch_size)
         rng = SampleRNG(seed=training.seed, step=0, sample_ids=batch.pop("sample_ids"), device=CPU)
         set_gradient_sync(model, micro == accum - 1)
+        forward_units = _fsdp_units(model, trainable=False)
         if config.features.condition_micro_steps > 1:
             tracker.part = "condition encoding"
             progress(
                 f"{label}: encoding conditions ({config.features.condition_micro_steps} micro-steps ahead)"
             )
-            conditions, held = _encode_ahead(model, batch, config)
+            with _units(tracker, progress, f"{label}: encoding conditions", None) as encoded:
+                conditions, held = _encode_ahead(model, batch, config)
+            forward_units -= encoded.done  # the encoders' units ran here, not in the forward below
             batch = {"conditions": conditions}
         tracker.part = label
         progress(f"{label}: forward")
-        output = model(**batch, rng=rng, **({} if phase is None else {"phase": phase}))
+        with _units(tracker, progress, f"{label}: forward", forward_units):
+            output = model(**batch, rng=rng, **({} if phase is None else {"phase": phase}))
         progress(f"{label}: backward")
-        (output.loss / accum).backward()
+        with _units(tracker, progress, f"{label}: backward", _fsdp_units(model, trainable=True)):
+            (output.loss / accum).backward()
         flops = (getattr(output, "metrics", None) or {}).get("flops", flops)
         del output, batch
         if config.features.condition_micro_steps > 1:
             del conditions, held
     return flops
+
+
+def _fsdp_units(model: torch.nn.Module, *, trainable: bool) -> int:
+    """The FSDP units of ``model`` (``trainable``: those with a trainable parameter: backward runs them)."""
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if trainable:
+        units = [m for m in units if any(p.requires_grad for p in m.parameters())]
+    return len(units)
+
+
+def _units(tracker: PlanTracker, progress: Progress, label: str, total: int | None) -> UnitProgress:
+    """The progress of ``label`` counted in FSDP units (each unit's end of forward / backward); silent
+    unless ``progress`` counts (a :class:`~mm_trainer.tools.progress.PhaseLog`)."""
+    count = getattr(progress, "count", None)
+    units = count(label, total, "FSDP units") if count else UnitProgress(label, total, "", enabled=False)
+    tracker.on_unit = units.advance
+    return units
 
 
 def _encode_ahead(model: Any, batch: dict, config: TrainConfig) -> tuple[dict, list[dict]]:

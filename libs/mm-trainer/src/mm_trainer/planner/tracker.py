@@ -25,7 +25,7 @@ of its own.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,6 +140,8 @@ class PlanTracker(FSDPMemTracker):
         self.kept_gathered = 0
         """Bytes of gathered units a ``reshard_after_forward: false`` layout would still hold now."""
         self._kept_units: dict[int, int] = {}
+        self.on_unit: Callable[[], None] | None = None
+        """Called as each FSDP unit ends its forward (outside backward) or its backward: progress."""
         for name, param in model.named_parameters():
             self._count_module_param(name, param)
 
@@ -324,6 +326,8 @@ class PlanTracker(FSDPMemTracker):
             if keep and id(fsdp_mod) not in self._kept_units:
                 self._kept_units[id(fsdp_mod)] = gathered
                 self.kept_gathered += gathered
+            if self.on_unit is not None and not self._mod_tracker.is_bw:
+                self.on_unit()
             return out
 
         return post_forward
@@ -340,6 +344,8 @@ class PlanTracker(FSDPMemTracker):
                 for grad in (kept, fsdp_param._unsharded_param.grad):
                     if grad is not None:
                         self._update_and_maybe_create_winfos(grad, Tag.UNSHARDED_GRAD)
+            if self.on_unit is not None:
+                self.on_unit()
             return out
 
         return post_backward

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from mm_checkpoint import checkpoint_info
+from mm_checkpoint.errors import CheckpointNotFoundError
 from mm_config import DataConfig, TrainConfig, load_config
 
 RUN_CONFIG_NAME = "config.yaml"
@@ -36,9 +37,8 @@ def weight_sources(model: Any) -> dict[str, str]:
 
 def load_offline_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> TrainConfig:
     """A user's training config for a tool that runs outside training (e.g. an encoder cache's
-    preprocess, sharded by ``RANK`` alone): validated as one process, whatever its parallel layout."""
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"no config at {path}")
+    preprocess, sharded by ``RANK`` alone): validated as one process, whatever its parallel layout.
+    A missing file is a :class:`~mm_config.ConfigError`, as every other config problem."""
     return load_config(path, [*overrides, *OFFLINE_LAYOUT], world_size=1)
 
 
@@ -52,7 +52,7 @@ def load_run_config(checkpoint_root: str | os.PathLike, overrides: Sequence[str]
     root = Path(checkpoint_root)
     path = root / RUN_CONFIG_NAME
     if not path.is_file():
-        raise FileNotFoundError(
+        raise CheckpointNotFoundError(
             f"{path} not found: a training run writes its resolved config next to its checkpoints"
         )
     return load_config(path, list(overrides), world_size=int(checkpoint_info(root)["world_size"]))

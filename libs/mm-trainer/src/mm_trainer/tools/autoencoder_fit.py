@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from mm_data import psnr
 
+from mm_trainer.tools.progress import Progress
+
 __all__ = [
     "FIT_REPORT",
     "AutoencoderFit",
@@ -66,12 +68,15 @@ def fit_autoencoder(
     batch_size: int = 2,
     seed: int = 0,
     l1_weight: float = 1.0,
+    progress: str | None = None,
 ) -> AutoencoderFit:
     """Train ``model`` (in place, left in eval mode) to reconstruct ``samples`` ``[N, ...]``; ``steps=0``
     leaves it as it is.
 
     Deterministic for a seed on one device: mini-batch indices come from a generator seeded with
     ``seed``; the caller seeds the model's initialisation. The loss is ``MSE + l1_weight * L1``.
+    ``progress``: a label under which the steps show (:class:`~mm_trainer.tools.progress.Progress`:
+    a bar on a terminal, else a line every 10 s); None: silent.
     """
     if steps < 0:
         raise ValueError(f"fit_autoencoder: steps must be >= 0, got {steps}")
@@ -83,6 +88,7 @@ def fit_autoencoder(
     model.train()
     start = time.monotonic()
     loss = torch.tensor(float("nan"))
+    bar = Progress(progress or "", steps, "steps", enabled=progress is not None)
     for _ in range(steps):
         index = torch.randint(0, samples.shape[0], (min(batch_size, samples.shape[0]),), generator=generator)
         batch = samples[index]
@@ -92,6 +98,8 @@ def fit_autoencoder(
         loss.backward()
         optimizer.step()
         schedule.step()
+        bar.advance()
+    bar.close()
     model.eval()
     return AutoencoderFit(steps=steps, seconds=time.monotonic() - start, final_loss=float(loss.detach()))
 
@@ -159,6 +167,7 @@ def fit_or_reuse_autoencoder(
     seed: int,
     set_statistics: Callable[[Any, list[float], list[float]], None],
     fit_samples: torch.Tensor | None = None,
+    progress: str | None = "fitting the tiny VAE",
     **fit: Any,
 ) -> dict[str, Any]:
     """Fit ``build()`` to reconstruct ``samples`` (``[N, 3, ...]`` in ``[-1, 1]``) and save it into
@@ -170,7 +179,8 @@ def fit_or_reuse_autoencoder(
     The model is built after ``torch.manual_seed(seed)`` and fitted (:func:`fit_autoencoder`, keywords
     ``fit``) on ``fit_samples`` (default ``samples``; e.g. single frames of the clips) on one thread;
     ``set_statistics(model, mean, std)`` then records the per-channel :func:`latent_statistics` of the
-    samples' posterior means where the model keeps them (config or buffers).
+    samples' posterior means where the model keeps them (config or buffers). ``progress`` labels the
+    fit's progress (None: silent; not part of the reuse key).
     """
     folder = Path(folder)
     key = _fit_key(
@@ -185,7 +195,8 @@ def fit_or_reuse_autoencoder(
     torch.set_num_threads(1)  # ops this small gain nothing from more; on a busy machine they lose a lot
     try:
         done = fit_autoencoder(
-            model, samples if fit_samples is None else fit_samples, steps=steps, seed=seed, **fit
+            model, samples if fit_samples is None else fit_samples, steps=steps, seed=seed, progress=progress,
+            **fit,
         )
     finally:
         torch.set_num_threads(threads)

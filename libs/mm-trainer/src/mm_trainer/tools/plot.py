@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mm_config import MissingDependencyError
+
 METRICS_FILE = "metrics.jsonl"
 PANELS = (
     ("loss", "loss"),
@@ -118,7 +120,7 @@ def _figure(rows: int) -> Any:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as err:
-        raise ImportError(
+        raise MissingDependencyError(
             "mm-train plot draws with matplotlib, which is not installed: pip install 'mm-trainer[plot]'"
         ) from err
     figure = Figure(figsize=(9, 2.4 * rows + 0.6), layout="constrained")
