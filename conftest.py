@@ -318,7 +318,6 @@ LONGEST_FILES = (
     "apps/wan22-train/tests/test_wan_two_nodes_e2e.py",
     "apps/ltx2-train/tests/test_ltx2_train_e2e.py",
     "apps/wan22-train/tests/test_wan_demo_e2e.py",
-    "apps/wan22-train/tests/test_wan_distill_quality.py",
     "apps/wan22-train/tests/test_wan_distill_e2e.py",
 )
 

@@ -241,14 +241,6 @@ def official_layout() -> SimpleNamespace:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="session")
-def distill_setting() -> dict:
-    """:mod:`wan22_train.distill_toy`'s clips, captions and fitted teacher (once per test process)."""
-    from wan22_train.distill_toy import fit_teacher
-
-    return fit_teacher()
-
-
 @pytest.fixture
 def one_thread():
     """Distillation on one thread (:func:`wan22_train.distill_toy.one_thread`)."""

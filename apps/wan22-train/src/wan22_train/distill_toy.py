@@ -1,5 +1,6 @@
 """A tiny setting where few-step sampling blends and distillation can be measured (benchmarks/
-wan_distill_quality.py, tests/test_wan_distill_quality.py, tests/test_wan_distill_one_step.py).
+wan_distill_quality.py), and a smaller one without a fitted teacher for the tests
+(tests/test_wan_distill_quality.py, tests/test_wan_distill_one_step.py).
 
 Pre-encoded latents, no VAE; PSNR in latent space (values +-0.8, peak-to-peak 2): two captions, each
 covering two different clips of 4 x 1 x 4 x 4 latents (differing in one 2 x 2 block of one channel:
@@ -9,6 +10,20 @@ velocity ``(x_t - E[x0 | x_t, caption]) / sigma``, so a good teacher takes a min
 The check (:func:`passes`), over 16 seeds per caption: every sample is >= 25 dB from one of its
 caption's clips and >= 3 dB closer to it than to the average of those clips (sharp, not a blend), and
 both clips of each caption appear (no collapse).
+
+The exact setting (:func:`exact_setting`, the tests): no fitting. The clips' differing block is at +-0.5
+(``EXACT_AMPLITUDE``: the clips 18 dB apart, their average 24 dB from each) and each clip is the mean of a
+Gaussian of std ``SPREAD`` per value; the teacher is that mixture's exact velocity
+(:class:`ExactVelocity`). Without the spread an exact teacher passes at 4 steps: its last step, from
+sigma 0.003, snaps to the nearer clip, where a network (or the spread) keeps the blend it reached; at
++-0.8 its 4 steps blend on 6% of fresh noises but none of the check's 32. The student and the critic
+(:class:`TiltedVelocity`) are the teacher with a small network whose output layer starts at zero (both
+equal the teacher exactly at the start, as DMD2 initialises them): per noise level and caption, it sets
+the temperature and a per-clip bias of the posterior over the caption's clips (how sharply, and towards
+which clip, a clean estimate commits). The tests so check the direction in which distillation drives a
+student (sharper, with both clips kept), not how steep a network gets in a given number of steps, which
+the benchmark measures. The check is the same; the recipes ``EXACT_FOUR_STEP`` and ``EXACT_ONE_STEP``
+take seconds on one thread.
 """
 
 from __future__ import annotations
@@ -17,12 +32,13 @@ import copy
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from mm_pipelines import DistributionMatchingDistillation, FlowMatchScheduler, SampleRNG
 from mm_trainer import ParameterEMA
+from torch import nn
 
 from wan22_train.container import Wan22Container
 from wan22_train.model import WanDiT, WanDiTConfig
@@ -46,6 +62,11 @@ FIT_STEPS, FIT_LR, FIT_BATCH = 6000, 3e-3, 32
 GENERATOR_LR, CRITIC_LR, BATCH = 3e-4, 1e-3, 64
 # the check: a sample this close to a clip, and this much closer than to the blend
 SHARP_DB, LEAD_DB = 25.0, 3.0
+# the exact setting: the differing block at +-0.5 (the clips 18 dB apart, their average 24 dB from each: a blend
+# fails both criteria), each clip the mean of a Gaussian of this std per value (its samples ~40 dB from it)
+EXACT_AMPLITUDE, SPREAD = 0.5, 0.02
+# the exact setting's student and critic: 149 parameters each, trained at this rate (both phases)
+EXACT_LR = 1e-2
 
 
 @dataclass(frozen=True)
@@ -70,6 +91,11 @@ FOUR_STEP = Recipe()
 ONE_STEP = Recipe(
     student_steps=1, student_sigma_max=0.3, dm_range=(0.5, 0.995), generator_every=2, steps=12000
 )
+# The exact setting's recipes (the tests): the same schedules, distribution-matching ranges and cadence,
+# a few hundred steps and an EMA of decay 0.99 (about the last 100 steps; at 0.999 the average would still
+# be mostly the teacher)
+EXACT_FOUR_STEP = replace(FOUR_STEP, steps=400, ema_decay=0.99)
+EXACT_ONE_STEP = replace(ONE_STEP, steps=800, ema_decay=0.99)
 
 
 def data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,6 +123,100 @@ def ideal_velocity(
     logits = (-dist / (2 * sigma[:, None] ** 2)).masked_fill(OWNER[None] != caption[:, None], -math.inf)
     x0 = torch.einsum("bk,k...->b...", logits.softmax(1), clips)
     return (x_t - x0) / sigma.view(view)
+
+
+def exact_data() -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`data` with each caption's differing block values at +-``EXACT_AMPLITUDE`` (were +-0.8)."""
+    clips, captions = data()
+    differ = (clips[0::2] != clips[1::2]).repeat_interleave(2, 0)
+    return torch.where(differ, clips * (EXACT_AMPLITUDE / 0.8), clips), captions
+
+
+def mixture_velocity(
+    clips: torch.Tensor, x_t: torch.Tensor, sigma: torch.Tensor, caption: torch.Tensor, spread: float,
+    tilt: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """``(x_t - E[x0 | x_t, caption]) / sigma`` for clean clips drawn as ``clips[k] + spread * N(0, I)``,
+    ``k`` uniform over the caption's clips: the exact flow-match velocity of that mixture. ``tilt``
+    (a log temperature ``[B]`` and a logit bias ``[B, clips]``) reshapes the posterior over the clips:
+    ``logits / temperature + bias``."""
+    s = sigma.view(-1, 1, 1, 1, 1, 1)
+    variance = (1 - s) ** 2 * spread**2 + s**2  # of x_t per value, given the clip
+    offset = x_t[:, None] - (1 - s) * clips[None]
+    logits = -offset.pow(2).flatten(2).sum(2) / (2 * variance.view(-1, 1))
+    if tilt is not None:
+        log_temperature, bias = tilt
+        logits = logits * torch.exp(-log_temperature)[:, None] + bias
+    logits = logits.masked_fill(OWNER[None] != caption[:, None], -math.inf)
+    x0 = torch.einsum(
+        "bk,bk...->b...", logits.softmax(1), clips[None] + (1 - s) * spread**2 / variance * offset
+    )
+    return (x_t - x0) / sigma.view(-1, 1, 1, 1, 1)
+
+
+class ExactVelocity(nn.Module):
+    """The exact setting's teacher: :func:`mixture_velocity` with WanDiT's forward signature
+    ``(hidden_states, timestep, encoder_hidden_states)``: sigma is ``timestep / 1000`` and the caption the
+    one whose embedding ``encoder_hidden_states`` is."""
+
+    def __init__(self, clips: torch.Tensor, captions: torch.Tensor, spread: float = SPREAD) -> None:
+        super().__init__()
+        self.spread = spread
+        self.register_buffer("clips", clips.clone(), persistent=False)
+        self.register_buffer("captions", captions.clone(), persistent=False)
+
+    def caption(self, encoder_hidden_states: torch.Tensor) -> torch.Tensor:
+        """The index of the caption of each embedding ``[B, tokens, width]``."""
+        distance = (encoder_hidden_states.float()[:, None] - self.captions[None]).pow(2).flatten(2).sum(2)
+        return distance.argmin(1)
+
+    def forward(
+        self, hidden_states: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor,
+        tilt: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        sigma = timestep.float() / 1000
+        caption = self.caption(encoder_hidden_states)
+        return mixture_velocity(self.clips, hidden_states.float(), sigma, caption, self.spread, tilt)
+
+
+class TiltedVelocity(nn.Module):
+    """The exact setting's student and critic: ``exact``'s velocity with its posterior over the caption's
+    clips tilted by a small network (``tilt``: from the log sigma and the caption, 16 wide, a log
+    temperature and a logit bias per clip), so that a clean estimate can commit more or less sharply to
+    a clip, and lean to one clip (as far as every noise to one: a collapse). Its output layer starts at
+    zero: at the start it is ``exact``, bit for bit."""
+
+    def __init__(self, exact: ExactVelocity) -> None:
+        super().__init__()
+        self.exact = exact
+        clips, captions = exact.clips.shape[0], exact.captions.shape[0]
+        self.tilt = nn.Sequential(nn.Linear(1 + captions, 16), nn.SiLU(), nn.Linear(16, 1 + clips))
+        nn.init.zeros_(self.tilt[-1].weight)
+        nn.init.zeros_(self.tilt[-1].bias)
+
+    def forward(
+        self, hidden_states: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor
+    ) -> torch.Tensor:
+        sigma = timestep.float() / 1000
+        caption = self.exact.caption(encoder_hidden_states)
+        one_hot = nn.functional.one_hot(caption, self.exact.captions.shape[0]).float()
+        tilt = self.tilt(torch.cat([sigma.log()[:, None], one_hot], 1))
+        return self.exact(hidden_states, timestep, encoder_hidden_states, tilt=(tilt[:, 0], tilt[:, 1:]))
+
+
+def exact_setting() -> dict[str, Any]:
+    """The exact setting: clips, captions, the teacher (:class:`ExactVelocity`), the start of the student
+    and the critic (:class:`TiltedVelocity`, its network initialised from seed 0), the clips' ``spread``
+    (:func:`distil` draws its batches' latents from the mixture) and the learning rates."""
+    clips, captions = exact_data()
+    teacher = ExactVelocity(clips, captions).requires_grad_(False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        start = TiltedVelocity(teacher)
+    return {
+        "clips": clips, "captions": captions, "teacher": teacher, "student": start, "spread": SPREAD,
+        "lr": {"generator": EXACT_LR, "critic": EXACT_LR},
+    }  # fmt: skip
 
 
 @contextmanager
@@ -146,15 +266,16 @@ def _fit_teacher() -> dict[str, Any]:
 def distillation(
     setting: dict, generator_loss: str = "distribution_matching", recipe: Recipe = FOUR_STEP
 ) -> tuple[Wan22Container, DistributionMatchingDistillation]:
-    """A container with the teacher, a student and a critic (both copies of the teacher) and its DMD2 pipeline
-    for ``recipe``'s student schedule and distribution-matching range."""
+    """A container with the teacher, a student and a critic (both copies of the teacher, or of the setting's
+    ``student`` where it has one) and its DMD2 pipeline for ``recipe``'s student schedule and
+    distribution-matching range."""
     teacher = setting["teacher"]
     dmd = DistributionMatchingDistillation(
         Wan22Pipeline.from_options({"shift": SHIFT}), student_steps=recipe.student_steps,
         student_shift=STUDENT_SHIFT, student_sigma_max=recipe.student_sigma_max, dm_range=recipe.dm_range,
         generator_loss=generator_loss,
     )  # fmt: skip
-    student, critic = (copy.deepcopy(teacher).requires_grad_(True) for _ in range(2))
+    student, critic = (copy.deepcopy(setting.get("student", teacher)).requires_grad_(True) for _ in range(2))
     models = {"predictor": student, "teacher": teacher, "critic": critic}
     return Wan22Container(models, trainable=("predictor", "critic"), pipeline=dmd), dmd
 
@@ -172,18 +293,24 @@ def distil(
     student's EMA updated after every step as ``training.ema`` does. Returns the container with the
     averaged student in place of the last one. ``after_step(steps done, averaged, pipeline)`` runs after
     each step, ``averaged()`` building that container for the average so far (the benchmark's look at
-    intermediate students)."""
+    intermediate students). A setting with a ``spread`` draws each step's latents from its mixture (keyed
+    by the step), and one with ``lr`` sets the phases' learning rates (default ``GENERATOR_LR``,
+    ``CRITIC_LR``)."""
     container, dmd = distillation(setting, generator_loss, recipe)
+    lr = setting.get("lr", {"generator": GENERATOR_LR, "critic": CRITIC_LR})
     optimizers = {
-        "critic": torch.optim.AdamW(container.critic.parameters(), lr=CRITIC_LR, betas=(0.0, 0.999), weight_decay=0),
-        "generator": torch.optim.AdamW(container.predictor.parameters(), lr=GENERATOR_LR, betas=(0.0, 0.999), weight_decay=0),
+        "critic": torch.optim.AdamW(container.critic.parameters(), lr=lr["critic"], betas=(0.0, 0.999), weight_decay=0),
+        "generator": torch.optim.AdamW(container.predictor.parameters(), lr=lr["generator"], betas=(0.0, 0.999), weight_decay=0),
     }  # fmt: skip
     average = ParameterEMA(container.predictor, decay=recipe.ema_decay)
     clips, captions = setting["clips"], setting["captions"]
     index = torch.arange(BATCH) % 4
     batch = {"latents": clips[index], "prompt_embeds": captions[OWNER[index]]}
+    spread = setting.get("spread", 0.0)
     for step in range(recipe.steps):
         rng = SampleRNG(seed=seed, step=step, sample_ids=list(range(step * BATCH, (step + 1) * BATCH)))
+        if spread:
+            batch["latents"] = clips[index] + spread * rng.randn("toy_data", SHAPE)
         generator_due = step % recipe.generator_every == 0
         if generator_loss == "flow_matching":
             due = ["generator"] * generator_due  # the same generator updates, without a critic to train
@@ -239,7 +366,9 @@ def fresh_check(
     sharp, both = [], []
     for caption in range(2):
         noise = torch.randn(1024, *SHAPE, generator=torch.Generator().manual_seed(1000 + caption))
-        best, lead, which = _judge(setting, _draw(setting, container, dmd, role, steps, noise, caption), caption)
+        best, lead, which = _judge(
+            setting, _draw(setting, container, dmd, role, steps, noise, caption), caption
+        )
         sharp.append(_sharp(best, lead).view(64, 16))
         which = which.view(64, 16)
         both.append((which == 0).any(1) & (which == 1).any(1))
@@ -281,6 +410,7 @@ def passes(result: dict) -> bool:
 
 
 __all__ = [
-    "FOUR_STEP", "ONE_STEP", "Recipe", "averaged", "data", "distil", "distillation", "fit_teacher", "fresh_check", "ideal_velocity",
+    "EXACT_FOUR_STEP", "EXACT_ONE_STEP", "FOUR_STEP", "ONE_STEP", "ExactVelocity", "Recipe", "TiltedVelocity", "averaged", "data",
+    "distil", "distillation", "exact_data", "exact_setting", "fit_teacher", "fresh_check", "ideal_velocity", "mixture_velocity",
     "one_thread", "passes", "psnr", "quality",
 ]  # fmt: skip
