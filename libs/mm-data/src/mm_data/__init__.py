@@ -24,7 +24,14 @@ from .chat_template import IGNORE_INDEX, TEMPLATES, ChatTemplate, EncodedConvers
 from .clip_checks import caption_direction, moves_as_captioned, psnr, shape_centroids
 from .clip_info import clip_info, clip_info_path, record_info
 from .collate import collate_video_text
-from .contact_sheet import contact_sheet, contact_sheet_size, write_contact_sheet
+from .contact_sheet import (
+    LossCurve,
+    contact_sheet,
+    contact_sheet_size,
+    loss_plot_area,
+    smooth_losses,
+    write_contact_sheet,
+)
 from .conversation import Conversation, ConversationColumns, ConversationError, Message, to_conversation
 from .conversation_dataset import ConversationDataset
 from .dataset import VideoTextDataset, load_clip_tensors, to_video_tensor
@@ -100,6 +107,7 @@ __all__ = [
     "DecodeError",
     "EncodedConversation",
     "GlobalOrderSampler",
+    "LossCurve",
     "MediaBudget",
     "MediaFeatures",
     "Message",
@@ -128,6 +136,7 @@ __all__ = [
     "collate_video_text",
     "contact_sheet",
     "contact_sheet_size",
+    "loss_plot_area",
     "decode_frames",
     "frame_index_from_colour",
     "frame_step",
@@ -145,6 +154,7 @@ __all__ = [
     "sample_frame_indices",
     "save_precomputed",
     "shape_centroids",
+    "smooth_losses",
     "to_conversation",
     "to_video_frames",
     "to_video_tensor",
