@@ -376,6 +376,24 @@ def readme_shell_lines(readme: str) -> list[str]:
     return lines
 
 
+README_WORKDIR = r"run every command of this README from (the repository root|`([^`]+)`)"
+"""How a README names the directory its shell lines run from (case and line breaks aside)."""
+
+
+def readme_workdir(readme: str) -> Any:
+    """The directory ``readme``'s shell lines run from, as the README names it once ("Run every command
+    of this README from the repository root", or "... from `apps/x`": relative to the root)."""
+    import re
+
+    text = " ".join((REPO_ROOT / readme).read_text().split())
+    named = re.findall(README_WORKDIR, text, flags=re.IGNORECASE)
+    assert len(named) == 1, (
+        f"{readme} names the directory its commands run from {len(named)} times, expected once: "
+        "'Run every command of this README from the repository root' (or from `a/folder`)"
+    )
+    return REPO_ROOT / named[0][1] if named[0][1] else REPO_ROOT
+
+
 def readme_command(
     readme: str, line: str, *, paths: dict[str, Any] | None = None, extra: tuple[str, ...] = ()
 ) -> list[str]:
@@ -407,8 +425,11 @@ def launched_module(argv: list[str]) -> tuple[str, int, list[str]]:
 
 @pytest.fixture(scope="session")
 def readme() -> Any:
-    """``readme.command(readme, line, paths=, extra=)``, ``readme.lines(readme)``, ``readme.launched(argv)``:
-    README shell commands for the tests that run them (test files cannot import conftest)."""
+    """``readme.command(readme, line, paths=, extra=)``, ``readme.lines(readme)``, ``readme.launched(argv)``,
+    ``readme.workdir(readme)``: README shell commands for the tests that run them (test files cannot
+    import conftest)."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(command=readme_command, lines=readme_shell_lines, launched=launched_module)
+    return SimpleNamespace(
+        command=readme_command, lines=readme_shell_lines, launched=launched_module, workdir=readme_workdir
+    )

@@ -1,6 +1,6 @@
 """`hatch run lint`'s checks: the tree passes them (so the test suite, which CI runs, runs them too),
-and the dependency check (deptry, per member) and architecture check (import-linter contracts in
-pyproject.toml) each fail on a planted violation. Violations are planted in temporary copies, never
+and the formatting check (ruff format), the dependency check (deptry, per member) and architecture
+check (import-linter contracts in pyproject.toml) each fail on a planted violation. Violations are planted in temporary copies, never
 in the tree."""
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ def test_every_member_package_is_under_the_architecture_contracts():
 
 @pytest.mark.slow
 def test_the_tree_passes_every_check_of_hatch_run_lint():
-    """`hatch run lint` without its `sync` step: ruff, deptry per member, import-linter."""
+    """`hatch run lint` without its `sync` step: ruff's rules and formatting, deptry per member,
+    import-linter."""
     steps = [SCRIPTS.get(step, step) for step in SCRIPTS["lint"] if step != "sync"]
+    assert FORMAT_CHECK in steps
     assert any("deptry" in step for step in steps) and any("lint-imports" in step for step in steps)
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     for step in steps:
@@ -38,6 +40,30 @@ def test_the_tree_passes_every_check_of_hatch_run_lint():
             ["bash", "-c", step], capture_output=True, text=True, timeout=600, check=False, cwd=REPO, env=env
         )
         assert done.returncode == 0, f"{step}:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+
+
+FORMAT_CHECK = "ruff format --check ."
+UNFORMATTED = "def planted( a,b ):\n    return {'a':a,\n      'b':b}\n"
+
+
+def _format_check(tree: Path) -> subprocess.CompletedProcess:
+    """`hatch run lint`'s formatting step, run in ``tree`` (which holds a copy of the root pyproject.toml)."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run(["bash", "-c", FORMAT_CHECK], capture_output=True, text=True, timeout=120,
+                          check=False, cwd=tree, env=env)  # fmt: skip
+
+
+def test_the_lint_formatting_step_fails_on_an_unformatted_file_and_passes_once_formatted(tmp_path: Path):
+    assert FORMAT_CHECK in SCRIPTS["lint"]
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")  # the tree's ruff settings
+    planted = tmp_path / "libs" / "planted.py"
+    planted.parent.mkdir()
+    planted.write_text(UNFORMATTED)
+    done = _format_check(tmp_path)
+    assert done.returncode == 1 and "libs/planted.py" in done.stdout + done.stderr, done.stdout + done.stderr
+    subprocess.run([BIN / "ruff", "format", planted], check=True, capture_output=True, cwd=tmp_path)
+    assert planted.read_text() == 'def planted(a, b):\n    return {"a": a, "b": b}\n'
+    assert _format_check(tmp_path).returncode == 0
 
 
 def _copy_member(member: Path, dst: Path) -> Path:

@@ -6,11 +6,14 @@ A fresh install costs minutes on a small machine, so one venv grows in stages, e
 the next is installed: mm-config alone (no torch); then mm-checkpoint with torch at the tested
 version (no diffusers / transformers / trainer): its `mm-ckpt` converts a tiny diffusers Wan
 transformer to the native layout with the shipped `wan2_2` table and back, and its README example
-runs; then wan22-train with everything it needs.
+runs; then wan22-train with everything it needs, by the Wan README's install line (its plot extra
+included). From there the Wan README's lines run as a user types them: make-tiny, and its LoRA training
+(peft comes with wan22-train: it depends on mm-trainer[lora]), shortened to 2 steps on 1 process.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -29,13 +32,24 @@ MEMBERS = sorted([*REPO.glob("libs/*/pyproject.toml"), *REPO.glob("apps/*/pyproj
 TORCH = "torch==2.13.0"  # the tested version; pip takes the machine's local CPU wheel
 CONFIG_EXAMPLE = REPO / "apps" / "wan22-train" / "configs" / "t2v_a14b_high.yaml"
 NOT_WITH_MM_CHECKPOINT = ("diffusers", "transformers", "safetensors", "mm_trainer", "wan22_train")
+WAN_README = "apps/wan22-train/README.md"
+WAN_INSTALL = 'pip install --find-links dist wan22-train "mm-trainer[plot]"'
+WAN_MAKE_TINY = "wan22-train make-tiny runs/tiny"
+WAN_LORA = "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_t2v_lora.yaml"
+WAN_PLOT = "wan22-train plot runs/tiny/ckpt"
 
 # The staged installs run in the first test's setup: ~4 min of CPU on 2 idle cores, more when shared.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
-def _run(*cmd: object, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
-    done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, check=False, **kwargs)
+def _run(
+    *cmd: object, check: bool = True, env: dict[str, str] | None = None, **kwargs
+) -> subprocess.CompletedProcess:
+    # without PYTHONPATH: a venv sees what was installed into it, not the sources a dev shell puts first
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [str(c) for c in cmd], capture_output=True, text=True, check=False, env=env, **kwargs
+    )
     if check:
         assert done.returncode == 0, f"{cmd} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     return done
@@ -93,7 +107,7 @@ def _tiny_diffusers_wan(out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def installed(wheels: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+def installed(wheels: Path, tmp_path_factory: pytest.TempPathFactory, readme) -> Installed:
     work = tmp_path_factory.mktemp("members")
     _run(sys.executable, "-m", "venv", work / "venv")  # no --system-site-packages: nothing leaks in
     bin_dir = work / "venv" / "bin"
@@ -127,12 +141,15 @@ def installed(wheels: Path, tmp_path_factory: pytest.TempPathFactory) -> Install
     ckpt = [bin_dir / "mm-ckpt", "convert", "--model-type", "wan2_2"]
     _run(*ckpt, wan_dir, work / "dcp", "--to", "dcp")
     _run(*ckpt, work / "dcp", work / "back", "--to", "diffusers")
-    readme = REPO / "libs" / "mm-checkpoint" / "README.md"
-    code = re.findall(r"```python\n(.*?)```", readme.read_text(), re.S)[0]
+    ckpt_readme = REPO / "libs" / "mm-checkpoint" / "README.md"
+    code = re.findall(r"```python\n(.*?)```", ckpt_readme.read_text(), re.S)[0]
     (work / "example.py").write_text(code.replace("/tmp/demo", str(work / "demo")))
     example = _run(bin_dir / "python", work / "example.py", cwd=work, check=False)
 
-    _run(*pip, TORCH, "wan22-train")
+    # the Wan README's install line; torch first, as it says (here the machine's local CPU wheel)
+    install = readme.command(WAN_README, WAN_INSTALL, paths={"dist": wheels})
+    assert install[:4] == ["pip", "install", "--find-links", str(wheels)]
+    _run(*pip, TORCH, *install[4:])
     return Installed(
         config_probe, config_check, present, wan_dir, work / "dcp", work / "back", example, bin_dir
     )
@@ -176,10 +193,40 @@ def test_wan22_train_installed_from_the_wheels_reports_its_version(installed: In
     assert out == f"wan22-train {_version(REPO / 'apps' / 'wan22-train')}"
 
 
-def test_wan22_train_installed_from_the_wheels_makes_a_tiny_model_set(installed: Installed, tmp_path: Path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    _run(installed.bin / "wan22-train", "make-tiny", tmp_path / "tiny", "--vae-fit-steps", "0", env=env)
+@pytest.fixture(scope="module")
+def wan_session(installed: Installed, tmp_path_factory: pytest.TempPathFactory, readme) -> Path:
+    """A working directory (as the repository root is for the Wan README) after the README's make-tiny,
+    run by the installed ``wan22-train`` (without the VAE fit, as the README's tests shorten it)."""
+    cwd = tmp_path_factory.mktemp("wan_session")
+    argv = readme.command(WAN_README, WAN_MAKE_TINY, extra=("--vae-fit-steps", "0"))
+    _run(installed.bin / argv[0], *argv[1:], cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return cwd
+
+
+def test_wan22_train_installed_from_the_wheels_makes_a_tiny_model_set(wan_session: Path):
+    tiny = wan_session / "runs" / "tiny"
     for part in ("transformer", "vae", "text_encoder", "tokenizer"):
-        assert (tmp_path / "tiny" / part).is_dir(), part
-    assert (tmp_path / "tiny" / "data" / "metadata.json").is_file()
-    assert any((tmp_path / "tiny" / "data").rglob("*.mp4"))
+        assert (tiny / part).is_dir(), part
+    assert (tiny / "data" / "metadata.json").is_file()
+    assert any((tiny / "data").rglob("*.mp4"))
+
+
+def test_the_wan_readmes_lora_line_trains_and_plots_after_its_install_line(
+    installed: Installed, wan_session: Path, readme
+):
+    # Installed as the README says, peft (mm-trainer[lora]) came with wan22-train: before, the LoRA line
+    # failed for want of it. 1 process (the README's 2 cost a second interpreter), 2 steps.
+    configs = {"apps/wan22-train/configs": REPO / "apps" / "wan22-train" / "configs"}
+    module, _, args = readme.launched(readme.command(WAN_README, WAN_LORA, paths=configs))
+    shortened = ("training.train_iters=2", "parallel.ulysses_parallel_size=1")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    _run(installed.bin / "python", "-m", module, *args, *shortened, cwd=wan_session, env=env)
+    ckpt = wan_session / "runs" / "tiny_lora" / "ckpt"
+    rows = [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    saved = DcpReader(ckpt / "iter_0000002").keys()  # the model's keys: the adapters only
+    assert saved and all(".lora_A." in k or ".lora_B." in k for k in saved), saved[:5]
+    # the README's plot line, on this run: matplotlib came with the install line's mm-trainer[plot]
+    plot = readme.command(WAN_README, WAN_PLOT, paths={"runs/tiny/ckpt": ckpt})
+    _run(installed.bin / plot[0], *plot[1:], cwd=wan_session, env=env)
+    assert (ckpt / "metrics.png").stat().st_size > 0

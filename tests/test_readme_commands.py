@@ -15,25 +15,34 @@ Each line of the READMEs' ```bash blocks (``conftest.readme_shell_lines``) has o
 
 A README line without an entry, or an entry without its line, fails: a README command cannot change or
 appear without a test deciding how it is checked.
+
+Each README names the directory its lines run from ("Run every command of this README from the
+repository root": ``readme.workdir``); the ``RUN`` lines run there, its ``hatch run`` lines need
+``hatch.toml`` there, the files its lines name exist there, and the ``runs/...`` folders its tiny configs
+read are those its ``make-tiny`` lines write.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import shlex
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import tomllib
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-ROOT, WAN, LTX2, QWEN = (
+ROOT, WAN, LTX2, QWEN = READMES = (
     "README.md",
     "apps/wan22-train/README.md",
     "apps/ltx2-train/README.md",
     "apps/qwen-vl-train/README.md",
 )
+PLACEHOLDER_FILES = {"my_run.yaml", "X.yaml"}  # the user's own config, named as such in the READMEs
+READ_FILES = (".yaml", ".sh", ".sbatch")  # arguments that name a file of the checkout a line reads
 A14B_HIGH = REPO / "apps" / "wan22-train" / "configs" / "t2v_a14b_high.yaml"
 
 
@@ -60,7 +69,6 @@ def excused(reason: str) -> How:
 
 PACKAGING = excused("installs packages: tests/test_packaging.py runs hatch.toml's wheels script and "
                     "pip install --find-links dist <member> in a fresh virtual environment")  # fmt: skip
-WAN_CONFIGS = (("configs", "apps/wan22-train/configs"),)
 
 COMMANDS: dict[tuple[str, str], How] = {
     (ROOT, "pip install hatch && hatch run demo"): excused(
@@ -79,12 +87,11 @@ COMMANDS: dict[tuple[str, str], How] = {
     (ROOT, "torchrun --nproc-per-node 8 -m wan22_train --config my_run.yaml training.lr=1e-5"): excused(
         "8 accelerators and the user's config; the 2-rank tiny launches of the app READMEs run the same entry"
     ),
+    (ROOT, "hatch run wan22-train make-tiny runs/tiny"): covered("tests/test_check_layouts.py"),
     (
         ROOT,
-        "mm-train check-layouts --config my_run.yaml --layouts 8 8:ulysses=2 4:ulysses=2 --steps 4",
-    ): excused(
-        "8 ranks and the user's config; tests/test_check_layouts.py runs check-layouts on a toy config"
-    ),
+        "hatch run mm-train check-layouts --config apps/wan22-train/configs/tiny_t2v.yaml --layouts 1 2 2:ulysses=2",
+    ): covered("tests/test_check_layouts.py"),
     (
         ROOT,
         "torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node0.example:29500 "
@@ -102,7 +109,7 @@ COMMANDS: dict[tuple[str, str], How] = {
         "run", paths=(("my_run.yaml", "apps/wan22-train/configs/t2v_a14b_high.yaml"),)
     ),
     (WAN, "hatch run wheels"): PACKAGING,
-    (WAN, "pip install --find-links dist wan22-train"): PACKAGING,
+    (WAN, 'pip install --find-links dist wan22-train "mm-trainer[plot]"'): covered("tests/test_packaging.py"),
     (WAN, "wan22-train --help"): RUN,
     (WAN, "wan22-train demo"): covered("apps/wan22-train/tests/test_wan_demo_e2e.py"),
     (WAN, "wan22-train demo --steps 8 training.save_interval=4"): covered(
@@ -112,7 +119,7 @@ COMMANDS: dict[tuple[str, str], How] = {
     (WAN, "wan22-train make-tiny runs/tiny_random --vae-fit-steps 0"): How("run", in_tmp=True),
     (
         WAN,
-        "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v.yaml training.ema.decay=0.99",
+        "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_t2v.yaml training.ema.decay=0.99",
     ): covered("apps/wan22-train/tests/test_wan_cli.py"),
     (WAN, "wan22-train export --checkpoint runs/tiny/ckpt --out runs/tiny/export/transformer"): covered(
         "apps/wan22-train/tests/test_wan_cli.py"
@@ -127,54 +134,65 @@ COMMANDS: dict[tuple[str, str], How] = {
     (WAN, "wan22-train plot runs/tiny/ckpt"): covered("apps/wan22-train/tests/test_wan_cli.py"),
     (
         WAN,
-        'wan22-train sample --checkpoint runs/tiny/ckpt --prompt "a green circle moving left" --out clip.mp4',
+        'wan22-train sample --checkpoint runs/tiny/ckpt --prompt "a green circle moving left" --out runs/tiny/clip.mp4',
     ): covered("apps/wan22-train/tests/test_wan_cli.py"),
-    (WAN, "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v_lora.yaml"): covered(
-        "apps/wan22-train/tests/test_wan_lora_e2e.py"
-    ),
+    (
+        WAN,
+        "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_t2v_lora.yaml",
+    ): covered("apps/wan22-train/tests/test_wan_lora_e2e.py"),
     (
         WAN,
         "wan22-train export --checkpoint runs/tiny_lora/ckpt --lora peft --out runs/tiny_lora/peft",
     ): covered("apps/wan22-train/tests/test_wan_lora_e2e.py"),
-    (WAN, "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v_both.yaml"): covered(
-        "apps/wan22-train/tests/test_wan_modes_readme.py"
-    ),
-    (WAN, "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v_distill.yaml"): covered(
-        "apps/wan22-train/tests/test_wan_modes_readme.py"
-    ),
+    (
+        WAN,
+        "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_t2v_both.yaml",
+    ): covered("apps/wan22-train/tests/test_wan_modes_readme.py"),
+    (
+        WAN,
+        "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_t2v_distill.yaml",
+    ): covered("apps/wan22-train/tests/test_wan_modes_readme.py"),
     (WAN, "wan22-train export --checkpoint runs/tiny/ckpt_distill --out runs/tiny/export/student"): covered(
         "apps/wan22-train/tests/test_wan_modes_readme.py"
     ),
     (
         WAN,
         'wan22-train sample --checkpoint runs/tiny/ckpt_distill --steps 4 --prompt "a red circle moving up" '
-        "--out student.mp4",
+        "--out runs/tiny/student.mp4",
     ): covered("apps/wan22-train/tests/test_wan_modes_readme.py"),
-    (WAN, "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v_both_distill.yaml"): covered(
-        "apps/wan22-train/tests/test_wan_modes_readme.py"
-    ),
-    (WAN, "wan22-train preprocess --config configs/tiny_t2v_cached.yaml"): covered(
+    (
+        WAN,
+        "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_t2v_both_distill.yaml",
+    ): covered("apps/wan22-train/tests/test_wan_modes_readme.py"),
+    (WAN, "wan22-train preprocess --config apps/wan22-train/configs/tiny_t2v_cached.yaml"): covered(
         "apps/wan22-train/tests/test_wan_conditions_e2e.py"
-    ),
-    (WAN, "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v_cached.yaml"): covered(
-        "apps/wan22-train/tests/test_wan_conditions_e2e.py"
-    ),
-    (WAN, "wan22-train --config configs/t2v_a14b_high.yaml --dry-run --world-size 8"): How(
-        "run", paths=WAN_CONFIGS, shortened=("--no-plan",)
-    ),
-    (WAN, "wan22-train plan --config configs/t2v_a14b_high_cached.yaml --world-size 8 --device h200"): covered(
-        "apps/wan22-train/tests/test_wan_plan.py"
-    ),
-    (WAN, "wan22-train plan --config configs/t2v_a14b_high.yaml --world-size 8 --device h200"): excused(
-        "a 20 s trace; test_wan_plan.py plans the same 14B expert end to end from the README (on its cached "
-        "config: the same step without the VAE and UMT5 passes), tests/test_planner.py the planner's parts"
-    ),
-    (WAN, "wan22-train plan --config configs/t2v_a14b_high.yaml --world-size 8 --device h100 --search"): excused(
-        "minutes (12 traces); tests/test_planner.py runs --search on the toy plugin"
     ),
     (
         WAN,
-        "torchrun --standalone --nproc-per-node 8 -m wan22_train preprocess --config configs/t2v_a14b_high_cached.yaml",
+        "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_t2v_cached.yaml",
+    ): covered("apps/wan22-train/tests/test_wan_conditions_e2e.py"),
+    (
+        WAN,
+        "wan22-train --config apps/wan22-train/configs/t2v_a14b_high.yaml --dry-run --world-size 8",
+    ): NO_PLAN,
+    (
+        WAN,
+        "wan22-train plan --config apps/wan22-train/configs/t2v_a14b_high_cached.yaml --world-size 8 --device h200",
+    ): covered("apps/wan22-train/tests/test_wan_plan.py"),
+    (
+        WAN,
+        "wan22-train plan --config apps/wan22-train/configs/t2v_a14b_high.yaml --world-size 8 --device h200",
+    ): excused(
+        "a 20 s trace; test_wan_plan.py plans the same 14B expert end to end from the README (on its cached "
+        "config: the same step without the VAE and UMT5 passes), tests/test_planner.py the planner's parts"
+    ),
+    (
+        WAN,
+        "wan22-train plan --config apps/wan22-train/configs/t2v_a14b_high.yaml --world-size 8 --device h100 --search",
+    ): excused("minutes (12 traces); tests/test_planner.py runs --search on the toy plugin"),
+    (
+        WAN,
+        "torchrun --standalone --nproc-per-node 8 -m wan22_train preprocess --config apps/wan22-train/configs/t2v_a14b_high_cached.yaml",
     ): excused(
         "8 ranks and the 14B release; test_wan_conditions_e2e.py runs `preprocess` under 2 ranks (UMT5 FSDP2-"
         "sharded) to the cache one process writes"
@@ -298,7 +316,7 @@ def _main(program: str) -> Callable[[list[str]], int]:
 
 
 def test_each_readme_line_has_one_entry_and_each_entry_its_line(readme):
-    lines = {(name, line) for name in (ROOT, WAN, LTX2, QWEN) for line in readme.lines(name)}
+    lines = {(name, line) for name in READMES for line in readme.lines(name)}
     assert sorted(lines - COMMANDS.keys()) == [], "README lines with no entry in COMMANDS"
     assert sorted(COMMANDS.keys() - lines) == [], "COMMANDS entries whose line is no longer in the README"
 
@@ -324,7 +342,7 @@ def test_a_readme_line_runs(name, line, readme, monkeypatch, capsys, tmp_path):
     argv = readme.command(name, line, paths=paths) + list(how.shortened)
     if argv[:2] == ["hatch", "run"]:
         argv = argv[2:]  # hatch's environment is this one
-    monkeypatch.chdir(tmp_path if how.in_tmp else REPO)
+    monkeypatch.chdir(tmp_path if how.in_tmp else readme.workdir(name))
     try:
         code = _main(argv[0])(argv[1:])
     except SystemExit as exit_:  # --help
@@ -332,3 +350,68 @@ def test_a_readme_line_runs(name, line, readme, monkeypatch, capsys, tmp_path):
     out = capsys.readouterr()
     assert code in (0, None), out.err[-3000:]
     assert out.out.strip(), f"{line} printed nothing"
+
+
+@pytest.mark.parametrize("name", READMES)
+def test_a_readme_names_where_its_commands_run_and_hatch_works_there(name, readme):
+    # hatch.toml's header: in a member folder `hatch run` builds that member's own environment (the Wan
+    # README's `hatch run wheels`, run from apps/wan22-train as it once said, failed to resolve mm-checkpoint)
+    workdir = readme.workdir(name)
+    assert workdir.is_dir()
+    hatch_lines = [line for line in readme.lines(name) if "hatch run " in line]
+    assert not hatch_lines or (workdir / "hatch.toml").is_file(), (
+        f"{name}: {hatch_lines} run where hatch fails"
+    )
+
+
+def test_the_files_a_readme_line_names_exist_where_its_readme_runs_it(readme):
+    missing = [
+        (name, line, arg)
+        for name in READMES
+        for line in readme.lines(name)
+        for arg in shlex.split(line)
+        if arg.endswith(READ_FILES)
+        and arg not in PLACEHOLDER_FILES
+        and not (readme.workdir(name) / arg).is_file()
+    ]
+    assert missing == []
+
+
+def _read_paths(node: object, key: str = "") -> Iterator[str]:
+    """Every string of a config but ``training.save`` (what the run writes, anywhere)."""
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for name, value in node.items():
+            if f"{key}.{name}" != ".training.save":
+                yield from _read_paths(value, f"{key}.{name}")
+    elif isinstance(node, list):
+        for value in node:
+            yield from _read_paths(value, key)
+
+
+def _made_tiny(line: str) -> str | None:
+    argv = shlex.split(line)
+    return argv[argv.index("make-tiny") + 1] if "make-tiny" in argv else None
+
+
+def _tiny_config(line: str) -> str | None:
+    argv = shlex.split(line)
+    config = argv[argv.index("--config") + 1] if "--config" in argv else None
+    return config if config and Path(config).name.startswith("tiny_") else None
+
+
+@pytest.mark.parametrize("name", READMES)
+def test_the_runs_folders_a_readmes_tiny_configs_read_are_those_its_make_tiny_lines_write(name, readme):
+    # relative paths read from the working directory: the README's make-tiny line and the tiny configs
+    # its lines train must agree on the folder (runs/tiny, runs/ltx2_tiny, runs/qwen_vl_tiny)
+    made = {folder for line in readme.lines(name) if (folder := _made_tiny(line))}
+    configs = {config for line in readme.lines(name) if (config := _tiny_config(line))}
+    unmade = {
+        (config, value)
+        for config in configs
+        for value in _read_paths(yaml.safe_load((readme.workdir(name) / config).read_text()))
+        if value.startswith("runs/") and not any(value == f or value.startswith(f"{f}/") for f in made)
+    }
+    assert configs and made, f"{name} trains no tiny config, or makes no tiny set"
+    assert unmade == set()

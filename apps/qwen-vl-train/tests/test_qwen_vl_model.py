@@ -86,3 +86,22 @@ def test_fsdp2_root_forward_returns_no_view_and_warns_nothing(tiny_dataset, tiny
     batch = batch_of(tiny_dataset(), range(len(tiny_dataset())), packing=False)
     forward = lambda model: model(**batch).to_tuple()  # noqa: E731
     assert fsdp2_root_outputs(tiny_model, forward, blocks="model.language_model.layers") == [True, True]
+
+
+def test_the_loss_is_upstreams_for_conditional_generation_without_a_loss_type_warning(
+    tiny_dataset, tiny_model, monkeypatch
+):
+    # `Qwen2_5_VLForTraining` is no name transformers maps to a loss: before HFModel set the upstream's
+    # loss type, every rank's first forward warned "`loss_type=None` was set in the config but it is
+    # unrecognized"
+    from transformers.loss.loss_utils import LOSS_MAPPING
+    from transformers.modeling_utils import logger
+
+    warned: list[str] = []
+    monkeypatch.setattr(logger, "warning_once", lambda message, *a, **k: warned.append(str(message)))
+    model = tiny_model()
+    assert model.loss_type == "ForConditionalGeneration"
+    assert model.loss_function is LOSS_MAPPING["ForConditionalGeneration"]
+    with torch.no_grad():
+        assert torch.isfinite(model(**batch_of(tiny_dataset(), range(2), packing=False)).loss)
+    assert not [m for m in warned if "loss_type" in m], warned

@@ -1,4 +1,4 @@
-"""The README's tiny session, as a user types it from ``apps/wan22-train`` (each line taken from the README
+"""The README's tiny session, as a user types it from the repository root (each line taken from the README
 by its text): make-tiny, a 2-rank training with an EMA, the three exports, plot and sample. Shortened as
 the README says: the training to 2 steps, make-tiny without the VAE fit."""
 
@@ -19,14 +19,14 @@ pytestmark = pytest.mark.slow
 WAN_README = "apps/wan22-train/README.md"
 CONFIGS = config_path("tiny_t2v.yaml").parent
 MAKE_TINY = "wan22-train make-tiny runs/tiny"
-TRAIN = "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v.yaml training.ema.decay=0.99"
+TRAIN = "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_t2v.yaml training.ema.decay=0.99"
 EXPORT = "wan22-train export --checkpoint runs/tiny/ckpt --out runs/tiny/export/transformer"
 EXPORT_EMA = "wan22-train export --checkpoint runs/tiny/ckpt --ema --out runs/tiny/export/ema"
 EXPORT_NATIVE = (
     "wan22-train export --checkpoint runs/tiny/ckpt --layout native --out runs/tiny/export/high_noise_model"
 )
 PLOT = "wan22-train plot runs/tiny/ckpt"
-SAMPLE = 'wan22-train sample --checkpoint runs/tiny/ckpt --prompt "a green circle moving left" --out clip.mp4'
+SAMPLE = 'wan22-train sample --checkpoint runs/tiny/ckpt --prompt "a green circle moving left" --out runs/tiny/clip.mp4'
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def session(tmp_path_factory, main_forked, readme):
         patch.chdir(cwd)
         assert wan22_main(readme.command(WAN_README, MAKE_TINY, extra=("--vae-fit-steps", "0"))[1:]) == 0
         argv = readme.command(
-            WAN_README, TRAIN, paths={"configs": CONFIGS}, extra=("training.train_iters=2",)
+            WAN_README, TRAIN, paths={"apps/wan22-train/configs": CONFIGS}, extra=("training.train_iters=2",)
         )
         module, nproc, args = readme.launched(argv)
         assert (module, nproc) == ("wan22_train", 2)
@@ -58,7 +58,7 @@ def test_sample_and_export_read_the_run_saved_at_world_size_2(run, readme):
     assert json.loads((run / "ckpt" / "iter_0000002" / "mm_checkpoint.json").read_text())["world_size"] == 2
     for line in (SAMPLE, EXPORT):
         assert wan22_main(readme.command(WAN_README, line)[1:]) == 0
-    assert (run.parents[1] / "clip.mp4").stat().st_size > 0 and (
+    assert (run / "clip.mp4").stat().st_size > 0 and (
         run / "export" / "transformer" / "config.json"
     ).is_file()
     assert wan22_main(readme.command(WAN_README, PLOT)[1:]) == 0

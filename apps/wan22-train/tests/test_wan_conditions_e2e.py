@@ -29,8 +29,10 @@ pytestmark = pytest.mark.slow
 STEPS = 6
 DRAWS = ["data.dataset.seed=3", "data.dataset.caption_dropout=0.25"]
 WAN_README = "apps/wan22-train/README.md"
-PREPROCESS = "wan22-train preprocess --config configs/tiny_t2v_cached.yaml"
-TRAIN_CACHED = "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v_cached.yaml"
+PREPROCESS = "wan22-train preprocess --config apps/wan22-train/configs/tiny_t2v_cached.yaml"
+TRAIN_CACHED = (
+    "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_t2v_cached.yaml"
+)
 
 
 def train(main_forked, config: str, save: Path, *overrides: str, steps: int = STEPS) -> list[float]:
@@ -67,7 +69,7 @@ def cache(tiny, tmp_path_factory, main_forked, readme) -> Path:
     """The README's ``wan22-train preprocess`` line on one forked rank (one thread, as each rank of the
     2-rank runs below), pointed at this module's model set: the sharded cache of the 8 clips."""
     out = tmp_path_factory.mktemp("cache")
-    configs = {"configs": config_path("tiny_t2v_cached.yaml").parent}
+    configs = {"apps/wan22-train/configs": config_path("tiny_t2v_cached.yaml").parent}
     preprocess = readme.command(
         WAN_README, PREPROCESS, paths=configs, extra=tuple(tiny_cached_overrides(tiny, out))
     )
@@ -98,7 +100,7 @@ def cached_losses(tiny, cache, tmp_path_factory, main_forked):
 
 
 def test_training_from_the_encoder_cache_gives_the_online_losses(cache, cached_losses, online_losses, readme):
-    configs = {"configs": config_path("tiny_t2v_cached.yaml").parent}
+    configs = {"apps/wan22-train/configs": config_path("tiny_t2v_cached.yaml").parent}
     module, nproc, args = readme.launched(readme.command(WAN_README, TRAIN_CACHED, paths=configs))
     assert (module, nproc, args) == ("wan22_train", 2, ["--config", str(config_path("tiny_t2v_cached.yaml"))])
     index = CacheIndex.load(cache)

@@ -19,9 +19,11 @@ import sys
 import time
 
 import av
+import numpy as np
 import pytest
 import torch
-from mm_data import contact_sheet_size, moves_as_captioned, psnr, to_video_frames
+from mm_data import contact_sheet_size, loss_plot_area, moves_as_captioned, psnr, to_video_frames
+from mm_data.contact_sheet import LABEL_HEIGHT, PAD, RAW, SMOOTHED
 from mm_trainer import load_run_config
 from mm_trainer.cli import main as mm_train_main
 from mm_trainer.run.exit_codes import EXIT_INTERRUPTED
@@ -98,6 +100,17 @@ def sampling(chain):
     return load_for_sampling(load_config(out / "ckpt" / "config.yaml", world_size=2), out / "ckpt")
 
 
+def draw_samples(chain, sampling) -> dict[str, torch.Tensor]:
+    """Each training caption's sample, drawn as the demo draws it (its steps, at the run's shift), in
+    the metadata's order. Drawn in each test that needs them: ``euler_step`` changes the sampler."""
+    from wan22_train.sampling import sample_video
+
+    out = chain[0]
+    captions = [row["cap"][0] for row in json.loads((out / "data" / "metadata.json").read_text())]
+    shift = training_shift(load_run_config(out / "ckpt"))
+    return {c: sample_video(sampling, c, **SIZE, steps=SAMPLE_STEPS, shift=shift) for c in captions}
+
+
 def test_a_demo_killed_mid_run_resumes_when_rerun_then_trains_exports_and_samples(chain, sampling):
     # One chain for both behaviours (each demo run starts torchrun and two ranks): killed after the
     # checkpoint at step 10, rerun to the end.
@@ -167,13 +180,40 @@ def test_make_tiny_reports_a_vae_that_reconstructs_the_clips_and_reuses_it(chain
     assert weights.stat().st_mtime_ns == written
 
 
-def test_demo_writes_a_contact_sheet_of_the_sample_above_its_clip_and_the_loss_curve(chain):
+def _tiles(sheet: np.ndarray, row: int) -> np.ndarray:
+    """The frames of the sheet's ``row``, at the sheet's scale: [T, H * scale, W * scale, 3]."""
+    h, w = SIZE["height"] * SHEET_SCALE, SIZE["width"] * SHEET_SCALE
+    top = PAD + row * (LABEL_HEIGHT + h + PAD) + LABEL_HEIGHT
+    return np.stack([sheet[top : top + h, PAD + k * (w + PAD) :][:, :w] for k in range(SIZE["num_frames"])])
+
+
+def _scaled(frames: np.ndarray) -> np.ndarray:
+    return frames.repeat(SHEET_SCALE, axis=1).repeat(SHEET_SCALE, axis=2)  # the sheet's nearest-neighbour
+
+
+def test_demo_writes_a_contact_sheet_of_each_captions_sample_above_its_clip_and_the_loss_plot(
+    chain, sampling
+):
     out, printed, *_ = chain
-    sheet = out / "contact_sheet.png"
-    assert f"contact sheet (sampled frames above the training clip, loss curve): {sheet}" in printed
-    with Image.open(sheet) as image:
+    samples = draw_samples(chain, sampling)
+    sheet_path = out / "contact_sheet.png"
+    said = "contact sheet (each caption's sampled frames above its training clip's, loss plot)"
+    assert f"{said}: {sheet_path}" in printed
+    with Image.open(sheet_path) as image:
         assert image.format == "PNG"
-        assert image.size == contact_sheet_size(*SIZE.values(), 2, scale=SHEET_SCALE)
+        assert image.size == contact_sheet_size(*SIZE.values(), 2 * len(DEMO_SHAPES), scale=SHEET_SCALE)
+        sheet = np.asarray(image.convert("RGB"))
+    clips = load_clips(out / "data" / "metadata.json", DEMO_CLIP)
+    assert len(samples) == len(clips) == len(DEMO_SHAPES)  # all four captions, in the metadata's order
+    for i, (sample, clip) in enumerate(zip(samples.values(), clips)):
+        assert np.array_equal(_tiles(sheet, 2 * i), _scaled(to_video_frames(sample))), f"sample row {i}"
+        assert np.array_equal(_tiles(sheet, 2 * i + 1), _scaled(to_video_frames(clip))), f"clip row {i}"
+    # the loss plot: the raw curve and the smoothed one inside the axes, over all the run's steps
+    left, top, right, bottom = loss_plot_area(image.size)
+    plot = sheet[top:bottom, left + 1 : right]
+    for colour in (RAW, SMOOTHED):
+        columns = np.nonzero((plot == colour).all(-1))[1]
+        assert columns.size and np.ptp(columns) > 0.95 * (right - left - 1), colour
 
 
 def test_the_sample_for_every_training_caption_moves_as_captioned_and_matches_its_clip(
@@ -182,16 +222,11 @@ def test_the_sample_for_every_training_caption_moves_as_captioned_and_matches_it
     # Each of the four captions names one clip (its colour and direction). The sample drawn the way the
     # demo draws it must move its shape in the captioned direction in every frame pair, and be within
     # 18 dB PSNR of the VAE's reconstruction of the clip. With the Euler step inverted it must not.
-    from wan22_train.sampling import sample_video
-
     out = chain[0]
-    metadata = out / "data" / "metadata.json"
-    captions = [row["cap"][0] for row in json.loads(metadata.read_text())]
-    shift = training_shift(load_run_config(out / "ckpt"))
-    vae, clips = sampling["ae"], load_clips(metadata, DEMO_CLIP)
-    assert len(captions) == len(DEMO_SHAPES) == len(clips)
-    for caption, clip in zip(captions, clips):
-        video = sample_video(sampling, caption, **SIZE, steps=SAMPLE_STEPS, shift=shift)
+    samples = draw_samples(chain, sampling)
+    vae, clips = sampling["ae"], load_clips(out / "data" / "metadata.json", DEMO_CLIP)
+    assert len(samples) == len(DEMO_SHAPES) == len(clips)
+    for (caption, video), clip in zip(samples.items(), clips):
         reconstruction = vae.decode(vae.encode(clip[None]))[0]
         assert moves_as_captioned(to_video_frames(video), caption), caption
         assert psnr(video, reconstruction) >= 18.0, caption

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 STEPS, SAVE_AT = 8, 4
 WAN_README = "apps/wan22-train/README.md"
-TRAIN = "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v_lora.yaml"
+TRAIN = "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_t2v_lora.yaml"
 EXPORT = "wan22-train export --checkpoint runs/tiny_lora/ckpt --lora peft --out runs/tiny_lora/peft"
 COMFY_KEY = re.compile(
     r"diffusion_model\.blocks\.\d+\.(self_attn\.[qkvo]|cross_attn\.[qkvo]|ffn\.[02])\.(lora_down\.weight|lora_up\.weight|alpha)"
@@ -104,7 +104,9 @@ def _losses(root: Path) -> dict[int, float]:
 def test_lora_trains_resumes_and_exports_for_diffusers_and_comfyui(tmp_path, distributed, readme):
     # The README's LoRA training (its config, on 2 ranks), in-process so that the trained model can be probed.
     module, nproc, args = readme.launched(
-        readme.command(WAN_README, TRAIN, paths={"configs": config_path("tiny_t2v_lora.yaml").parent})
+        readme.command(
+            WAN_README, TRAIN, paths={"apps/wan22-train/configs": config_path("tiny_t2v_lora.yaml").parent}
+        )
     )
     assert (module, args[0]) == ("wan22_train", "--config")
     tiny = make_tiny(tmp_path / "tiny")

@@ -1,5 +1,5 @@
 """The README's commands of the training modes beyond plain fine-tuning, as a user types them from
-``apps/wan22-train`` (each line taken from the README by its text): both experts in one job, DMD2
+the repository root (each line taken from the README by its text): both experts in one job, DMD2
 distillation (train, export the student, sample it on its 4 steps) and the two-expert distillation.
 Shortened as the README says: each training to 2 steps, make-tiny without the VAE fit. What the modes
 compute is tested elsewhere (test_wan_both_experts_e2e.py, test_wan_distill_e2e.py,
@@ -18,11 +18,13 @@ pytestmark = pytest.mark.slow
 WAN_README = "apps/wan22-train/README.md"
 CONFIGS = config_path("tiny_t2v.yaml").parent
 MAKE_TINY = "wan22-train make-tiny runs/tiny"
-BOTH = "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v_both.yaml"
-DISTILL = "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v_distill.yaml"
+BOTH = "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_t2v_both.yaml"
+DISTILL = "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_t2v_distill.yaml"
 EXPORT_STUDENT = "wan22-train export --checkpoint runs/tiny/ckpt_distill --out runs/tiny/export/student"
-SAMPLE_STUDENT = 'wan22-train sample --checkpoint runs/tiny/ckpt_distill --steps 4 --prompt "a red circle moving up" --out student.mp4'
-DISTILL_BOTH = "torchrun --nproc-per-node 2 -m wan22_train --config configs/tiny_t2v_both_distill.yaml"
+SAMPLE_STUDENT = 'wan22-train sample --checkpoint runs/tiny/ckpt_distill --steps 4 --prompt "a red circle moving up" --out runs/tiny/student.mp4'
+DISTILL_BOTH = (
+    "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_t2v_both_distill.yaml"
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,8 @@ def session(tmp_path_factory, readme):
 
 def train(readme, main_forked, line: str) -> None:
     """The README's torchrun ``line``, 2 steps, on 2 forked ranks (the command's code path)."""
-    argv = readme.command(WAN_README, line, paths={"configs": CONFIGS}, extra=("training.train_iters=2",))
+    paths = {"apps/wan22-train/configs": CONFIGS}
+    argv = readme.command(WAN_README, line, paths=paths, extra=("training.train_iters=2",))
     module, nproc, args = readme.launched(argv)
     assert (module, nproc) == ("wan22_train", 2)
     main_forked(wan22_main, args, nproc=nproc)
@@ -62,7 +65,7 @@ def test_the_distillation_trains_exports_its_student_and_samples_it_as_the_readm
     for line in (EXPORT_STUDENT, SAMPLE_STUDENT):
         assert wan22_main(readme.command(WAN_README, line)[1:]) == 0
     assert (session / "runs/tiny/export/student/config.json").is_file()
-    assert (session / "student.mp4").stat().st_size > 0
+    assert (session / "runs/tiny/student.mp4").stat().st_size > 0
 
 
 def test_the_two_expert_distillation_trains_as_the_readme_says(session, readme, main_forked, monkeypatch):

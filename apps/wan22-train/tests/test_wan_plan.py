@@ -17,8 +17,8 @@ VAE and UMT5 passes of the online configs."""
 
 @pytest.mark.slow
 def test_a_real_size_config_plans_to_completion_and_reports_every_part(readme):
-    line = "wan22-train plan --config configs/t2v_a14b_high_cached.yaml --world-size 8 --device h200"
-    argv = readme.command("apps/wan22-train/README.md", line, paths={"configs": CONFIGS})
+    line = "wan22-train plan --config apps/wan22-train/configs/t2v_a14b_high_cached.yaml --world-size 8 --device h200"
+    argv = readme.command("apps/wan22-train/README.md", line, paths={"apps/wan22-train/configs": CONFIGS})
     command = [sys.executable, "-m", "wan22_train", *argv[1:]]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

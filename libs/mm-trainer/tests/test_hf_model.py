@@ -91,3 +91,24 @@ def test_hf_config_overrides_merge_into_config_json(tiny_lm):
     assert (config.rms_norm_eps, config.hidden_size, config._attn_implementation) == (1e-3, 16, "eager")
     with pytest.raises(ValueError, match="no config.json under from_pretrained"):
         load_hf_config(section(tiny_lm.parent / "nowhere"), transformers.Qwen2Config)
+
+
+def test_a_subclass_named_for_training_computes_the_upstream_loss_without_a_loss_type_warning(
+    tiny_lm, monkeypatch
+):
+    # transformers picks the loss by the class name: `MyLMForTraining` names none, so without HFModel's
+    # fix every forward with labels warned "`loss_type=None` ... unrecognized" (once per process and rank)
+    from mm_trainer import HFModel
+    from transformers.modeling_utils import logger
+
+    class MyLMForTraining(HFModel, transformers.Qwen2ForCausalLM):
+        pass
+
+    warned: list[str] = []
+    monkeypatch.setattr(logger, "warning_once", lambda message, *a, **k: warned.append(str(message)))
+    model = MyLMForTraining.from_pretrained(section(tiny_lm))
+    assert model.loss_type == "ForCausalLM"
+    ids = torch.randint(0, 64, (2, 7))
+    reference = transformers.Qwen2ForCausalLM.from_pretrained(tiny_lm)(input_ids=ids, labels=ids)
+    torch.testing.assert_close(model(input_ids=ids, labels=ids).loss, reference.loss, rtol=0, atol=0)
+    assert not [m for m in warned if "loss_type" in m], warned

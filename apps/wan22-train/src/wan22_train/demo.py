@@ -1,9 +1,10 @@
 """``wan22-train demo``: the README's main command, end to end on the tiny default.
 
 make-tiny (if missing; the tiny VAE fitted to the clips) -> train on ``nproc`` CPU processes with
-FSDP2 + Ulysses -> export the predictor to diffusers -> sample a clip for the first training clip's
-caption (at the run's time shift) -> a contact sheet PNG: the sampled frames above that clip's frames,
-and the loss curve. Rerunning resumes training from the last checkpoint.
+FSDP2 + Ulysses -> export the predictor to diffusers -> sample a clip for each training caption (at the
+run's time shift; the first caption's is ``sample.mp4``) -> a contact sheet PNG: each caption's sampled
+frames above its training clip's frames, and the loss plot (raw and smoothed over the step). Rerunning
+resumes training from the last checkpoint.
 
 Ctrl-C is a stop: the training saves the iteration it reached and the demo ends with one line saying
 so (exit 130; ``mm_trainer.run.user_errors``); rerunning the same command resumes there. torchrun runs
@@ -19,10 +20,11 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from mm_checkpoint import latest_iteration
 from mm_config import TrainConfig
-from mm_data import to_video_frames, write_contact_sheet
+from mm_data import LossCurve, to_video_frames, write_contact_sheet
 from mm_trainer import fit_summary
 
 from wan22_train.configs import config_path
@@ -51,6 +53,8 @@ DEMO_TRANSFORMER = {"patch_size": whole_clip_patch(DEMO_CLIP), "attention_head_d
 SHEET_SCALE = 6
 #: Euler steps of the demo's sample.
 SAMPLE_STEPS = 20
+#: Weight on the past of the contact sheet's smoothed loss (TensorBoard's smoothing, as ``mm-train plot``).
+SHEET_SMOOTHING = 0.9
 #: Warmup of the demo's learning rate: this fraction of its steps (20 of the default 200), at least one
 #: step, so that ``--steps`` of any length keeps the schedule's shape (``demo_warmup``).
 DEMO_WARMUP_FRACTION = 0.1
@@ -157,10 +161,25 @@ def training_shift(config: TrainConfig) -> float:
     return float(student_shift or Wan22Pipeline.from_options(options).scheduler.shift)
 
 
-def logged_losses(ckpt: Path) -> list[float]:
-    """The loss of every logged step of the run in ``ckpt`` (its ``metrics.jsonl``)."""
+def logged_losses(ckpt: Path) -> LossCurve:
+    """The loss of every logged step of the run in ``ckpt`` (its ``metrics.jsonl``), raw and smoothed
+    (:data:`SHEET_SMOOTHING`)."""
     rows = [json.loads(line) for line in (ckpt / "metrics.jsonl").read_text().splitlines()]
-    return [row["loss"] for row in rows if "loss" in row]
+    steps, raw = zip(*((row["step"], row["loss"]) for row in rows if "loss" in row), strict=True)
+    return LossCurve.smoothed_by(steps, raw, SHEET_SMOOTHING)
+
+
+def sheet_rows(
+    captions: Sequence[str], samples: Sequence[Any], clips: Sequence[Any]
+) -> list[tuple[str, Any]]:
+    """The contact sheet's rows: for each caption, its sampled frames above its training clip's frames."""
+    rows = []
+    for caption, sample, clip in zip(captions, samples, clips, strict=True):
+        rows += [
+            (f"sample: {caption}", to_video_frames(sample)),
+            (f"training clip: {caption}", to_video_frames(clip)),
+        ]
+    return rows
 
 
 def run_demo(
@@ -200,19 +219,23 @@ def run_demo(
     exported = export_predictor(cfg, ckpt, out / "export" / "transformer")
     print(f"[3/5] exported predictor (diffusers WanTransformer3DModel): {exported}", flush=True)
     metadata = out / "data" / "metadata.json"
-    prompt = json.loads(metadata.read_text())[0]["cap"][0]
+    captions = [row["cap"][0] for row in json.loads(metadata.read_text())]
     size = {k: DEMO_CLIP[k] for k in ("num_frames", "height", "width")}
     modules = load_for_sampling(cfg, ckpt)
-    video = sample_video(modules, prompt, **size, steps=SAMPLE_STEPS, shift=training_shift(cfg))
-    clip = write_video(video, out / "sample.mp4", fps=DEMO_CLIP["fps"])
-    print(f"[4/5] sampled {prompt!r}: {clip}", flush=True)
-    losses = logged_losses(ckpt)
-    rows = [
-        (f"sample: {prompt}", to_video_frames(video)),
-        (f"training clip: {prompt}", to_video_frames(load_clips(metadata, DEMO_CLIP)[0])),
+    videos = [
+        sample_video(modules, caption, **size, steps=SAMPLE_STEPS, shift=training_shift(cfg))
+        for caption in captions
     ]
+    clip = write_video(videos[0], out / "sample.mp4", fps=DEMO_CLIP["fps"])
+    print(f"[4/5] sampled the {len(captions)} training captions; {captions[0]!r}: {clip}", flush=True)
+    losses = logged_losses(ckpt)
+    rows = sheet_rows(captions, videos, load_clips(metadata, DEMO_CLIP))
     sheet = write_contact_sheet(out / "contact_sheet.png", rows, losses, scale=SHEET_SCALE)
-    print(f"[5/5] contact sheet (sampled frames above the training clip, loss curve): {sheet}", flush=True)
-    print(f"loss: first {losses[0]:.4f} -> last {losses[-1]:.4f} over {len(losses)} logged steps")
+    print(
+        f"[5/5] contact sheet (each caption's sampled frames above its training clip's, loss plot): {sheet}",
+        flush=True,
+    )
+    raw = losses.raw
+    print(f"loss: first {raw[0]:.4f} -> last {raw[-1]:.4f} over {len(raw)} logged steps")
     print(f"checkpoints: {ckpt}  metrics: {ckpt / 'metrics.jsonl'}  config: {ckpt / 'config.yaml'}")
     return 0

@@ -127,6 +127,9 @@ _EXPORTS: dict[str, str] = {
     "recipe_differences": "cache_made_with",
     "verify_shard": "shards",
     "write_wav": "audio_out",
+    "LossCurve": "contact_sheet",
+    "loss_plot_area": "contact_sheet",
+    "smooth_losses": "contact_sheet",
 }
 
 __all__ = sorted([*_EXPORTS])

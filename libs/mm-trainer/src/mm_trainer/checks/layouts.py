@@ -8,9 +8,17 @@ each, and the largest relative difference from the first layout; exit 1 past ``-
 
 A layout is ``WORLD[:key=value,...]`` with keys ``ulysses``, ``ring``, ``replicate`` (HSDP
 replicas, ``parallel.replicate_parallel_size``) and ``micro`` (``training.micro_batch_size``), e.g.
-``1``, ``2``, ``2:ulysses=2``, ``4:ulysses=2,micro=1``. The config must fix the global batch
-(``training.global_batch_size``, with ``gradient_accumulation_steps`` left out so it is derived per
-layout); layouts that would train different global batches are refused before anything runs.
+``1``, ``2``, ``2:ulysses=2``, ``4:ulysses=2,micro=1``. A layout is the whole split of its world: the
+parallel keys it does not name take their defaults (:data:`LAYOUT_DEFAULTS`: no Ulysses, no Ring,
+replicas and shard degree derived), not the config's, so ``2`` of a config with
+``parallel.ulysses_parallel_size: 2`` is plain data parallelism; an override of one of them is refused
+(name it in the layouts). ``micro`` left out keeps the config's micro batch.
+
+Every layout trains the same global batch. A config with ``training.global_batch_size`` (and
+``gradient_accumulation_steps`` left out) derives its accumulation per layout; a config with neither
+is checked at the smallest global batch that every layout's ``micro_batch_size x data-parallel size``
+divides (the command says so); a config whose ``gradient_accumulation_steps`` makes the layouts' global
+batches differ is refused before anything runs.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mm_config import ConfigError, load_config
+from mm_config import ConfigError, ParallelConfig, apply_overrides, load_config, read_yaml
 
 LAYOUT_KEYS = {
     "ulysses": "parallel.ulysses_parallel_size",
@@ -34,6 +42,12 @@ LAYOUT_KEYS = {
     "replicate": "parallel.replicate_parallel_size",
     "micro": "training.micro_batch_size",
 }
+#: The parallel keys every layout sets, each to the schema's default unless the layout names it.
+LAYOUT_DEFAULTS = {
+    f"parallel.{key}": ParallelConfig.model_fields[key].default
+    for key in ("ulysses_parallel_size", "ring_attention_size", "replicate_parallel_size",
+                "fully_shard_parallel_size")
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -46,7 +60,8 @@ class Layout:
 
     @classmethod
     def parse(cls, spec: str) -> Layout:
-        """``"4:ulysses=2,micro=1"`` -> world 4 with those overrides.
+        """``"4:ulysses=2,micro=1"`` -> world 4 with those overrides, and every other key of
+        :data:`LAYOUT_DEFAULTS` at its default.
 
         Raises:
             ValueError: a malformed spec or an unknown key (the message lists the known ones).
@@ -54,15 +69,78 @@ class Layout:
         world, _, rest = spec.partition(":")
         if not world.isdigit() or int(world) < 1:
             raise ValueError(f"layout {spec!r}: expected WORLD[:key=value,...] with WORLD a positive integer")
-        overrides = []
+        named: dict[str, str] = {}
         for item in filter(None, rest.split(",")):
             key, sep, value = item.partition("=")
             if not sep or key not in LAYOUT_KEYS or not value.isdigit():
                 raise ValueError(
                     f"layout {spec!r}: {item!r} is not key=integer with key one of {sorted(LAYOUT_KEYS)}"
                 )
-            overrides.append(f"{LAYOUT_KEYS[key]}={value}")
-        return cls(spec, int(world), tuple(overrides))
+            named[LAYOUT_KEYS[key]] = value
+        values = {**LAYOUT_DEFAULTS, **named}
+        return cls(spec, int(world), tuple(f"{key}={value}" for key, value in values.items()))
+
+
+@dataclass(frozen=True)
+class GlobalBatch:
+    """The global batch every layout trains; ``overrides`` set it where check-layouts chose it, and
+    ``note`` says so (None where the config fixes it)."""
+
+    size: int
+    overrides: tuple[str, ...] = ()
+    note: str | None = None
+
+
+def common_global_batch(
+    config: str | os.PathLike, layouts: Sequence[Layout], overrides: Sequence[str] = ()
+) -> GlobalBatch:
+    """The global batch of the check (see the module docstring), validated at every layout.
+
+    Raises:
+        ValueError: an override of a layout's key, a config invalid at a layout, or a
+            ``gradient_accumulation_steps`` under which the layouts' global batches differ.
+    """
+    for override in overrides:
+        key = override.partition("=")[0].strip()
+        if key in LAYOUT_DEFAULTS:
+            raise ValueError(
+                f"override {override!r}: {key} is set by each layout (the ones that do not name it take "
+                f"{LAYOUT_DEFAULTS[key]}); name it in the layouts instead, e.g. --layouts 2 2:ulysses=2"
+            )
+    batches = _global_batches(config, layouts, overrides)
+    if len(set(batches.values())) == 1:
+        return GlobalBatch(next(iter(batches.values())))
+    least = math.lcm(*batches.values())
+    training = apply_overrides(read_yaml(config), overrides).get("training") or {}
+    accumulation = training.get("gradient_accumulation_steps")
+    if accumulation is not None:  # (a global batch without it is derived per layout: never differs)
+        raise ValueError(
+            f"the layouts train different global batches {batches}: training.gradient_accumulation_steps "
+            f"is {accumulation}, so the global batch follows the data-parallel size. Leave it out and set "
+            f"training.global_batch_size (e.g. {least}, which every layout's micro batch x data-parallel "
+            "size divides), so that each layout derives its accumulation"
+        )
+    fixed = (f"training.global_batch_size={least}",)
+    _global_batches(config, layouts, [*overrides, *fixed])  # still valid at every layout
+    note = (
+        f"training.global_batch_size is not set: each layout would train micro batch x data-parallel size "
+        f"samples per step {batches}; checking all at training.global_batch_size={least}, the smallest that "
+        "every layout divides (set it, in the config or as an override, to check another)"
+    )
+    return GlobalBatch(least, fixed, note)
+
+
+def _global_batches(
+    config: str | os.PathLike, layouts: Sequence[Layout], overrides: Sequence[str]
+) -> dict[str, int]:
+    batches = {}
+    for layout in layouts:
+        try:
+            resolved = load_config(config, [*overrides, *layout.overrides], world_size=layout.world_size)
+        except ConfigError as err:
+            raise ValueError(f"layout {layout.spec}: the config is invalid there:\n{err}") from err
+        batches[layout.spec] = resolved.training.global_batch_size
+    return batches
 
 
 @dataclass
@@ -72,6 +150,7 @@ class LayoutReport:
     layouts: list[Layout]
     losses: list[list[float]]
     tolerance: float
+    global_batch: GlobalBatch | None = None
 
     @property
     def max_rel_diff(self) -> float:
@@ -92,9 +171,10 @@ class LayoutReport:
         for step, row in enumerate(zip(*self.losses, strict=True), start=1):
             lines.append(str(step).ljust(6) + "".join(f"{value:.8g}".rjust(width) for value in row))
         verdict = "OK" if self.ok else "FAILED"
+        batch = f", global batch {self.global_batch.size}" if self.global_batch else ""
         lines.append(
             f"largest relative difference from layout {self.layouts[0].spec}: {self.max_rel_diff:.3g} "
-            f"(tolerance {self.tolerance:g}): {verdict}"
+            f"(tolerance {self.tolerance:g}{batch}): {verdict}"
         )
         return "\n".join(lines)
 
@@ -108,17 +188,22 @@ def check_layouts(
     tolerance: float = 1e-4,
     work_dir: str | os.PathLike,
     timeout: float | None = None,
+    global_batch: GlobalBatch | None = None,
 ) -> LayoutReport:
     """Train ``steps`` steps of ``config`` at each layout (in turn) and collect the per-step losses.
 
+    The global batch is ``global_batch``, by default :func:`common_global_batch`'s (the report keeps
+    it, with its note).
+
     Raises:
-        ValueError: fewer than two layouts, a config that is invalid at a layout, or layouts that
-            train different global batches (checked before anything runs).
+        ValueError: fewer than two layouts, or what :func:`common_global_batch` refuses (checked
+            before anything runs).
         RuntimeError: a run failed (the message names its log file).
     """
     if len(layouts) < 2:
         raise ValueError("check-layouts needs at least two layouts to compare")
-    _check_same_global_batch(config, layouts, overrides)
+    batch = global_batch or common_global_batch(config, layouts, overrides)
+    overrides = [*overrides, *batch.overrides]
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     losses = []
@@ -126,24 +211,7 @@ def check_layouts(
         # a fresh folder per check: an earlier check's logs in the same work dir are another run's
         run_dir = Path(tempfile.mkdtemp(prefix=f"layout_{i}-", dir=work))
         losses.append(_train(config, layout, steps, overrides, run_dir, timeout))
-    return LayoutReport(list(layouts), losses, tolerance)
-
-
-def _check_same_global_batch(
-    config: str | os.PathLike, layouts: Sequence[Layout], overrides: Sequence[str]
-) -> None:
-    batches = {}
-    for layout in layouts:
-        try:
-            resolved = load_config(config, [*overrides, *layout.overrides], world_size=layout.world_size)
-        except ConfigError as err:
-            raise ValueError(f"layout {layout.spec}: the config is invalid there:\n{err}") from err
-        batches[layout.spec] = resolved.training.global_batch_size
-    if len(set(batches.values())) > 1:
-        raise ValueError(
-            f"the layouts train different global batches {batches}: set training.global_batch_size and leave "
-            "training.gradient_accumulation_steps out, so that it is derived for each layout"
-        )
+    return LayoutReport(list(layouts), losses, tolerance, batch)
 
 
 def _train(
@@ -193,6 +261,9 @@ def build_parser(prog: str = "mm-train check-layouts") -> argparse.ArgumentParse
         description="Train a config a few steps at each layout and compare the per-step losses (exit 1 when "
         "they differ past --tolerance): the check to run before a long run at a new cluster layout.",
         epilog="Layouts: WORLD[:key=value,...], keys ulysses, ring, replicate, micro; e.g. 1 2 2:ulysses=2. "
+        "A layout's parallel keys that it does not name take their defaults (2 = plain data parallelism, "
+        "whatever the config's ulysses); micro left out keeps the config's. Without "
+        "training.global_batch_size every layout trains the smallest global batch they all divide. "
         "Overrides go before --layouts (or after --): mm-train check-layouts --config X training.lr=1e-4 "
         "--layouts 1 2",
     )
@@ -219,10 +290,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         layouts = [Layout.parse(spec) for spec in args.layouts]
+        if len(layouts) < 2:
+            raise ValueError("check-layouts needs at least two layouts to compare")
+        batch = common_global_batch(args.config, layouts, args.overrides)
+        if batch.note:
+            print(f"check-layouts: {batch.note}", flush=True)
         work = args.work_dir or tempfile.mkdtemp(prefix="mm-check-layouts-")
         report = check_layouts(
             args.config, layouts, steps=args.steps, overrides=args.overrides, tolerance=args.tolerance,
-            work_dir=work, timeout=args.timeout,
+            work_dir=work, timeout=args.timeout, global_batch=batch,
         )  # fmt: skip
     except (ValueError, RuntimeError, subprocess.TimeoutExpired) as err:
         print(f"check-layouts: {err}", file=sys.stderr)

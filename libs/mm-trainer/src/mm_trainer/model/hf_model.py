@@ -9,7 +9,8 @@ tree and state-dict keys stay as they are, so an export loads with upstream ``fr
 - rebuilding the rotary tables (non-persistent buffers) after meta materialization;
 - freeze switches per named module group (``model.config.freeze_groups``; groups are class data);
 - ``forward(**batch)`` with ``use_cache=False``: the upstream next-token loss over labels != -100
-  (``.loss``) plus the metrics the engine counts (samples, tokens);
+  (``.loss``) plus the metrics the engine counts (samples, tokens); the loss is the one transformers
+  picks for the upstream class (:func:`_upstream_loss_type`), whatever the subclass is called;
 - a clear refusal of context parallelism (see :meth:`HFModel.setup_context_parallel`).
 
 ``hf_causal_lm`` is the generic id: the class is ``model.config.architecture`` or ``architectures[0]``
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -89,6 +91,20 @@ def load_hf_config(args: Any, config_class: Any) -> Any:
     return config
 
 
+def _upstream_loss_type(upstream: type) -> str | None:
+    """The ``loss_type`` transformers gives a model of class ``upstream``: the class name when
+    ``LOSS_MAPPING`` has it, else the first ``LOSS_MAPPING`` key inside the name
+    (``Qwen2_5_VLForConditionalGeneration`` -> ``ForConditionalGeneration``), else None
+    (``PreTrainedModel.__init__``'s rule, applied to the upstream class instead of ``type(self)``)."""
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    name = upstream.__name__
+    if name in LOSS_MAPPING:
+        return name
+    found = re.findall(f"({'|'.join(LOSS_MAPPING)})", name)
+    return found[0] if found else None
+
+
 def _without_views(output: Any) -> Any:
     """Upstream's output with no tensor that is a view, where FSDP2 looks for them.
 
@@ -113,6 +129,13 @@ class HFModel(BaseModel):
     #: named module groups (patterns relative to the model, ``{*}`` = an integer segment) that
     #: ``model.config.freeze_groups`` may freeze
     module_groups: dict[str, tuple[str, ...]] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # transformers picks the loss by the name of ``type(self)``: a subclass named for training
+        # (``Qwen2_5_VLForTraining``) names no loss, and every forward with labels would warn
+        # "`loss_type=None` was set in the config but it is unrecognized" and fall back to a default
+        self.loss_type = _upstream_loss_type(self.upstream_class())
 
     @classmethod
     def build_from_config(cls, args: Any) -> HFModel:

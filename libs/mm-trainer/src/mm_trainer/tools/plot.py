@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mm_config import MissingDependencyError
+from mm_data import smooth_losses as smooth  # TensorBoard's smoothing, as the demo's contact sheet
 
 METRICS_FILE = "metrics.jsonl"
 PANELS = (
@@ -70,18 +71,6 @@ def series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list
             steps.append(record["step"])
             values.append(float(value))
     return steps, values
-
-
-def smooth(values: Sequence[float], weight: float) -> list[float]:
-    """TensorBoard's smoothing: an exponential moving average with weight ``weight`` on the past,
-    divided by ``1 - weight**n`` so that the first points are not pulled towards 0."""
-    if not 0.0 <= weight < 1.0:
-        raise ValueError(f"smoothing weight must be in [0, 1), got {weight}")
-    out, average = [], 0.0
-    for n, value in enumerate(values, start=1):
-        average = weight * average + (1.0 - weight) * value
-        out.append(average / (1.0 - weight**n))
-    return out
 
 
 def plot_metrics(
