@@ -423,6 +423,26 @@ def test_a_cache_whose_source_metadata_changed_since_it_was_made_is_refused_unti
     check_cache_made_with(tmp_path / "cache", RECIPE)
 
 
+def test_a_cache_of_a_caption_folder_records_its_rows_and_is_refused_once_a_caption_changes(tmp_path, toy):
+    """A caption folder as the source: the record's digest is that of the folder's rows (clip paths and
+    captions), so an edited caption refuses the run until a rerun encodes that sample again."""
+    metadata = tiny_clips(tmp_path / "clips", num_clips=3)
+    folder = tmp_path / "captioned"
+    folder.mkdir()
+    for row in rows_of(metadata):
+        clip = folder / Path(row["path"]).name
+        clip.write_bytes((metadata.parent / row["path"]).read_bytes())
+        clip.with_suffix(".txt").write_text(row["cap"][0])
+    write_cache(folder, tmp_path / "cache", toy, recipe=RECIPE)
+    check_cache_made_with(tmp_path / "cache", RECIPE)
+    first = sorted(folder.glob("*.txt"))[0]
+    first.write_text("a different caption")
+    with pytest.raises(CacheMismatchError, match=rf"the source metadata {re.escape(str(folder.resolve()))} changed"):
+        check_cache_made_with(tmp_path / "cache", RECIPE)
+    write_cache(folder, tmp_path / "cache", toy, recipe=RECIPE)
+    check_cache_made_with(tmp_path / "cache", RECIPE)
+
+
 def test_a_cache_that_records_no_recipe_is_still_read_refused_by_the_check_and_recorded_by_a_rerun(
     tmp_path, toy
 ):

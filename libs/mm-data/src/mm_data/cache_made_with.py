@@ -8,7 +8,9 @@ A preprocess run records in the cache (``index.json``'s ``made_with``; a per-fil
   height: 32``, ...), flattened to ``{dotted key: value}``; None when the maker gave none;
 - ``encoders``: the encoders' identity hashed into every key (weights' digests, dtypes, options);
 - ``reading``: the clip reader's parameters and buckets;
-- ``source``: the metadata file's path, SHA-256 and row count.
+- ``source``: the metadata file's path, SHA-256 and row count (a caption folder's SHA-256 is that of its
+  rows: every clip's path and caption, see :func:`source_sha256`; the clips' bytes are the clip
+  digests' concern).
 
 A training run that names how its cache should have been made (the apps: their config's preprocess
 section) calls :func:`check_cache_made_with` before it builds anything: every recipe key whose value
@@ -22,6 +24,7 @@ refused too: nothing says it was made as the run says.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Mapping
@@ -31,6 +34,7 @@ from typing import Any
 from .cache_index import INDEX_NAME
 from .cache_keys import canonical_json
 from .cache_store import CACHE_MANIFEST, open_cache
+from .caption_folder import read_caption_folder
 from .file_records import sha256_file
 from .precomputed import PRECOMPUTED_EXTENSIONS
 
@@ -40,6 +44,7 @@ __all__ = [
     "check_cache_made_with",
     "made_with",
     "recipe_differences",
+    "source_sha256",
 ]
 
 logger = logging.getLogger("mm_data")
@@ -56,6 +61,16 @@ def _plain(value: Any) -> Any:
     return json.loads(canonical_json(value))
 
 
+def source_sha256(path: str | Path) -> str:
+    """SHA-256 of a data source: a metadata file's bytes; for a caption folder, that of its rows (each
+    clip's path and caption, in the folder's order) as canonical JSON, so a caption edited, a clip added or
+    one removed changes it."""
+    path = Path(path)
+    if path.is_dir():
+        return hashlib.sha256(canonical_json(read_caption_folder(path)).encode()).hexdigest()
+    return sha256_file(path)
+
+
 def made_with(dataset: Any, identity: Mapping[str, Any], recipe: Mapping[str, Any] | None) -> dict[str, Any]:
     """The record of a cache of ``dataset`` (a :class:`~mm_data.VideoTextDataset`) encoded by encoders of
     ``identity``, made as ``recipe`` says (see the module docstring)."""
@@ -65,7 +80,7 @@ def made_with(dataset: Any, identity: Mapping[str, Any], recipe: Mapping[str, An
         "recipe": dict(recipe) if recipe is not None else None,
         "encoders": dict(identity),
         "reading": reading,
-        "source": {"path": str(metadata), "sha256": sha256_file(metadata), "rows": len(dataset.rows)},
+        "source": {"path": str(metadata), "sha256": source_sha256(metadata), "rows": len(dataset.rows)},
     })  # fmt: skip
 
 
@@ -101,13 +116,13 @@ def recipe_differences(recorded: Mapping[str, Any], expected: Mapping[str, Any])
 def _source_change(source: Mapping[str, Any]) -> str | None:
     """Why the source metadata no longer is what the cache was made from, or None."""
     path = Path(str(source.get("path")))
-    if not path.is_file():
+    if not path.exists():
         logger.warning(
             "mm_data: the cache's source metadata %s is not here; whether it changed since the cache was made "
             "is not checked", path,
         )  # fmt: skip
         return None
-    now = sha256_file(path)
+    now = source_sha256(path)
     if now == source.get("sha256"):
         return None
     return (
