@@ -6,8 +6,16 @@ Layout under ``root``: ``iter_NNNNNNN/`` (DCP files + ``rank_state/dp_rank_NNNNN
 any point leaves the previous checkpoint and tracker intact. A background save
 (``save(background=True)``, :mod:`.background_save`) stages the state in host memory, returns, and
 commits the same way once its files are complete (:meth:`DistributedCheckpointer.finish_pending`);
-at most one is in flight. Retention (``keep_last``, ``keep_every``) deletes old ``iter_*`` dirs of
-this root only after the new one is committed.
+at most one is in flight. A save that fails (sync or background) removes its ``iter_*.partial``.
+Retention (``keep_last``, ``keep_every``) deletes old ``iter_*`` dirs of this root only after the new
+one is committed, and never one that the retention rule it was saved under still keeps (a milestone of
+an earlier ``keep_every``) unless ``prune_kept=True``.
+
+Integrity: every save records a CRC-32 of each DCP storage item (:mod:`.checksums`), and a load checks
+each item it reads against it (``verify=False`` skips that); the per-rank state files are zip archives
+whose records' CRC-32 are checked too. A corrupted checkpoint is a
+:class:`~mm_checkpoint.errors.CheckpointIntegrityError` naming the file, the tensor and the iteration,
+and which earlier checkpoint to resume instead.
 
 Per-rank state (every entry that is not model / optimizer / scheduler, e.g. the data position) is
 written once per data-parallel rank, holding only tensors and plain Python values, and read back
@@ -36,10 +44,12 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from .background_save import PendingSave, staging_copier
-from .errors import CheckpointError, CheckpointLoadError, CheckpointNotFoundError
+from .checksums import ChecksummingWriter
+from .errors import CheckpointError, CheckpointIntegrityError, CheckpointLoadError, CheckpointNotFoundError
 from .info_file import INFO_FILENAME, SUBMODELS_INFO_KEY, read_info
 from .layout import (
     RELEASE_ITERATION,
+    TRACKER_FILENAME,
     iteration_dir_name,
     latest_iteration,
     read_tracker,
@@ -47,8 +57,9 @@ from .layout import (
     valid_iterations,
     write_tracker,
 )
-from .restricted_dcp import read_dcp_metadata, restricted_dcp_load
+from .restricted_dcp import RestrictedFileSystemReader, read_dcp_metadata, restricted_dcp_load
 from .runtime import barrier, get_rank, get_world_size, is_distributed, single_process_quiet
+from .zip_files import check_zip_crcs, zip_damage
 
 DCP_KEYS = ("model", "optimizer", "lr_scheduler", "ema")
 """State entries stored through DCP (resharded on load); every other entry is per data-parallel rank.
@@ -57,6 +68,10 @@ trainable parameters: sharded like them, so resharded like them)."""
 RANK_STATE_DIR = "rank_state"
 DELETING_SUFFIX = ".deleting"
 """An ``iter_*`` dir that retention is deleting (renamed first: it no longer counts as a checkpoint)."""
+CHECKSUMS_INFO_KEY = "checksums"
+"""Key of ``mm_checkpoint.json``: ``"crc32"`` when the save wrote digests (a load then requires them)."""
+RETENTION_INFO_KEY = "retention"
+"""Key of ``mm_checkpoint.json``: the ``{"keep_last", "keep_every"}`` the checkpoint was saved under."""
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +190,10 @@ class DistributedCheckpointer:
         background_group: the process group of background saves' collectives (a gloo group of every
             rank, apart from the training's). Required by ``save(background=True)`` in a multi-rank
             run (refused without it).
+        verify: check the CRC-32 of every storage item a load reads (default); False skips it.
+        prune_kept: let retention delete checkpoints that the rule they were saved under keeps (an
+            earlier ``keep_every``'s milestones, an earlier larger ``keep_last``); False (default) keeps
+            them, logged.
     """
 
     def __init__(
@@ -186,6 +205,8 @@ class DistributedCheckpointer:
         dp_rank: int | None = None,
         dp_size: int | None = None,
         background_group: Any = None,
+        verify: bool = True,
+        prune_kept: bool = False,
     ) -> None:
         for name, value in (("keep_last", keep_last), ("keep_every", keep_every)):
             if value is not None and value < 1:
@@ -196,6 +217,9 @@ class DistributedCheckpointer:
         self.dp_rank = get_rank() if dp_rank is None else dp_rank
         self.dp_size = get_world_size() if dp_size is None else dp_size
         self.background_group = background_group
+        self.verify = verify
+        self.prune_kept = prune_kept
+        self._reported_kept: set[int] = set()
         self.pending: PendingSave | None = None
         """The background save in flight, None when there is none."""
         self._stager: Any = None
@@ -234,8 +258,13 @@ class DistributedCheckpointer:
                 "gloo group of every rank apart from the training's (its collectives run in another thread)"
             )
         self.finish_pending()
+        info = {
+            **(info or {}),
+            CHECKSUMS_INFO_KEY: "crc32",
+            RETENTION_INFO_KEY: {"keep_last": self.keep_last, "keep_every": self.keep_every},
+        }
         if submodels is not None:
-            info = {**(info or {}), SUBMODELS_INFO_KEY: list(submodels)}
+            info[SUBMODELS_INFO_KEY] = list(submodels)
         self._check_forward(iteration)
         final = self.root / iteration_dir_name(iteration)
         partial = final.with_name(final.name + ".partial")
@@ -247,19 +276,29 @@ class DistributedCheckpointer:
         if background:
             future = self._start_background_write(state, partial)
         else:
-            with single_process_quiet():
-                dcp.save(_dcp_state(state), checkpoint_id=str(partial), no_dist=not is_distributed())
-        self._save_per_rank(state, partial)
-        barrier()
+            try:
+                with single_process_quiet():
+                    dcp.save(
+                        _dcp_state(state),
+                        storage_writer=ChecksummingWriter(str(partial)),
+                        no_dist=not is_distributed(),
+                    )
+                self._save_per_rank(state, partial)
+                barrier()
+            except BaseException:
+                _discard(partial)  # no collective: every rank raises on its own
+                raise
 
         def commit() -> None:
             if get_rank() == 0:
-                self._write_info(partial, iteration, info or {})
+                self._write_info(partial, iteration, info)
                 self._commit(partial, final, iteration)
                 self._prune(iteration, background)
 
         if background:
-            self.pending = PendingSave(iteration, partial, future, commit)
+            self._save_per_rank(state, partial)
+            barrier()
+            self.pending = PendingSave(iteration, partial, future, commit, lambda: _discard(partial))
             return final
         commit()
         barrier()
@@ -279,7 +318,7 @@ class DistributedCheckpointer:
         with single_process_quiet():
             return dcp.async_save(
                 dcp_state,
-                checkpoint_id=str(partial),
+                storage_writer=ChecksummingWriter(str(partial)),
                 process_group=self.background_group,
                 async_stager=self._stager,
                 no_dist=not is_distributed(),
@@ -321,7 +360,7 @@ class DistributedCheckpointer:
         out.mkdir(exist_ok=True)
         path = out / _rank_state_name(self.dp_rank)
         torch.save({"dp_rank": self.dp_rank, "dp_size": self.dp_size, "state": per_rank}, path)
-        _fsync_file(path)
+        _fsync_file(path)  # a zip archive: each record's CRC-32 is in it (checked on load)
 
     def _write_info(self, partial: Path, iteration: int, extra: Mapping[str, Any]) -> None:
         info = {
@@ -362,18 +401,41 @@ class DistributedCheckpointer:
         if self.keep_last is None:
             return
         iters = {
-            it: p for it, p in valid_iterations(self.root).items() if it != RELEASE_ITERATION and it <= iteration
+            it: p
+            for it, p in valid_iterations(self.root).items()
+            if it != RELEASE_ITERATION and it <= iteration
         }
         kept = retained(list(iters), keep_last=self.keep_last, keep_every=self.keep_every)
+        held = []
         for it, path in iters.items():
-            if it not in kept:
-                os.replace(path, path.with_name(path.name + DELETING_SUFFIX))
+            if it in kept:
+                continue
+            if not self.prune_kept and it in _kept_by_own_rule(path, list(iters)):
+                held.append(it)
+                continue
+            os.replace(path, path.with_name(path.name + DELETING_SUFFIX))
+        self._report_held(held)
         doomed = sorted(self.root.glob(f"iter_*{DELETING_SUFFIX}"))
         if not background:
             _remove_all(doomed)
         elif doomed:
-            self._deleting = threading.Thread(target=_remove_all, args=(doomed,), name="retention", daemon=True)
+            self._deleting = threading.Thread(
+                target=_remove_all, args=(doomed,), name="retention", daemon=True
+            )
             self._deleting.start()
+
+    def _report_held(self, held: list[int]) -> None:
+        """Log (once each) the checkpoints retention kept because the rule they were saved under keeps them."""
+        new = [it for it in held if it not in self._reported_kept]
+        if not new:
+            return
+        self._reported_kept.update(new)
+        logger.warning(
+            "%s: keeping %s although keep_last=%s, keep_every=%s would delete them: the retention they were "
+            "saved under keeps them (an earlier keep_every's milestones, or a larger keep_last). Deleting them "
+            "takes the command line's --prune-kept-checkpoints (DistributedCheckpointer(prune_kept=True))",
+            self.root, [iteration_dir_name(it) for it in new], self.keep_last, self.keep_every,
+        )  # fmt: skip
 
     def load(self, state: MutableMapping[str, Any], iteration: int | None = None) -> int:
         """Collectively restore ``state`` in place from ``iteration`` (default: tracker / single valid dir).
@@ -383,15 +445,27 @@ class DistributedCheckpointer:
         Raises:
             CheckpointNotFoundError / AmbiguousCheckpointError: nothing or several things to load.
             CheckpointLoadError: the checkpoint lacks an entry that ``state`` asks for.
+            CheckpointIntegrityError: a file of the checkpoint is corrupted (with ``verify``: a storage
+                item's CRC-32; always: a damaged per-rank state archive), naming the file, the tensor,
+                the iteration and the previous checkpoint to resume instead.
         """
         path, it = resolve_dcp_dir(self.root, iteration)
         if it is None:
             raise CheckpointNotFoundError(
                 f"{self.root} is a bare DCP dir, not a checkpoint root with iter_* dirs"
             )
+        try:
+            self._load(state, path)
+        except CheckpointIntegrityError as err:
+            raise self._corrupted(err, it) from None
+        return it
+
+    def _load(self, state: MutableMapping[str, Any], path: Path) -> None:
         dcp_state = _dcp_state(state)
         self._check_entries(path, dcp_state)
-        restricted_dcp_load(dcp_state, path, no_dist=not is_distributed())
+        required = (read_info(path) or {}).get(CHECKSUMS_INFO_KEY) == "crc32"
+        reader = RestrictedFileSystemReader(str(path), verify=self.verify, required_checksums=required)
+        restricted_dcp_load(dcp_state, path, reader=reader, no_dist=not is_distributed())
         model = state.get("model")
         if model is not None:
             set_state_dict(
@@ -404,7 +478,26 @@ class DistributedCheckpointer:
             if state.get(key) is not None:
                 state[key].load_state_dict(dcp_state[key])
         self._load_per_rank(state, path)
-        return it
+
+    def _corrupted(self, err: CheckpointIntegrityError, iteration: int) -> CheckpointIntegrityError:
+        """``err`` with the iteration, and which checkpoint to resume instead."""
+        older = [it for it in valid_iterations(self.root) if 0 <= it < iteration]
+        tracker = self.root / TRACKER_FILENAME
+        if older:
+            prev = older[-1]
+            advice = (
+                f"Resume from the previous checkpoint, iteration {prev} ({self.root / iteration_dir_name(prev)}): "
+                f"write {prev} into {tracker} (a resume reads the iteration it names), or start a run from that "
+                f"directory; do not resume iteration {iteration}"
+            )
+        else:
+            advice = (
+                f"{self.root} holds no earlier checkpoint to resume instead: start over, or restore the file"
+            )
+        return CheckpointIntegrityError(
+            f"checkpoint iteration {iteration} is corrupted: {err}. {advice}",
+            path=err.path, key=err.key, iteration=iteration,
+        )  # fmt: skip
 
     def _check_entries(self, path: Path, dcp_state: Mapping[str, Any]) -> None:
         stored = read_dcp_metadata(path).state_dict_metadata
@@ -435,7 +528,7 @@ class DistributedCheckpointer:
                 f"checkpoint {path} (saved at data-parallel size {saved_dp}) lacks per-rank state {missing}: "
                 f"{wanted} cannot be restored"
             )
-        saved = [_read_rank_state(f)["state"] for f in files]
+        saved = [_read_rank_state(f, verify=self.verify)["state"] for f in files]
         for key in wanted:
             absent = [str(f) for f, s in zip(files, saved) if key not in s]
             if absent:
@@ -458,6 +551,29 @@ class DistributedCheckpointer:
                 f"{key!r} was saved per data-parallel rank at dp size {saved_dp}; loading it at dp size "
                 f"{self.dp_size} needs {type(value).__name__}.load_rank_states(states, dp_rank=, dp_size=)"
             )
+
+
+def _discard(partial: Path) -> None:
+    """Remove the ``iter_*.partial`` of a save that failed (rank 0, which made it; never raises)."""
+    if get_rank() == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def _kept_by_own_rule(path: Path, iterations: list[int]) -> set[int]:
+    """The iterations the retention recorded in ``path``'s ``mm_checkpoint.json`` keeps among
+    ``iterations``; empty when it recorded none (a save before retention was recorded)."""
+    try:
+        rule = (read_info(path) or {}).get(RETENTION_INFO_KEY)
+    except CheckpointError:
+        return set()
+    if not isinstance(rule, dict):
+        return set()
+    last, every = rule.get("keep_last"), rule.get("keep_every")
+    if not all(
+        v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1) for v in (last, every)
+    ):
+        return set()
+    return retained(iterations, keep_last=last, keep_every=every)
 
 
 def _remove_all(paths: Sequence[Path]) -> None:
@@ -493,16 +609,27 @@ def _rank_state_name(dp_rank: int) -> str:
     return f"dp_rank_{dp_rank:05d}.pt"
 
 
-def _read_rank_state(path: str | os.PathLike) -> dict[str, Any]:
-    """One per-rank state file, unpickled with ``weights_only=True`` (tensors and plain values only).
+def _read_rank_state(path: str | os.PathLike, *, verify: bool = True) -> dict[str, Any]:
+    """One per-rank state file, unpickled with ``weights_only=True`` (tensors and plain values only);
+    with ``verify`` each of its zip records is checked against its CRC-32 first.
 
     Raises:
+        CheckpointIntegrityError: the file is truncated, its zip structure damaged, or (``verify``) a
+            record's bytes changed.
         CheckpointLoadError: the file needs anything else to load (a crafted or foreign pickle: nothing
             in it runs), or is not a per-rank state file.
     """
+    if verify:
+        check_zip_crcs(path)
+    elif (damage := zip_damage(path)) is not None:
+        raise CheckpointIntegrityError(f"{path}: {damage}", path=Path(path))
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - UnpicklingError, RuntimeError, EOFError...: all mean "refused"
+        if (damage := zip_damage(path)) is not None or "PytorchStreamReader" in str(err):
+            raise CheckpointIntegrityError(
+                f"{path}: {damage or 'its zip structure is corrupted'}", path=Path(path)
+            ) from None
         raise CheckpointLoadError(
             f"{path}: not loadable as per-rank state with torch.load(weights_only=True) (only tensors and "
             f"plain values are accepted): {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"

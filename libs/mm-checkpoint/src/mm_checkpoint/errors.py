@@ -30,3 +30,24 @@ class KeyMapError(CheckpointError, ValueError):
 class ContainerCheckpointError(CheckpointFormatError):
     """A checkpoint holds several sub-models (a training run's container, a diffusers pipeline root) and
     the call did not choose one; the message lists them and the known key-map model types."""
+
+
+class CheckpointIntegrityError(CheckpointFormatError):
+    """A checkpoint file's bytes are not what its save wrote (a CRC-32 mismatch, a damaged zip): the file
+    is corrupted. ``path`` is the file, ``key`` the tensor or record when known, ``iteration`` the
+    checkpoint's (set by :meth:`~mm_checkpoint.DistributedCheckpointer.load`)."""
+
+    def __init__(
+        self, message: str, *, path: object = None, key: str | None = None, iteration: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.path, self.key, self.iteration = path, key, iteration
+
+    def __reduce__(self) -> tuple:  # keeps the fields when DCP carries it from another rank
+        return (_integrity_error, (str(self), self.path, self.key, self.iteration))
+
+
+def _integrity_error(
+    message: str, path: object, key: str | None, iteration: int | None
+) -> CheckpointIntegrityError:
+    return CheckpointIntegrityError(message, path=path, key=key, iteration=iteration)
