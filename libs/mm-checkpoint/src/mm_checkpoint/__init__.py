@@ -17,6 +17,7 @@ _EXPORTS: dict[str, str] = {
     # name: submodule that defines it
     "DistributedCheckpointer": "checkpointer",
     "RNGState": "checkpointer",
+    "Withdrawal": "checkpointer",
     "checkpoint_info": "checkpointer",
     "long_waits": "runtime",
     "convert_to_dcp": "conversion",

@@ -35,6 +35,7 @@ import shutil
 import threading
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ from .layout import (
     write_tracker,
 )
 from .restricted_dcp import RestrictedFileSystemReader, read_dcp_metadata, restricted_dcp_load
-from .runtime import barrier, get_rank, get_world_size, is_distributed, single_process_quiet
+from .runtime import barrier, get_rank, get_world_size, is_distributed, on_rank0, single_process_quiet
 from .zip_files import check_zip_crcs, zip_damage
 
 DCP_KEYS = ("model", "optimizer", "lr_scheduler", "ema")
@@ -72,6 +73,32 @@ CHECKSUMS_INFO_KEY = "checksums"
 """Key of ``mm_checkpoint.json``: ``"crc32"`` when the save wrote digests (a load then requires them)."""
 RETENTION_INFO_KEY = "retention"
 """Key of ``mm_checkpoint.json``: the ``{"keep_last", "keep_every"}`` the checkpoint was saved under."""
+WITHDRAWN_SUFFIX = ".withdrawn"
+"""An ``iter_*`` dir that :meth:`DistributedCheckpointer.withdraw` moved aside (no older one was left for
+the tracker): it no longer counts as a checkpoint, and stays on disk for a look."""
+
+
+@dataclass(frozen=True)
+class Withdrawal:
+    """What :meth:`DistributedCheckpointer.withdraw` did: the iterations it stopped naming as the latest,
+    the iteration the tracker names now (None: no tracker left), whether they were moved aside."""
+
+    withdrawn: tuple[int, ...]
+    tracked: int | None
+    moved_aside: bool = False
+
+    def describe(self, root: Path) -> str:
+        """The outcome in words: which checkpoint to resume, which not."""
+        if not self.withdrawn:
+            return f"no checkpoint of {root} was withdrawn"
+        names = ", ".join(iteration_dir_name(it) for it in self.withdrawn)
+        if self.tracked is not None:
+            return (
+                f"resume from iteration {self.tracked} ({root / iteration_dir_name(self.tracked)}, which the tracker "
+                f"now names), not from {names}"
+            )
+        aside = f" (moved aside as *{WITHDRAWN_SUFFIX})" if self.moved_aside else ""
+        return f"{root} holds no earlier checkpoint to resume: start over; do not resume {names}{aside}"
 
 logger = logging.getLogger(__name__)
 
@@ -323,6 +350,28 @@ class DistributedCheckpointer:
                 async_stager=self._stager,
                 no_dist=not is_distributed(),
             )
+
+    def withdraw(self, since: int) -> Withdrawal:
+        """Stop naming the checkpoints of iteration ``since`` and later as the latest: the tracker moves
+        back to the newest one before ``since``; with none left, they are renamed aside
+        (``iter_*.withdrawn``) and the tracker removed, so that no resume picks them. A background save in
+        flight is committed first. Collective (rank 0 acts; every rank gets its :class:`Withdrawal`)."""
+        self.finish_pending()
+        return on_rank0(lambda: self._withdraw(since))
+
+    def _withdraw(self, since: int) -> Withdrawal:
+        found = {it: p for it, p in valid_iterations(self.root).items() if it != RELEASE_ITERATION}
+        withdrawn = tuple(it for it in found if it >= since)
+        older = [it for it in found if it < since]
+        if not withdrawn:
+            return Withdrawal((), read_tracker(self.root))
+        if older:
+            write_tracker(self.root, older[-1])
+            return Withdrawal(withdrawn, older[-1])
+        for it in withdrawn:
+            os.replace(found[it], found[it].with_name(found[it].name + WITHDRAWN_SUFFIX))
+        (self.root / TRACKER_FILENAME).unlink(missing_ok=True)
+        return Withdrawal(withdrawn, None, moved_aside=True)
 
     def check_pending(self) -> None:
         """Commit the background save if its write has ended; raise its error if it failed. Never waits
