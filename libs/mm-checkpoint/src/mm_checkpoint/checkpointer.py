@@ -42,7 +42,12 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from .background_save import PendingSave, staging_copier
 from .checksums import ChecksummingWriter
@@ -100,6 +105,7 @@ class Withdrawal:
         aside = f" (moved aside as *{WITHDRAWN_SUFFIX})" if self.moved_aside else ""
         return f"{root} holds no earlier checkpoint to resume: start over; do not resume {names}{aside}"
 
+
 logger = logging.getLogger(__name__)
 
 
@@ -150,12 +156,17 @@ def _optimizers(state: Mapping[str, Any]) -> tuple[torch.optim.Optimizer, ...]:
     return tuple(opt) if isinstance(opt, (list, tuple)) else (opt,)
 
 
-def _dcp_state(state: Mapping[str, Any]) -> dict[str, Any]:
+def _dcp_state(state: Mapping[str, Any], *, saving: bool = False) -> dict[str, Any]:
+    """The DCP entries of ``state``. ``saving``: an optimizer that has never stepped is saved without
+    state (``get_state_dict`` would give it one by a zero-lr step, changing its step count)."""
     out: dict[str, Any] = {}
     model: nn.Module | None = state.get("model")
     optims = _optimizers(state)
     if model is not None:
+        unstepped = [o for o in optims if not o.state] if saving else []
         model_sd, optim_sd = get_state_dict(model, optims)
+        if unstepped:
+            _forget_initial_state(optims, unstepped, optim_sd)
         out["model"] = model_sd
         if optims:
             out["optimizer"] = optim_sd
@@ -165,6 +176,39 @@ def _dcp_state(state: Mapping[str, Any]) -> dict[str, Any]:
         if state.get(key) is not None:
             out[key] = state[key].state_dict()
     return out
+
+
+def _forget_initial_state(
+    optims: Sequence[torch.optim.Optimizer], unstepped: list[torch.optim.Optimizer], optim_sd: dict[str, Any]
+) -> None:
+    """Undo what ``get_state_dict`` did to the optimizers in ``unstepped`` (a zero-lr step that gave them
+    state): their state is cleared again, and their parameters' entries leave ``optim_sd``, whose param
+    groups come in the optimizers' order."""
+    start = 0
+    for optim in optims:
+        groups = optim_sd["param_groups"][start : start + len(optim.param_groups)]
+        start += len(optim.param_groups)
+        if any(optim is o for o in unstepped):
+            for group in groups:
+                for fqn in group["params"]:
+                    optim_sd["state"].pop(fqn, None)
+            optim.state.clear()
+
+
+def _drop_unstepped(dcp_state: dict[str, Any], stored: Mapping[str, Any]) -> bool:
+    """Take out of a load's ``optimizer`` entry the parameters of which the checkpoint holds no state
+    at all (their optimizer had not stepped them when it was saved): they load without state, as they
+    were. A parameter with part of its state stored stays, so that the part missing is an error. Whether
+    any was taken out."""
+    state = (dcp_state.get("optimizer") or {}).get("state") or {}
+    dropped = [
+        fqn
+        for fqn, entry in state.items()
+        if isinstance(entry, Mapping) and not any(f"optimizer.state.{fqn}.{k}" in stored for k in entry)
+    ]
+    for fqn in dropped:
+        del state[fqn]
+    return bool(dropped)
 
 
 def _per_rank_state(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -306,7 +350,7 @@ class DistributedCheckpointer:
             try:
                 with single_process_quiet():
                     dcp.save(
-                        _dcp_state(state),
+                        _dcp_state(state, saving=True),
                         storage_writer=ChecksummingWriter(str(partial)),
                         no_dist=not is_distributed(),
                     )
@@ -333,7 +377,7 @@ class DistributedCheckpointer:
 
     def _start_background_write(self, state: Mapping[str, Any], partial: Path) -> Any:
         """Stage ``state`` into host memory (returns once staged) and write it from a thread: the future."""
-        dcp_state = _dcp_state(state)
+        dcp_state = _dcp_state(state, saving=True)
         if self._stager is None:
             self._stager = staging_copier()
             self.staging_bytes = local_tensor_bytes(dcp_state)
@@ -511,18 +555,21 @@ class DistributedCheckpointer:
 
     def _load(self, state: MutableMapping[str, Any], path: Path) -> None:
         dcp_state = _dcp_state(state)
-        self._check_entries(path, dcp_state)
+        stored = self._check_entries(path, dcp_state)
+        unstepped = _drop_unstepped(dcp_state, stored)
         required = (read_info(path) or {}).get(CHECKSUMS_INFO_KEY) == "crc32"
         reader = RestrictedFileSystemReader(str(path), verify=self.verify, required_checksums=required)
         restricted_dcp_load(dcp_state, path, reader=reader, no_dist=not is_distributed())
         model = state.get("model")
         if model is not None:
-            set_state_dict(
-                model,
-                _optimizers(state),
-                model_state_dict=dcp_state["model"],
-                optim_state_dict=dcp_state.get("optimizer", {}),
-            )
+            set_model_state_dict(model, dcp_state["model"])
+            if _optimizers(state):  # parameters saved without optimizer state load without it
+                set_optimizer_state_dict(
+                    model,
+                    _optimizers(state),
+                    dcp_state["optimizer"],
+                    options=StateDictOptions(strict=not unstepped),
+                )
         for key in ("lr_scheduler", "ema"):
             if state.get(key) is not None:
                 state[key].load_state_dict(dcp_state[key])
@@ -548,12 +595,14 @@ class DistributedCheckpointer:
             path=err.path, key=err.key, iteration=iteration,
         )  # fmt: skip
 
-    def _check_entries(self, path: Path, dcp_state: Mapping[str, Any]) -> None:
+    def _check_entries(self, path: Path, dcp_state: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The checkpoint's stored keys, once every top-level entry of ``dcp_state`` is known there."""
         stored = read_dcp_metadata(path).state_dict_metadata
         tops = {k.split(".", 1)[0] for k in stored}
         absent = [k for k in dcp_state if k not in tops]
         if absent:
             raise CheckpointLoadError(f"checkpoint {path} has no {absent} state (it holds {sorted(tops)})")
+        return stored
 
     def _load_per_rank(self, state: MutableMapping[str, Any], path: Path) -> None:
         """Restore every per-rank entry of ``state``: from this rank's own file at the saved dp size,
