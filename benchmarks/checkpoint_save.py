@@ -11,10 +11,11 @@ plain ``FileSystemWriter`` instead of ``mm_checkpoint.ChecksummingWriter`` (the 
 item, ``mm_checksums.json``): whether the asynchronous save still hides its write with them.
 
 What the checksums cost, per GiB, from runs interleaved so that other jobs' load hits both alike:
-both ranks save the state ``--repeats`` times synchronously with and without CRC-32s in turn, and load
-the last synchronous checkpoint ``--repeats`` times with ``DistributedCheckpointer(verify=True)`` and
-``verify=False`` in turn (page cache warm for both); medians. And the floor: ``zlib.crc32``'s
-throughput on this machine, one thread.
+both ranks save the state ``--repeats`` times synchronously with and without CRC-32s in turn (which
+goes first alternates), and load the last (checksummed) one ``--repeats`` times with
+``DistributedCheckpointer(verify=True)`` and ``verify=False`` in turn (page cache warm for both);
+medians. And the floor: ``zlib.crc32``'s throughput on this machine, one thread. ``--costs-only`` runs
+these alone, without the training-loop modes.
 
 Saves happen at the multiples of ``--save-every`` that leave ``--save-every`` steps after them (the
 steady state of a long run; a save at the very end blocks for its whole write in either mode). Per
@@ -26,7 +27,7 @@ the no-save run (it also counts training steps slowed by the writer threads, whi
 cores with the training; on a machine shared with other jobs it is noise-dominated).
 
 Usage: python benchmarks/checkpoint_save.py [--dim 2048] [--layers 24] [--batch 16] [--steps 16]
-[--save-every 4] [--repeats 5] [--workdir /tmp/mm_ckpt_save_bench]
+[--save-every 4] [--repeats 5] [--costs-only] [--workdir /tmp/mm_ckpt_save_bench]
 """
 
 from __future__ import annotations
@@ -114,8 +115,8 @@ def _time_saves(args: argparse.Namespace, model: Any, opt: Any) -> dict[bool, li
     ckpt = DistributedCheckpointer(Path(args.workdir) / "interleaved", keep_last=1)
     times: dict[bool, list[float]] = {True: [], False: []}
     iteration = 0
-    for _ in range(args.repeats):
-        for checksums in (True, False):
+    for repeat in range(args.repeats):
+        for checksums in (True, False) if repeat % 2 == 0 else (False, True):
             iteration += 1
             with _writer(checksums):
                 dist.barrier()
@@ -123,15 +124,16 @@ def _time_saves(args: argparse.Namespace, model: Any, opt: Any) -> dict[bool, li
                 ckpt.save({"model": model, "optimizer": opt}, iteration)
                 dist.barrier()
             times[checksums].append(time.perf_counter() - t0)
+    ckpt.save({"model": model, "optimizer": opt}, iteration + 1)  # with CRC-32s: what the loads read
     return times
 
 
 def _time_loads(args: argparse.Namespace, model: Any, opt: Any) -> dict[bool, list[float]]:
-    """Seconds of ``--repeats`` loads of the last synchronous checkpoint, checked and unchecked in turn."""
+    """Seconds of ``--repeats`` loads of the last interleaved (checksummed) save, checked and unchecked in turn."""
     import torch.distributed as dist
     from mm_checkpoint import DistributedCheckpointer
 
-    root = Path(args.workdir) / "synchronous"
+    root = Path(args.workdir) / "interleaved"
     times: dict[bool, list[float]] = {True: [], False: []}
     DistributedCheckpointer(root, verify=False).load({"model": model, "optimizer": opt})  # page cache warm
     for _ in range(args.repeats):
@@ -182,12 +184,16 @@ def _rank(rank: int, args: argparse.Namespace, port: int) -> None:
         fully_shard(layer)
     fully_shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    results = {mode: _run_mode(mode, args, model, opt, group) for mode in MODES}
+    results = {} if args.costs_only else {mode: _run_mode(mode, args, model, opt, group) for mode in MODES}
+    if args.costs_only:  # one step, so that the optimizer holds its moments (a full training state)
+        _step(model, opt, torch.randn(args.batch, args.dim))
     saves = _time_saves(args, model, opt)
     loads = _time_loads(args, model, opt)
     if rank == 0:
-        _print_table(args, results)
-        _print_costs(results["synchronous"]["size"], saves, loads, _crc_throughput())
+        if results:
+            _print_table(args, results)
+        size = sum(f.stat().st_size for f in (Path(args.workdir) / "interleaved").rglob("*") if f.is_file())
+        _print_costs(size, saves, loads, _crc_throughput())
     dist.barrier()
     dist.destroy_process_group()
 
@@ -248,6 +254,9 @@ def main() -> None:
     p.add_argument("--save-every", type=int, default=4)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5, help="saves and loads timed with and without CRC-32s")
+    p.add_argument(
+        "--costs-only", action="store_true", help="the checksums' costs alone (no training-loop modes)"
+    )
     p.add_argument("--workdir", default="/tmp/mm_ckpt_save_bench")
     args = p.parse_args()
     import torch.multiprocessing as mp
