@@ -14,6 +14,10 @@
 #   HCCL_SOCKET_IFNAME network interface(s) for HCCL's sockets (and gloo's), e.g. eth0; or
 #   HCCL_IF_IP         this node's address for HCCL's first connections (unset: HCCL picks one)
 # training.device may stay unset: it picks npu where torch_npu is installed.
+#
+# Exit code (mm_trainer.run.torchrun, which passes a stopped run's code on where plain torchrun says
+# 1): 0 finished; 75 (EXIT_INCOMPLETE) stopped before training.train_iters after saving (SIGTERM /
+# SIGINT to this script or a rank): resume it, e.g. run the script again; anything else failed.
 
 set -euo pipefail
 
@@ -37,7 +41,7 @@ if [[ -n "${HCCL_SOCKET_IFNAME:-}" ]]; then
 fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 
-exec python -m torch.distributed.run \
+exec python -m mm_trainer.run.torchrun \
     --nnodes "$NNODES" \
     --nproc-per-node "${NPROC_PER_NODE:-8}" \
     --rdzv-backend c10d \

@@ -131,12 +131,15 @@ def write_config(path: Path, cfg: dict) -> Path:
     return path
 
 
-def mm_train_command(config: Path, *overrides: str, nproc: int = 1) -> list[str]:
-    """``mm-train`` as a single process or under torchrun with ``nproc`` CPU ranks."""
+def mm_train_command(
+    config: Path, *overrides: str, nproc: int = 1, torchrun: str = "torch.distributed.run"
+) -> list[str]:
+    """``mm-train`` as a single process or under torchrun with ``nproc`` CPU ranks (``torchrun``: the
+    launcher's module, e.g. ``mm_trainer.run.torchrun``, the launch scripts')."""
     if nproc == 1:
         return [sys.executable, "-m", "mm_trainer", "--config", str(config), *overrides]
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        sys.executable, "-m", torchrun, "--standalone", f"--nproc-per-node={nproc}",
         "-m", "mm_trainer", "--config", str(config), *overrides,
     ]  # fmt: skip
 
@@ -355,12 +358,14 @@ def _free_port() -> int:
 def start_run(
     config: Path, *overrides: str, nproc: int = 2, launcher: str = "torchrun"
 ) -> list[subprocess.Popen]:
-    """Start an ``nproc``-rank mm-train: one torchrun process, or (``launcher="plain"``) one process
-    per rank with the rendezvous in its environment, as srun / mpirun / a script would. Each process
+    """Start an ``nproc``-rank mm-train: one torchrun process, one ``mm_trainer.run.torchrun`` process
+    (``launcher="wrapped"``: the launch scripts' torchrun), or (``launcher="plain"``) one process per
+    rank with the rendezvous in its environment, as srun / mpirun / a script would. Each process
     writes stdout and stderr to ``<config dir>/<launcher>-<i>.log`` (a file: workers that outlive
     their launcher keep writing, and a pipe nobody reads would block them)."""
-    if launcher == "torchrun":
-        commands = [(mm_train_command(config, *overrides, nproc=nproc), train_env())]
+    if launcher in ("torchrun", "wrapped"):
+        module = "mm_trainer.run.torchrun" if launcher == "wrapped" else "torch.distributed.run"
+        commands = [(mm_train_command(config, *overrides, nproc=nproc, torchrun=module), train_env())]
     else:
         port = _free_port()
         commands = [

@@ -124,3 +124,4 @@ def test_a_failed_background_save_ends_the_run_at_a_step_after_it_with_its_error
     # within the three steps between them
     assert 3 <= len(metrics_of(config.parent / "ckpt")) < 6
     assert not (config.parent / "ckpt" / "latest_checkpointed_iteration.txt").exists()
+    assert not list((config.parent / "ckpt").glob("iter_*"))  # its iter_0000003.partial removed

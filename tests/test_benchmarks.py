@@ -109,3 +109,16 @@ def test_preprocess_throughput_integrity_prints_what_hashing_and_verifying_cost_
     out = _run("benchmarks/preprocess_throughput.py", "--integrity", "--integrity-gb", "0.01")
     rows = re.findall(r"^(clip digests, .*?|shard verification .*?)\s+([12])\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+$", out, re.M)
     assert len(rows) == 6, out
+
+
+@pytest.mark.slow
+def test_checkpoint_save_prints_every_mode_and_the_checksums_cost_per_gib_saved_and_loaded(tmp_path):
+    out = _run("benchmarks/checkpoint_save.py", "--dim", "64", "--layers", "2", "--batch", "4", "--steps", "4",
+               "--save-every", "2", "--repeats", "1", "--workdir", str(tmp_path))  # fmt: skip
+    for mode in ("no saving", "synchronous", "asynchronous", "synchronous, no CRC", "asynchronous, no CRC"):
+        assert re.search(rf"^{re.escape(mode)}\s+\d+\.\d+", out, re.MULTILINE), out
+    assert re.search(
+        r"^synchronous save of .* the checksums cost [+-]\d+\.\d+ s per GiB saved$", out, re.M
+    ), out
+    assert re.search(r"^load of .* the checksums cost [+-]\d+\.\d+ s per GiB loaded$", out, re.M), out
+    assert re.search(r"^zlib\.crc32 on this machine: \d+\.\d+ GB/s", out, re.M), out

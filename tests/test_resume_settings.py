@@ -107,18 +107,18 @@ def test_a_changed_lora_alpha_on_resume_is_refused_with_both_values_as_a_config_
     assert "model.models.predictor.lora.alpha: 4.0 -> 8.0" in done.stderr.split(start)[1]
 
 
-def test_an_lr_blow_up_leaves_the_tracker_at_the_last_finite_checkpoint(
-    base, mm_train_forked, tmp_path, capfd
-):
+def test_an_lr_blow_up_saves_none_of_its_non_finite_steps(base, mm_train_forked, tmp_path, capfd):
     config = resumed_copy(base, tmp_path)
     # step 5 still has a finite loss (the checkpoint's weights) and saves; its update makes the weights
-    # ~1e30, so every later loss is inf: skipped, and never saved, until the run stops
+    # ~1e30, so every later loss is inf: skipped, and never saved, until the run stops. Iteration 5 was
+    # the input of the first of them: withdrawn, the tracker back at 4
+    # (test_trainer_robustness.py: ..._withdraws_the_checkpoint_of_its_finite_loss_step_...)
     blow_up = ["training.lr=1e30", "training.save_interval=1", "training.train_iters=12",
                "training.nonfinite.max_consecutive=3"]  # fmt: skip
     with pytest.raises(AssertionError, match="NonFiniteLossError: step 9: non-finite loss"):
         mm_train_forked(config, *blow_up)
     ckpt = config.parent / "ckpt"
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "5"
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     assert sorted(p.name for p in ckpt.glob("iter_*")) == ["iter_0000004", "iter_0000005"]
     err = capfd.readouterr().err
     assert all(f"not saving iteration {i}: the step's loss is not finite" in err for i in (6, 7, 8))

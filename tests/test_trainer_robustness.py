@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
 
 import pytest
+import torch
 from mm_trainer.run.exit_codes import EXIT_INCOMPLETE
 
 pytestmark = pytest.mark.slow
@@ -77,3 +79,39 @@ def test_profile_writes_a_trace_for_the_step_range(toy_yaml, mm_train):
     mm_train(config)
     trace = config.parent / "ckpt" / "profile" / "trace_rank0.json"
     assert trace.is_file() and trace.stat().st_size > 0
+
+
+def test_an_lr_blow_up_withdraws_the_checkpoint_of_its_finite_loss_step_and_the_tracker_resumes_finite(
+    toy_yaml, mm_train_forked, metrics_of
+):
+    """lr 1e30 on resume: step 5's loss is finite (computed before its update), its update takes the
+    weights to ~1e30 and iteration 5 is saved (finite weights); step 6 is NaN. Iteration 5 was that
+    step's input: the tracker moves back to 4, the error says to resume 4 and not 5, and the resume from
+    what the tracker names trains finite losses."""
+    from mm_checkpoint import latest_iteration
+    from mm_checkpoint.dcp_io import DcpReader
+
+    config = toy_yaml(training={"train_iters": 4, "save_interval": 2})
+    save = config.parent / "ckpt"
+    mm_train_forked(config)
+    blow_up = ["training.lr=1e30", "training.train_iters=10", "training.save_interval=1",
+               "training.nonfinite.max_consecutive=1"]  # fmt: skip
+    with pytest.raises(AssertionError) as caught:
+        mm_train_forked(config, *blow_up)
+    error = str(caught.value)
+    assert "NonFiniteLossError: step 7: non-finite loss" in error
+    assert "step 6 is the first non-finite one of its streak" in error
+    assert (
+        f"resume from iteration 4 ({save / 'iter_0000004'}, which the tracker now names), not from iter_0000005"
+        in error
+    )
+    records = metrics_of(save)
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]  # step 7 raised
+    assert math.isfinite(records[4]["loss"]) and not math.isfinite(records[5]["loss"])
+    weights = DcpReader(save / "iter_0000005").read("predictor.blocks.0.fc1.weight")
+    assert torch.isfinite(weights).all() and weights.abs().max() > 1e20  # committed: finite, blown up
+    assert latest_iteration(save) == 4
+
+    records = mm_train_forked(config, "training.train_iters=8")  # the tracker's checkpoint, the first lr
+    assert [r["step"] for r in records[-4:]] == [5, 6, 7, 8]
+    assert all(math.isfinite(r["loss"]) and not r["skipped"] for r in records[-4:])

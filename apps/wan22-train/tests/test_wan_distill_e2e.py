@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -159,3 +160,66 @@ def test_a_distillation_exports_the_ema_of_its_student(tmp_path):
     # the average's lead over the last weights, as a multiple of the generator's step: decay**5, elementwise
     assert (lead @ step / (step @ step)).item() == pytest.approx(decay**steps, rel=1e-3)
     torch.testing.assert_close(lead, decay**steps * step, rtol=0, atol=1e-3 * step.abs().max().item())
+
+
+BOTH_STEPS = 2
+GENERATOR_EVERY_STEP = (
+    "training.phases.generator.every=1"  # a generator step after the resume too, in 2 steps
+)
+
+
+def both_experts_args(tiny: Path, save: Path, *extra: str) -> list[str]:
+    """``tiny_t2v_both_distill.yaml`` on the tiny model set: every transformer sub-model from its predictor."""
+    subs = ("teacher", "critic", "teacher_low", "predictor_low", "critic_low")
+    return [
+        "--config", str(config_path("tiny_t2v_both_distill.yaml")), *tiny_overrides(tiny),
+        *[f"model.models.{name}.from_pretrained={tiny / 'transformer'}" for name in subs],
+        f"training.save={save}", f"training.train_iters={BOTH_STEPS}", "training.save_interval=1",
+        "training.log_interval=1", "training.tensorboard=false", *extra,
+    ]  # fmt: skip
+
+
+def cut_back_to(run: Path, iteration: int) -> None:
+    """``run`` as a run stopped after ``iteration`` (its later checkpoints and records gone)."""
+    for folder in run.glob("iter_*"):
+        if int(folder.name[5:]) > iteration:
+            shutil.rmtree(folder)
+    (run / "latest_checkpointed_iteration.txt").write_text(f"{iteration}\n")
+    lines = (run / "metrics.jsonl").read_text().splitlines()[:iteration]
+    (run / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+
+
+def test_a_two_expert_distillation_saved_before_both_students_stepped_resumes_at_any_layout(
+    tmp_path, main_forked
+):
+    """Iteration 1 of ``tiny_t2v_both_distill.yaml`` at 2 ranks: one generator step, which trained the
+    student of one expert only (the other's optimizer state does not exist yet). It resumes at 2 ranks
+    with Ulysses 2 and at 1 rank without, and trains the uninterrupted run's losses of the next step,
+    a generator step (every step here, to keep the test short)."""
+    from mm_checkpoint.restricted_dcp import read_dcp_metadata
+
+    tiny = make_tiny(tmp_path / "tiny")
+    reference = tmp_path / "reference"
+    main_forked(wan22_main, both_experts_args(tiny, reference, GENERATOR_EVERY_STEP), 2, timeout=600)
+    expected = records(reference)
+    assert [r["step"] for r in expected if "loss_generator" in r] == [1, 2]
+    stored = read_dcp_metadata(reference / "iter_0000001").state_dict_metadata
+    stepped = [
+        s
+        for s in ("predictor", "predictor_low")
+        if any(k.startswith(f"optimizer.state.{s}.") for k in stored)
+    ]
+    assert len(stepped) == 1, f"iteration 1 holds optimizer state of the students {stepped}: expected one"
+
+    for nproc in (2, 1):
+        run = tmp_path / f"resumed_at_{nproc}"
+        shutil.copytree(reference, run)
+        cut_back_to(run, 1)
+        layout = f"parallel.ulysses_parallel_size={nproc}"
+        main_forked(wan22_main, both_experts_args(tiny, run, GENERATOR_EVERY_STEP, layout), nproc)
+        got = records(run)
+        assert [r["step"] for r in got] == list(range(1, BOTH_STEPS + 1))
+        for key in PHASE_LOSSES:
+            want = torch.tensor([r.get(key, float("nan")) for r in expected[1:]])
+            have = torch.tensor([r.get(key, float("nan")) for r in got[1:]])
+            torch.testing.assert_close(have, want, rtol=1e-4, atol=0, equal_nan=True)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from mm_checkpoint import (
     CheckpointFormatError,
+    CheckpointIntegrityError,
     PthReader,
     load_checkpoint_with_conversion,
     resolve_load_format,
@@ -50,9 +51,31 @@ def test_a_file_torch_cannot_memory_map_is_refused_with_how_to_resave_it(tmp_pat
     path = tmp_path / "old.pth"
     torch.save({"w": torch.ones(2)}, path, _use_new_zipfile_serialization=False)
     with pytest.raises(
-        CheckpointFormatError, match=r"old\.pth is not a zip-format torch checkpoint.*re-save"
+        CheckpointFormatError, match=r"old\.pth is a legacy \(pre-zip\) torch checkpoint.*re-save"
     ):
         PthReader(path)
+
+
+def test_a_truncated_pth_is_called_truncated_not_a_legacy_file(tmp_path):
+    _, path = _linear_pth(tmp_path / "weights.pth")
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # an interrupted copy
+    with pytest.raises(CheckpointIntegrityError, match=r"weights\.pth: .* the file is truncated") as caught:
+        PthReader(path)
+    assert "legacy" not in str(caught.value) and "re-save" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [(b"PK\x01\x02", b"PX\x01\x02"), (b"PK\x03\x04", b"PX\x03\x04")],
+    ids=["central-directory", "record-header"],
+)
+def test_a_pth_with_a_corrupted_zip_structure_is_named_without_torchs_miniz_message(tmp_path, damage):
+    _, path = _linear_pth(tmp_path / "weights.pth")
+    raw = path.read_bytes()
+    path.write_bytes(raw[:4] + raw[4:].replace(*damage, 1))  # the first record header kept: still a zip
+    with pytest.raises(CheckpointIntegrityError, match=r"weights\.pth: its zip structure is corrupted") as caught:
+        PthReader(path)
+    assert "miniz" not in str(caught.value)
 
 
 def test_a_shard_reads_only_its_rows(tmp_path):

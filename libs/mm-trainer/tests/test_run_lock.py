@@ -132,3 +132,56 @@ def test_a_takeover_does_not_remove_a_lock_that_another_process_took_first(tmp_p
     _plant(tmp_path, newer)
     assert not RunLock(tmp_path)._remove_stale(stale)
     assert json.loads((tmp_path / LOCK_FILENAME).read_text())["pid"] == 4343
+
+
+@pytest.mark.parametrize("content", ["", '{"pid": 12'], ids=["empty", "unreadable"])
+def test_an_empty_or_unreadable_lock_older_than_the_lease_is_stale_and_taken_over(
+    tmp_path: Path, caplog, content: str
+) -> None:
+    lock_file = tmp_path / LOCK_FILENAME
+    lock_file.write_text(content)
+    with pytest.raises(
+        RunLockedError, match=r"names no holder .*written 0 s ago.*taken over once older than the lease"
+    ):
+        RunLock(tmp_path, lease_s=60.0).acquire()  # young: perhaps a run writing it now
+    old = time.time() - 61
+    os.utime(lock_file, (old, old))
+    with caplog.at_level(logging.WARNING, logger="mm_trainer"):
+        lock = RunLock(tmp_path, lease_s=60.0).acquire()
+    assert "taking over an unreadable lock file" in caplog.text and "written 61 s ago" in caplog.text
+    assert json.loads(lock_file.read_text())["pid"] == os.getpid()
+    lock.release()
+
+
+def test_a_lease_renewed_in_the_future_is_reported_as_clock_skew_not_as_fresh(tmp_path: Path) -> None:
+    _plant(tmp_path, replace(_holder_of(4242), host="node-17", lease_s=120.0, renewed=time.time() + 300))
+    with pytest.raises(RunLockedError) as err:
+        RunLock(tmp_path).acquire()
+    message = str(err.value)
+    assert "lease renewed 300 s in the future by this host's clock: clock skew" in message
+    assert "host node-17's clock runs at least 300 s ahead" in message and "renewed 0 s ago" not in message
+
+
+def test_release_never_raises_when_the_file_system_refuses_to_remove_the_lock(tmp_path: Path, caplog) -> None:
+    """The lock's directory made unwritable (immutable for root, read-only otherwise): what a read-only
+    file system does to the unlink at exit."""
+    directory = tmp_path / "run"
+    lock = RunLock(directory).acquire()
+    if os.geteuid() == 0:
+        made = subprocess.run(["chattr", "+i", str(directory)], capture_output=True)
+        if made.returncode != 0:
+            pytest.skip(
+                f"root cannot make {directory} immutable here (chattr: {made.stderr.decode().strip()})"
+            )
+        undo = ["chattr", "-i", str(directory)]
+    else:
+        directory.chmod(0o555)
+        undo = ["chmod", "755", str(directory)]
+    try:
+        with caplog.at_level(logging.WARNING, logger="mm_trainer"):
+            lock.release()  # must not raise
+    finally:
+        subprocess.run(undo, check=True)
+    assert (
+        directory / LOCK_FILENAME
+    ).exists() and "could not remove the lock (PermissionError" in caplog.text

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,8 @@ class PendingSave:
     commit: Callable[[], None]
     """Rank 0: write the info file, rename ``partial`` into place, move the tracker, prune; elsewhere a
     no-op. Called once, after :attr:`future` completed without error."""
+    discard: Callable[[], None] = lambda: None  # noqa: E731
+    """Rank 0: remove ``partial`` (the write failed); elsewhere a no-op. Never raises."""
 
     def done(self) -> bool:
         """Whether the background write has ended (successfully or not)."""
@@ -58,14 +61,22 @@ class PendingSave:
         """Wait for the write (at most ``timeout_s``), then commit.
 
         Raises:
-            CheckpointError: the background write failed (its error chained) or did not end in time;
-                the checkpoint stays an uncommitted ``iter_*.partial`` and the tracker where it was.
+            CheckpointError: the background write failed (its error chained: its ``iter_*.partial`` is
+                removed) or did not end in time (the write goes on: its ``iter_*.partial`` stays until the
+                next save of that iteration); the tracker stays where it was.
         """
         try:
             self.future.result(timeout=timeout_s)
+        except FutureTimeout as err:
+            raise CheckpointError(
+                f"the background save of iteration {self.iteration} into {self.partial} did not end within "
+                f"{timeout_s} s. The previous checkpoint and the tracker are unchanged"
+            ) from err
         except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP's is a BaseException
+            self.discard()
             raise CheckpointError(
                 f"the background save of iteration {self.iteration} into {self.partial} failed: "
-                f"{type(err).__name__}: {err}. The previous checkpoint and the tracker are unchanged"
+                f"{type(err).__name__}: {err}. Its partial files were removed; the previous checkpoint and the "
+                "tracker are unchanged"
             ) from err
         self.commit()

@@ -48,6 +48,14 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("path")
     i.add_argument("--format", default="auto")
     i.add_argument("--json", action="store_true", help="print JSON")
+    k = sub.add_parser(
+        "check",
+        help="check every file of a DCP checkpoint against the CRC-32 its save recorded (exit 1 if corrupted)",
+    )
+    k.add_argument("path", help="a checkpoint root (the tracker's iteration) or an iter_* dir")
+    k.add_argument(
+        "--iteration", type=int, default=None, help="the iteration to check (default: the tracker's)"
+    )
     v = sub.add_parser("verify", help="compare two checkpoints after key mapping (exit 1 if they differ)")
     v.add_argument("a")
     v.add_argument("b")
@@ -123,6 +131,26 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    from .checksums import verify_checkpoint_dir
+    from .errors import CheckpointIntegrityError
+    from .layout import resolve_dcp_dir
+    from .restricted_dcp import read_dcp_metadata
+    from .zip_files import check_zip_crcs
+
+    path, _ = resolve_dcp_dir(args.path, args.iteration)
+    try:
+        items = verify_checkpoint_dir(path, read_dcp_metadata(path))
+        rank_files = sorted(path.glob("rank_state/*.pt"))
+        for file in rank_files:
+            check_zip_crcs(file)
+    except CheckpointIntegrityError as err:
+        print(f"CORRUPTED: {err}")
+        return 1
+    print(f"{path}: {items} storage items and {len(rank_files)} per-rank state files match their CRC-32: OK")
+    return 0
+
+
 def _verify(args: argparse.Namespace) -> int:
     from .inspection import verify_checkpoints
 
@@ -149,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for module in args.plugin:
             importlib.import_module(module)
-        return {"convert": _convert, "inspect": _inspect, "verify": _verify}[args.command](args)
+        commands = {"convert": _convert, "inspect": _inspect, "check": _check, "verify": _verify}
+        return commands[args.command](args)
     except (CheckpointError, OSError, ValueError, ModuleNotFoundError) as e:
         print(f"mm-ckpt: error: {e}", file=sys.stderr)
         return 2

@@ -17,13 +17,9 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import (
-    DefaultSavePlanner,
-    FileSystemWriter,
-    Metadata,
-    TensorStorageMetadata,
-)
+from torch.distributed.checkpoint import DefaultSavePlanner, Metadata, TensorStorageMetadata
 
+from .checksums import ChecksummingWriter
 from .errors import CheckpointFormatError, CheckpointNotFoundError
 from .restricted_dcp import RestrictedFileSystemReader, check_dcp_storage, restricted_dcp_load
 from .runtime import single_process_quiet
@@ -148,14 +144,14 @@ def save_lazy_dcp(
 
     One ``.distcp`` file per tensor keeps memory bounded (DCP keeps every tensor of a file alive until
     the file is closed); ``threads`` writer threads overlap serialization with fsync. ``produce`` may be
-    called from several threads.
+    called from several threads. Each tensor's CRC-32 is recorded (:mod:`.checksums`).
     """
     meta = {MODEL_PREFIX + k: torch.empty(i.shape, dtype=i.dtype, device="meta") for k, i in layout.items()}
 
     def _produce(fqn: str) -> torch.Tensor:
         return produce(fqn[len(MODEL_PREFIX) :]).contiguous()
 
-    writer = FileSystemWriter(str(out_dir), single_file_per_rank=False, thread_count=threads)
+    writer = ChecksummingWriter(str(out_dir), single_file_per_rank=False, thread_count=threads)
     with single_process_quiet():
         dcp.save(meta, storage_writer=writer, planner=_LazySavePlanner(_produce), no_dist=True)
 

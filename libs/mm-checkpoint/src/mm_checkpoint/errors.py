@@ -46,3 +46,24 @@ def raised_on_every_rank(exc: E) -> E:
     collective checkpoint read raise); returns it."""
     setattr(exc, EVERY_RANK_ATTRIBUTE, True)
     return exc
+
+
+class CheckpointIntegrityError(CheckpointFormatError):
+    """A checkpoint file's bytes are not what its save wrote (a CRC-32 mismatch, a damaged zip): the file
+    is corrupted. ``path`` is the file, ``key`` the tensor or record when known, ``iteration`` the
+    checkpoint's (set by :meth:`~mm_checkpoint.DistributedCheckpointer.load`)."""
+
+    def __init__(
+        self, message: str, *, path: object = None, key: str | None = None, iteration: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.path, self.key, self.iteration = path, key, iteration
+
+    def __reduce__(self) -> tuple:  # keeps the fields when DCP carries it from another rank
+        return (_integrity_error, (str(self), self.path, self.key, self.iteration))
+
+
+def _integrity_error(
+    message: str, path: object, key: str | None, iteration: int | None
+) -> CheckpointIntegrityError:
+    return CheckpointIntegrityError(message, path=path, key=key, iteration=iteration)

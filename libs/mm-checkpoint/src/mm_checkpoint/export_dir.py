@@ -94,13 +94,19 @@ def check_destination(out: str | os.PathLike, sources: Iterable[str | os.PathLik
 
 
 def _commit(staging: Path, out: Path) -> None:
-    """Record what ``staging`` holds, then put it in the place of ``out`` (rank 0)."""
+    """Record what ``staging`` holds, then put it in the place of ``out`` (rank 0). A failure puts the
+    older export back where it was."""
     (staging / EXPORT_RECORD).write_text(json.dumps({"files": _files(staging)}, indent=1) + "\n")
     replaced = out.with_name(f".{out.name}.replaced-export")
     shutil.rmtree(replaced, ignore_errors=True)
     if out.exists():
         os.rename(out, replaced)
-    os.rename(staging, out)
+    try:
+        os.rename(staging, out)
+    except BaseException:
+        if replaced.exists() and not out.exists():
+            os.rename(replaced, out)
+        raise
     shutil.rmtree(replaced, ignore_errors=True)
 
 
@@ -109,7 +115,8 @@ def export_into(
     out: str | os.PathLike, *, sources: Iterable[str | os.PathLike | None] = ()
 ) -> Iterator[Path]:
     """Check ``out`` (:func:`check_destination`), yield an empty sibling folder to write the export
-    into, and on success replace ``out`` by it whole; on failure remove it (``out`` untouched).
+    into, and on success replace ``out`` by it whole; on failure (of the writer, of another rank, or of
+the swap itself) remove it (``out`` as it was).
 
     Collective when a process group exists: every rank enters it (rank 0 checks, creates and commits;
     the others wait for it), so a writer inside may gate its own work by rank and call barriers.
@@ -127,12 +134,12 @@ def export_into(
     try:
         yield staging
         barrier()
-    except BaseException:
+        if get_rank() == 0:
+            _commit(staging, out)
+    except BaseException:  # the writer, a rank, or the commit failed: no partial export stays behind
         if get_rank() == 0:
             shutil.rmtree(staging, ignore_errors=True)
         raise
-    if get_rank() == 0:
-        _commit(staging, out)
     barrier()
 
 

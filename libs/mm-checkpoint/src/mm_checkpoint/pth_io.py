@@ -22,8 +22,27 @@ from pathlib import Path
 
 import torch
 
-from .errors import CheckpointFormatError, CheckpointNotFoundError
+from .errors import CheckpointFormatError, CheckpointIntegrityError, CheckpointNotFoundError
+from .restricted_dcp import ZIP_ERROR_MARK
 from .safetensors_io import StoredTensor, TensorInfo
+from .zip_files import zip_damage
+
+
+def _not_zip(path: Path) -> str:
+    """Why ``path``, which is not a zip archive, cannot be read: a legacy ``torch.save`` pickle (which a
+    re-save fixes) or not a torch checkpoint at all."""
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return (
+            f"{path} is a legacy (pre-zip) torch checkpoint (what torch.save wrote before torch 1.6), so it "
+            "cannot be memory-mapped; re-save it once with torch.save(torch.load(path, weights_only=True), "
+            "new_path)"
+        )
+    return (
+        f"{path} is not a torch checkpoint: it is neither a zip archive (what torch.save writes) nor a legacy "
+        f"torch.save pickle (it begins with {head!r})"
+    )
 
 
 def load_pth_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -33,23 +52,29 @@ def load_pth_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
     Raises:
         CheckpointNotFoundError: no such file.
+        CheckpointIntegrityError: the file is truncated or its zip structure is damaged (naming it).
         CheckpointFormatError: the pickle needs more than tensors and containers (a crafted file: nothing
-            ran), the file is not a zip-format torch checkpoint, or it holds something other than a flat
-            mapping of names to tensors; each names the file.
+            ran), the file is a legacy (pre-zip) torch checkpoint or none at all, or it holds something
+            other than a flat mapping of names to tensors; each names the file.
     """
     path = Path(path)
     if not path.is_file():
         raise CheckpointNotFoundError(f"checkpoint file {path} does not exist")
+    damage = zip_damage(path)
+    if damage is not None:
+        raise CheckpointIntegrityError(f"{path}: {damage}", path=path)
     if not zipfile.is_zipfile(path):
-        raise CheckpointFormatError(
-            f"{path} is not a zip-format torch checkpoint (what torch.save writes since torch 1.6), so it "
-            "cannot be memory-mapped; re-save it once with torch.save(torch.load(path, weights_only=True), "
-            "new_path)"
-        )
+        raise CheckpointFormatError(_not_zip(path))
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, KeyError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if ZIP_ERROR_MARK in first:  # miniz: a record the central directory names is not where it says
+            raise CheckpointIntegrityError(
+                f"{path}: its zip structure is corrupted ({first.split('. This is an internal miniz error')[0]}): "
+                "the file is damaged; copy it again from its source",
+                path=path,
+            ) from None
         raise CheckpointFormatError(
             f"{path} was refused: torch.load(weights_only=True) admits tensors and plain containers only, "
             f"and this file needs more ({first}); nothing in it was run"

@@ -9,7 +9,9 @@ runs arbitrary code in whoever inspects, exports or resumes it. Here:
   file it names is a plain file name inside the checkpoint directory;
 * :class:`RestrictedLoadPlanner` (a ``DefaultLoadPlanner``) admits a non-tensor entry only when it
   loads with ``torch.load(weights_only=True)`` (tensors and plain Python values);
-* :func:`check_dcp_storage` finds missing or truncated ``.distcp`` files before any read.
+* :func:`check_dcp_storage` finds missing or truncated ``.distcp`` files before any read;
+* the reader checks the CRC-32 of every storage item it reads against the digests the save recorded
+  (:mod:`.checksums`), unless made with ``verify=False``.
 
 Anything else is refused with :class:`~mm_checkpoint.errors.CheckpointFormatError` naming the file.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import io
+import logging
 import os
 import pickle
 from pathlib import Path, PosixPath, PurePosixPath
@@ -28,17 +31,25 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException, DefaultLoadPlanner, FileSystemReader, Metadata
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.filesystem import _StorageInfo
-from torch.distributed.checkpoint.planner import ReadItem
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
+from torch.futures import Future
 
+from .checksums import CHECKSUMS_FILENAME, ItemDigest, read_checksums, verify_items
 from .errors import (
     CheckpointError,
     CheckpointFormatError,
+    CheckpointIntegrityError,
     CheckpointLoadError,
     CheckpointNotFoundError,
     raised_on_every_rank,
 )
 from .layout import METADATA_FILENAME
 from .runtime import is_distributed, single_process_quiet
+
+logger = logging.getLogger(__name__)
+
+ZIP_ERROR_MARK = "PytorchStreamReader failed"
+"""How torch's zip reader (miniz) begins the message of a damaged zip record or archive."""
 
 _ALLOWED: dict[tuple[str, str], Any] = {
     **{
@@ -146,7 +157,45 @@ def check_dcp_storage(path: str | os.PathLike, metadata: Metadata) -> None:
 
 
 class RestrictedFileSystemReader(FileSystemReader):
-    """``FileSystemReader`` whose ``read_metadata`` runs no code from the file (see the module doc)."""
+    """``FileSystemReader`` whose ``read_metadata`` runs no code from the file (see the module doc).
+
+    ``verify`` (default): check each storage item it reads against the checkpoint's CRC-32 digests
+    (:data:`~mm_checkpoint.checksums.CHECKSUMS_FILENAME`) before torch reads it, and refuse a checkpoint
+    that ``required_checksums`` says has them (its ``mm_checkpoint.json`` does) when the file is gone. A
+    DCP directory written without digests (an older save, another tool) is read unchecked, logged once.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike, *, verify: bool = True, required_checksums: bool = False
+    ) -> None:
+        super().__init__(path)
+        self.verify = verify
+        self.required_checksums = required_checksums
+        self._digests: dict[tuple[str, int], ItemDigest] | None = None
+        self._verified: set[tuple[str, int]] = set()
+        self._looked = False
+
+    def _checksums(self) -> dict[tuple[str, int], ItemDigest] | None:
+        if not self._looked:
+            directory = Path(self.path)
+            self._digests = read_checksums(directory)
+            self._looked = True
+            if self._digests is None:
+                if self.required_checksums:
+                    raise CheckpointIntegrityError(
+                        f"{directory} has no {CHECKSUMS_FILENAME}, which its save wrote: the checkpoint was "
+                        "damaged after it was saved",
+                        path=directory / CHECKSUMS_FILENAME,
+                    )
+                logger.warning("%s has no %s (written before checksums, or by another tool): read unchecked",
+                               directory, CHECKSUMS_FILENAME)  # fmt: skip
+        return self._digests
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        if self.verify and plan.items and (digests := self._checksums()) is not None:
+            items = [self.storage_data[item.storage_index] for item in plan.items]
+            verify_items(Path(self.path), items, digests, self._verified)
+        return super().read_data(plan, planner)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")
@@ -187,13 +236,16 @@ def restricted_dcp_load(
     reader: FileSystemReader | None = None,
     allow_partial_load: bool = False,
     no_dist: bool = False,
+    verify: bool = True,
 ) -> None:
     """``torch.distributed.checkpoint.load`` of ``state`` (filled in place) from ``path`` through the
-    restricted reader and planner (collective unless ``no_dist``). A refusal on any rank raises its
-    :class:`~mm_checkpoint.errors.CheckpointError` itself, any other failure a
+    restricted reader and planner (collective unless ``no_dist``), each storage item read checked
+    against its CRC-32 unless ``verify=False`` (a ``reader`` given brings its own setting). A refusal on
+    any rank raises its :class:`~mm_checkpoint.errors.CheckpointError` itself, a damaged zip record a
+    :class:`~mm_checkpoint.errors.CheckpointIntegrityError`, any other failure a
     :class:`~mm_checkpoint.errors.CheckpointLoadError` naming ``path``, instead of DCP's
     ``CheckpointException`` (a ``BaseException`` that ordinary handlers miss)."""
-    reader = reader or RestrictedFileSystemReader(str(path))
+    reader = reader or RestrictedFileSystemReader(str(path), verify=verify)
     if not isinstance(reader, RestrictedFileSystemReader):
         raise TypeError(f"reader must be a RestrictedFileSystemReader, got {type(reader).__name__}")
     planner = RestrictedLoadPlanner(allow_partial_load=allow_partial_load)
@@ -209,6 +261,20 @@ def restricted_dcp_load(
             raise mark(ours[0]) from None
         rank, first = next(iter(failures.items()))
         what = (str(first).strip().splitlines() or [""])[0]  # torch's own messages run over many lines
+        if ZIP_ERROR_MARK in what:  # torch's miniz reader: a storage item is no longer a whole zip record
+            checked = (
+                "its checksums were not checked"
+                if not getattr(reader, "verify", True)
+                else "it has no checksums"
+            )
+            raise mark(
+                CheckpointIntegrityError(
+                f"DCP checkpoint {path}: a storage item in its .distcp files has a corrupted zip structure "
+                f"(rank {rank}: {what.split('. This is an internal miniz error')[0]}); the file is damaged "
+                f"({checked})",
+                    path=Path(path),
+                )
+            ) from None
         raise mark(
             CheckpointLoadError(
                 f"reading DCP checkpoint {path} failed on rank(s) {sorted(failures)}; rank {rank}: "

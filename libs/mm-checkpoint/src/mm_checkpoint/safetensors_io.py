@@ -428,27 +428,31 @@ def write_safetensors_file(
     path: str | os.PathLike, tensors: Sequence[PendingTensor], metadata: Mapping[str, str] | None = None
 ) -> Iterator[str]:
     """Write ``tensors`` to one safetensors file, producing each only when written; yields keys as written.
+    The file appears whole (written beside it as ``<path>.tmp``, renamed), or not at all.
     ``metadata`` (string to string) goes into the header's ``__metadata__`` beside ``format: pt``."""
     if any(not isinstance(k, str) or not isinstance(v, str) for k, v in (metadata or {}).items()):
         raise CheckpointFormatError(f"{path}: safetensors metadata maps strings to strings")
     header = _header(tensors, metadata)
     tmp = Path(f"{path}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(len(header).to_bytes(8, "little"))
-        f.write(header)
-        for t in tensors:
-            tensor = t.produce()
-            if tuple(tensor.shape) != t.info.shape or tensor.dtype != t.info.dtype:
-                raise CheckpointFormatError(
-                    f"tensor {t.key!r} came out as {tuple(tensor.shape)} {tensor.dtype}, "
-                    f"planned {t.info.shape} {t.info.dtype}"
-                )
-            f.write(_tensor_bytes(tensor))
-            del tensor
-            yield t.key
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(len(header).to_bytes(8, "little"))
+            f.write(header)
+            for t in tensors:
+                tensor = t.produce()
+                if tuple(tensor.shape) != t.info.shape or tensor.dtype != t.info.dtype:
+                    raise CheckpointFormatError(
+                        f"tensor {t.key!r} came out as {tuple(tensor.shape)} {tensor.dtype}, "
+                        f"planned {t.info.shape} {t.info.dtype}"
+                    )
+                f.write(_tensor_bytes(tensor))
+                del tensor
+                yield t.key
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:  # a failed (or abandoned) write leaves no partial file
+        tmp.unlink(missing_ok=True)
 
 
 def save_safetensors(

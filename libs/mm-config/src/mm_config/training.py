@@ -127,6 +127,11 @@ class TrainingConfig(ConfigModel):
     keep_every: int | None = Field(default=None, ge=1)
     """Also keep, whatever ``keep_last`` says, every checkpoint whose iteration is a multiple of this
     (e.g. 1000: one per thousand steps for evaluation); None: ``keep_last`` alone decides."""
+    verify_checksums: bool = True
+    """Check every file a resume (or ``load``) reads against the CRC-32 its save recorded (each DCP
+    storage item, each per-rank state record), so a corrupted checkpoint stops the run naming the file,
+    the tensor and the checkpoint to resume instead. False skips the check: a faster load (it reads
+    the checkpoint's bytes once more, from the page cache), and corrupted weights load unnoticed."""
     model_save_interval: int | None = Field(default=None, ge=1)
     """Also save the weights alone (the trainable sub-models, their LoRA adapters and the EMA; no optimizer,
     no data position) every this many steps, into ``<save>/model_only/iter_*``: what ``export`` and

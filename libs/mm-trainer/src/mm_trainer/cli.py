@@ -88,6 +88,13 @@ def build_parser(
         "--world-size", type=int, default=None, help="world size for --dry-run (default: $WORLD_SIZE or 1)"
     )
     parser.add_argument(
+        "--prune-kept-checkpoints",
+        action="store_true",
+        help="let training.keep_last / keep_every delete the checkpoints that the retention they were saved "
+        "under keeps (an earlier keep_every's milestones, an earlier larger keep_last); without it they stay, "
+        "logged at each save",
+    )
+    parser.add_argument(
         "--no-plan",
         action="store_true",
         help="--dry-run: leave out the full estimate (its trace of one step takes minutes at real size: "
@@ -207,7 +214,7 @@ def main(
     from mm_trainer.run.summary import end_lines, start_lines
     from mm_trainer.trainer import Trainer
 
-    trainer = Trainer(config)
+    trainer = Trainer(config, prune_kept_checkpoints=args.prune_kept_checkpoints)
     say = _rank0_printer(prog, trainer.rank)
     say(
         start_lines(

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from mm_checkpoint import DistributedCheckpointer, long_waits
+from mm_checkpoint import CheckpointIntegrityError, DistributedCheckpointer, long_waits
 from mm_config import TrainConfig
 from mm_parallel import (
     NodeLayout,
@@ -71,7 +71,11 @@ logger = logging.getLogger("mm_trainer")
 class Trainer:
     """Builds everything a run needs from a validated :class:`mm_config.TrainConfig`, then trains."""
 
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(self, config: TrainConfig, *, prune_kept_checkpoints: bool = False) -> None:
+        """``prune_kept_checkpoints`` (``--prune-kept-checkpoints``): let ``keep_last`` / ``keep_every``
+        delete checkpoints that the retention they were saved under keeps (see
+        :class:`mm_checkpoint.DistributedCheckpointer`, ``prune_kept``)."""
+        self.prune_kept_checkpoints = prune_kept_checkpoints
         self.config = config = preflight(config)
         check_tracker_packages(config.training)  # a missing tracker package fails before anything is built
         device_type = config.training.device
@@ -201,6 +205,7 @@ class Trainer:
         return CheckpointSaves(
             self.config, self.state, submodels=self.model.checkpoint_submodels, dp_rank=ps.dp_rank,
             dp_size=ps.dp_size, rank=self.rank, background_group=self.long_wait_group,
+            prune_kept=self.prune_kept_checkpoints,
         )  # fmt: skip
 
     # ------------------------------------------------------------- running
@@ -223,7 +228,9 @@ class Trainer:
 
     def _checkpointer(self, root: str) -> DistributedCheckpointer:
         ps = self.parallel_state
-        return DistributedCheckpointer(root, dp_rank=ps.dp_rank, dp_size=ps.dp_size)
+        return DistributedCheckpointer(
+            root, dp_rank=ps.dp_rank, dp_size=ps.dp_size, verify=self.config.training.verify_checksums
+        )
 
     def _resume(self) -> int:
         """Restore model, optimizer, scheduler and data position in place; return the iteration. The
@@ -243,7 +250,15 @@ class Trainer:
             else keep_configured_hyperparameters(self.optimizer, self.lr_scheduler)
         )
         with keep:  # the config's lr, decay...
-            iteration = self._checkpointer(root).load(state)
+            try:
+                iteration = self._checkpointer(root).load(state)
+            except CheckpointIntegrityError as err:
+                raise CheckpointIntegrityError(
+                    f"{err} (a new run starts from a checkpoint directory with training.load=<its iter_* dir>)",
+                    path=err.path,
+                    key=err.key,
+                    iteration=err.iteration,
+                ) from None
         note = " (data position reset to epoch 0: training.reset_data_position)" if reset else ""
         log_rank0(f"resumed from {root} at iteration {iteration}{note}")
         return iteration

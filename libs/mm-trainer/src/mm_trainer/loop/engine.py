@@ -214,6 +214,7 @@ class TrainEngine:
             self.nonfinite.finite_step()
         else:  # every rank agrees (reduced loss, global norm): the gather below is collective
             samples = self._describe_samples(self._gather_sample_ids(step_ids))
+            self._withdraw_inputs(step)
             self.nonfinite.skip(step + 1, loss, float(grad_norm), samples)
         self.optimizer.zero_grad(set_to_none=True)
         lr = _current_lr(self.optimizer)  # the step's: the schedule moves on to the next step's below
@@ -264,6 +265,7 @@ class TrainEngine:
         self._check_bad_samples(int(counts[3]))
         step_ids = [i for part in ids if part is not None for i in part]
         if skipped:  # every rank agrees (reduced losses, global norms): the gather is collective
+            self._withdraw_inputs(step)
             self.nonfinite.skip(
                 step + 1, mean, max(norms), self._describe_samples(self._gather_sample_ids(step_ids))
             )
@@ -276,6 +278,17 @@ class TrainEngine:
         if self.training.log_sample_ids:
             result.sample_ids = self._gather_sample_ids(step_ids)
         return result
+
+    def _withdraw_inputs(self, step: int) -> None:
+        """At the first non-finite step of a streak (``step``, 0-based), withdraw the checkpoints whose
+        state was its input or later (iteration ``step`` and on): their weights may have blown up in a
+        step whose loss was still finite (:mod:`mm_trainer.loop.nonfinite`). Every rank (collective)."""
+        if self.nonfinite.in_a_row or self.saves is None:
+            return
+        outcome = self.saves.withdraw(step)
+        self.nonfinite.streak_begins(
+            step + 1, outcome.describe(self.saves.root) if outcome.withdrawn else None
+        )
 
     def _keyed_rng(self, batch: dict, step: int) -> dict[str, SampleRNG]:
         """``{"rng": SampleRNG}`` from the batch's ``sample_ids`` (popped), after reseeding the global

@@ -7,8 +7,12 @@ row, or after more than ``max_skipped`` in all, naming every skipped step's samp
 
 A checkpoint is a promise that the run can go on from it, so the state after a step may be saved only
 when that step's loss and every trainable parameter are finite (:func:`state_is_finite`). While they
-are not (an lr blow-up: the weights overflow, then every loss is inf), no checkpoint is written and the
-tracker stays at the last finite one, which a resume with a lower ``training.lr`` then continues
+are not, no checkpoint is written. Finite is not enough: an lr blow-up first grows the weights to
+~1e30 in a step whose loss was still finite (computed before the update), and only the next step's
+loss overflows. So when a streak of non-finite steps begins at step ``t`` (1-based), the checkpoints
+whose state was that step's input or later (iteration ``t - 1`` and on) are withdrawn: the tracker
+moves back to the newest checkpoint before them (``DistributedCheckpointer.withdraw``), and the error
+names which to resume and which not. A resume from it with a lower ``training.lr`` then continues
 (a changed lr takes effect on resume: ``mm_trainer.run.resume_settings``).
 """
 
@@ -22,9 +26,9 @@ import torch
 import torch.distributed as dist
 
 RESUME_ADVICE = (
-    "The tracker points at the last checkpoint whose loss and weights were finite: resume from it with a lower "
-    "training.lr (a changed lr takes effect on resume and is logged as 'changed on resume'), or check those "
-    "samples (`mm-data check`)"
+    "The tracker points at the last checkpoint whose loss and weights were finite and that was not the input of "
+    "a non-finite step: resume from it with a lower training.lr (a changed lr takes effect on resume and is logged "
+    "as 'changed on resume'), or check those samples (`mm-data check`)"
 )
 
 
@@ -53,6 +57,19 @@ class NonFiniteGuard:
         self.policy, self.write = policy, write
         self.in_a_row = 0
         self.skipped: list[SkippedStep] = []
+        self.checkpoints = ""
+        """Which checkpoint to resume, which not, since the last streak began (:meth:`streak_begins`)."""
+
+    def streak_begins(self, step: int, withdrawn: str | None) -> None:
+        """A streak of non-finite steps begins at step ``step`` (1-based); ``withdrawn`` says which
+        checkpoints were withdrawn as its input and which one the tracker names now (None: none was)."""
+        self.checkpoints = ""
+        if withdrawn is not None:
+            self.checkpoints = (
+                f"Checkpoints: step {step} is the first non-finite one of its streak, so the checkpoint of its "
+                f"input state (iteration {step - 1}) and later ones are withdrawn: {withdrawn}"
+            )
+            self.write(self.checkpoints)
 
     def finite_step(self) -> None:
         """A step that updated the weights: the streak ends."""
@@ -71,10 +88,11 @@ class NonFiniteGuard:
         cap = getattr(policy, "max_skipped", None)
         capped = cap is not None and len(self.skipped) > cap
         if policy.action == "stop" or self.in_a_row > policy.max_consecutive or capped:
+            checkpoints = f" {self.checkpoints}." if self.checkpoints else ""
             raise NonFiniteLossError(
                 f"{message}; stopping (training.nonfinite.action={policy.action}, max_consecutive="
                 f"{policy.max_consecutive}, max_skipped={cap}). Skipped steps: "
-                f"{self.describe()}. {RESUME_ADVICE}"
+                f"{self.describe()}.{checkpoints} {RESUME_ADVICE}"
             )
 
     def describe(self) -> str:
@@ -87,9 +105,11 @@ def state_is_finite(loss: float, params: list[torch.Tensor], device: torch.devic
     rank's shards of them) finite on every rank; else what is not.
 
     Collective: one all-reduce over all ranks, so every rank gives the same answer (call it on all).
+    Cheap: one flag per parameter on its device, summed there, and a single device-to-host copy.
     """
-    bad_params = sum(int(not torch.isfinite(_local(p)).all()) for p in params)
-    flags = torch.tensor([float(not math.isfinite(loss)), float(bad_params)], device=device)
+    finite = [torch.isfinite(_local(p)).all().to(device) for p in params]
+    bad_params = (~torch.stack(finite)).sum().float() if finite else torch.zeros((), device=device)
+    flags = torch.stack([torch.tensor(float(not math.isfinite(loss)), device=device), bad_params])
     if dist.is_initialized():
         dist.all_reduce(flags)
     bad_loss, bad = flags.tolist()

@@ -6,7 +6,10 @@ and returns that phase's loss; its backward reaches only the phase's own paramet
 matter (the optimizer of the phase steps those alone, and the others' gradients are dropped). A
 checkpoint holds every phase's optimizer (one DCP ``optimizer`` entry over all of them, keyed by
 parameter path) and every phase's schedule (``lr_scheduler``: one state per phase, by name), so a
-resume restores them all at any layout.
+resume restores them all at any layout. A parameter that its phase has not updated yet (the student
+of the expert whose timesteps no generator step has drawn so far, a phase that has not run) has no
+optimizer state: the checkpoint holds none for it and the resume gives it none
+(``mm_checkpoint.DistributedCheckpointer``), as in the uninterrupted run.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ A full checkpoint holds what a resume needs (model, optimizer, scheduler, EMA, d
 model-only one holds the model's checkpoint state (the trainable sub-models, or a LoRA sub-model's
 adapters) and the EMA: what ``export`` and ``sample`` read, with the run's config beside it, so that
 ``--checkpoint <save>/model_only`` works as ``--checkpoint <save>`` does. Each series has its own
-tracker and retention (``keep_last`` / ``keep_every``); resumes read the full series only.
+tracker and retention (``keep_last`` / ``keep_every``; a checkpoint that the retention it was saved under
+keeps is deleted only with ``prune_kept``, the command line's ``--prune-kept-checkpoints``); resumes
+read the full series only.
 
 Background saves: at most one is in flight over both series (a new save first finishes the one in
 flight: when both series save one iteration, the model-only save goes first and the full one waits
@@ -20,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mm_checkpoint import DistributedCheckpointer
+from mm_checkpoint import DistributedCheckpointer, Withdrawal, long_waits
 from mm_config import TrainConfig, dump_config
 
 from mm_trainer.model.build import log_rank0
@@ -43,10 +45,12 @@ class CheckpointSaves:
         dp_size: int,
         rank: int,
         background_group: Any = None,
+        prune_kept: bool = False,
     ) -> None:
         training = config.training
         assert training.save is not None
         self.config, self.state, self.submodels, self.rank = config, state, submodels, rank
+        self.group = background_group
         self.background = training.async_save
         self.timeout_s = training.long_wait_timeout_s
         self.root = Path(training.save)
@@ -54,7 +58,7 @@ class CheckpointSaves:
         def series(root: Path) -> DistributedCheckpointer:
             return DistributedCheckpointer(
                 root, keep_last=training.keep_last, keep_every=training.keep_every,
-                dp_rank=dp_rank, dp_size=dp_size, background_group=background_group,
+                dp_rank=dp_rank, dp_size=dp_size, background_group=background_group, prune_kept=prune_kept,
             )  # fmt: skip
 
         self.full = series(self.root)
@@ -83,6 +87,13 @@ class CheckpointSaves:
                 f"training.async_save: {series.root} stages {series.staging_bytes / 2**30:.2f} GiB per rank in "
                 "host memory (kept for the next save)"
             )
+
+    def withdraw(self, since: int) -> Withdrawal:
+        """Stop naming the checkpoints of iteration ``since`` and later (both series) as the latest
+        (:meth:`mm_checkpoint.DistributedCheckpointer.withdraw`); the full series' outcome. Every rank."""
+        with long_waits(self.group):
+            outcomes = [series.withdraw(since) for series in self._series()]
+        return outcomes[0]
 
     def check(self) -> None:
         """Commit a background save whose write has ended; raise its error if it failed (no waiting)."""

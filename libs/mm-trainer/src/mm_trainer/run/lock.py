@@ -12,7 +12,10 @@ holder's own host, the pid is dead, the machine rebooted since, or the pid now b
 process (known at once, without waiting for the lease). A live lease held from another host is
 refused with the holder's host, pid and the age of its last renewal. Lease ages compare the holder's
 clock with the reader's: hosts sharing a save dir must agree on the time to well within the lease
-(NTP does).
+(NTP does). A renewal time ahead of the reader's clock is reported as clock skew, with the skew, not
+as a fresh lease; the lock then expires once the reader's clock has passed it by the lease. A lock file
+that is empty or unreadable (its writer died mid-write, a damaged file system) names no holder: it is
+stale once its file is older than the lease, and refused until then.
 
 A takeover renames the stale file aside and checks that what it renamed is the holder it judged
 stale, so that two processes taking over at once cannot both win.
@@ -37,6 +40,8 @@ LOCK_FILENAME = ".mm_train.lock"
 """Name of the lock file inside a locked directory (hidden, so exports never copy it)."""
 DEFAULT_LEASE_S = 120.0
 """Seconds without a renewal after which a lock is stale on any host (``training.lock_lease_s``)."""
+SKEW_TOLERANCE_S = 1.0
+"""A renewal time this far ahead of the reader's clock is clock skew, not a fresh lease."""
 
 
 class RunLockedError(RuntimeError):
@@ -106,9 +111,27 @@ class LockHolder:
             return None
         return max(0.0, time.time() - self.renewed)
 
+    def clock_skew(self) -> float | None:
+        """Seconds the holder's last renewal lies ahead of this host's clock (beyond
+        :data:`SKEW_TOLERANCE_S`): the holder's clock runs ahead of this one's by at least that much; None
+        when it does not."""
+        if self.renewed is None or self.lease_s is None:
+            return None
+        ahead = self.renewed - time.time()
+        return ahead if ahead > SKEW_TOLERANCE_S else None
+
     def describe(self) -> str:
-        age = self.lease_age()
-        lease = "" if age is None else f", lease renewed {age:.0f} s ago (expires after {self.lease_s:g} s)"
+        age, skew = self.lease_age(), self.clock_skew()
+        if skew is not None:
+            lease = (
+                f", lease renewed {skew:.0f} s in the future by this host's clock: clock skew, host {self.host}'s "
+                f"clock runs at least {skew:.0f} s ahead of {socket.gethostname()}'s, so the lease's age is unknown "
+                f"here (it expires once this host's clock is {self.lease_s:g} s past that time; fix the clocks: NTP)"
+            )
+        elif age is not None:
+            lease = f", lease renewed {age:.0f} s ago (expires after {self.lease_s:g} s)"
+        else:
+            lease = ""
         return f"pid {self.pid} on host {self.host}, started {self.started}{lease}"
 
     def is_me(self) -> bool:
@@ -159,7 +182,9 @@ class RunLock:
                 return self
             holder = self._holder()
             if holder is None:
-                raise RunLockedError(f"{self.path} is unreadable; if no run uses {self.directory}, delete it")
+                if self._take_over_unreadable():
+                    continue
+                raise RunLockedError(self._unreadable_message())
             if holder.is_me():
                 self.path.unlink(missing_ok=True)
                 continue
@@ -169,6 +194,37 @@ class RunLock:
             if self._remove_stale(holder):
                 logger.warning("%s: taking over the stale lock of %s (%s)", self.path, holder.describe(), why)
         raise RunLockedError(f"{self.path}: could not take the lock (another process keeps taking it)")
+
+    def _file_age(self) -> float | None:
+        """Seconds since the lock file was last written (this host's clock), None when it is gone."""
+        try:
+            return max(0.0, time.time() - self.path.stat().st_mtime)
+        except OSError:
+            return None
+
+    def _take_over_unreadable(self) -> bool:
+        """Remove an empty or unreadable lock file older than the lease (logged). Whether to try again
+        (removed, or changed meanwhile); False: it is younger than the lease."""
+        age = self._file_age()
+        if age is None:
+            return True  # gone meanwhile
+        if age <= self.lease_s:
+            return False
+        if self._remove_stale(None):
+            logger.warning(
+                "%s: taking over an unreadable lock file (no holder in it; written %.0f s ago, longer than the "
+                "lease of %g s)", self.path, age, self.lease_s,
+            )  # fmt: skip
+        return True
+
+    def _unreadable_message(self) -> str:
+        age = self._file_age()
+        written = f"written {age:.0f} s ago" if age is not None else "gone meanwhile"
+        return (
+            f"{self.path} names no holder (empty or unreadable; {written}): a run that died writing it, or one "
+            f"writing it now. It is taken over once older than the lease ({self.lease_s:g} s); if no run uses "
+            f"{self.directory}, delete it"
+        )
 
     def _start_renewing(self) -> None:
         self.held = True
@@ -193,8 +249,9 @@ class RunLock:
             tmp.unlink(missing_ok=True)
         return True
 
-    def _remove_stale(self, stale: LockHolder) -> bool:
-        """Move the lock file aside if it still is ``stale``'s (else put back what another process wrote)."""
+    def _remove_stale(self, stale: LockHolder | None) -> bool:
+        """Move the lock file aside if it still is ``stale``'s (None: still names no holder), else put back
+        what another process wrote."""
         aside = self._tmp_path("stale")
         try:
             os.rename(self.path, aside)
@@ -217,8 +274,11 @@ class RunLock:
     def _renew_loop(self) -> None:
         """Rewrite the lock file with a fresh ``renewed`` time every ``lease_s / 4`` s while it is held."""
         while not self._stop.wait(self.lease_s / 4) and self.held:
-            if not self.renew():
-                return
+            try:
+                if not self.renew():
+                    return
+            except OSError as err:  # a full or read-only file system: the next renewal tries again
+                logger.error("%s: could not renew the lease (%s); trying again", self.path, err)
 
     def renew(self) -> bool:
         """Renew the lease now (atomically replaced file); False, with an error logged, when the file is
@@ -253,11 +313,18 @@ class RunLock:
         )
 
     def release(self) -> None:
-        """Remove the lock file if this process still holds it. Never raises."""
+        """Remove the lock file if this process still holds it. Never raises: a file system that refuses
+        (read-only, gone) is logged, and the lock left expires with its lease."""
         self._stop.set()
         if not self.held:
             return
         self.held = False
-        holder = self._holder()
-        if holder is not None and holder.is_me():
-            self.path.unlink(missing_ok=True)
+        try:
+            holder = self._holder()
+            if holder is not None and holder.is_me():
+                self.path.unlink(missing_ok=True)
+        except Exception as err:  # noqa: BLE001 - at exit (atexit) too: nothing may escape
+            logger.warning(
+                "%s: could not remove the lock (%s: %s); it expires %g s after its last renewal",
+                self.path, type(err).__name__, err, self.lease_s,
+            )  # fmt: skip
