@@ -44,6 +44,9 @@ from mm_parallel.attention_backends import (
 )
 from mm_parallel.attention_choice import AttentionChoice, resolve_attention_backend, use_attention_backend
 from mm_parallel.attention_memory import BlockShape, block_step_bytes, kernel_workspace_bytes
+from mm_parallel.packed_attention import packed_attention
+from mm_parallel.packed_split import gather_packed, split_packed
+from mm_parallel.packing import PackedLayout, PackedSequence
 from mm_parallel.ring import ring_attention
 from mm_parallel.sequence import (
     gather_for_usp,
@@ -64,16 +67,20 @@ __all__ = [
     "AttentionBackend",
     "AttentionChoice",
     "BlockShape",
+    "PackedLayout",
+    "PackedSequence",
     "SequenceParallelPlan",
     "attention",
     "available_backends",
     "block_step_bytes",
     "kernel_workspace_bytes",
     "gather_for_usp",
+    "gather_packed",
     "gather_sequence",
     "get_backend",
     "local_token_indices",
     "lse_backends",
+    "packed_attention",
     "padded_length",
     "real_token_counts",
     "register_backend",
@@ -81,6 +88,7 @@ __all__ = [
     "ring_attention",
     "ring_backend_names",
     "split_for_usp",
+    "split_packed",
     "split_sequence",
     "ulysses_attention",
     "use_attention_backend",
