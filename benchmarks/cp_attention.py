@@ -22,10 +22,11 @@ leave the RSS instead of being cached by the heap.
 
 ``--overlap G [G ...]`` measures the Ulysses all-to-all overlap instead (``overlap_heads``,
 :mod:`mm_parallel.ulysses`): Ulysses 2, one attention op and the layer stack (``--what``), with each
-number of head groups ``G`` in the order given (1 = off; repeat values, e.g. ``1 2 1 2``, to interleave
-them on a busy machine), every configuration in fresh processes; per configuration one warm-up step,
-then ``--repeats`` timed steps of forward alone and of forward + backward, each the median over the
-steps, the slower rank's; ``vs first`` divides by the first row of the table.
+number of head groups ``G`` (1 = off). The configurations run in the same two processes, one step of
+each in turn for ``--repeats`` rounds (after one warm-up step of each), forward alone and then forward +
+backward, so that they see the same machine load; each row gives the fastest and the median round (a
+round's time is the slower rank's), and ``vs first`` the fastest forward + backward over the first
+row's (on a machine other jobs load, the fastest round is the one they disturbed least).
 
 Usage: ``python benchmarks/cp_attention.py [--seq 16384 --heads 8 --dim 64 --layers 4]``,
 ``python benchmarks/cp_attention.py --overlap 1 2 4 [--repeats 5] [--device cpu|cuda]``
@@ -167,31 +168,38 @@ def _sync(args: argparse.Namespace) -> None:
         torch.cuda.synchronize()
 
 
-def _timed(step: Callable[[], None], repeats: int, args: argparse.Namespace) -> float:
-    """Median seconds of ``repeats`` calls of ``step`` after one warm-up call, the ranks aligned before each."""
-    step()
-    times = []
-    for _ in range(repeats):
-        _sync(args)
-        dist.barrier()
-        start = time.perf_counter()
+def _interleaved(
+    steps: list[Callable[[], None]], repeats: int, args: argparse.Namespace
+) -> list[list[float]]:
+    """Seconds of every step, ``repeats`` rounds of each step in turn (after one warm-up call of each),
+    the ranks aligned before each call: the configurations see the same machine load."""
+    for step in steps:
         step()
-        _sync(args)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times: list[list[float]] = [[] for _ in steps]
+    for _ in range(repeats):
+        for i, step in enumerate(steps):
+            _sync(args)
+            dist.barrier()
+            start = time.perf_counter()
+            step()
+            _sync(args)
+            times[i].append(time.perf_counter() - start)
+    return times
 
 
 def _overlap_rank_main(
-    rank: int, world: int, port: int, what: str, overlap: int, args: argparse.Namespace, queue: mp.Queue
+    rank: int, world: int, port: int, what: str, args: argparse.Namespace, queue: mp.Queue
 ) -> None:
     torch.set_num_threads(args.threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    fn = _attn_fn("ulysses", dist.group.WORLD, args.causal, overlap)
     make = {"op": _op_step, "stack": _stack_step}[what]
+    fns = [_attn_fn("ulysses", dist.group.WORLD, args.causal, overlap) for overlap in args.overlap]
     with torch.no_grad():
-        forward = _timed(make(fn, rank, world, args, backward=False), args.repeats, args)
-    both = _timed(make(fn, rank, world, args), args.repeats, args)
+        forward = _interleaved(
+            [make(fn, rank, world, args, backward=False) for fn in fns], args.repeats, args
+        )
+    both = _interleaved([make(fn, rank, world, args) for fn in fns], args.repeats, args)
     queue.put((rank, forward, both))
     dist.destroy_process_group()
 
@@ -200,27 +208,34 @@ def _overlap_table(args: argparse.Namespace) -> None:
     """Ulysses 2 with each ``overlap_heads`` of ``args.overlap``: forward and forward + backward times."""
     print(
         f"Ulysses 2 all-to-all overlap ({args.device}, fp32, batch 1, seq {args.seq}, heads {args.heads}, dim "
-        f"{args.dim}, {args.threads} thread(s) per rank): median of {args.repeats} steps after 1 warm-up, slower rank",
+        f"{args.dim}, {args.threads} thread(s) per rank): {args.repeats} rounds of every configuration in turn "
+        "after 1 warm-up, fastest and median step, the slower rank's; 'vs first': fastest fwd+bwd over the "
+        "first row's",
         flush=True,
     )
-    print(f"{'what':<6} {'overlap_heads':>13} {'fwd_s':>8} {'fwd+bwd_s':>10} {'vs first':>8}", flush=True)
+    head = ("what", "overlap_heads", "fwd_min", "fwd_med", "both_min", "both_med", "vs first")
+    print("{:<6} {:>13} {:>8} {:>8} {:>9} {:>9} {:>8}".format(*head), flush=True)
     for what in args.what:
+        ctx = mp.get_context("spawn")
+        queue, port = ctx.Queue(), _free_port()
+        procs = [
+            ctx.Process(target=_overlap_rank_main, args=(r, 2, port, what, args, queue)) for r in range(2)
+        ]
+        for p in procs:
+            p.start()
+        results = [queue.get(timeout=3600)[1:] for _ in procs]
+        for p in procs:
+            p.join()
         base = None
-        for overlap in args.overlap:
-            ctx = mp.get_context("spawn")
-            queue, port = ctx.Queue(), _free_port()
-            procs = [
-                ctx.Process(target=_overlap_rank_main, args=(r, 2, port, what, overlap, args, queue))
-                for r in range(2)
-            ]
-            for p in procs:
-                p.start()
-            results = [queue.get(timeout=3600) for _ in procs]
-            for p in procs:
-                p.join()
-            forward, both = max(r[1] for r in results), max(r[2] for r in results)
-            base = base if base is not None else both
-            print(f"{what:<6} {overlap:>13} {forward:>8.3f} {both:>10.3f} {both / base:>8.3f}", flush=True)
+        for i, overlap in enumerate(args.overlap):
+            # per round, the slower rank's time; then the fastest and the median round
+            forward, both = ([max(r[k][i][j] for r in results) for j in range(args.repeats)] for k in (0, 1))
+            base = base if base is not None else min(both)
+            print(
+                f"{what:<6} {overlap:>13} {min(forward):>8.3f} {statistics.median(forward):>8.3f} "
+                f"{min(both):>9.3f} {statistics.median(both):>9.3f} {min(both) / base:>8.3f}",
+                flush=True,
+            )
 
 
 def _free_port() -> int:

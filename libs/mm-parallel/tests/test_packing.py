@@ -9,7 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from mm_parallel import PackedLayout, PackedSequence, gather_packed, packed_attention, split_packed
+from mm_parallel import (
+    PackedLayout,
+    PackedSequence,
+    gather_packed,
+    packed_attention,
+    ring_attention,
+    split_packed,
+    usp_attention,
+)
 from mm_parallel.packed_blocks import VarlenBlock, segment_blocks
 
 PACKED = PackedSequence((13, 5, 22, 1))
@@ -128,6 +136,14 @@ def test_packed_attention_refuses_segments_that_do_not_cover_the_tokens() -> Non
     q = torch.randn(1, 10, 2, 8)
     with pytest.raises(ValueError, match="the queries hold 10 tokens, their segments"):
         packed_attention(q, q, q, (4, 5))
+
+
+def test_packed_context_parallel_attention_is_non_causal_and_takes_no_key_mask() -> None:
+    q = torch.randn(1, PACKED.total, 2, 8)
+    with pytest.raises(ValueError, match="packed attention is non-causal and takes no key_padding_mask"):
+        usp_attention(q, q, q, None, None, causal=True, packed=PACKED)
+    with pytest.raises(ValueError, match="packed attention is non-causal and takes no key_padding_mask"):
+        ring_attention(q, q, q, None, key_len=40, packed=PACKED)
 
 
 def test_split_and_gather_without_groups_are_the_identity() -> None:

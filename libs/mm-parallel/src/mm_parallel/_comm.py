@@ -23,13 +23,20 @@ from torch.distributed import ProcessGroup
 
 COMPILE_BREAK = (
     "ring attention and the sequence split / gather are a deliberate torch.compile graph break: the ring "
-    "exchanges KV blocks point to point (isend/irecv, no functional collective) inside a custom autograd "
-    "function driven by host-side block plans, and the split / gather run all-gathers inside custom "
-    "autograd functions; dynamo traces neither, and the attention kernels inside gain nothing from a compiler"
+    "exchanges KV blocks point to point (dist.batch_isend_irecv) inside a custom autograd function driven "
+    "by host-side block plans, and the split / gather run all-gathers inside custom autograd functions; the "
+    "attention kernels inside gain nothing from a compiler"
 )
 """Why ``ring_attention`` (and USP with a ring) and the split / gather functions are
 ``torch.compiler.disable``-d: a block compiled around them (``features.compile``) is compiled up to the
-call, runs it eagerly, and resumes. Ulysses attention (and USP without a ring) is traced whole."""
+call, runs it eagerly, and resumes. Ulysses attention (and USP without a ring) is traced whole.
+
+torch 2.13's functional point-to-point op (``_functional_collectives.batch_p2p_ops_inplace``) could carry
+the ring's exchange: swapped in for :func:`ring_exchange`, with the kernel chosen before tracing, dynamo
+traced a Ring 2 block with no graph break and ``fullgraph=True`` gave the eager result, but every send's
+work was left unwaited (32 per block call), and the planner's point-to-point accounting
+(``mm_trainer.planner``), the CUDA fake-tensor test and kernel resolution inside traced code (a
+``find_spec`` of flash_attn is an import-failure break) would have to follow. Not done here."""
 
 
 def group_size(group: ProcessGroup | None) -> int:

@@ -46,10 +46,13 @@ from mm_parallel.ring import packed_ring_attention
 AttnFn = Callable[..., Tensor]
 Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
 
-#: ``overlap_heads`` when a call leaves it ``None``, per device type: the faster of off (1) and on,
-#: measured with ``benchmarks/cp_attention.py`` (CPU) and ``benchmarks/device_check.sh`` (GPU);
-#: a device type not listed (or not measured yet) runs without overlap.
-OVERLAP_HEADS_DEFAULT: dict[str, int] = {"cpu": 1, "cuda": 1, "npu": 1}
+#: ``overlap_heads`` when a call leaves it ``None``, per device type: the faster of off (1) and on, measured
+#: with ``benchmarks/cp_attention.py --overlap`` (CPU, benchmarks/README.md: the layer stack's fastest
+#: training step with 2 groups 0.64x-1.00x of off's in 4 runs, medians within noise; the forward up to 6%
+#: faster in the steadiest run) and ``benchmarks/device_check.sh``
+#: stage 5 (GPU: not run yet, so off); a device type not listed runs without overlap. Only Ulysses without a
+#: ring takes it (USP with a ring was not measured: off unless asked).
+OVERLAP_HEADS_DEFAULT: dict[str, int] = {"cpu": 2, "cuda": 1, "npu": 1}
 
 
 def check_heads_divisible(heads: int, world: int, what: str = "ulysses") -> None:

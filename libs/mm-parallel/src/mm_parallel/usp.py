@@ -69,14 +69,17 @@ def usp_attention(
             (non-causal, no mask or ``key_len``).
         query_packed: the queries' packing when it differs from ``packed`` (same samples); default ``packed``.
         overlap_heads: Ulysses head groups whose all-to-alls overlap the other groups' attention
-            (:mod:`mm_parallel.ulysses`); 1 = off, ``None`` = the device's default.
+            (:mod:`mm_parallel.ulysses`); 1 = off, ``None`` = the device's default without a ring, off
+            with one.
 
     Returns:
         ``[batch, local_seq, heads, head_dim]``.
     """
     ulysses, ring = group_size(ulysses_group), group_size(ring_group)
     check_heads_divisible(q.size(2), ulysses, "usp_attention")
-    groups = resolve_overlap_heads(overlap_heads, q.size(2), ulysses, q.device.type)
+    # the device default is measured for Ulysses alone: with a ring, overlap only when asked
+    requested = overlap_heads if overlap_heads is not None or ring == 1 else 1
+    groups = resolve_overlap_heads(requested, q.size(2), ulysses, q.device.type)
     attend: Attend
     if packed is not None or query_packed is not None:
         _check_packed_call(packed, causal, key_padding_mask, key_len, "usp_attention")
