@@ -20,7 +20,16 @@ A thread samples RSS every millisecond between baseline and the end of backward.
 is told (``mallopt``) to serve every allocation >= 64 KiB with ``mmap`` so freed tensors really
 leave the RSS instead of being cached by the heap.
 
-Usage: ``python benchmarks/cp_attention.py [--seq 16384 --heads 8 --dim 64 --layers 4]``
+``--overlap G [G ...]`` measures the Ulysses all-to-all overlap instead (``overlap_heads``,
+:mod:`mm_parallel.ulysses`): Ulysses 2, one attention op and the layer stack (``--what``), with each
+number of head groups ``G`` (1 = off). The configurations run in the same two processes, one step of
+each in turn for ``--repeats`` rounds (after one warm-up step of each), forward alone and then forward +
+backward, so that they see the same machine load; each row gives the fastest and the median round (a
+round's time is the slower rank's), and ``vs first`` the fastest forward + backward over the first
+row's (on a machine other jobs load, the fastest round is the one they disturbed least).
+
+Usage: ``python benchmarks/cp_attention.py [--seq 16384 --heads 8 --dim 64 --layers 4]``,
+``python benchmarks/cp_attention.py --overlap 1 2 4 [--repeats 5] [--device cpu|cuda]``
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import ctypes
 import multiprocessing as mp
 import os
 import socket
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -95,31 +105,41 @@ class _Layer(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-def _attn_fn(kind: str, group: dist.ProcessGroup | None, causal: bool) -> AttnFn:
+def _attn_fn(kind: str, group: dist.ProcessGroup | None, causal: bool, overlap: int = 1) -> AttnFn:
     return {
         "p1": partial(attention, causal=causal),
-        "ulysses": partial(ulysses_attention, group=group, causal=causal),
+        "ulysses": partial(ulysses_attention, group=group, causal=causal, overlap_heads=overlap),
         "ring": partial(ring_attention, group=group, causal=causal, layout="zigzag"),
     }[kind]
 
 
-def _op_step(fn: AttnFn, rank: int, world: int, args: argparse.Namespace) -> Callable[[], None]:
-    """Allocate local q, k, v and dout; return one forward + backward of the attention call."""
+def _device(args: argparse.Namespace, rank: int) -> torch.device:
+    return torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+
+
+def _op_step(
+    fn: AttnFn, rank: int, world: int, args: argparse.Namespace, backward: bool = True
+) -> Callable[[], None]:
+    """Allocate local q, k, v and dout; return one forward (+ backward) of the attention call."""
     gen = torch.Generator().manual_seed(rank)
     shape = (1, args.seq // world, args.heads, args.dim)
-    q, k, v = (torch.randn(shape, generator=gen).requires_grad_() for _ in range(3))
-    dout = torch.randn(shape, generator=gen)
-    return lambda: fn(q, k, v).backward(dout)
+    q, k, v = (torch.randn(shape, generator=gen).to(_device(args, rank)).requires_grad_() for _ in range(3))
+    dout = torch.randn(shape, generator=gen).to(_device(args, rank))
+    return (lambda: fn(q, k, v).backward(dout)) if backward else (lambda: fn(q, k, v))
 
 
-def _stack_step(fn: AttnFn, rank: int, world: int, args: argparse.Namespace) -> Callable[[], None]:
-    """Build the seeded layer stack and the local input; return one forward + backward."""
+def _stack_step(
+    fn: AttnFn, rank: int, world: int, args: argparse.Namespace, backward: bool = True
+) -> Callable[[], None]:
+    """Build the seeded layer stack and the local input; return one forward (+ backward)."""
     torch.manual_seed(0)  # same weights on every rank
-    stack = nn.Sequential(*(_Layer(args.heads, args.dim, fn) for _ in range(args.layers)))
+    stack = nn.Sequential(*(_Layer(args.heads, args.dim, fn) for _ in range(args.layers))).to(
+        _device(args, rank)
+    )
     gen = torch.Generator().manual_seed(1 + rank)
     shape = (1, args.seq // world, args.heads * args.dim)
-    x, dout = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
-    return lambda: stack(x).backward(dout)
+    x, dout = (torch.randn(shape, generator=gen).to(_device(args, rank)) for _ in range(2))
+    return (lambda: stack(x).backward(dout)) if backward else (lambda: stack(x))
 
 
 def _rank_main(
@@ -141,6 +161,81 @@ def _rank_main(
     dist.barrier()
     queue.put((rank, elapsed, (peak - baseline) / 2**20))
     dist.destroy_process_group()
+
+
+def _sync(args: argparse.Namespace) -> None:
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _interleaved(
+    steps: list[Callable[[], None]], repeats: int, args: argparse.Namespace
+) -> list[list[float]]:
+    """Seconds of every step, ``repeats`` rounds of each step in turn (after one warm-up call of each),
+    the ranks aligned before each call: the configurations see the same machine load."""
+    for step in steps:
+        step()
+    times: list[list[float]] = [[] for _ in steps]
+    for _ in range(repeats):
+        for i, step in enumerate(steps):
+            _sync(args)
+            dist.barrier()
+            start = time.perf_counter()
+            step()
+            _sync(args)
+            times[i].append(time.perf_counter() - start)
+    return times
+
+
+def _overlap_rank_main(
+    rank: int, world: int, port: int, what: str, args: argparse.Namespace, queue: mp.Queue
+) -> None:
+    torch.set_num_threads(args.threads)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    make = {"op": _op_step, "stack": _stack_step}[what]
+    fns = [_attn_fn("ulysses", dist.group.WORLD, args.causal, overlap) for overlap in args.overlap]
+    with torch.no_grad():
+        forward = _interleaved(
+            [make(fn, rank, world, args, backward=False) for fn in fns], args.repeats, args
+        )
+    both = _interleaved([make(fn, rank, world, args) for fn in fns], args.repeats, args)
+    queue.put((rank, forward, both))
+    dist.destroy_process_group()
+
+
+def _overlap_table(args: argparse.Namespace) -> None:
+    """Ulysses 2 with each ``overlap_heads`` of ``args.overlap``: forward and forward + backward times."""
+    print(
+        f"Ulysses 2 all-to-all overlap ({args.device}, fp32, batch 1, seq {args.seq}, heads {args.heads}, dim "
+        f"{args.dim}, {args.threads} thread(s) per rank): {args.repeats} rounds of every configuration in turn "
+        "after 1 warm-up, fastest and median step, the slower rank's; 'vs first': fastest fwd+bwd over the "
+        "first row's",
+        flush=True,
+    )
+    head = ("what", "overlap_heads", "fwd_min", "fwd_med", "both_min", "both_med", "vs first")
+    print("{:<6} {:>13} {:>8} {:>8} {:>9} {:>9} {:>8}".format(*head), flush=True)
+    for what in args.what:
+        ctx = mp.get_context("spawn")
+        queue, port = ctx.Queue(), _free_port()
+        procs = [
+            ctx.Process(target=_overlap_rank_main, args=(r, 2, port, what, args, queue)) for r in range(2)
+        ]
+        for p in procs:
+            p.start()
+        results = [queue.get(timeout=3600)[1:] for _ in procs]
+        for p in procs:
+            p.join()
+        base = None
+        for i, overlap in enumerate(args.overlap):
+            # per round, the slower rank's time; then the fastest and the median round
+            forward, both = ([max(r[k][i][j] for r in results) for j in range(args.repeats)] for k in (0, 1))
+            base = base if base is not None else min(both)
+            print(
+                f"{what:<6} {overlap:>13} {min(forward):>8.3f} {statistics.median(forward):>8.3f} "
+                f"{min(both):>9.3f} {statistics.median(both):>9.3f} {min(both) / base:>8.3f}",
+                flush=True,
+            )
 
 
 def _free_port() -> int:
@@ -184,7 +279,19 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--overlap", type=int, nargs="+", help="measure Ulysses overlap_heads values instead")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps per overlap configuration")
+    parser.add_argument(
+        "--what", nargs="+", choices=("op", "stack"), default=["op", "stack"], help="overlap tables"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (overlap tables)")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="device of the overlap tables"
+    )
     args = parser.parse_args()
+    if args.overlap:
+        _overlap_table(args)
+        return
     print(
         f"fp32, batch 1, seq {args.seq}, heads {args.heads}, dim {args.dim}, causal={args.causal}; "
         "time = one forward + backward, peak = peak RSS above baseline per rank"

@@ -5,7 +5,10 @@
 #    causal or not, with and without padded keys; then the ring merge over simulated blocks;
 # 2. the per-block memory model measured on the GPU (cp_memory.py --validate --device cuda);
 # 3. benchmarks/wan_step.py in bf16 and fp32 (its target, WanDiT <= 0.9x diffusers' step time, needs a GPU);
-# 4. the tiny Wan2.2 run on one GPU (the CUDA training path) and a sampled clip.
+# 4. the tiny Wan2.2 run on one GPU (the CUDA training path) and a sampled clip;
+# 5. the Ulysses all-to-all overlap, off vs on (cp_attention.py --overlap 1 2: two ranks sharing the one
+#    GPU over gloo, whose all-to-all is staged through host memory, so it times overlap with a slower link
+#    than NVLink; it decides mm_parallel.ulysses.OVERLAP_HEADS_DEFAULT["cuda"]).
 # The exit status is 1 when a kernel row or the memory model is off (the later stages still run).
 #
 # Here, once (PyPI reachable; writes .whl/, ignored by git):
@@ -13,7 +16,7 @@
 # Then one device call from the repo root:
 #     run(command="bash benchmarks/device_check.sh", carry=[".whl"], timeout_s=540)
 # Results come back in $OUT: cp_kernels.txt, cp_memory.txt, wan_step_bf16.txt, wan_step_fp32.txt, train.txt
-# (+ metrics.jsonl, sample.mp4). PYTHON and DEVICE override the interpreter and device; DEVICE=cpu is the dry
+# (+ metrics.jsonl, sample.mp4), cp_overlap.txt. PYTHON and DEVICE override the interpreter and device; DEVICE=cpu is the dry
 # run: the same stages on the smallest shapes (bf16 step only, 2 training steps, no sampling; about 50 s of CPU on a loaded 2-core machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,9 +46,11 @@ mkdir -p "$out"
 if [[ "$DEVICE" == cuda ]]; then
     size=(--grid 8 32 48 --repeats 10 --warmup 3); dtypes=(bfloat16 float32); kernels=(); memory=(--shape 8192 8192 4 128)
     steps=20
+    overlap=(--overlap 1 2 --seq 16384 --heads 16 --dim 64 --layers 2 --repeats 5)  # not yet timed on a GPU
 else
     size=(--grid 1 4 4 --blocks 1 --dim 64 --heads 2 --ffn-dim 128 --text-dim 32 --text-len 8 --repeats 1 --warmup 0)
     dtypes=(bfloat16); kernels=(--small); memory=(--shape 1024 1024 2 64); steps=2
+    overlap=(--overlap 1 2 --seq 256 --heads 4 --dim 16 --layers 1 --repeats 1 --what op)
 fi
 status=0
 # 1. Ring-attention block kernels and the ring merge vs math (one table; a FAIL row fails the script at the end)
@@ -76,4 +81,7 @@ if [[ "$DEVICE" == cuda ]]; then
     "$PYTHON" -m wan22_train sample --checkpoint "$tiny/ckpt" --prompt "a red square" --out "$out/sample.mp4" \
         | tee -a "$out/train.txt"
 fi
+
+# 5. Ulysses all-to-all overlap off (1) vs on (2 head groups): forward, and forward + backward
+"$PYTHON" benchmarks/cp_attention.py --device "$DEVICE" "${overlap[@]}" | tee "$out/cp_overlap.txt"
 exit $status

@@ -57,6 +57,15 @@ def test_cp_kernel_check_dry_run_prints_one_table_of_ok_rows():
     assert {r[2] for r in rows} == {"ok"}
 
 
+@pytest.mark.slow  # two spawned gloo ranks
+def test_cp_attention_overlap_table_prints_a_row_per_head_group_count():
+    # the configurations share one pair of spawned ranks: off (1) and on (2) cost one start
+    small = ["--seq", "64", "--heads", "4", "--dim", "8", "--repeats", "1"]
+    out = _run("benchmarks/cp_attention.py", "--overlap", "1", "2", "--what", "op", *small)
+    rows = re.findall(r"^op\s+(\d+)(?:\s+\d+\.\d{3}){5}$", out, re.MULTILINE)
+    assert rows == ["1", "2"], out
+
+
 def test_lora_step_reports_full_and_lora_rows_of_one_config():
     # The modes run in this process (the script starts one child per mode so that peaks stay apart;
     # the smoke test checks the counts and the table, not the peaks): seconds instead of three imports.

@@ -4,8 +4,8 @@ Tiny Wan T2V, FSDP2 + Ulysses 2 on 2 forked gloo ranks (the shipped ``tiny_t2v.y
 four combinations: eager / compiled predictor blocks (inductor, C++ on CPU) x no / selective
 recompute. Each combination trains 10 steps saving after step 5, then resumes that checkpoint for
 steps 6-10. Compiled blocks train the eager losses (rel 1e-5); selective recompute trains the losses of
-no recompute (rel 1e-6); every combination resumes exactly. The compiled blocks keep calling
-mm-parallel's Ulysses attention (a deliberate graph break).
+no recompute (rel 1e-6); every combination resumes exactly. The compiled blocks trace mm-parallel's
+Ulysses attention into their graphs (its all-to-alls are functional collectives).
 """
 
 from __future__ import annotations

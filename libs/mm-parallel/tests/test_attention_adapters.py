@@ -13,6 +13,10 @@ kinds, defaults, outputs), so a call the real function would refuse fails here t
   rebuilds the probabilities as ``exp(s - softmax_max) / softmax_sum``.
 - ``flash_attn`` stand-in (2.7 signatures): ``flash_attn_func(..., return_attn_probs=True)`` returns
   ``(out, lse [B, H, Sq], probs)``; ``flash_attn_interface._flash_attn_backward`` writes dq, dk, dv.
+- packed (variable-length) blocks: ``flash_attn_varlen_func`` / ``_flash_attn_varlen_backward``
+  (``[total, H, D]``, int32 ``cu_seqlens``, LSE ``[H, total_q]``) and ``npu_fusion_attention`` in the
+  ``TND`` layout (``actual_seq_qlen`` / ``actual_seq_kvlen`` cumulative without the leading 0, softmax
+  statistics stored ``concat_i [N, len_i, 8]``: MindSpeed's reading, see ``upstream_apis.py``).
 
 A wrong layout, mask polarity, scale or LSE formula in the adapters gives wrong numbers here.
 """
@@ -96,6 +100,8 @@ def _standin_torch_npu() -> types.ModuleType:
 
     def npu_fusion_attention(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         a = UPSTREAM.bind(fwd_api, args, kwargs)  # TypeError for a call the real op refuses
+        if a["input_layout"] == "TND":
+            return _tnd_forward(npu, a)
         query, key, value, layout = a["query"], a["key"], a["value"], a["input_layout"]
         mask, scale, mode = a["atten_mask"], a["scale"], a["sparse_mode"]
         npu.calls.append({"op": "fwd", "layout": layout, "scale": scale, "mask": mask, "mode": mode})
@@ -111,6 +117,8 @@ def _standin_torch_npu() -> types.ModuleType:
 
     def npu_fusion_attention_grad(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         a = UPSTREAM.bind(grad_api, args, kwargs)
+        if a["input_layout"] == "TND":
+            return _tnd_grad(npu, a)
         query, key, value, dy, layout = a["query"], a["key"], a["value"], a["dy"], a["input_layout"]
         mask, scale, mode = a["atten_mask"], a["scale_value"], a["sparse_mode"]
         npu.calls.append({"op": "grad", "layout": layout, "scale": scale, "mask": mask})
@@ -132,6 +140,60 @@ def _standin_torch_npu() -> types.ModuleType:
     npu.npu_fusion_attention = npu_fusion_attention
     npu.npu_fusion_attention_grad = npu_fusion_attention_grad
     return npu
+
+
+def _tnd_spans(a: dict) -> list[tuple[int, int, int, int]]:
+    """(q start, q length, k start, k length) of every segment from the cumulative lists (no leading 0)."""
+    q_ends, k_ends = a["actual_seq_qlen"], a["actual_seq_kvlen"]
+    assert isinstance(q_ends, list) and isinstance(k_ends, list) and len(q_ends) == len(k_ends)
+    assert q_ends[-1] == a["query"].size(0) and k_ends[-1] == a["key"].size(0)
+    q_starts, k_starts = [0, *q_ends[:-1]], [0, *k_ends[:-1]]
+    return [
+        (qs, qe - qs, ks, ke - ks) for qs, qe, ks, ke in zip(q_starts, q_ends, k_starts, k_ends, strict=True)
+    ]
+
+
+def _tnd_forward(npu: types.ModuleType, a: dict) -> tuple:
+    """TND forward: each segment alone; statistics stored segment by segment, heads first."""
+    assert a["atten_mask"] is None and a["sparse_mode"] == 0 and a["query"].dim() == 3
+    npu.calls.append({"op": "fwd", "layout": "TND", "scale": a["scale"], "q": a["actual_seq_qlen"],
+                      "k": a["actual_seq_kvlen"]})  # fmt: skip
+    outs, maxes, sums = [], [], []
+    for qs, lq, ks, lk in _tnd_spans(a):
+        s = torch.einsum("qhd,khd->hqk", a["query"][qs : qs + lq], a["key"][ks : ks + lk]) * a["scale"]
+        row_max = s.amax(-1, keepdim=True)
+        e = torch.exp(s - row_max)
+        row_sum = e.sum(-1, keepdim=True)
+        outs.append(torch.einsum("hqk,khd->qhd", e / row_sum, a["value"][ks : ks + lk]))
+        maxes.append(row_max.reshape(-1))  # [N, len] in storage order
+        sums.append(row_sum.reshape(-1))
+    stats = UPSTREAM.NPU_SOFTMAX_STATS_LAST_DIM
+    softmax_max, softmax_sum = (
+        torch.cat(t).view(-1, a["head_num"])[..., None].expand(-1, a["head_num"], stats).float()
+        for t in (maxes, sums)
+    )  # shape [T, N, 8], stored concat_i [N, len_i, 8]
+    return (torch.cat(outs), softmax_max.contiguous(), softmax_sum.contiguous(), torch.empty(0), 0, 0, 0)
+
+
+def _tnd_grad(npu: types.ModuleType, a: dict) -> tuple:
+    """TND grad from the given statistics (read back in the same storage order)."""
+    npu.calls.append({"op": "grad", "layout": "TND", "scale": a["scale_value"], "q": a["actual_seq_qlen"]})
+    heads, scale = a["head_num"], a["scale_value"]
+    flat_max = a["softmax_max"][..., 0].reshape(-1)
+    flat_sum = a["softmax_sum"][..., 0].reshape(-1)
+    dqs, dks, dvs = [], [], []
+    for qs, lq, ks, lk in _tnd_spans(a):
+        q, k, v = a["query"][qs : qs + lq], a["key"][ks : ks + lk], a["value"][ks : ks + lk]
+        dy, o = a["dy"][qs : qs + lq], a["attention_in"][qs : qs + lq]
+        row_max = flat_max[qs * heads : (qs + lq) * heads].view(heads, lq, 1).to(q.dtype)
+        row_sum = flat_sum[qs * heads : (qs + lq) * heads].view(heads, lq, 1).to(q.dtype)
+        p = torch.exp(torch.einsum("qhd,khd->hqk", q, k) * scale - row_max) / row_sum
+        delta = (dy * o).sum(-1).t()[..., None]
+        ds = p * (torch.einsum("qhd,khd->hqk", dy, v) - delta)
+        dqs.append(torch.einsum("hqk,khd->qhd", ds, k) * scale)
+        dks.append(torch.einsum("hqk,qhd->khd", ds, q) * scale)
+        dvs.append(torch.einsum("hqk,qhd->khd", p, dy))
+    return (torch.cat(dqs), torch.cat(dks), torch.cat(dvs), None, None)
 
 
 @pytest.fixture
@@ -244,10 +306,50 @@ def _standin_flash_attn() -> tuple[types.ModuleType, types.ModuleType]:
         a["dk"].copy_(torch.einsum("bhqk,bqhd->bkhd", ds, q) * scale)
         return torch.empty(0)
 
+    varlen_api, varlen_bwd_api = UPSTREAM.FLASH_ATTN_VARLEN_FUNC, UPSTREAM.FLASH_ATTN_VARLEN_BACKWARD
+
+    def _varlen_spans(a: dict) -> list[tuple[int, int, int, int]]:
+        cu_q, cu_k = a["cu_seqlens_q"], a["cu_seqlens_k"]
+        assert cu_q.dtype == cu_k.dtype == torch.int32 and cu_q.numel() == cu_k.numel()
+        assert int(cu_q[-1]) == a["q"].size(0) and int(cu_k[-1]) == a["k"].size(0)
+        lq, lk = cu_q.diff().tolist(), cu_k.diff().tolist()
+        assert a["max_seqlen_q"] == max(lq) and a["max_seqlen_k"] == max(lk)
+        return [(int(cu_q[i]), lq[i], int(cu_k[i]), lk[i]) for i in range(len(lq))]
+
+    def flash_attn_varlen_func(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        a = UPSTREAM.bind(varlen_api, args, kwargs)
+        assert a["return_attn_probs"] and not a["causal"] and a["dropout_p"] == 0.0 and a["q"].dim() == 3
+        outs, lses = [], []
+        for qs, lq, ks, lk in _varlen_spans(a):
+            s = torch.einsum("qhd,khd->hqk", a["q"][qs : qs + lq], a["k"][ks : ks + lk]) * a["softmax_scale"]
+            outs.append(torch.einsum("hqk,khd->qhd", s.softmax(-1), a["v"][ks : ks + lk]))
+            lses.append(s.logsumexp(-1).float())  # [H, lq]
+        outputs = (torch.cat(outs), torch.cat(lses, 1), torch.empty(0))
+        assert len(outputs) == len(varlen_api["returns"])
+        return outputs
+
+    def _flash_attn_varlen_backward(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        a = UPSTREAM.bind(varlen_bwd_api, args, kwargs)
+        lse, scale = a["softmax_lse"], a["softmax_scale"]
+        assert lse.shape == (a["q"].size(1), a["q"].size(0)) and lse.is_contiguous() and not a["causal"]
+        for qs, lq, ks, lk in _varlen_spans(a):
+            q, k, v = a["q"][qs : qs + lq], a["k"][ks : ks + lk], a["v"][ks : ks + lk]
+            dout, out = a["dout"][qs : qs + lq], a["out"][qs : qs + lq]
+            p = torch.exp(torch.einsum("qhd,khd->hqk", q, k) * scale - lse[:, qs : qs + lq, None].to(q.dtype))
+            ds = p * (torch.einsum("qhd,khd->hqk", dout, v) - (dout * out).sum(-1).t()[..., None])
+            a["dq"][qs : qs + lq] = torch.einsum("hqk,khd->qhd", ds, k) * scale
+            a["dk"][ks : ks + lk] = torch.einsum("hqk,qhd->khd", ds, q) * scale
+            a["dv"][ks : ks + lk] = torch.einsum("hqk,qhd->khd", p, dout)
+        return torch.empty(0)
+
     flash_attn_func.__signature__ = UPSTREAM.signature(fwd_api)
     _flash_attn_backward.__signature__ = UPSTREAM.signature(bwd_api)
+    flash_attn_varlen_func.__signature__ = UPSTREAM.signature(varlen_api)
+    _flash_attn_varlen_backward.__signature__ = UPSTREAM.signature(varlen_bwd_api)
     package.flash_attn_func = flash_attn_func
+    package.flash_attn_varlen_func = flash_attn_varlen_func
     interface._flash_attn_backward = _flash_attn_backward
+    interface._flash_attn_varlen_backward = _flash_attn_varlen_backward
     return package, interface
 
 
@@ -296,3 +398,67 @@ def test_the_stand_ins_refuse_calls_the_real_functions_refuse(standin_torch_npu,
 
     with pytest.raises(TypeError, match="missing"):  # no defaults before rng_state
         _flash_attn_backward(dout, q, k, v, dout, None, q, k, v, 0.0, 1.0, False)
+
+
+# ---------------------------------------------------------------- packed (variable-length) blocks
+
+Q_LENGTHS, K_LENGTHS = (3, 5, 2), (4, 1, 6)  # paired segments: cross-attention of two packings
+
+
+def _varlen_inputs() -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    q, dout = (torch.randn(B, sum(Q_LENGTHS), H, D, generator=gen, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(B, sum(K_LENGTHS), H, D, generator=gen, dtype=torch.float64) for _ in range(2))
+    return [q, k, v, dout]
+
+
+def _each_segment_alone(q, k, v, dout) -> list[torch.Tensor]:  # noqa: ANN001
+    """SDPA of every segment pair on its own: [out, lse, dq, dk, dv]."""
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    outs, lses = [], []
+    for qs, lq, ks, lk in zip((0, 3, 8), Q_LENGTHS, (0, 4, 5), K_LENGTHS, strict=True):
+        seg = [leaves[0][:, qs : qs + lq], leaves[1][:, ks : ks + lk], leaves[2][:, ks : ks + lk]]
+        outs.append(F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in seg)).transpose(1, 2))
+        s = torch.einsum("bqhd,bkhd->bhqk", seg[0], seg[1]).detach() / math.sqrt(D)
+        lses.append(s.logsumexp(-1).transpose(1, 2))
+    out = torch.cat(outs, 1)
+    out.backward(dout)
+    return [out.detach(), torch.cat(lses, 1)] + [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("name", ["flash_attn", "npu"])
+def test_varlen_adapters_on_stand_ins_give_each_segment_pairs_attention_lse_and_gradients(
+    standin_flash_attn, standin_torch_npu, name: str
+) -> None:  # noqa: ANN001
+    q, k, v, dout = _varlen_inputs()
+    backend = get_backend(name)
+    out, lse = backend.varlen_forward(q, k, v, Q_LENGTHS, K_LENGTHS, scale=1 / math.sqrt(D))
+    grads = backend.varlen_backward(dout, q, k, v, out, lse, Q_LENGTHS, K_LENGTHS, scale=1 / math.sqrt(D))
+    ref_out, ref_lse, *ref_grads = _each_segment_alone(q, k, v, dout)
+    torch.testing.assert_close(out, ref_out, rtol=0, atol=1e-12)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=1e-6)  # the kernels' LSE is float32
+    for got, want in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_npu_varlen_adapter_passes_tnd_and_cumulative_lengths_of_every_batch_row(standin_torch_npu) -> None:  # noqa: ANN001
+    q, k, v, dout = _varlen_inputs()
+    backend = get_backend("npu")
+    out, lse = backend.varlen_forward(q, k, v, Q_LENGTHS, K_LENGTHS, scale=0.25)
+    backend.varlen_backward(dout, q, k, v, out, lse, Q_LENGTHS, K_LENGTHS, scale=0.25)
+    forward, grad = standin_torch_npu.calls
+    assert forward["layout"] == grad["layout"] == "TND" and forward["scale"] == grad["scale"] == 0.25
+    assert forward["q"] == grad["q"] == [3, 8, 10, 13, 18, 20]  # B = 2 rows of (3, 5, 2), no leading 0
+    assert forward["k"] == [4, 5, 11, 15, 16, 22]
+
+
+def test_tnd_statistics_convert_to_token_rows_and_back() -> None:
+    from mm_parallel.npu_attention import tnd_rows, tnd_stats
+
+    rows = torch.arange(10 * 3, dtype=torch.float32).view(10, 3)  # [T, N]
+    stats = tnd_stats(rows, [4, 6])
+    assert stats.shape == (10, 3, 8)
+    assert (
+        stats[..., 0].reshape(-1)[:12].tolist() == rows[:4].t().reshape(-1).tolist()
+    )  # segment 0, heads first
+    assert torch.equal(tnd_rows(stats, [4, 6]), rows)

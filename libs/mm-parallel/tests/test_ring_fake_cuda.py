@@ -9,7 +9,9 @@ the ring's two passes (``ring_forward``, ``ring_backward``) directly, as its aut
 
 Shape: Wan2.2 A14B on Ulysses 4 x Ring 2 (32,760 tokens padded to 32,768): 16,384 ring-local
 tokens and 10 heads of 128 per rank in bf16; one ``[B, H, Sq, Sk]`` score tensor would be
-16384 x 16384 x 10 elements.
+16384 x 16384 x 10 elements. Packed cases: three samples of 20,000, 9,000 and 3,755 tokens (32,755,
+each padded for the zigzag ring) on the same ranks, through torch's varlen flash kernel (bf16) or the
+memory-efficient kernel once per segment pair (fp32).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-from mm_parallel.ring import plan_ring_pass, ring_backward, ring_forward
+from mm_parallel import PackedLayout, PackedSequence
+from mm_parallel.ring import plan_packed_ring_pass, plan_ring_pass, ring_backward, ring_forward
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -33,7 +36,10 @@ CASES = {  # name -> (dtype, causal, padding: None | "key_len" | "mask", backend
     "bf16-full-key-padding-mask": (torch.bfloat16, False, "mask", None),
     "fp32-full": (torch.float32, False, None, None),
     "bf16-full-math (control)": (torch.bfloat16, False, None, "math"),
+    "bf16-packed": (torch.bfloat16, False, "packed", None),
+    "fp32-packed": (torch.float32, False, "packed", None),
 }
+PACKED = PackedLayout(PackedSequence((20000, 9000, 3755)), ring=2, layout="zigzag")
 
 
 class AllocationRecorder(TorchDispatchMode):
@@ -57,10 +63,14 @@ def _case(
     group: dist.ProcessGroup, dtype: torch.dtype, causal: bool, padding: str | None, backend: str | None
 ):  # noqa: ANN202
     with FakeTensorMode():
-        q, k, v, dout = (torch.empty(1, S, H, D, device="cuda", dtype=dtype) for _ in range(4))
+        local = PACKED.ring_local_len if padding == "packed" else S
+        q, k, v, dout = (torch.empty(1, local, H, D, device="cuda", dtype=dtype) for _ in range(4))
         mask = torch.ones(1, S, dtype=torch.bool, device="cuda") if padding == "mask" else None
         key_len = 2 * S - 8 if padding == "key_len" else None
-        ring = plan_ring_pass(q, k, group, causal, "zigzag", mask, key_len, 1 / math.sqrt(D), backend)
+        if padding == "packed":
+            ring = plan_packed_ring_pass(q, k, group, PACKED, PACKED, 1 / math.sqrt(D), backend)
+        else:
+            ring = plan_ring_pass(q, k, group, causal, "zigzag", mask, key_len, 1 / math.sqrt(D), backend)
         with AllocationRecorder() as recorder:
             out, lse = ring_forward(q, k, v, ring)
             grads = ring_backward(dout, q, k, v, out, lse, ring)
@@ -111,6 +121,20 @@ def test_cuda_ring_blocks_without_padded_keys_run_the_flash_kernel_both_ways(dis
 
 
 @pytest.mark.slow
+def test_cuda_packed_ring_blocks_run_torchs_varlen_flash_kernel_in_bf16_and_efficient_in_fp32(
+    distributed,
+) -> None:  # noqa: ANN001
+    bf16, fp32 = _report(distributed)["bf16-packed"]["ops"], _report(distributed)["fp32-packed"]["ops"]
+    assert {"_flash_attention_forward", "_flash_attention_backward"} <= bf16  # cum_seq_q / cum_seq_k
+    assert not {o for o in bf16 if "efficient" in o}
+    assert {
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_efficient_attention_backward",
+    } <= fp32
+    assert not {o for o in fp32 if o.startswith("_flash_attention")}
+
+
+@pytest.mark.slow
 def test_cuda_ring_key_padding_mask_and_fp32_run_the_memory_efficient_kernel(distributed) -> None:  # noqa: ANN001
     for name in ("bf16-full-key-padding-mask", "fp32-full"):
         ops = _report(distributed)[name]["ops"]
@@ -124,6 +148,12 @@ def test_cuda_ring_key_padding_mask_and_fp32_run_the_memory_efficient_kernel(dis
 @pytest.mark.slow
 def test_cuda_ring_pass_returns_output_lse_and_gradients_of_the_local_shapes(distributed) -> None:  # noqa: ANN001
     assert _report(distributed)["bf16-full"]["shapes"] == [(1, S, H, D), (1, S, H), *[(1, S, H, D)] * 3]
+    local = PACKED.ring_local_len
+    assert _report(distributed)["bf16-packed"]["shapes"] == [
+        (1, local, H, D),
+        (1, local, H),
+        *[(1, local, H, D)] * 3,
+    ]
 
 
 @pytest.mark.slow

@@ -19,7 +19,16 @@ Sources (read 2026-12-02):
   ``flash_attn/flash_attn_interface.py``: ``flash_attn_func`` (``FlashAttnFunc.forward`` returns
   ``(out, softmax_lse, S_dmask)`` when ``return_attn_probs``; ``softmax_lse`` is ``[B, H, Sq]``
   float32) and ``_flash_attn_backward`` (a ``torch.library.custom_op`` writing ``dq``, ``dk``, ``dv``).
-  The adapters call no varlen function.
+- flash_attn varlen (packed attention): the same file at 005300258a22e5fc6be621063c3d5704e82b89d9 (read
+  2026-12-07): ``flash_attn_varlen_func`` (returns ``(out, softmax_lse, S_dmask)`` with
+  ``return_attn_probs``; ``softmax_lse`` is ``[nheads, total_q]`` float32, its fake registration
+  ``_flash_attn_varlen_forward_fake``) and ``_flash_attn_varlen_backward`` (a custom op writing ``dq``,
+  ``dk``, ``dv``; ``cu_seqlens_*`` int32 ``[batch + 1]``).
+- torch_npu in TND layout (packed attention): ``actual_seq_qlen`` / ``actual_seq_kvlen`` are host lists of
+  cumulative lengths without the leading 0 (MindSpeed calls ``actual_seq_qlen=cu_seqlens_q[1:].tolist()``);
+  the softmax statistics' storage order, ``concat_i [N, len_i, 8]``, is MindSpeed's reading
+  (``mindspeed/core/context_parallel/utils.py``, ``flatten_softmax`` / ``unflatten_softmax``), not a
+  signature: the stand-in follows it, so a real NPU run is its check.
 """
 
 from __future__ import annotations
@@ -86,6 +95,33 @@ FLASH_ATTN_BACKWARD: dict[str, Any] = {
         ("causal", POS, REQUIRED), ("window_size_left", POS, REQUIRED), ("window_size_right", POS, REQUIRED),
         ("softcap", POS, REQUIRED), ("alibi_slopes", POS, REQUIRED), ("deterministic", POS, REQUIRED),
         ("rng_state", POS, None),
+    ],
+    "returns": ("softmax_d",),
+}  # fmt: skip
+
+
+#: ``flash_attn.flash_attn_varlen_func`` (2.8)
+FLASH_ATTN_VARLEN_FUNC: dict[str, Any] = {
+    "params": [
+        ("q", POS, REQUIRED), ("k", POS, REQUIRED), ("v", POS, REQUIRED), ("cu_seqlens_q", POS, REQUIRED),
+        ("cu_seqlens_k", POS, REQUIRED), ("max_seqlen_q", POS, REQUIRED), ("max_seqlen_k", POS, REQUIRED),
+        ("dropout_p", POS, 0.0), ("softmax_scale", POS, None), ("causal", POS, False), ("window_size", POS, (-1, -1)),
+        ("softcap", POS, 0.0), ("alibi_slopes", POS, None), ("deterministic", POS, False),
+        ("return_attn_probs", POS, False), ("block_table", POS, None),
+    ],
+    "returns": ("out", "softmax_lse", "S_dmask"),  # with return_attn_probs=True; softmax_lse [nheads, total_q]
+}  # fmt: skip
+
+#: ``flash_attn.flash_attn_interface._flash_attn_varlen_backward`` (returns ``softmax_d``; writes dq, dk, dv)
+FLASH_ATTN_VARLEN_BACKWARD: dict[str, Any] = {
+    "params": [
+        ("dout", POS, REQUIRED), ("q", POS, REQUIRED), ("k", POS, REQUIRED), ("v", POS, REQUIRED),
+        ("out", POS, REQUIRED), ("softmax_lse", POS, REQUIRED), ("dq", POS, REQUIRED), ("dk", POS, REQUIRED),
+        ("dv", POS, REQUIRED), ("cu_seqlens_q", POS, REQUIRED), ("cu_seqlens_k", POS, REQUIRED),
+        ("max_seqlen_q", POS, REQUIRED), ("max_seqlen_k", POS, REQUIRED), ("dropout_p", POS, REQUIRED),
+        ("softmax_scale", POS, REQUIRED), ("causal", POS, REQUIRED), ("window_size_left", POS, REQUIRED),
+        ("window_size_right", POS, REQUIRED), ("softcap", POS, REQUIRED), ("alibi_slopes", POS, REQUIRED),
+        ("deterministic", POS, REQUIRED), ("rng_state", POS, None),
     ],
     "returns": ("softmax_d",),
 }  # fmt: skip

@@ -88,3 +88,35 @@ def test_a_ring_block_step_holds_at_least_its_kernel_workspace_and_outputs(kerne
     assert 0 <= forward <= step_forward and 0 <= backward <= step_backward
     if kernel != "math":  # math's gradients are float32 inside its kernel phase
         assert step_backward >= grads + backward
+
+
+def test_the_cost_model_times_ulysses_attentions_functional_all_to_alls():
+    """mm-parallel's Ulysses all-to-all is a functional collective (``_c10d_functional.all_to_all_single``):
+    the cost model names it and puts its bytes on the wire, at real size in the fake world."""
+    import torch.distributed as dist
+    from mm_parallel import ulysses_attention
+    from mm_trainer.planner.cost_model import is_collective
+    from mm_trainer.planner.fake_world import fake_world
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Collectives(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[tuple] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            out = func(*args, **(kwargs or {}))
+            if is_collective(func):
+                self.calls.append((func, args, kwargs or {}, out))
+            return out
+
+    model = CostModel(device_spec("h200"), ranks_per_node=8)
+    with fake_world(8) as mode, mode:
+        q = torch.empty(1, 4096, 8, 64, dtype=torch.bfloat16)  # this rank's 4096 of 32768 tokens
+        with Collectives() as seen:
+            ulysses_attention(q, q, q, dist.group.WORLD)
+        costs = [model.collective(*call) for call in seen.calls]
+    moved = [c for c in costs if c is not None]
+    assert [kind for kind, _, _ in moved] == ["all-to-all"] * 4  # q, k, v in; the output back
+    assert moved[0][1] == pytest.approx(q.numel() * 2 * 7 / 8)  # all but this rank's own share
+    assert all(seconds > 0 for _, _, seconds in moved)

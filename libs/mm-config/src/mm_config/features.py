@@ -40,8 +40,8 @@ CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotun
 
 class CompilePlanConfig(ModulePlanConfig):
     """Regional ``torch.compile``: each matched module's forward compiled on its own, before FSDP
-    wrapping; a recomputed module checkpoints its compiled forward. The context-parallel attention
-    calls stay eager (a deliberate graph break)."""
+    wrapping; a recomputed module checkpoints its compiled forward. Ulysses attention compiles with the
+    block; ring attention calls stay eager (a deliberate graph break)."""
 
     backend: str = "inductor"
     """``torch.compile`` backend: a name registered with ``torch._dynamo`` (``inductor``,

@@ -73,6 +73,11 @@ _EXPORTS: dict[str, str] = {
     "SKIP_ROOT_WRAP_ATTR": "unit_layout",
     "plan_units": "unit_layout",
     "usp_attention": "usp",
+    "PackedLayout": "packing",
+    "PackedSequence": "packing",
+    "gather_packed": "packed_split",
+    "packed_attention": "packed_attention",
+    "split_packed": "packed_split",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

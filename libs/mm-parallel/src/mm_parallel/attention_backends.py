@@ -25,6 +25,11 @@ each runs, empty = anywhere):
   (:mod:`mm_parallel.npu_attention`). Default on NPU.
 - ``math``: reference einsum path on any device, computes in float32 (or float64 for float64
   inputs), LSE, block backward. Materializes ``[B, H, Sq, Sk]`` scores: never an accelerator default.
+
+Packed (variable-length) attention runs several segment pairs per call on a kernel's
+``varlen_forward`` / ``varlen_backward`` where it has them (``flash``: torch's flash kernel with
+``cum_seq``; ``flash_attn``: ``flash_attn_varlen_func``; ``npu``: TND layout with ``actual_seq_qlen``),
+and one dense call per segment pair on the others (:mod:`mm_parallel.packed_blocks`).
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ from mm_parallel.attention_masks import additive_mask, combine_masks, full_mask,
 
 ForwardFn = Callable[..., tuple[Tensor, Tensor | None]]
 BackwardFn = Callable[..., tuple[Tensor, Tensor, Tensor]]
+VarlenForwardFn = Callable[..., tuple[Tensor, Tensor]]
+"""``(q, k, v, q_lengths, k_lengths, *, scale) -> (out, lse)``: ``[B, sum(lengths), H, D]`` tensors whose
+rows / columns are tiled by paired segments (all lengths > 0; non-causal, no mask)."""
+VarlenBackwardFn = Callable[..., tuple[Tensor, Tensor, Tensor]]
+"""``(dout, q, k, v, out, lse, q_lengths, k_lengths, *, scale) -> (dq, dk, dv)`` from the global out / lse."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,11 @@ class AttentionBackend:
     """One line on what runs, for the log line of the run's choice."""
     requires: str = ""
     """What makes it available, named when it is not (e.g. the extra to install)."""
+    varlen_forward: VarlenForwardFn | None = None
+    """Native variable-length forward (several segment pairs in one call, packed attention); None = one
+    dense call per segment pair (:mod:`mm_parallel.packed_blocks`)."""
+    varlen_backward: VarlenBackwardFn | None = None
+    """The block backward of :attr:`varlen_forward`."""
 
     def runs_on(self, device_type: str) -> bool:
         """Whether the kernel runs on tensors of ``device_type``."""
@@ -263,6 +278,8 @@ register_backend(
         "flash", cuda_attention.torch_flash_forward, True, True, _has_aten("_scaled_dot_product_flash_attention"),
         cuda_attention.torch_flash_backward, _CUDA,
         "torch's flash kernel; its memory-efficient kernel for blocks with padded keys and for float32",
+        varlen_forward=cuda_attention.torch_flash_varlen_forward,
+        varlen_backward=cuda_attention.torch_flash_varlen_backward,
     )
 )  # fmt: skip
 register_backend(
@@ -278,6 +295,8 @@ register_backend(
         cuda_attention.flash_attn_backward, _CUDA,
         "flash_attn's kernel; torch's memory-efficient kernel for blocks with padded keys",
         requires="flash_attn >= 2.7 on CUDA: pip install 'mm-parallel[flash-attn]'",
+        varlen_forward=cuda_attention.flash_attn_varlen_forward,
+        varlen_backward=cuda_attention.flash_attn_varlen_backward,
     )
 )  # fmt: skip
 register_backend(
@@ -285,6 +304,7 @@ register_backend(
         "npu", npu_attention.npu_forward, True, True, _importable("torch_npu"), npu_attention.npu_backward,
         ("npu",), "torch_npu.npu_fusion_attention and npu_fusion_attention_grad",
         requires="torch_npu on Ascend: pip install 'mm-parallel[npu]'",
+        varlen_forward=npu_attention.npu_varlen_forward, varlen_backward=npu_attention.npu_varlen_backward,
     )
 )  # fmt: skip
 register_backend(

@@ -18,6 +18,13 @@ block's ``(dq, dk, dv)``. None of them allocates a ``[Sq, Sk]`` tensor.
   ``flash_attn_interface._flash_attn_backward``; blocks with a mask, and float32 inputs, run the
   memory-efficient kernel.
 
+Packed (variable-length) blocks, ``[B, sum(lengths), H, D]`` with the batch rows flattened into one
+token axis (``lengths`` repeated per row): ``flash`` runs torch's flash kernel with ``cum_seq_q`` /
+``cum_seq_k`` (``aten._flash_attention_forward`` / ``_backward``, what torch's nested-tensor SDPA
+calls), ``flash_attn`` runs ``flash_attn_varlen_func`` / ``_flash_attn_varlen_backward``; both return
+the LSE as ``[H, total_q]`` float32. Inputs the flash kernels do not take (float32, an odd head_dim) run
+the memory-efficient kernel once per segment pair.
+
 Neither kernel takes dropout here (ring attention has none), so the RNG state tensors the backward
 ops want are placeholders. Copies go through ``clone`` / ``add_`` onto zeros rather than
 ``contiguous()`` / ``copy_``, whose python bindings take a CUDA device guard: that keeps the module
@@ -27,11 +34,13 @@ runnable on CUDA fake tensors in a CPU-only torch build (the tests' way to run i
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 
 import torch
 from torch import Tensor
 
 from mm_parallel.attention_masks import additive_mask
+from mm_parallel.packed_blocks import segmentwise_backward, segmentwise_forward
 
 _HALF = (torch.float16, torch.bfloat16)
 _FUSED_DTYPES = (*_HALF, torch.float32)
@@ -210,3 +219,100 @@ def flash_attn_backward(
         deterministic=False, rng_state=None,
     )  # fmt: skip
     return dq, dk, dv
+
+
+# ---------------------------------------------------------------- packed (variable-length) blocks
+
+
+def _tokens(t: Tensor) -> Tensor:
+    """``[B, T, H, D]`` -> ``[B * T, H, D]`` (the varlen kernels' layout; batch rows one after another)."""
+    return t.reshape(-1, *t.shape[2:])
+
+
+def _cu_seqlens(lengths: tuple[int, ...], batch: int, device: torch.device) -> Tensor:
+    """int32 ``[0, l0, l0 + l1, ...]`` over the batch rows' segments, on ``device``."""
+    return torch.tensor((0, *accumulate(lengths * batch)), dtype=torch.int32, device=device)
+
+
+def _varlen_lse(lse: Tensor, batch: int) -> Tensor:
+    """A varlen kernel's ``[H, B * T]`` LSE -> ``[B, T, H]``."""
+    return lse.unflatten(1, (batch, -1)).permute(1, 2, 0)
+
+
+def _kernel_varlen_lse(lse: Tensor) -> Tensor:
+    """Global ``[B, T, H]`` LSE -> contiguous ``[H, B * T]`` float32 (-inf rows -> +inf: zero gradient)."""
+    lse = torch.where(torch.isneginf(lse), float("inf"), lse).to(torch.float32)
+    return lse.permute(2, 0, 1).flatten(1).clone(memory_format=torch.contiguous_format)
+
+
+def torch_flash_varlen_forward(
+    q: Tensor, k: Tensor, v: Tensor, q_lengths: tuple[int, ...], k_lengths: tuple[int, ...], *, scale: float
+) -> tuple[Tensor, Tensor]:
+    """Segment pairs in one call of torch's flash kernel (``cum_seq_q`` / ``cum_seq_k``); float32 and
+    other inputs it does not take: the memory-efficient kernel per pair."""
+    if not flash_kernel_fits(q, None):
+        return segmentwise_forward(efficient_forward, q, k, v, q_lengths, k_lengths, scale=scale)
+    b = q.size(0)
+    out, lse, *_ = torch.ops.aten._flash_attention_forward(
+        _tokens(q), _tokens(k), _tokens(v), _cu_seqlens(q_lengths, b, q.device), _cu_seqlens(k_lengths, b, q.device),
+        max(q_lengths), max(k_lengths), 0.0, False, False, scale=scale,
+    )  # fmt: skip
+    return out.unflatten(0, (b, -1)), _varlen_lse(lse, b)
+
+
+def torch_flash_varlen_backward(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, q_lengths: tuple[int, ...],
+    k_lengths: tuple[int, ...], *, scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Gradients of :func:`torch_flash_varlen_forward`'s block from the global ``out`` / ``lse``."""
+    if not flash_kernel_fits(q, None):
+        return segmentwise_backward(
+            efficient_backward, dout, q, k, v, out, lse, q_lengths, k_lengths, scale=scale
+        )
+    b, rng = q.size(0), _placeholder_rng()
+    dq, dk, dv = torch.ops.aten._flash_attention_backward(
+        _tokens(dout.to(q.dtype)), _tokens(q), _tokens(k), _tokens(v), _tokens(out.to(q.dtype)),
+        _kernel_varlen_lse(lse), _cu_seqlens(q_lengths, b, q.device), _cu_seqlens(k_lengths, b, q.device),
+        max(q_lengths), max(k_lengths), 0.0, False, rng, rng, scale=scale,
+    )  # fmt: skip
+    return dq.unflatten(0, (b, -1)), dk.unflatten(0, (b, -1)), dv.unflatten(0, (b, -1))
+
+
+def flash_attn_varlen_forward(
+    q: Tensor, k: Tensor, v: Tensor, q_lengths: tuple[int, ...], k_lengths: tuple[int, ...], *, scale: float
+) -> tuple[Tensor, Tensor]:
+    """Segment pairs in one ``flash_attn.flash_attn_varlen_func`` call (float32: efficient kernel per pair)."""
+    if q.dtype == torch.float32:
+        return segmentwise_forward(efficient_forward, q, k, v, q_lengths, k_lengths, scale=scale)
+    from flash_attn import flash_attn_varlen_func
+
+    b = q.size(0)
+    out, lse, _ = flash_attn_varlen_func(
+        _tokens(q), _tokens(k), _tokens(v), _cu_seqlens(q_lengths, b, q.device), _cu_seqlens(k_lengths, b, q.device),
+        max(q_lengths), max(k_lengths), softmax_scale=scale, causal=False, return_attn_probs=True,
+    )  # fmt: skip
+    return out.unflatten(0, (b, -1)), _varlen_lse(lse, b)
+
+
+def flash_attn_varlen_backward(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, q_lengths: tuple[int, ...],
+    k_lengths: tuple[int, ...], *, scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Gradients through ``flash_attn_interface._flash_attn_varlen_backward`` (writes dq, dk, dv)."""
+    if q.dtype == torch.float32:
+        return segmentwise_backward(
+            efficient_backward, dout, q, k, v, out, lse, q_lengths, k_lengths, scale=scale
+        )
+    from flash_attn.flash_attn_interface import _flash_attn_varlen_backward
+
+    b = q.size(0)
+    q3, k3, v3 = _tokens(q), _tokens(k), _tokens(v)
+    dq, dk, dv = (torch.empty_like(t) for t in (q3, k3, v3))
+    _flash_attn_varlen_backward(
+        dout=_tokens(dout.to(q.dtype)).contiguous(), q=q3, k=k3, v=v3, out=_tokens(out.to(q.dtype)).contiguous(),
+        softmax_lse=_kernel_varlen_lse(lse), dq=dq, dk=dk, dv=dv, cu_seqlens_q=_cu_seqlens(q_lengths, b, q.device),
+        cu_seqlens_k=_cu_seqlens(k_lengths, b, q.device), max_seqlen_q=max(q_lengths), max_seqlen_k=max(k_lengths),
+        dropout_p=0.0, softmax_scale=scale, causal=False, window_size_left=-1, window_size_right=-1, softcap=0.0,
+        alibi_slopes=None, deterministic=False, rng_state=None,
+    )  # fmt: skip
+    return dq.unflatten(0, (b, -1)), dk.unflatten(0, (b, -1)), dv.unflatten(0, (b, -1))

@@ -36,11 +36,25 @@ the tests' stand-ins bind every call through them.
 
 A block with a key padding mask gets a dense ``[B, 1, Sq, Sk]`` bool mask (the kernel takes no
 broadcast key mask in the BSND layout); blocks without padding get none.
+
+Packed (variable-length) blocks run in the ``TND`` layout: ``[T, N, D]`` with the batch rows' tokens
+one after another, and ``actual_seq_qlen`` / ``actual_seq_kvlen`` the host lists of cumulative segment
+ends WITHOUT the leading 0 (``cu_seqlens[1:]``, as MindSpeed's ``flash_attention_score(...,
+input_layout="TND", actual_seq_qlen=cu_seqlens_q[1:].tolist())`` and the torch_npu docs). In TND the
+softmax statistics have the shape ``[T, N, 8]`` but are stored segment by segment, each segment's
+heads first: ``concat_i [N, len_i, 8]`` (MindSpeed ``mindspeed/core/context_parallel/utils.py``:
+``flatten_softmax`` turns the kernel's statistics into token-major rows with exactly this reading
+before its ring merge, and ``unflatten_softmax`` turns merged ones back before the grad).
+:func:`tnd_rows` / :func:`tnd_stats` convert. This is the one part of the adapter read from a user of
+the kernel rather than its reference page; the stand-in in the tests is written from the same
+reading, so the first NPU run should check packed attention against the per-sample reference
+(``test_packed_attention.py`` runs on any device).
 """
 
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 
 import torch
 from torch import Tensor
@@ -48,6 +62,8 @@ from torch import Tensor
 from mm_parallel.attention_masks import full_mask
 
 LAYOUT = "BSND"
+VARLEN_LAYOUT = "TND"
+STATS_LAST_DIM = 8  # softmax_max / softmax_sum repeat each row's value 8 times
 NO_MASK, LEFT_UP_CAUSAL = 0, 2  # sparse_mode values
 _COMPRESSED_CAUSAL = 2048  # side of the mask sparse_mode 2 takes
 
@@ -98,10 +114,84 @@ def npu_backward(
     atten_mask, sparse_mode = npu_mask(attn_mask, causal, q, k)
     # rows without any key (-inf) -> +inf, so exp(s - max) is 0 rather than NaN
     row_max = torch.where(torch.isneginf(lse), float("inf"), lse).to(torch.float32).transpose(1, 2)
-    softmax_max = row_max[..., None].expand(*row_max.shape, 8).contiguous()
+    softmax_max = row_max[..., None].expand(*row_max.shape, STATS_LAST_DIM).contiguous()
     dq, dk, dv, *_ = torch_npu.npu_fusion_attention_grad(
         q, k, v, dout.to(q.dtype), q.size(2), LAYOUT, atten_mask=atten_mask, softmax_max=softmax_max,
         softmax_sum=torch.ones_like(softmax_max), attention_in=out.to(q.dtype), scale_value=_scale(q, scale),
         keep_prob=1.0, sparse_mode=sparse_mode,
     )  # fmt: skip
     return dq, dk, dv
+
+
+# ---------------------------------------------------------------- packed (variable-length) blocks, TND
+
+
+def _tokens(t: Tensor) -> Tensor:
+    """``[B, T, N, D]`` -> ``[B * T, N, D]`` (TND: the batch rows' tokens one after another)."""
+    return t.reshape(-1, *t.shape[2:])
+
+
+def _cumulative(lengths: tuple[int, ...], batch: int) -> list[int]:
+    """``actual_seq_qlen`` / ``actual_seq_kvlen``: cumulative segment ends over the batch rows, no leading 0."""
+    return list(accumulate(lengths * batch))
+
+
+def tnd_rows(stat: Tensor, lengths: list[int]) -> Tensor:
+    """TND softmax statistic ``[T, N, 8]`` (stored ``concat_i [N, len_i, 8]``) -> token-major ``[T, N]``."""
+    heads = stat.size(1)
+    flat = stat[..., 0].reshape(-1)  # storage order; [..., 0] keeps it
+    pieces, start = [], 0
+    for n in lengths:
+        pieces.append(flat.narrow(0, start * heads, n * heads).view(heads, n).t())
+        start += n
+    return torch.cat(pieces, 0)
+
+
+def tnd_stats(rows: Tensor, lengths: list[int]) -> Tensor:
+    """Token-major ``[T, N]`` float32 -> a TND softmax statistic ``[T, N, 8]`` stored ``concat_i [N, len_i, 8]``."""
+    heads = rows.size(1)
+    pieces, start = [], 0
+    for n in lengths:
+        pieces.append(rows.narrow(0, start, n).t().reshape(-1))
+        start += n
+    flat = torch.cat(pieces).view(-1, heads)
+    return flat[..., None].expand(*flat.shape, STATS_LAST_DIM).contiguous()
+
+
+def _segment_lengths(lengths: tuple[int, ...], batch: int) -> list[int]:
+    return list(lengths * batch)
+
+
+def npu_varlen_forward(
+    q: Tensor, k: Tensor, v: Tensor, q_lengths: tuple[int, ...], k_lengths: tuple[int, ...], *, scale: float
+) -> tuple[Tensor, Tensor]:
+    """Segment pairs in one ``npu_fusion_attention`` call in TND layout; LSE from its softmax max and sum."""
+    import torch_npu
+
+    b = q.size(0)
+    out, softmax_max, softmax_sum, *_ = torch_npu.npu_fusion_attention(
+        _tokens(q), _tokens(k), _tokens(v), q.size(2), VARLEN_LAYOUT, scale=scale, keep_prob=1.0,
+        actual_seq_qlen=_cumulative(q_lengths, b), actual_seq_kvlen=_cumulative(k_lengths, b), sparse_mode=NO_MASK,
+    )  # fmt: skip
+    segments = _segment_lengths(q_lengths, b)
+    lse = tnd_rows(softmax_max, segments) + torch.log(tnd_rows(softmax_sum, segments))  # [B * T, N]
+    return out.unflatten(0, (b, -1)), lse.unflatten(0, (b, -1))
+
+
+def npu_varlen_backward(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, q_lengths: tuple[int, ...],
+    k_lengths: tuple[int, ...], *, scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """Block gradients in TND from the global ``out`` / ``lse``: ``softmax_max = lse``, ``softmax_sum = 1``."""
+    import torch_npu
+
+    b = q.size(0)
+    rows = torch.where(torch.isneginf(lse), float("inf"), lse).to(torch.float32).flatten(0, 1)  # [B * T, N]
+    softmax_max = tnd_stats(rows, _segment_lengths(q_lengths, b))
+    dq, dk, dv, *_ = torch_npu.npu_fusion_attention_grad(
+        _tokens(q), _tokens(k), _tokens(v), _tokens(dout.to(q.dtype)), q.size(2), VARLEN_LAYOUT,
+        softmax_max=softmax_max, softmax_sum=torch.ones_like(softmax_max), attention_in=_tokens(out.to(q.dtype)),
+        scale_value=scale, keep_prob=1.0, actual_seq_qlen=_cumulative(q_lengths, b),
+        actual_seq_kvlen=_cumulative(k_lengths, b), sparse_mode=NO_MASK,
+    )  # fmt: skip
+    return dq.unflatten(0, (b, -1)), dk.unflatten(0, (b, -1)), dv.unflatten(0, (b, -1))

@@ -22,6 +22,14 @@ rectangle; a block of padding only is skipped). ``key_padding_mask`` (any patter
 the ranks) instead hands every block a ``[B, 1, 1, Sk]`` key mask, which the kernels take as a
 broadcast bias (CUDA) or a dense mask (NPU).
 
+Packed sequences (``packed=``, :class:`mm_parallel.PackedSequence`): every sample is split over the ring
+on its own (:class:`mm_parallel.PackedLayout`), so a rank holds its share of every sample as local
+segments (real tokens, then the sample's padding as a segment of its own). Step ``i`` pairs rank
+``r``'s query segments with rank ``r - i``'s key segments (:func:`mm_parallel.packed_blocks.segment_blocks`):
+each run of pairs is one varlen kernel call (or one call per pair), merged by LSE like any block. Packed
+attention is non-causal and takes no mask: padding never meets a real token. With a ring of one (or
+no group) the same pass runs once, without communication.
+
 Causal masking uses global token positions: with the ``contiguous`` layout rank ``r`` skips
 blocks from later ranks (rank ``P-1`` does ``P`` times the work of rank 0); with ``zigzag``
 (chunks ``r`` and ``2P-1-r``) every off-diagonal step is exactly one half-size block on every
@@ -43,9 +51,12 @@ from mm_parallel._comm import COMPILE_BREAK, all_gather_list, group_rank, group_
 from mm_parallel.attention_backends import AttentionBackend, attention
 from mm_parallel.attention_choice import ring_kernel, warn_if_math_on_accelerator
 from mm_parallel.attention_masks import key_length_mask
+from mm_parallel.packed_blocks import VarlenBlock, segment_blocks, varlen_backward, varlen_forward
+from mm_parallel.packing import PackedLayout, Packing, packed_layout
 from mm_parallel.sequence import Layout, _check_layout, real_token_counts
 
 Block = tuple[slice, slice, bool]  # (query slice, key slice, causal inside the block)
+AnyBlock = Block | VarlenBlock
 _ALL = slice(None)
 
 
@@ -145,10 +156,15 @@ def _merge(out: Tensor, lse: Tensor, block_out: Tensor, block_lse: Tensor, rows:
 
 
 def forward_step(
-    q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, block: Block, key_valid: Tensor | None,
+    q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, block: AnyBlock, key_valid: Tensor | None,
     scale: float, backend: AttentionBackend,
 ) -> None:  # fmt: skip
     """One block of the ring forward: attend ``q`` rows to ``k``/``v`` columns, merge into ``out``/``lse``."""
+    if isinstance(block, VarlenBlock):
+        rows, cols = block.rows, block.cols
+        blk_out, blk_lse = varlen_forward(backend, _seq(q, rows), _seq(k, cols), _seq(v, cols), block, scale)
+        _merge(out, lse, blk_out, blk_lse, rows)
+        return
     rows, cols, causal = block
     mask = None if key_valid is None else _seq(key_valid, cols)
     blk_out, blk_lse = _block_forward(
@@ -159,16 +175,23 @@ def forward_step(
 
 def backward_step(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dq: Tensor, dk: Tensor,
-    dv: Tensor, block: Block, key_valid: Tensor | None, scale: float, backend: AttentionBackend,
+    dv: Tensor, block: AnyBlock, key_valid: Tensor | None, scale: float, backend: AttentionBackend,
 ) -> None:  # fmt: skip
     """One block of the ring backward: the block's (dq, dk, dv) from the global ``out``/``lse``,
     added into the accumulators."""
-    rows, cols, causal = block
-    mask = None if key_valid is None else _key_mask(_seq(key_valid, cols))
-    g_q, g_k, g_v = backend.backward(
-        _seq(dout, rows), _seq(q, rows), _seq(k, cols), _seq(v, cols), _seq(out, rows), _seq(lse, rows),
-        causal=causal, attn_mask=mask, scale=scale,
-    )  # fmt: skip
+    if isinstance(block, VarlenBlock):
+        rows, cols = block.rows, block.cols
+        g_q, g_k, g_v = varlen_backward(
+            backend, _seq(dout, rows), _seq(q, rows), _seq(k, cols), _seq(v, cols), _seq(out, rows),
+            _seq(lse, rows), block, scale,
+        )  # fmt: skip
+    else:
+        rows, cols, causal = block
+        mask = None if key_valid is None else _key_mask(_seq(key_valid, cols))
+        g_q, g_k, g_v = backend.backward(
+            _seq(dout, rows), _seq(q, rows), _seq(k, cols), _seq(v, cols), _seq(out, rows), _seq(lse, rows),
+            causal=causal, attn_mask=mask, scale=scale,
+        )  # fmt: skip
     _seq(dq, rows).add_(g_q)
     _seq(dk, cols).add_(g_k)
     _seq(dv, cols).add_(g_v)
@@ -177,11 +200,12 @@ def backward_step(
 @dataclass(frozen=True)
 class RingPass:
     """What both passes of one ring call share: the group, every source block's key mask (gathered)
-    and sub-block plan, the softmax scale and the kernel."""
+    and sub-block plan, the softmax scale and the kernel. ``group=None`` is a ring of one: the pass runs
+    once over the local keys, without communication (packed attention on one process)."""
 
-    group: ProcessGroup
+    group: ProcessGroup | None
     masks: list[Tensor | None]
-    plans: list[list[Block]]
+    plans: list[list[AnyBlock]]
     scale: float
     kernel: AttentionBackend
 
@@ -208,7 +232,9 @@ class RingPass:
         return cls(group, masks, plans, scale, kernel)
 
 
-def _circulate(kv: tuple[Tensor, ...], group: ProcessGroup) -> Iterator[tuple[int, tuple[Tensor, ...]]]:
+def _circulate(
+    kv: tuple[Tensor, ...], group: ProcessGroup | None
+) -> Iterator[tuple[int, tuple[Tensor, ...]]]:
     """Yield ``(source rank, its KV block)`` for every ring step; the next block is already in flight
     while the caller computes on the current one."""
     world, rank = group_size(group), group_rank(group)
@@ -247,6 +273,8 @@ def ring_backward(
             backward_step(
                 dout, q, k_blk, v_blk, out, lse, dq, *dkv, block, ring.masks[src], ring.scale, ring.kernel
             )
+        if ring.group is None:
+            break
         sent = dkv
         dkv, reqs = ring_exchange(sent, ring.group)  # the accumulator follows its KV block
         for req in reqs:
@@ -299,6 +327,8 @@ def ring_attention(
     key_len: int | None = None,
     scale: float | None = None,
     backend: str | None = None,
+    packed: Packing | None = None,
+    query_packed: Packing | None = None,
 ) -> Tensor:
     """Attention over a sequence split across the ring ``group`` (``[B, S/P, H, D]`` per rank).
 
@@ -317,6 +347,11 @@ def ring_attention(
         scale: softmax scale, default ``1/sqrt(head_dim)``.
         backend: block kernel (a ring-capable name of ``available_backends()``); default the run's
             choice (:func:`mm_parallel.use_attention_backend`) or the device's fused kernel.
+        packed: the keys' full sequence is this packing of samples, split with
+            :func:`mm_parallel.split_packed` over this ring (no Ulysses); attention stays inside each
+            sample. Non-causal, no mask or ``key_len``.
+        query_packed: the queries' packing when it differs from ``packed`` (cross-attention between
+            two packed streams of the same samples); default ``packed``.
 
     Returns:
         ``[batch, local_seq, heads, head_dim]`` in ``q.dtype``.
@@ -325,12 +360,107 @@ def ring_attention(
     _check_inputs(q, k, v, causal, layout, world)
     if key_padding_mask is not None and key_len is not None:
         raise ValueError("ring_attention: pass key_padding_mask or key_len, not both")
+    if packed is not None or query_packed is not None:
+        _check_packed_call(packed, causal, key_padding_mask, key_len, "ring_attention")
+        k_layout = packed_layout(packed, world, 1, layout)  # type: ignore[arg-type]
+        q_layout = k_layout if query_packed is None else packed_layout(query_packed, world, 1, layout)
+        return packed_ring_attention(q, k, v, group, q_layout, k_layout, scale=scale, backend=backend)
+    return _dense_ring_attention(q, k, v, group, causal, layout, key_padding_mask, key_len, scale, backend)
+
+
+def _dense_ring_attention(
+    q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup | None, causal: bool, layout: Layout,
+    key_padding_mask: Tensor | None, key_len: int | None, scale: float | None, backend: str | None,
+) -> Tensor:  # fmt: skip
     scale = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
-    if world == 1:
-        if key_len is not None:
-            key_padding_mask = key_length_mask(k.size(0), k.size(1), key_len, k.device)
-        return attention(q, k, v, causal=causal, key_padding_mask=key_padding_mask, scale=scale)
-    ring = plan_ring_pass(q, k, group, causal, layout, key_padding_mask, key_len, scale, backend)
+    if group_size(group) == 1:
+        return local_attention(
+            q, k, v, causal, key_padding_mask=key_padding_mask, key_len=key_len, scale=scale
+        )
+    ring = plan_ring_pass(q, k, group, causal, layout, key_padding_mask, key_len, scale, backend)  # type: ignore[arg-type]
+    return _RingAttention.apply(q, k, v, ring)
+
+
+def local_attention(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool = False, *, key_padding_mask: Tensor | None = None,
+    key_len: int | None = None, scale: float | None = None,
+) -> Tensor:  # fmt: skip
+    """Plain attention (torch SDPA) of a sequence held whole: what ring attention is without a ring.
+    Not a graph break: compiled blocks trace it."""
+    if key_len is not None:
+        key_padding_mask = key_length_mask(k.size(0), k.size(1), key_len, k.device)
+    return attention(q, k, v, causal=causal, key_padding_mask=key_padding_mask, scale=scale)
+
+
+def _check_packed_call(
+    packed: Packing | None, causal: bool, key_padding_mask: Tensor | None, key_len: int | None, what: str
+) -> None:
+    if packed is None:
+        raise ValueError(f"{what}: query_packed needs packed (the keys' packing) too")
+    if causal or key_padding_mask is not None or key_len is not None:
+        raise ValueError(
+            f"{what}: packed attention is non-causal and takes no key_padding_mask or key_len (padding is a "
+            "segment of its own, never attended by a real token)"
+        )
+
+
+def packed_ring_attention(
+    q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup | None, q_layout: PackedLayout, k_layout: PackedLayout,
+    *, scale: float | None = None, backend: str | None = None,
+) -> Tensor:  # fmt: skip
+    """Attention of ring-local packed queries over ring-local packed keys (``[B, ring_local_len, H, D]``),
+    segment pairs only; ``group`` ``None`` or size 1: the local sequence alone, no communication."""
+    for t, lay, name in ((q, q_layout, "queries"), (k, k_layout, "keys")):
+        if t.size(1) != lay.ring_local_len:
+            raise ValueError(
+                f"packed attention: the {name} hold {t.size(1)} ring-local tokens, their packing splits "
+                f"{lay.packed.total} tokens ({lay.packed.num_samples} samples) into {lay.ring_local_len} "
+                f"(ring {lay.ring}, ulysses {lay.ulysses}, {lay.layout}); split them with split_packed"
+            )
+    if group_size(group) == 1:
+        return segment_attention(
+            q, k, v, q_layout.ring_segments(0), k_layout.ring_segments(0), scale, backend
+        )
+    return _packed_ring(q, k, v, group, q_layout, k_layout, scale, backend)  # type: ignore[arg-type]
+
+
+@torch.compiler.disable(reason=COMPILE_BREAK)
+def _packed_ring(
+    q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup, q_layout: PackedLayout, k_layout: PackedLayout,
+    scale: float | None, backend: str | None,
+) -> Tensor:  # fmt: skip
+    return _RingAttention.apply(
+        q, k, v, plan_packed_ring_pass(q, k, group, q_layout, k_layout, scale, backend)
+    )
+
+
+def plan_packed_ring_pass(
+    q: Tensor, k: Tensor, group: ProcessGroup, q_layout: PackedLayout, k_layout: PackedLayout,
+    scale: float | None, backend: str | None,
+) -> RingPass:  # fmt: skip
+    """The kernel and every step's segment blocks of a packed ring call: step ``src`` pairs this rank's
+    query segments with rank ``src``'s key segments."""
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
+    kernel = ring_kernel(q.device, backend)
+    warn_if_math_on_accelerator(kernel, q, k)
+    world, rank = group_size(group), group_rank(group)
+    plans = [
+        segment_blocks(q_layout.ring_segments(rank), k_layout.ring_segments(src)) for src in range(world)
+    ]
+    return RingPass(group, [None] * world, plans, scale, kernel)  # type: ignore[arg-type]
+
+
+def segment_attention(
+    q: Tensor, k: Tensor, v: Tensor, q_segments: tuple[int, ...], k_segments: tuple[int, ...],
+    scale: float | None = None, backend: str | None = None,
+) -> Tensor:  # fmt: skip
+    """Query segment ``j`` attends to key segment ``j`` only, on one process (a ring pass of one, no
+    communication); query rows whose segment has no key get zeros."""
+    _check_inputs(q, k, v, False, "contiguous", 1)
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
+    kernel = ring_kernel(q.device, backend)
+    warn_if_math_on_accelerator(kernel, q, k)
+    ring = RingPass(None, [None], [segment_blocks(q_segments, k_segments)], scale, kernel)
     return _RingAttention.apply(q, k, v, ring)
 
 

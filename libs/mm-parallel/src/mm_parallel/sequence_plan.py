@@ -19,6 +19,12 @@ mean of the per-rank gradients over the context-parallel group is the one-proces
 
 Heads must divide by the Ulysses size: the config check says so before a run, and the Ulysses
 all-to-all (:func:`mm_parallel.ulysses.check_heads_divisible`) at the first attention.
+
+Packed streams: :meth:`SequenceParallelPlan.pack` tells the plan that a stream is several samples
+concatenated (:class:`mm_parallel.PackedSequence`, e.g. from the batch's ``cu_seqlens``). Until it is
+packed anew or unpacked, ``split`` / ``gather`` of that stream split every sample over the ring and
+cut the result over Ulysses (:class:`mm_parallel.PackedLayout`), and ``attention`` keeps each sample
+to itself: the model's calls stay the same.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 
 from mm_parallel._comm import group_rank, group_size
+from mm_parallel.packed_split import gather_packed, layout_for, split_packed
+from mm_parallel.packing import PackedLayout, PackedSequence
 from mm_parallel.parallel_state import ParallelState
 from mm_parallel.sequence import (
     Layout,
@@ -51,6 +59,8 @@ class SequenceParallelPlan:
         ring_group: the Ring (KV passed around) group; ``None`` or size 1 = off.
         layout: the ring split layout (``"zigzag"`` balances causal work; ``"contiguous"`` keeps a
             rank's tokens in one piece).
+        overlap_heads: Ulysses head groups whose all-to-alls overlap the other groups' attention
+            (:mod:`mm_parallel.ulysses`): 1 = off, ``None`` = the device's measured default.
 
     With both groups off every method is the identity / plain attention, so a model can always
     call the plan.
@@ -61,23 +71,66 @@ class SequenceParallelPlan:
         ulysses_group: ProcessGroup | None = None,
         ring_group: ProcessGroup | None = None,
         layout: Layout = "contiguous",
+        *,
+        overlap_heads: int | None = None,
     ) -> None:
         _check_layout(layout)
+        if overlap_heads is not None and overlap_heads < 1:
+            raise ValueError(
+                f"overlap_heads must be a positive number of head groups or None, got {overlap_heads}"
+            )
         self.ulysses_group = ulysses_group if group_size(ulysses_group) > 1 else None
         self.ring_group = ring_group if group_size(ring_group) > 1 else None
         self.layout: Layout = layout
+        self.overlap_heads = overlap_heads
         #: Real token count of each stream's last split (padding excluded).
         self.lengths: dict[str, int] = {}
         self._key_lens: dict[str, int | None] = {}
+        self._packing: dict[str, PackedLayout] = {}
 
     @classmethod
     def from_parallel_state(
-        cls, parallel_state: ParallelState, layout: Layout = "contiguous"
+        cls, parallel_state: ParallelState, layout: Layout = "contiguous", *, overlap_heads: int | None = None
     ) -> SequenceParallelPlan:
         """The plan over ``parallel_state``'s Ulysses and Ring groups."""
         ulysses = parallel_state.ulysses_group if parallel_state.ulysses_size > 1 else None
         ring = parallel_state.ring_group if parallel_state.ring_size > 1 else None
-        return cls(ulysses, ring, layout)
+        return cls(ulysses, ring, layout, overlap_heads=overlap_heads)
+
+    # ------------------------------------------------------------------ packing
+    def pack(self, packed: PackedSequence | None, stream: str = TOKENS) -> None:
+        """From now on ``stream`` is ``packed`` (several samples concatenated); ``None`` unpacks it.
+
+        Call it outside compiled code (the trainer, per micro-batch): it builds the stream's
+        :class:`mm_parallel.PackedLayout` here, so compiled blocks only read it.
+        """
+        if packed is None:
+            self._packing.pop(stream, None)
+        elif not isinstance(packed, PackedSequence):
+            raise TypeError(
+                f"SequenceParallelPlan.pack: expected a PackedSequence or None, got {type(packed).__name__}"
+            )
+        else:
+            self._packing[stream] = layout_for(packed, self.ulysses_group, self.ring_group, self.layout)
+
+    def packing(self, stream: str = TOKENS) -> PackedSequence | None:
+        """``stream``'s packing, or None when it is one sequence."""
+        lay = self._packing.get(stream)
+        return None if lay is None else lay.packed
+
+    def packed_layout(self, stream: str = TOKENS) -> PackedLayout:
+        """Where ``stream``'s packed tokens lie across this plan's ranks (it must be packed)."""
+        lay = self._packing.get(stream)
+        if lay is None:
+            raise KeyError(f"SequenceParallelPlan: stream {stream!r} is not packed (call pack first)")
+        return lay
+
+    def local_segments(self, stream: str = TOKENS) -> tuple[int, ...]:
+        """This rank's segment lengths of packed ``stream``: ``real_0, pad_0, real_1, pad_1, ...``
+        (:meth:`mm_parallel.PackedLayout.local_segments`)."""
+        return self.packed_layout(stream).local_segments(
+            group_rank(self.ring_group), group_rank(self.ulysses_group)
+        )
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -113,25 +166,45 @@ class SequenceParallelPlan:
 
     # ------------------------------------------------------- split / gather
     def split(self, x: Tensor, dim: int, stream: str = TOKENS) -> Tensor:
-        """This rank's zero-padded share of the full ``stream`` tensor ``x`` along ``dim``."""
+        """This rank's zero-padded share of the full ``stream`` tensor ``x`` along ``dim`` (a packed
+        stream: :func:`mm_parallel.split_packed`)."""
         length = x.size(dim)
         self.lengths[stream] = length
+        packed = self._packing.get(stream)
+        if packed is not None:
+            self._key_lens[stream] = None
+            return split_packed(x, dim, packed, self.ulysses_group, self.ring_group, self.layout)
         # set here, outside any compiled block: attention only looks it up
         self._key_lens[stream] = None if length == self.padded_length(length) else length
         return split_for_usp(x, dim, self.ulysses_group, self.ring_group, self.layout, pad=True)
 
-    def gather(self, x: Tensor, dim: int, length: int) -> Tensor:
-        """The full tensor along ``dim`` on every rank, ``length`` long (the split's padding dropped)."""
-        return gather_for_usp(x, dim, self.ulysses_group, self.ring_group, self.layout, seq_len=length)
+    def gather(self, x: Tensor, dim: int, length: int, stream: str = TOKENS) -> Tensor:
+        """The full tensor along ``dim`` on every rank, ``length`` long (the split's padding dropped; a
+        packed ``stream``: :func:`mm_parallel.gather_packed`, ``length`` its total)."""
+        lay = self._packing.get(stream)
+        if lay is None:
+            return gather_for_usp(x, dim, self.ulysses_group, self.ring_group, self.layout, seq_len=length)
+        if length != lay.packed.total:
+            raise ValueError(
+                f"SequenceParallelPlan.gather: stream {stream!r} is packed to {lay.packed.total} tokens, asked "
+                f"for {length}"
+            )
+        return gather_packed(x, dim, lay, self.ulysses_group, self.ring_group, self.layout)
 
     def valid_mask(self, stream: str = TOKENS, device: torch.device | str | None = None) -> Tensor:
         """``[S_local]`` bool: which of this rank's tokens of ``stream``'s last split are real.
 
         A rank's real tokens are its first ones in both layouts (the padding is the end of the
-        full sequence), so the mask is a prefix: host arithmetic, no communication.
+        full sequence), so the mask is a prefix: host arithmetic, no communication. A packed stream's
+        padding ends each of its samples: the mask has a gap after every sample's share.
         """
         if stream not in self.lengths:
             raise KeyError(f"SequenceParallelPlan.valid_mask: stream {stream!r} was not split yet")
+        if stream in self._packing:
+            valid = self.packed_layout(stream).local_valid(
+                group_rank(self.ring_group), group_rank(self.ulysses_group)
+            )
+            return valid.to(device)
         length = self.lengths[stream]
         ring_local = self.padded_length(length) // self.ring_size
         ring_real = real_token_counts(length, ring_local, self.ring_size, self.layout)[
@@ -143,9 +216,16 @@ class SequenceParallelPlan:
 
     # ---------------------------------------------------------------- attention
     def attention(
-        self, q: Tensor, k: Tensor, v: Tensor, *, key_stream: str = TOKENS, causal: bool = False
-    ) -> Tensor:
-        """USP attention of local ``[B, S_local, H, D]`` queries over the split ``key_stream``."""
+        self, q: Tensor, k: Tensor, v: Tensor, *, key_stream: str = TOKENS, causal: bool = False,
+        query_stream: str | None = None,
+    ) -> Tensor:  # fmt: skip
+        """USP attention of local ``[B, S_local, H, D]`` queries over the split ``key_stream``.
+
+        A packed ``key_stream`` keeps every sample to itself; its queries are packed like the keys, or
+        like ``query_stream`` when given (cross-attention between two packed streams of the same samples).
+        """
+        packed = self._packing.get(key_stream)
+        query_packed = None if query_stream is None else self._packing.get(query_stream)
         return usp_attention(
             q,
             k,
@@ -154,11 +234,14 @@ class SequenceParallelPlan:
             self.ring_group,
             causal,
             self.layout,
-            key_len=self._key_lens.get(key_stream),
+            key_len=None if packed is not None else self._key_lens.get(key_stream),
+            packed=packed,
+            query_packed=query_packed if packed is not None else None,
+            overlap_heads=self.overlap_heads,
         )
 
     def __repr__(self) -> str:
         return (
             f"SequenceParallelPlan(ulysses={self.ulysses_size}, ring={self.ring_size}, "
-            f"layout={self.layout!r})"
+            f"layout={self.layout!r}, overlap_heads={self.overlap_heads})"
         )

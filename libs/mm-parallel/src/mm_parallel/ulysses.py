@@ -6,6 +6,21 @@ sequence for ``H/P`` heads), attention runs locally, and the inverse all-to-all 
 local sequences, i.e. global order for the ``contiguous`` split layout: use that layout for
 causal attention or position-dependent masks (non-causal attention without a mask is order
 independent, so any layout works).
+
+The all-to-alls are torch's functional collectives (:mod:`mm_parallel._comm`), so a compiled block
+traces Ulysses attention whole: no graph break.
+
+Overlap (``overlap_heads=G``): the heads are cut into ``G`` groups; every group's three all-to-alls
+are started at once, and group ``g``'s attention runs while the all-to-alls of groups ``g+1, ...`` are in
+flight, its output's all-to-all back while the next group computes. Each head's attention is the
+same computation as without groups (heads are independent), so the result is bitwise the same; the
+backward runs the transposed all-to-alls without overlap (the functional collective's backward waits
+at once). The model has projected q, k and v before the call; overlapping with the projections
+themselves is not possible in general (Wan2.2 normalises q and k over all heads together). ``None``
+takes the device's measured default (:data:`OVERLAP_HEADS_DEFAULT`) where the heads divide.
+
+Packed sequences (``packed=``): the ring-local sequence after the all-to-all is the whole packed
+sequence (:class:`mm_parallel.PackedLayout`, no ring), and attention stays inside each sample.
 """
 
 from __future__ import annotations
@@ -16,10 +31,28 @@ import torch
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from mm_parallel._comm import COMPILE_BREAK, all_gather_list, all_to_all, group_rank, group_size
+from mm_parallel._comm import (
+    all_gather_no_grad,
+    all_to_all,
+    finish_all_to_all,
+    group_rank,
+    group_size,
+    start_all_to_all,
+)
 from mm_parallel.attention_backends import attention, combine_masks, key_padding_to_attn_mask
+from mm_parallel.packing import Packing, packed_layout
+from mm_parallel.ring import packed_ring_attention
 
 AttnFn = Callable[..., Tensor]
+Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+#: ``overlap_heads`` when a call leaves it ``None``, per device type: the faster of off (1) and on, measured
+#: with ``benchmarks/cp_attention.py --overlap`` (CPU, benchmarks/README.md: the layer stack's fastest
+#: training step with 2 groups 0.64x-1.00x of off's in 4 runs, medians within noise; the forward up to 6%
+#: faster in the steadiest run) and ``benchmarks/device_check.sh``
+#: stage 5 (GPU: not run yet, so off); a device type not listed runs without overlap. Only Ulysses without a
+#: ring takes it (USP with a ring was not measured: off unless asked).
+OVERLAP_HEADS_DEFAULT: dict[str, int] = {"cpu": 2, "cuda": 1, "npu": 1}
 
 
 def check_heads_divisible(heads: int, world: int, what: str = "ulysses") -> None:
@@ -45,9 +78,51 @@ def gather_key_padding_mask(key_padding_mask: Tensor | None, group: ProcessGroup
     """Concatenate the ranks' local ``[B, S/P]`` key padding masks into ``[B, S]`` (no gradient)."""
     if key_padding_mask is None or group_size(group) == 1:
         return key_padding_mask
-    import torch
+    return all_gather_no_grad(key_padding_mask, group, dim=1)  # type: ignore[arg-type]
 
-    return torch.cat(all_gather_list(key_padding_mask, group), dim=1)
+
+def resolve_overlap_heads(
+    requested: int | None, heads: int, world: int, device_type: str, per_head_mask: bool = False
+) -> int:
+    """The number of head groups a Ulysses call pipelines (1 = no overlap).
+
+    ``None``: the device's default (:data:`OVERLAP_HEADS_DEFAULT`) when ``heads`` divide by it times the
+    group size, else 1. An explicit value must divide: ``heads % (overlap_heads * world) == 0``.
+    """
+    if world == 1:
+        return 1
+    if requested is None:
+        groups = OVERLAP_HEADS_DEFAULT.get(device_type, 1)
+        return groups if heads % (groups * world) == 0 and not per_head_mask else 1
+    if requested < 1:
+        raise ValueError(f"overlap_heads must be a positive number of head groups, got {requested}")
+    if heads % (requested * world):
+        raise ValueError(
+            f"overlap_heads={requested}: {heads} attention heads do not split into {requested} groups over "
+            f"ulysses {world} (heads must divide by overlap_heads x ulysses = {requested * world})"
+        )
+    if requested > 1 and per_head_mask:
+        raise ValueError(
+            "overlap_heads > 1 takes no per-head attn_mask (a head dim > 1); pass overlap_heads=1"
+        )
+    return requested
+
+
+def heads_pipeline(
+    q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup | None, attend: Attend, groups: int
+) -> Tensor:
+    """``attend`` over the full sequence for this rank's heads, between the two all-to-alls, in ``groups``
+    pipelined head groups (module doc); ``[B, S/P, H, D]`` in and out."""
+    if group_size(group) == 1:
+        return attend(q, k, v)
+    if groups == 1:
+        return heads_to_seq(attend(*(seq_to_heads(t, group) for t in (q, k, v))), group)
+    started = [  # every group's all-to-alls in flight; each group waits for its own only
+        [start_all_to_all(t, 2, group) for t in trio]  # type: ignore[arg-type]
+        for trio in zip(q.chunk(groups, 2), k.chunk(groups, 2), v.chunk(groups, 2), strict=True)
+    ]
+    back = [start_all_to_all(attend(*(finish_all_to_all(t, 1) for t in trio)), 1, group) for trio in started]  # type: ignore[arg-type]
+    return torch.cat([finish_all_to_all(t, 2) for t in back], dim=2)
 
 
 def _local_heads_mask(attn_mask: Tensor | None, heads: int, group: ProcessGroup | None) -> Tensor | None:
@@ -62,7 +137,6 @@ def _local_heads_mask(attn_mask: Tensor | None, heads: int, group: ProcessGroup 
     return attn_mask.chunk(world, dim=-3)[group_rank(group)]
 
 
-@torch.compiler.disable(reason=COMPILE_BREAK)
 def ulysses_attention(
     q: Tensor,
     k: Tensor,
@@ -72,6 +146,8 @@ def ulysses_attention(
     attn_mask: Tensor | None = None,
     *,
     key_padding_mask: Tensor | None = None,
+    packed: Packing | None = None,
+    overlap_heads: int | None = None,
     **kw: object,
 ) -> Tensor:
     """Attention over the full sequence held as ``[B, S/P, H, D]`` shards on ``group``.
@@ -85,21 +161,36 @@ def ulysses_attention(
             attend, or additive float); a head dim of size ``H`` is sliced to this rank's heads.
         key_padding_mask: local ``[B, S/P]`` bool, True = real token (split like q/k/v); it is
             gathered and folded into the ``attn_mask`` handed to ``attn_fn``.
+        packed: the full sequence is this packing of samples, split with :func:`mm_parallel.split_packed`
+            over this group; attention stays inside each sample (the packed kernels; no ``attn_fn``,
+            mask or causal; ``scale=`` is taken).
+        overlap_heads: head groups whose all-to-alls overlap the other groups' attention (module doc);
+            1 = off, ``None`` = the device's default.
         **kw: passed to ``attn_fn`` (e.g. ``causal=True``, ``scale=0.1``).
 
     Returns:
         ``[batch, local_seq, heads, head_dim]``.
     """
-    attn_fn = attn_fn or attention
     world = group_size(group)
     check_heads_divisible(q.size(2), world)
+    per_head = attn_mask is not None and attn_mask.dim() >= 3 and attn_mask.size(-3) > 1
+    groups = resolve_overlap_heads(overlap_heads, q.size(2), world, q.device.type, per_head)
+    if packed is not None:
+        if attn_fn is not None or attn_mask is not None or key_padding_mask is not None or kw.get("causal"):
+            raise ValueError(
+                "ulysses_attention: packed attention takes no attn_fn, attn_mask, key_padding_mask or causal"
+            )
+        lay = packed_layout(packed, 1, world, "contiguous")
+        scale = kw.get("scale")
+
+        def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            return packed_ring_attention(q, k, v, None, lay, lay, scale=scale)  # type: ignore[arg-type]
+
+        return heads_pipeline(q, k, v, group, attend, groups)
+    fn = attn_fn or attention
     kpm = gather_key_padding_mask(key_padding_mask, group)
     mask = _local_heads_mask(attn_mask, q.size(2) // world, group)
     if kpm is not None:
         mask = combine_masks(mask, key_padding_to_attn_mask(kpm))
-    # 1. [B, S/P, H, D] -> [B, S, H/P, D]
-    q, k, v = (seq_to_heads(t, group) for t in (q, k, v))
-    # 2. attention over the full sequence for this rank's heads
-    out = attn_fn(q, k, v, attn_mask=mask, **kw)
-    # 3. [B, S, H/P, D] -> [B, S/P, H, D]
-    return heads_to_seq(out, group)
+    # [B, S/P, H, D] -> [B, S, H/P, D]; attention over the full sequence for this rank's heads; back
+    return heads_pipeline(q, k, v, group, lambda q, k, v: fn(q, k, v, attn_mask=mask, **kw), groups)

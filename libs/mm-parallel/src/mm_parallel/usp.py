@@ -5,25 +5,34 @@ Rank (ring r, ulysses u) holds piece ``u`` of ring rank ``r``'s share of the seq
 
 1. Ulysses all-to-all over ``ulysses_group``: ``[B, S/(RU), H, D] -> [B, S/R, H/U, D]``, the
    ring-local sequence for ``H/U`` heads;
-2. ring attention over ``ring_group`` on that ring-local sequence (``layout`` as split);
+2. ring attention over ``ring_group`` on that ring-local sequence (``layout`` as split); without a
+   ring, plain attention of the whole sequence;
 3. the inverse all-to-all: ``[B, S/R, H/U, D] -> [B, S/(RU), H, D]``.
 
-The steps are undone in exact reverse order, and every step is autograd-aware.
+The steps are undone in exact reverse order, and every step is autograd-aware. Without a ring a
+compiled block traces all three (functional all-to-alls); with a ring, step 2 is a graph break
+(:data:`mm_parallel._comm.COMPILE_BREAK`). ``overlap_heads`` pipelines steps 1-3 over head groups
+(:mod:`mm_parallel.ulysses`). ``packed=`` runs packed sequences (:class:`mm_parallel.PackedLayout`).
 """
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from mm_parallel._comm import COMPILE_BREAK, group_size
-from mm_parallel.ring import ring_attention
+from mm_parallel._comm import group_size
+from mm_parallel.packing import Packing, packed_layout
+from mm_parallel.ring import _check_packed_call, local_attention, packed_ring_attention, ring_attention
 from mm_parallel.sequence import Layout
-from mm_parallel.ulysses import check_heads_divisible, gather_key_padding_mask, heads_to_seq, seq_to_heads
+from mm_parallel.ulysses import (
+    Attend,
+    check_heads_divisible,
+    gather_key_padding_mask,
+    heads_pipeline,
+    resolve_overlap_heads,
+)
 
 
-@torch.compiler.disable(reason=COMPILE_BREAK)
 def usp_attention(
     q: Tensor,
     k: Tensor,
@@ -37,6 +46,9 @@ def usp_attention(
     key_len: int | None = None,
     scale: float | None = None,
     backend: str | None = None,
+    packed: Packing | None = None,
+    query_packed: Packing | None = None,
+    overlap_heads: int | None = None,
 ) -> Tensor:
     """Attention over a sequence split with :func:`split_for_usp` (``[B, S/(RU), H, D]`` per rank).
 
@@ -52,26 +64,43 @@ def usp_attention(
             keys, nothing is gathered (see :func:`mm_parallel.ring_attention`).
         scale: softmax scale, default ``1/sqrt(head_dim)``.
         backend: ring block kernel (see :func:`mm_parallel.ring_attention`).
+        packed: the keys' full sequence is this packing of samples, split with
+            :func:`mm_parallel.split_packed` over these groups; attention stays inside each sample
+            (non-causal, no mask or ``key_len``).
+        query_packed: the queries' packing when it differs from ``packed`` (same samples); default ``packed``.
+        overlap_heads: Ulysses head groups whose all-to-alls overlap the other groups' attention
+            (:mod:`mm_parallel.ulysses`); 1 = off, ``None`` = the device's default without a ring, off
+            with one.
 
     Returns:
         ``[batch, local_seq, heads, head_dim]``.
     """
-    check_heads_divisible(q.size(2), group_size(ulysses_group), "usp_attention")
-    kpm = gather_key_padding_mask(key_padding_mask, ulysses_group)
-    # 1. ulysses: [B, S/(RU), H, D] -> [B, S/R, H/U, D]
-    q, k, v = (seq_to_heads(t, ulysses_group) for t in (q, k, v))
-    # 2. ring over the ring-local sequence
-    out = ring_attention(
-        q,
-        k,
-        v,
-        ring_group,
-        causal,
-        layout,
-        key_padding_mask=kpm,
-        key_len=key_len,
-        scale=scale,
-        backend=backend,
-    )
-    # 3. ulysses back: [B, S/R, H/U, D] -> [B, S/(RU), H, D]
-    return heads_to_seq(out, ulysses_group)
+    ulysses, ring = group_size(ulysses_group), group_size(ring_group)
+    check_heads_divisible(q.size(2), ulysses, "usp_attention")
+    # the device default is measured for Ulysses alone: with a ring, overlap only when asked
+    requested = overlap_heads if overlap_heads is not None or ring == 1 else 1
+    groups = resolve_overlap_heads(requested, q.size(2), ulysses, q.device.type)
+    attend: Attend
+    if packed is not None or query_packed is not None:
+        _check_packed_call(packed, causal, key_padding_mask, key_len, "usp_attention")
+        k_layout = packed_layout(packed, ring, ulysses, layout)  # type: ignore[arg-type]
+        q_layout = k_layout if query_packed is None else packed_layout(query_packed, ring, ulysses, layout)
+
+        def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            return packed_ring_attention(
+                q, k, v, ring_group, q_layout, k_layout, scale=scale, backend=backend
+            )
+
+    else:
+        kpm = gather_key_padding_mask(key_padding_mask, ulysses_group)
+
+        def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            if ring == 1:
+                return local_attention(q, k, v, causal, key_padding_mask=kpm, key_len=key_len, scale=scale)
+            return ring_attention(
+                q, k, v, ring_group, causal, layout, key_padding_mask=kpm, key_len=key_len, scale=scale,
+                backend=backend,
+            )  # fmt: skip
+
+    # 1. ulysses: [B, S/(RU), H, D] -> [B, S/R, H/U, D]; 2. ring (or local) attention; 3. back
+    return heads_pipeline(q, k, v, ulysses_group, attend, groups)

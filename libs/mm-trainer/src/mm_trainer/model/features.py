@@ -17,8 +17,8 @@ is refused: its activations would be stored instead of recomputed.
 
 Compile is the innermost wrapper: recompute checkpoints the *compiled* forward. (torchtitan
 compiles around the checkpoint instead, which lets the compiler pick what to save; but dynamo
-cannot compile a checkpointed region that holds a graph break, and the context-parallel attention
-of mm-parallel is one on purpose, so that order would leave every CP block uncompiled.) Full
+cannot compile a checkpointed region that holds a graph break, and mm-parallel's ring attention is
+one on purpose, so that order would leave every ring-attention block uncompiled.) Full
 recompute keeps the compiled forward's inputs and runs it again in backward; selective recompute
 keeps what its policy saves (:mod:`mm_trainer.model.recompute_policy`) of the ops the compiled code runs.
 """

@@ -30,6 +30,7 @@ from torch.utils.flop_counter import flop_registry
 from mm_trainer.planner.device_specs import DeviceSpec
 
 c10d = torch.ops.c10d
+funcol = torch.ops._c10d_functional  # the functional collectives (mm-parallel's Ulysses all-to-all)
 _FACTOR = {  # bytes on the wire per rank, as a multiple of size x (n-1)/n (ring algorithms)
     c10d._allgather_base_.default: 1.0,
     c10d.allgather_.default: 1.0,
@@ -37,6 +38,7 @@ _FACTOR = {  # bytes on the wire per rank, as a multiple of size x (n-1)/n (ring
     c10d.reduce_scatter_.default: 1.0,
     c10d.alltoall_base_.default: 1.0,
     c10d.alltoall_.default: 1.0,
+    funcol.all_to_all_single.default: 0.5,  # torch's size of it counts its input and its result
     c10d.allreduce_.default: 2.0,
 }
 _P2P = {c10d.send.default: 1.0, c10d.broadcast_.default: 1.0}
@@ -54,6 +56,7 @@ def collective_kind(func: object) -> str | None:
         c10d.allreduce_.default: "all-reduce",
         c10d.alltoall_base_.default: "all-to-all",
         c10d.alltoall_.default: "all-to-all",
+        funcol.all_to_all_single.default: "all-to-all",
         c10d.send.default: "send/recv",
         c10d.broadcast_.default: "broadcast",
     }

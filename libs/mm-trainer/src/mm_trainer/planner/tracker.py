@@ -46,6 +46,8 @@ from mm_trainer.planner.device_specs import DeviceSpec
 aten = torch.ops.aten
 c10d = torch.ops.c10d
 _COMM_OUTPUT = {c10d.alltoall_base_.default: (0, 1), c10d.recv_.default: (0,), c10d.broadcast_.default: (0,)}
+_COMM_RESULT = {torch.ops._c10d_functional.all_to_all_single.default: (0,)}
+"""Functional collectives: the arguments (by index) that are communication buffers; their result is one too."""
 SMALL_VALUES = 1 << 16
 """Tensors made from no tensor up to this many elements are made for real too (``PlanTracker._small_factory``)."""
 MODULE_DEPTH = 4
@@ -295,6 +297,9 @@ class PlanTracker(FSDPMemTracker):
     def _collective(self, func: Any, args: tuple, kwargs: dict, res: Any, part: StepCost) -> None:
         for index in _COMM_OUTPUT.get(func, ()):
             for t in args[index] if isinstance(args[index], (list, tuple)) else (args[index],):
+                self._update_and_maybe_create_winfos(t, Tag.COMM)
+        if func in _COMM_RESULT:
+            for t in [args[i] for i in _COMM_RESULT[func]] + [res]:
                 self._update_and_maybe_create_winfos(t, Tag.COMM)
         moved = self.cost.collective(func, args, kwargs, res)
         if moved is not None:
