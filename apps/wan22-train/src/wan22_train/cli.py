@@ -48,7 +48,7 @@ def _load(config: str | None, checkpoint: str):
 def _parser() -> argparse.ArgumentParser:
     from mm_trainer.cli import EMA_HELP
 
-    from wan22_train.export import EXPERT_CHOICES, LORA_FORMATS
+    from wan22_train.export_options import EXPERT_CHOICES, LORA_FORMATS
 
     p = argparse.ArgumentParser(prog="wan22-train", description="Wan2.2 tools; see the module docstring.")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
