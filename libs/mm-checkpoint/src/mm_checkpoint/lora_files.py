@@ -31,9 +31,8 @@ from .dcp_io import DcpReader
 from .errors import CheckpointFormatError
 from .export import SubmoduleReader, _copy_config, _export
 from .export_dir import check_no_overlap, export_into
-from .formats import normalize_format, resolve_load_format
+from .formats import LORA_EXPORT_FORMATS, normalize_format, resolve_load_format
 from .key_map_registry import get_weight_transform
-from .formats import LORA_EXPORT_FORMATS
 from .key_maps import apply_plan, planned_shape_dtype
 from .layout import resolve_dcp_dir
 from .runtime import barrier, get_rank, on_rank0
