@@ -58,9 +58,12 @@ from .registry import (  # noqa: E402
     register_dataset_schema,
     register_model_schema,
     register_pipeline_schema,
+    register_reward_schema,
     registered_ids,
+    reward_schema,
     unregister_schema,
 )
+from .rewards import ColourTargetOptions, RewardConfig  # noqa: E402
 from .root import TrainConfig, context_ranks_per_node, replicas_across_nodes  # noqa: E402
 from .tools import MemoryProfileConfig, ProfileConfig, ToolsConfig  # noqa: E402
 from .training import EMAConfig, NonFiniteConfig, TrainingConfig, WandbConfig  # noqa: E402
@@ -111,6 +114,10 @@ __all__ = [
     "ModulePlanConfig",
     "NonFiniteConfig",
     "PhaseConfig",
+    "RewardConfig",
+    "ColourTargetOptions",
+    "register_reward_schema",
+    "reward_schema",
     "ParallelConfig",
     "PartialConfigModel",
     "PrecomputedLatentsConfig",

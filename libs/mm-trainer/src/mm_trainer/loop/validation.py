@@ -16,6 +16,12 @@ The trainer knows no model: it calls two hooks of the model container.
 - ``validation_loss(batch, rng, num_timesteps) -> [B]`` (:meth:`mm_trainer.ModelContainer.validation_loss`,
   which asks the pipeline), for ``val_loss``.
 
+With ``training.rewards``, every sampled clip is scored by each reward (``rewards``, a
+:class:`mm_trainer.modes.rewards.Rewards` built by the trainer): ``val_reward_<id>`` is each reward's mean
+over the prompts, ``val_reward`` the mean of their weighted sum; a reward that fails or scores NaN names
+the reward and the prompt (index, text and seed). Rewards on decoded frames only: validation's clips are
+decoded (a reward on latents is refused here, before training).
+
 Every rank takes part in both: sharded (FSDP) sub-models gather their weights in each forward, so
 every rank runs the same forwards. Each rank samples every prompt (rank 0 writes the clips); the
 held-out samples are dealt round-robin over the data-parallel ranks (sample ``i`` to dp rank
@@ -57,6 +63,8 @@ class Validator:
         dp_rank, dp_size, dp_group: this rank's data-parallel place (ranks of one CP group get the
             same held-out samples).
         write: whether this rank writes the clips (rank 0).
+        rewards: ``training.rewards`` built (:class:`mm_trainer.modes.rewards.Rewards`), scoring the clips;
+            None or empty: none.
 
     Raises:
         ValueError: the model has no hook for what the section asks (checked here, before training).
@@ -75,8 +83,15 @@ class Validator:
         dp_size: int = 1,
         dp_group: Any = None,
         write: bool = True,
+        rewards: Any = None,
     ) -> None:
         self.model, self.config, self.device = model, validation, device
+        self.rewards = rewards if rewards else None
+        if self.rewards is not None and self.rewards.needs - {"frames"}:
+            raise ValueError(
+                f"training.rewards: validation scores its decoded clips, and the rewards {self.rewards.ids} "
+                f"need {sorted(self.rewards.needs - {'frames'})}: only rewards on frames score validation clips"
+            )
         self.out_dir, self.write = Path(out_dir) / "validation", write
         self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
         self.noise_seed = key_seed(seed, "validation")
@@ -113,7 +128,7 @@ class Validator:
 
     def _clips(self, step: int, metrics: MetricsLogger | None) -> dict[str, float]:
         """Sample and write every prompt's clip; ``val_psnr_to_reference`` where the model draws references."""
-        cfg, psnrs = self.config, []
+        cfg, psnrs, rewards = self.config, [], []
         reference = getattr(self.model, "has_sample_reference", False)
         for index, (prompt, seed) in enumerate(zip(cfg.prompts, cfg.prompt_seeds(), strict=True)):
             clip = as_sampled_clip(self.model.sample(
@@ -122,6 +137,9 @@ class Validator:
                 negative_prompt=cfg.negative_prompt, shift=cfg.shift, fps=cfg.fps,
             ))  # fmt: skip
             video = clip.video
+            if self.rewards is not None:
+                name = f"validation prompt {index} ({prompt!r}, seed {seed})"
+                rewards.append(self.rewards.score([prompt], frames=video[None].float(), names=[name]))
             mp4 = self.out_dir / f"iter_{step:07d}" / f"{index}.mp4"
             if self.write:
                 write_video(video, mp4, fps=cfg.fps)
@@ -142,7 +160,8 @@ class Validator:
                     )
                 mse = (video.float() - self.references[index].float()).pow(2).mean()
                 psnrs.append(float(10 * torch.log10(4.0 / mse.clamp_min(1e-12))))  # [-1, 1]: peak-to-peak 2
-        return {"val_psnr_to_reference": sum(psnrs) / len(psnrs)} if psnrs else {}
+        out = {"val_psnr_to_reference": sum(psnrs) / len(psnrs)} if psnrs else {}
+        return {**out, **_reward_means(rewards)}
 
     def _loss(self) -> float:
         """Mean held-out loss: this rank's share of the samples, gathered over data-parallel ranks."""
@@ -166,6 +185,16 @@ class Validator:
         batch = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         rng = SampleRNG(seed=self.noise_seed, step=0, sample_ids=[index], device=self.device)
         return self.model.validation_loss(batch, rng, self.config.loss_timesteps)[0].double()
+
+
+def _reward_means(scores: list[Any]) -> dict[str, float]:
+    """``val_reward`` (the weighted sum's mean over the clips) and ``val_reward_<id>`` (each reward's mean)."""
+    if not scores:
+        return {}
+    out = {"val_reward": float(torch.cat([s.total for s in scores]).mean())}
+    for name in scores[0].each:
+        out[f"val_reward_{name}"] = float(torch.cat([s.each[name] for s in scores]).mean())
+    return out
 
 
 def _check_hooks(model: nn.Module, validation: Any) -> None:
