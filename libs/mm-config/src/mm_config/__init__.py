@@ -11,8 +11,14 @@ from .conversation import (  # noqa: E402
     ConversationDatasetConfig,
 )
 from .data import DataConfig  # noqa: E402
-from .datasets import PrecomputedLatentsConfig, VideoTextDatasetConfig, frame_rule_problem  # noqa: E402
+from .datasets import (  # noqa: E402
+    PrecomputedLatentsConfig,
+    VideoPairsConfig,
+    VideoTextDatasetConfig,
+    frame_rule_problem,
+)
 from .distill import DistillOptions  # noqa: E402
+from .dpo import DPOOptions  # noqa: E402
 from .errors import ConfigError, MissingDependencyError, Problem, RuleViolations  # noqa: E402
 from .features import (  # noqa: E402
     CompileMode,
@@ -98,6 +104,7 @@ __all__ = [
     "DType",
     "DataConfig",
     "DistillOptions",
+    "DPOOptions",
     "EMAConfig",
     "ENTRY_POINT_GROUP",
     "FSDPPlanConfig",
@@ -133,6 +140,7 @@ __all__ = [
     "TrainingConfig",
     "WandbConfig",
     "VideoTextDatasetConfig",
+    "VideoPairsConfig",
     "__version__",
     "apply_overrides",
     "check_config",
