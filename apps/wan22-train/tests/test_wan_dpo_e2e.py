@@ -66,9 +66,21 @@ def test_dpo_at_2_ranks_with_ulysses_2_logs_the_losses_margins_and_held_out_loss
 def test_a_few_dozen_dpo_steps_raise_the_implicit_reward_margin_of_held_out_pairs_above_0(tiny, tmp_path, main_forked):
     """The held-out loss is the mean of ``-log sigmoid(margin)`` over the held-out pairs (4 fixed timesteps
     each): ``log 2`` for the reference itself, and below it only if the mean margin is above 0 (the
-    function is convex and decreasing). Pairs held out: others of the same clips, never trained on."""
-    main_forked(wan22_main, args(tiny, tmp_path / "run", 30, 30, "parallel.ulysses_parallel_size=1"), nproc=1)
+    function is convex and decreasing). Pairs held out: others of the same clips, never trained on. The
+    validation clips are scored by ``training.rewards`` (the colour reward the pairs were ranked by)."""
+    prompts = ["a circle moving up", "a square moving left"]
+    clips = {"prompts": f"[{', '.join(prompts)}]", "num_frames": 9, "height": 32, "width": 32, "fps": 8,
+             "sampling_steps": 4}  # fmt: skip
+    extra = (
+        "parallel.ulysses_parallel_size=1", "training.rewards=[{id: colour_target, options: {target: [1.0, 0.0, 0.0]}}]",
+        *[f"training.validation.{key}={value}" for key, value in clips.items()],
+    )  # fmt: skip
+    main_forked(wan22_main, args(tiny, tmp_path / "run", 30, 30, *extra), nproc=1)
     got = records(tmp_path / "run")
     held_out = got[-1]["val_loss"]
     assert held_out < math.log(2) - 0.1, f"held-out DPO loss {held_out:.4f}: the held-out margin did not rise"
     assert sum(r["dpo_accuracy"] for r in got[-10:]) / 10 > 0.5
+    scores = json.loads((tmp_path / "run" / "validation" / "iter_0000030" / "rewards.json").read_text())
+    assert [s["prompt"] for s in scores] == prompts and all(-math.sqrt(3) <= s["reward"] <= 0 for s in scores)
+    mean = sum(s["reward_colour_target"] for s in scores) / len(scores)
+    assert got[-1]["val_reward_colour_target"] == pytest.approx(mean) and got[-1]["val_reward"] == pytest.approx(mean)

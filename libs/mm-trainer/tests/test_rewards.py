@@ -3,6 +3,7 @@ with weights; a failing or NaN reward names itself and the sample; validation lo
 
 from __future__ import annotations
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -131,7 +132,23 @@ def test_validation_logs_each_rewards_mean_and_the_weighted_sums_mean(tmp_path):
     out = validator.run(500)
     grey = -math.sqrt(0.25 + 0.25 + 0.25)
     assert out["val_reward_colour_target"] == pytest.approx(grey / 2)
+    assert out["val_reward_colour_target_std"] == pytest.approx(-grey / 2)  # of [0, grey]
+    assert (out["val_reward_colour_target_min"], out["val_reward_colour_target_max"]) == pytest.approx((grey, 0.0))
     assert out["val_reward"] == pytest.approx(2.0 * grey / 2)
+
+
+def test_validation_writes_each_clips_scores_beside_the_clips(tmp_path):
+    section = ValidationConfig(prompts=["a red ball", "a grey ball"], seeds=[4, 9], num_frames=1, height=4, width=4)
+    rewards = Rewards.from_config([_entry("colour_target", 2.0, target=[1.0, 0.0, 0.0])])
+    Validator(Colours(), section, data=None, seed=0, out_dir=tmp_path, device=torch.device("cpu"),
+              rewards=rewards).run(500)  # fmt: skip
+    written = tmp_path / "validation" / "iter_0000500"
+    scores = json.loads((written / "rewards.json").read_text())
+    grey = -math.sqrt(0.75)
+    assert [(s["prompt"], s["seed"]) for s in scores] == [("a red ball", 4), ("a grey ball", 9)]
+    assert [s["reward_colour_target"] for s in scores] == pytest.approx([0.0, grey])
+    assert [s["reward"] for s in scores] == pytest.approx([0.0, 2 * grey])
+    assert (written / "0.mp4").is_file()
 
 
 def test_validation_names_the_prompt_of_a_reward_that_fails(tmp_path):
