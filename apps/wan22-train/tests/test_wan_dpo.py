@@ -66,3 +66,10 @@ def test_make_pairs_refuses_a_target_outside_the_unit_range(tiny):
 
     with pytest.raises(UsageError, match=r"--target \[1.0, 2.0, 0.0\]: each of R G B must lie in \[0, 1\]"):
         wan22_main(["make-pairs", str(tiny), "--target", "1", "2", "0"])
+
+
+def test_a_dpo_run_plans_with_its_pairs_rejected_clip_in_the_batch(tiny, capsys):
+    """``plan`` traces a step of the pipeline: a Diffusion-DPO step needs both members of each pair."""
+    assert wan22_main(["plan", "--config", str(config_path("tiny_dpo.yaml")), "--world-size", "2",
+                       *tiny_overrides(tiny)]) == 0  # fmt: skip
+    assert "step time" in capsys.readouterr().out
