@@ -65,3 +65,12 @@ def test_a_plugin_reward_is_known_through_the_schema_it_registers(container, loa
     finally:
         unregister_schema("reward", "sharpness")
     assert (reward.id, reward.weight, reward.options) == ("sharpness", -0.5, {"radius": 1})
+
+
+def test_mm_config_check_refuses_an_unknown_reward_id_naming_its_key(container, write_config, capsys):
+    from mm_config.cli import main
+
+    path = write_config(_with_rewards(container, [{"id": "clip_score", "options": {"target": [1, 0, 0]}}]))
+    assert main(["check", str(path), "--no-path-check"]) == 2
+    err = capsys.readouterr().err
+    assert "training.rewards[0].id = 'clip_score': unknown reward id; expected one of: colour_target" in err
