@@ -1,6 +1,7 @@
 """Diffusion-DPO through the trainer (``tiny_dpo.yaml``: a LoRA policy, its base with the adapters off as the
 reference, the phase ``dpo``): the same losses, margins and held-out loss at 2 ranks + Ulysses 2 and at 1
-rank, and a few dozen steps raise the implicit reward margin of held-out pairs above 0."""
+rank, a resume at another layout, both A14B experts in one run, and a few dozen steps raise the implicit
+reward margin of held-out pairs above 0."""
 
 from __future__ import annotations
 
@@ -84,3 +85,56 @@ def test_a_few_dozen_dpo_steps_raise_the_implicit_reward_margin_of_held_out_pair
     assert [s["prompt"] for s in scores] == prompts and all(-math.sqrt(3) <= s["reward"] <= 0 for s in scores)
     mean = sum(s["reward_colour_target"] for s in scores) / len(scores)
     assert got[-1]["val_reward_colour_target"] == pytest.approx(mean) and got[-1]["val_reward"] == pytest.approx(mean)
+
+
+def test_with_both_experts_each_step_trains_and_compares_the_expert_of_its_timestep(tiny, tmp_path, main_forked):
+    """``expert: both`` with LoRA on both experts: a step's pairs go through the expert its (per-step) timestep
+    belongs to, policy and reference alike. So a step whose expert no earlier step trained has the margin 0
+    exactly (that expert's adapters are still B = 0: the policy is its reference), and every later step of
+    either expert has a margin of its own."""
+    from mm_pipelines import SampleRNG
+    from wan22_train.pipeline import Wan22Pipeline
+
+    steps, lora = 7, '{target_modules: ["blocks.{*}.self_attn.?", "blocks.{*}.ffn.0"], rank: 4, alpha: 4}'
+    both = (
+        "parallel.ulysses_parallel_size=1", "model.pipeline.expert=both",
+        f"model.models.predictor_low={{model_id: wan2_2_predictor, from_pretrained: {tiny / 'transformer'}, lora: {lora}}}",
+        'parallel.fsdp_plan.apply_modules=["predictor.blocks.{*}", "predictor_low.blocks.{*}", "text_encoder.encoder.block.{*}"]',
+        "training.phases.dpo.submodels=[predictor, predictor_low]",
+    )  # fmt: skip
+    main_forked(wan22_main, args(tiny, tmp_path / "run", steps, steps, *both), nproc=1)
+    pipeline = Wan22Pipeline.from_options({"expert": "both"})
+    experts = [
+        int(pipeline.scheduler.draw_indices(SampleRNG(seed=1234, step=s, sample_ids=[0, 1]), "step")[0])
+        < pipeline.boundary_index
+        for s in range(steps)
+    ]
+    assert set(experts) == {True, False}, "the steps drew one expert only: pick more steps"
+    first = [experts.index(e) == s for s, e in enumerate(experts)]
+    margins = [r["dpo_margin"] for r in records(tmp_path / "run")]
+    assert [m == 0.0 for m in margins] == first, f"experts (high: True) {experts}, margins {margins}"
+
+
+def test_a_dpo_run_stopped_at_1_rank_resumes_at_2_ranks_with_ulysses_2_with_the_uninterrupted_losses(
+    tiny, tmp_path, main_forked
+):
+    """The checkpoint holds the policy's adapters and the phase's optimizer; the reference (the base) reloads
+    from its pretrained folder. Stopped after step 2 of 4 (its later checkpoint and records removed), the run
+    resumes at another layout and logs the uninterrupted run's steps 3 and 4."""
+    import shutil
+
+    one_rank = ("parallel.ulysses_parallel_size=1", "training.save_interval=2")
+    main_forked(wan22_main, args(tiny, tmp_path / "whole", 4, 4, *one_rank), nproc=1)
+    stopped = shutil.copytree(tmp_path / "whole", tmp_path / "stopped")
+    shutil.rmtree(stopped / "iter_0000004")
+    (stopped / "latest_checkpointed_iteration.txt").write_text("2\n")
+    lines = (stopped / "metrics.jsonl").read_text().splitlines()[:2]
+    (stopped / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+    main_forked(wan22_main, args(tiny, stopped, 4, 4, "training.save_interval=2"), nproc=2)
+    whole, resumed = records(tmp_path / "whole"), records(stopped)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for key, atol in (("loss_dpo", 500 * 1e-6), ("dpo_margin", 500 * 1e-6), ("dpo_accuracy", 0.0)):
+        torch.testing.assert_close(
+            torch.tensor([r[key] for r in resumed[2:]]), torch.tensor([r[key] for r in whole[2:]]), rtol=0, atol=atol
+        )
+    assert any(abs(r["dpo_margin"]) > 1e-3 for r in whole[2:])
