@@ -39,8 +39,12 @@ SAMPLER_KEYS = {
     "shift_max": "max_shift",
 }
 """``model.pipeline`` keys of the sigma sampler -> ``SigmaSampler`` fields."""
+AudioTimesteps = Literal["shared", "independent"]
+FrozenModality = Literal["none", "audio", "video"]
 PIPELINE_KEYS = (
     "audio",
+    "audio_timesteps",
+    "frozen_modality",
     "first_frame_conditioning_p",
     "audio_loss_weight",
     "frame_rate",
@@ -66,6 +70,15 @@ class LTX2PipelineOptions(PartialConfigModel):
     """Logit-normal mean at ``shift_max_tokens``."""
     audio: bool = True
     """Train the audio stream too (false: the T2V recipe, audio contributes no loss)."""
+    audio_timesteps: AudioTimesteps = "shared"
+    """The audio's sigma: ``shared``, the video's sigma of the same sample (one noise level for both
+    streams); ``independent``, a second draw from the same sampler (same distribution, at the video token
+    count) keyed apart (purpose ``audio_sigma``), so a sample's audio and video sit at different noise levels."""
+    frozen_modality: FrozenModality = "none"
+    """A modality whose branch does not train: ``audio`` trains video with the audio branch frozen (its
+    parameters out of the optimizer, no audio loss; the audio tokens still run, noised, as context);
+    ``video`` the reverse, audio-only training (T2A: no video loss). Refused with LoRA (whose adapters
+    decide what trains) and, for ``video``, without ``audio``."""
     first_frame_conditioning_p: float = Field(default=0.0, ge=0, le=1)
     """Probability that a sample's first latent frame is given clean."""
     audio_loss_weight: float = Field(default=1.0, ge=0)
@@ -74,6 +87,13 @@ class LTX2PipelineOptions(PartialConfigModel):
     """Frame rate for RoPE when the batch carries none."""
     audio_placeholder_tokens: int = Field(default=8, ge=1)
     """Zero audio tokens fed when ``audio`` is false."""
+
+    @model_validator(mode="after")
+    def _audio_only_needs_audio(self) -> LTX2PipelineOptions:
+        if self.frozen_modality == "video" and not self.audio:
+            why = "audio-only training needs the audio stream: set audio: true, or frozen_modality: none"
+            raise RuleViolations([Problem(("frozen_modality",), why, self.frozen_modality, deps=(("audio",),))])
+        return self
 
     @model_validator(mode="after")
     def _anchors_differ(self) -> LTX2PipelineOptions:
@@ -132,6 +152,12 @@ class LTX2ContainerPipelineOptions(LTX2PipelineOptions):
             for key in SAMPLER_KEYS
             if key in self.model_fields_set
         ]
+        for key, default, why in (
+            ("audio_timesteps", "shared", "a distillation moves both streams at one sigma per sample"),
+            ("frozen_modality", "none", "a distillation trains its student's whole transformer"),
+        ):
+            if getattr(self, key) != default:
+                problems.append(Problem((key,), f"{why}: expected {default}", getattr(self, key), deps=deps))
         if self.first_frame_conditioning_p > 0:
             why = "a distillation draws whole clips (no clean conditioning frames): expected 0"
             problems.append(Problem(("first_frame_conditioning_p",), why, self.first_frame_conditioning_p, deps=deps))
@@ -234,6 +260,8 @@ declare_ids("container", "ltx2_container")  # the other ids have schemas (known 
 
 __all__ = [
     "PIPELINE_KEYS",
+    "AudioTimesteps",
+    "FrozenModality",
     "SAMPLER_KEYS",
     "SAMPLING_MODES",
     "LTX2ContainerPipelineOptions",

@@ -3,17 +3,20 @@
 Per micro-batch (``x0`` = clean latents as tokens: :func:`pack_video` with the transformer's
 ``patch_size`` / ``patch_size_t``, in upstream ``LTX2Pipeline._pack_latents``'s order; ``eps`` ~ N(0, I)); every draw is per sample from
 the micro-batch's :class:`mm_pipelines.SampleRNG` (purposes ``sigma``, ``first_frame_conditioning``,
-``noise``, ``audio_noise``), so a sample trains the same at any layout:
+``noise``, ``audio_noise``, ``audio_sigma``), so a sample trains the same at any layout:
 
 1. one ``sigma`` per sample from :class:`~ltx2_train.timesteps.SigmaSampler` (token count = video
-   tokens), the SAME sigma for the video and the audio of a sample;
+   tokens); the audio's sigma is the same (``audio_timesteps: shared``, the default) or a second draw of
+   the sampler keyed apart (``independent``: purpose ``audio_sigma``);
 2. optional first-frame conditioning: with probability ``first_frame_conditioning_p`` a sample's
    first latent frame is given clean (``sigma = 0`` and timestep 0 on those tokens; refused when
    ``patch_size_t`` > 1, whose tokens mix the first frame with later ones);
 3. ``x_sigma = (1 - sigma) x0 + sigma eps``; the predictor gets ``timestep = 1000 sigma`` (per
    token for video when any token is conditioned, else per sample);
 4. target ``eps - x0``; loss = MSE over the video tokens that are not conditioning tokens
-   + ``audio_loss_weight`` x audio MSE (fp32).
+   + ``audio_loss_weight`` x audio MSE (fp32), less the stream of ``frozen_modality`` (``audio``: video
+   loss alone, the audio branch frozen; ``video``: the audio loss alone, T2A). Both streams' MSEs are
+   reported (``loss_video``, ``loss_audio``), the frozen one's too.
 
 Held-out samples (``training.validation.data_path``, :meth:`LTX2Pipeline.validation_loss`): the same loss
 without conditioning frames at ``num_timesteps`` fixed sigmas ``(k + 1/2) / num_timesteps``, with one noise
@@ -33,7 +36,7 @@ from typing import Any
 import torch
 from mm_pipelines import FlowMatchScheduler, GenerativePipelineBase, SampleRNG
 
-from ltx2_train.config_schema import PIPELINE_KEYS, SAMPLER_KEYS
+from ltx2_train.config_schema import PIPELINE_KEYS, SAMPLER_KEYS, AudioTimesteps, FrozenModality
 from ltx2_train.planning import planning_batch
 from ltx2_train.timesteps import SigmaSampler
 
@@ -129,6 +132,8 @@ class LTX2Pipeline(GenerativePipelineBase):
         sampler: SigmaSampler | None = None,
         *,
         audio: bool = True,
+        audio_timesteps: AudioTimesteps = "shared",
+        frozen_modality: FrozenModality = "none",
         first_frame_conditioning_p: float = 0.0,
         audio_loss_weight: float = 1.0,
         frame_rate: float = 24.0,
@@ -139,8 +144,18 @@ class LTX2Pipeline(GenerativePipelineBase):
             raise ValueError(
                 f"model.pipeline.first_frame_conditioning_p={first_frame_conditioning_p}: expected in [0, 1]"
             )
+        if audio_timesteps not in ("shared", "independent"):
+            raise ValueError(f"model.pipeline.audio_timesteps={audio_timesteps!r}: expected shared or independent")
+        if frozen_modality not in ("none", "audio", "video"):
+            raise ValueError(f"model.pipeline.frozen_modality={frozen_modality!r}: expected none, audio or video")
+        if frozen_modality == "video" and not audio:
+            raise ValueError(
+                "model.pipeline.frozen_modality=video (audio-only training) needs model.pipeline.audio: true"
+            )
         self.sampler = sampler or SigmaSampler()
         self.audio = audio
+        self.audio_timesteps = audio_timesteps
+        self.frozen_modality = frozen_modality
         self.first_frame_conditioning_p = first_frame_conditioning_p
         self.audio_loss_weight = audio_loss_weight
         self.frame_rate = frame_rate
@@ -203,6 +218,9 @@ class LTX2Pipeline(GenerativePipelineBase):
         per_frame = (height // conditions.get("patch", 1)) * (width // conditions.get("patch", 1))
         device = x0.device
         sigma = self.sampler.sample_keyed(rng, num_tokens, device=device)
+        audio_sigma = sigma
+        if self.audio and self.audio_timesteps == "independent":
+            audio_sigma = self.sampler.sample_keyed(rng, num_tokens, device=device, purpose="audio_sigma")
         conditioned = rng.per_sample(
             "first_frame_conditioning",
             lambda g: first_frame_token_mask(
@@ -220,19 +238,22 @@ class LTX2Pipeline(GenerativePipelineBase):
         if self.audio:
             a0 = conditions["audio"]
             eps_a = rng.randn("audio_noise", a0.shape[1:], dtype=a0.dtype, device=device)
-        return self._mixed(conditions, sigma, conditioned, eps, eps_a)
+        return self._mixed(conditions, sigma, conditioned, eps, eps_a, audio_sigma)
 
     def _mixed(
         self, conditions: dict[str, Any], sigma: torch.Tensor, conditioned: torch.Tensor, eps: torch.Tensor,
-        eps_audio: torch.Tensor | None,
+        eps_audio: torch.Tensor | None, audio_sigma: torch.Tensor | None = None,
     ) -> dict[str, Any]:  # fmt: skip
-        """``x_sigma = (1 - sigma) x0 + sigma eps`` per stream (0 on conditioning tokens) and the targets."""
+        """``x_sigma = (1 - sigma) x0 + sigma eps`` per stream (0 on conditioning tokens) and the targets;
+        the audio at ``audio_sigma`` (default: ``sigma``)."""
+        audio_sigma = sigma if audio_sigma is None else audio_sigma
         x0 = conditions["video"]
         token_sigma = sigma[:, None] * (~conditioned).to(sigma.dtype)  # [B, S]: 0 on conditioning tokens
         s = token_sigma[..., None].to(x0.dtype)
         noised = {
             **conditions,
             "sigma": sigma,
+            "audio_sigma": audio_sigma,
             "conditioned": conditioned,
             "noisy_video": (1 - s) * x0 + s * eps,
             "video_target": eps - x0,
@@ -240,7 +261,7 @@ class LTX2Pipeline(GenerativePipelineBase):
         }
         if self.audio:
             a0 = conditions["audio"]
-            sa = sigma[:, None, None].to(a0.dtype)
+            sa = audio_sigma[:, None, None].to(a0.dtype)
             noised["noisy_audio"] = (1 - sa) * a0 + sa * eps_audio
             noised["audio_target"] = eps_audio - a0
         return noised
@@ -262,7 +283,7 @@ class LTX2Pipeline(GenerativePipelineBase):
             encoder_hidden_states=noised["text"],
             audio_encoder_hidden_states=noised["audio_text"],
             timestep=noised["video_timestep"] * scale,
-            audio_timestep=noised["sigma"] * scale,
+            audio_timestep=noised.get("audio_sigma", noised["sigma"]) * scale,
             encoder_attention_mask=noised["text_mask"],
             audio_encoder_attention_mask=noised["text_mask"],
             num_frames=frames, height=height, width=width, fps=noised["frame_rate"],
@@ -303,7 +324,8 @@ class LTX2Pipeline(GenerativePipelineBase):
     def compute_loss(
         self, prediction: tuple[torch.Tensor, torch.Tensor], noised: dict[str, Any]
     ) -> torch.Tensor:
-        """Masked video MSE (non-conditioning tokens) + weighted audio MSE, fp32."""
+        """Masked video MSE (non-conditioning tokens) + weighted audio MSE, fp32; the stream of
+        ``frozen_modality`` left out (its MSE still reported, without gradient)."""
         video_pred, audio_pred = prediction
         video_loss = masked_mse(video_pred, noised["video_target"], ~noised["conditioned"])
         noised["video_loss"] = video_loss.detach()
@@ -311,6 +333,10 @@ class LTX2Pipeline(GenerativePipelineBase):
             return video_loss
         audio_loss = masked_mse(audio_pred, noised["audio_target"])
         noised["audio_loss"] = audio_loss.detach()
+        if self.frozen_modality == "audio":
+            return video_loss
+        if self.frozen_modality == "video":
+            return self.audio_loss_weight * audio_loss
         return video_loss + self.audio_loss_weight * audio_loss
 
     # ---------------------------------------------------------- validation

@@ -64,6 +64,9 @@ class StepResult:
     """Ranks (of all ranks) that received SIGTERM / SIGINT by this step: every rank stops if any did."""
     sample_ids: list[int] | None = None  # the step's global sample indices (training.log_sample_ids)
     phase_losses: dict[str, float] | None = None  # training.phases: each updated phase's loss
+    part_losses: dict[str, float] | None = None
+    """The pipeline's ``loss_<part>`` metrics (e.g. LTX-2's ``loss_video`` / ``loss_audio``), averaged over
+    micro-steps and data-parallel ranks as ``loss`` is."""
     lrs: dict[str, float] | None = None
     """The learning rate the step's optimizer update used (read before its schedule stepped): ``{"": lr}``
     without phases, ``{phase: lr}`` of each phase that updated."""
@@ -188,6 +191,7 @@ class TrainEngine:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         samples = tokens = 0
         flops = 0.0
+        part_sums: dict[str, float] = {}
         step_ids: list[int] = []
         for micro in range(accum):
             batch = to_device(self.batches.next_batch(), self.device)
@@ -201,9 +205,17 @@ class TrainEngine:
             samples += int(info.get("num_samples", _batch_size(batch)))
             tokens += int(info.get("num_tokens", 0))
             flops += float(info.get("flops", 0.0))
+            for name, value in info.items():
+                if name.startswith("loss_"):
+                    part_sums[name] = part_sums.get(name, 0.0) + float(value)
         grad_norm = clip_grad_norm_(self.params, self.training.clip_grad or 0.0)
         bad = int(getattr(self.batches, "bad_this_epoch", 0))
-        loss, counts, stop_requests = self._dp_reduce(loss_sum / accum, [samples, tokens, flops, bad])
+        parts = sorted(part_sums)  # the same names on every rank: one pipeline, one config
+        loss, counts, stop_requests = self._dp_reduce(
+            loss_sum / accum, [samples, tokens, flops, bad, *(part_sums[n] for n in parts)]
+        )
+        dp_size = dist.get_world_size(self.dp_group) if dist.is_initialized() else 1
+        part_losses = {name: total / (accum * dp_size) for name, total in zip(parts, counts[4:], strict=True)}
         self._check_bad_samples(int(counts[3]))
         finite = math.isfinite(loss) and bool(torch.isfinite(torch.as_tensor(grad_norm)).all())
         skipped = not finite
@@ -221,7 +233,7 @@ class TrainEngine:
         self.lr_scheduler.step()
         result = StepResult(
             loss, float(grad_norm), skipped, int(counts[0]), int(counts[1]), counts[2], int(counts[3]),
-            stop_requests, lrs={"": lr},
+            stop_requests, lrs={"": lr}, part_losses=part_losses or None,
         )  # fmt: skip
         if self.training.log_sample_ids:
             result.sample_ids = self._gather_sample_ids(step_ids)
@@ -392,6 +404,7 @@ class TrainEngine:
                 out[f"lr_{name}"] = lr
         for name, value in (r.phase_losses or {}).items():
             out[f"loss_{name}"] = value
+        out.update(r.part_losses or {})
         if r.flops and self.peak_flops:
             world = dist.get_world_size() if dist.is_initialized() else 1
             out["mfu"] = r.flops / elapsed / (self.peak_flops * world)
