@@ -111,3 +111,14 @@ def test_the_build_of_a_shape_without_a_checkpoint_refuses_an_unknown_release():
     args = SimpleNamespace(from_pretrained=None, config=TINY_TRANSFORMER | {"ff_bias": False})
     with pytest.raises(ValueError, match="model.config: the LTX-2 transformer options .*ff_bias=false"):
         LTX2Predictor.build_from_config(args)
+
+
+@pytest.mark.parametrize("version", ["2.3", "2.5"])
+def test_the_pipeline_refuses_a_release_whose_forward_it_does_not_feed_yet(folders, version):
+    from ltx2_train.pipeline import LTX2Pipeline
+
+    model = LTX2Predictor.build_from_config(SimpleNamespace(from_pretrained=str(folders[version]), config=None))
+    batch = {"latents": torch.randn(1, 8, 2, 4, 4), "prompt_embeds": torch.randn(1, 6, 32),
+             "prompt_attention_mask": torch.ones(1, 6, dtype=torch.long)}  # fmt: skip
+    with pytest.raises(ValueError, match=f"the transformer is LTX-{version} .* trains LTX-2.0 only"):
+        LTX2Pipeline(audio=False).prepare_conditions(SimpleNamespace(model=model), batch)

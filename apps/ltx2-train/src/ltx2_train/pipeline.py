@@ -39,6 +39,7 @@ from mm_pipelines import FlowMatchScheduler, GenerativePipelineBase, SampleRNG
 from ltx2_train.config_schema import PIPELINE_KEYS, SAMPLER_KEYS, AudioTimesteps, FrozenModality
 from ltx2_train.planning import planning_batch
 from ltx2_train.timesteps import SigmaSampler
+from ltx2_train.version import config_version
 
 
 def check_patch_grid(grid: tuple[int, int, int], patch_size: int = 1, patch_size_t: int = 1) -> None:
@@ -186,7 +187,9 @@ class LTX2Pipeline(GenerativePipelineBase):
         latents = batch["latents"]
         if latents.dim() != 5:
             raise ValueError(f"batch['latents']: expected [B, C, F, H, W], got shape {tuple(latents.shape)}")
-        patch_size, patch_size_t = video_patch(self.submodule(container, "predictor"))
+        model = self.submodule(container, "predictor")
+        _check_release(model)
+        patch_size, patch_size_t = video_patch(model)
         if patch_size_t > 1 and self.first_frame_conditioning_p > 0:
             raise ValueError(
                 f"model.pipeline.first_frame_conditioning_p={self.first_frame_conditioning_p} needs the first "
@@ -383,6 +386,17 @@ class LTX2Pipeline(GenerativePipelineBase):
             text_tokens = noised["text"].shape[1]
             out["flops"] = batch * counter(video_tokens, computed_audio, text_tokens, cross_modal=self.audio)
         return out
+
+
+def _check_release(model: Any) -> None:
+    """Refuse a transformer of a release whose forward inputs this pipeline does not give (2.3's and 2.5's
+    prompt-modulation sigmas, ``sigma`` / ``audio_sigma``), naming it, instead of failing inside upstream."""
+    version = config_version(model.config, "the transformer's config")
+    if version != "2.0":
+        raise ValueError(
+            f"the transformer is LTX-{version} (ltx2_train.version); this pipeline trains LTX-2.0 only: the "
+            f"{version} forward's prompt-modulation timesteps (sigma, audio_sigma) are not given yet"
+        )
 
 
 def _frame_rate(value: Any, default: float) -> float:
