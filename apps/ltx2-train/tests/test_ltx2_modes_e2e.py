@@ -15,18 +15,24 @@ from ltx2_train.modality import branch_parameters
 
 pytestmark = pytest.mark.slow
 
+REPO = Path(__file__).resolve().parents[3]
+
 README = "apps/ltx2-train/README.md"
 TINY = "apps/ltx2-train/configs/tiny_t2av.yaml"
 VIDEO_ONLY = "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av.yaml model.pipeline.frozen_modality=audio training.save=runs/ltx2_tiny/ckpt_video_only"
 AUDIO_ONLY = "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av.yaml model.pipeline.frozen_modality=video training.save=runs/ltx2_tiny/ckpt_audio_only"
+EXTENSION = "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av_extension.yaml"
 INDEPENDENT = "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av.yaml model.pipeline.audio_timesteps=independent training.save=runs/ltx2_tiny/ckpt_independent"
 
 
-def run_readme_line(line: str, name: str, readme, ltx2_train, tiny_cache, run_config) -> SimpleNamespace:
-    """The README line on the tests' tiny cache (its config's paths moved there), shortened to 2 steps
+def run_readme_line(
+    line: str, name: str, readme, ltx2_train, tiny_cache, run_config, config: str = TINY
+) -> SimpleNamespace:
+    """The README line on the tests' tiny cache (its ``config``'s paths moved there), shortened to 2 steps
     and saved under the cache: the checkpoint's weights and the metrics records."""
     save = tiny_cache / name
-    argv = readme.command(README, line, paths={TINY: run_config(tiny_cache)},
+    moved = run_config(tiny_cache, REPO / config)
+    argv = readme.command(README, line, paths={config: moved},
                           extra=("training.train_iters=2", f"training.save={save}"))  # fmt: skip
     _, nproc, args = readme.launched(argv)
     ltx2_train(*args, nproc=nproc)
@@ -79,5 +85,18 @@ def test_an_independent_timesteps_run_trains_both_and_logs_each_modalitys_loss(
     run = run_readme_line(INDEPENDENT, "independent", readme, ltx2_train, tiny_cache, run_config)
     changed = changed_by_branch(tiny_cache, run.weights)
     assert changed["video"] and changed["audio"]
+    for row in run.rows:
+        assert row["loss"] == pytest.approx(row["loss_video"] + row["loss_audio"], rel=1e-5), row
+
+
+def test_a_video_extension_run_trains_on_the_frames_after_the_conditioning_ones(
+    readme, ltx2_train, tiny_cache, run_config
+):
+    """The extension config (2 of 3 latent frames given clean) through the trainer at Ulysses 2: the
+    per-token timesteps are split with the tokens; which tokens carry no loss is the pipeline's
+    (test_ltx2_pipeline.py: test_video_extension_*)."""
+    config = "apps/ltx2-train/configs/tiny_t2av_extension.yaml"
+    run = run_readme_line(EXTENSION, "extension", readme, ltx2_train, tiny_cache, run_config, config)
+    assert [r["step"] for r in run.rows] == [1, 2]
     for row in run.rows:
         assert row["loss"] == pytest.approx(row["loss_video"] + row["loss_audio"], rel=1e-5), row

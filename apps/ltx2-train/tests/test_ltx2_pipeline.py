@@ -116,6 +116,38 @@ def test_first_frame_conditioning_keeps_the_first_latent_frame_clean_with_timest
     torch.testing.assert_close(noised["video_timestep"][:, 4:], noised["sigma"][:, None].expand(-1, 8))
 
 
+def test_video_extension_keeps_the_first_k_latent_frames_clean_with_timestep_zero():
+    pipe = LTX2Pipeline(SigmaSampler(), audio=True, first_frame_conditioning_p=1.0, conditioning_frames=2)
+    cond = conditions(grid=(3, 2, 2))
+    noised = pipe.noising(cond, SampleRNG.for_batch(3, seed=1))
+    first = slice(0, 8)  # 2 x 2 tokens of latent frames 0 and 1
+    assert noised["conditioned"][:, first].all() and not noised["conditioned"][:, 8:].any()
+    torch.testing.assert_close(noised["noisy_video"][:, first], cond["video"][:, first], rtol=0, atol=0)
+    assert not torch.allclose(noised["noisy_video"][:, 8:], cond["video"][:, 8:])
+    assert (noised["video_timestep"][:, first] == 0).all()
+    torch.testing.assert_close(noised["video_timestep"][:, 8:], noised["sigma"][:, None].expand(-1, 4))
+
+
+def test_video_extension_puts_no_loss_on_the_conditioning_frames():
+    pipe = LTX2Pipeline(SigmaSampler(), audio=False, first_frame_conditioning_p=1.0, conditioning_frames=2)
+    noised = pipe.noising(conditions(grid=(3, 2, 2)), SampleRNG.for_batch(3, seed=2))
+    video = noised["video_target"].clone()
+    video[:, :8] += 100.0  # error only on the 2 conditioning frames
+    video[:, 8:] += 2.0
+    assert pipe.compute_loss((video, None), noised).item() == pytest.approx(4.0, rel=1e-6)
+
+
+def test_video_extension_of_a_clip_no_longer_than_its_conditioning_frames_is_refused(tiny_predictor):
+    batch = {
+        "latents": torch.randn(1, 8, 2, 4, 4),
+        "prompt_embeds": torch.randn(1, 6, 32),
+        "prompt_attention_mask": torch.ones(1, 6, dtype=torch.long),
+    }
+    pipe = LTX2Pipeline(audio=False, first_frame_conditioning_p=1.0, conditioning_frames=2)
+    with pytest.raises(ValueError, match="conditioning_frames=2: the clips have 2 latent frames"):
+        pipe.prepare_conditions(SimpleNamespace(model=tiny_predictor()), batch)
+
+
 def test_conditioning_probability_is_per_sample():
     mask = first_frame_token_mask(10_000, 2, 3, 0.3, generator=torch.Generator().manual_seed(0))
     chosen = mask[:, 0]

@@ -46,6 +46,7 @@ PIPELINE_KEYS = (
     "audio_timesteps",
     "frozen_modality",
     "first_frame_conditioning_p",
+    "conditioning_frames",
     "audio_loss_weight",
     "frame_rate",
     "audio_placeholder_tokens",
@@ -80,13 +81,25 @@ class LTX2PipelineOptions(PartialConfigModel):
     ``video`` the reverse, audio-only training (T2A: no video loss). Refused with LoRA (whose adapters
     decide what trains) and, for ``video``, without ``audio``."""
     first_frame_conditioning_p: float = Field(default=0.0, ge=0, le=1)
-    """Probability that a sample's first latent frame is given clean."""
+    """Probability that a sample is conditioned: its first ``conditioning_frames`` latent frames given clean."""
+    conditioning_frames: int = Field(default=1, ge=1)
+    """Latent frames a conditioned sample gets clean (timestep 0, no loss): 1 = the first frame (I2V / I2AV);
+    K > 1 = video extension, continuing the first K latent frames (with ``first_frame_conditioning_p: 1``
+    every sample). A clip needs more latent frames than K; the transformer's ``patch_size_t`` must be 1."""
     audio_loss_weight: float = Field(default=1.0, ge=0)
     """Weight of the audio MSE in the loss."""
     frame_rate: float = Field(default=24.0, gt=0)
     """Frame rate for RoPE when the batch carries none."""
     audio_placeholder_tokens: int = Field(default=8, ge=1)
     """Zero audio tokens fed when ``audio`` is false."""
+
+    @model_validator(mode="after")
+    def _conditioning_frames_need_conditioning(self) -> LTX2PipelineOptions:
+        if self.conditioning_frames != 1 and self.first_frame_conditioning_p == 0:
+            why = "conditions no sample while first_frame_conditioning_p is 0: set that > 0 (1: every sample)"
+            deps = (("first_frame_conditioning_p",),)
+            raise RuleViolations([Problem(("conditioning_frames",), why, self.conditioning_frames, deps=deps)])
+        return self
 
     @model_validator(mode="after")
     def _audio_only_needs_audio(self) -> LTX2PipelineOptions:

@@ -8,9 +8,10 @@ the micro-batch's :class:`mm_pipelines.SampleRNG` (purposes ``sigma``, ``first_f
 1. one ``sigma`` per sample from :class:`~ltx2_train.timesteps.SigmaSampler` (token count = video
    tokens); the audio's sigma is the same (``audio_timesteps: shared``, the default) or a second draw of
    the sampler keyed apart (``independent``: purpose ``audio_sigma``);
-2. optional first-frame conditioning: with probability ``first_frame_conditioning_p`` a sample's
-   first latent frame is given clean (``sigma = 0`` and timestep 0 on those tokens; refused when
-   ``patch_size_t`` > 1, whose tokens mix the first frame with later ones);
+2. optional conditioning on leading frames: with probability ``first_frame_conditioning_p`` a sample's
+   first ``conditioning_frames`` latent frames are given clean (``sigma = 0`` and timestep 0 on those
+   tokens; 1 frame: I2V, K frames: video extension; refused when ``patch_size_t`` > 1, whose tokens mix
+   frames, and for a clip of no more than K latent frames);
 3. ``x_sigma = (1 - sigma) x0 + sigma eps``; the predictor gets ``timestep = 1000 sigma`` (per
    token for video when any token is conditioned, else per sample);
 4. target ``eps - x0``; loss = MSE over the video tokens that are not conditioning tokens
@@ -86,12 +87,13 @@ def pack_audio(latents: torch.Tensor) -> torch.Tensor:
 
 def first_frame_token_mask(
     batch: int, frames: int, tokens_per_frame: int, probability: float, *, generator: torch.Generator | None = None,
-    device: torch.device | str | None = None,
+    device: torch.device | str | None = None, conditioning_frames: int = 1,
 ) -> torch.Tensor:  # fmt: skip
-    """``[B, F*H*W]`` bool: True on the first latent frame's tokens of samples drawn with ``probability``."""
+    """``[B, F*H*W]`` bool: True on the first ``conditioning_frames`` latent frames' tokens of samples drawn
+    with ``probability``."""
     chosen = torch.rand(batch, generator=generator, device=device) < probability
     first = torch.zeros(frames * tokens_per_frame, dtype=torch.bool, device=device)
-    first[:tokens_per_frame] = True
+    first[: conditioning_frames * tokens_per_frame] = True
     return chosen[:, None] & first[None, :]
 
 
@@ -136,6 +138,7 @@ class LTX2Pipeline(GenerativePipelineBase):
         audio_timesteps: AudioTimesteps = "shared",
         frozen_modality: FrozenModality = "none",
         first_frame_conditioning_p: float = 0.0,
+        conditioning_frames: int = 1,
         audio_loss_weight: float = 1.0,
         frame_rate: float = 24.0,
         audio_placeholder_tokens: int = 8,
@@ -153,6 +156,9 @@ class LTX2Pipeline(GenerativePipelineBase):
             raise ValueError(
                 "model.pipeline.frozen_modality=video (audio-only training) needs model.pipeline.audio: true"
             )
+        if conditioning_frames < 1:
+            raise ValueError(f"model.pipeline.conditioning_frames={conditioning_frames}: expected >= 1")
+        self.conditioning_frames = conditioning_frames
         self.sampler = sampler or SigmaSampler()
         self.audio = audio
         self.audio_timesteps = audio_timesteps
@@ -195,6 +201,12 @@ class LTX2Pipeline(GenerativePipelineBase):
                 f"model.pipeline.first_frame_conditioning_p={self.first_frame_conditioning_p} needs the first "
                 f"latent frame in tokens of its own, but the transformer's patch_size_t is {patch_size_t}; set it to 0"
             )
+        if self.first_frame_conditioning_p > 0 and latents.shape[2] <= self.conditioning_frames:
+            raise ValueError(
+                f"model.pipeline.conditioning_frames={self.conditioning_frames}: the clips have "
+                f"{latents.shape[2]} latent frames, which leaves none to generate; expected more latent frames "
+                "than conditioning_frames (longer clips in preprocess, or fewer conditioning frames)"
+            )
         out = {
             "video": pack_video(latents, patch_size, patch_size_t),
             "grid": tuple(latents.shape[2:]),
@@ -233,6 +245,7 @@ class LTX2Pipeline(GenerativePipelineBase):
                 self.first_frame_conditioning_p,
                 generator=g,
                 device=device,
+                conditioning_frames=self.conditioning_frames,
             )[0],
             device,
         )
