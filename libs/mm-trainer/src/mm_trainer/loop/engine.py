@@ -65,7 +65,8 @@ class StepResult:
     sample_ids: list[int] | None = None  # the step's global sample indices (training.log_sample_ids)
     phase_losses: dict[str, float] | None = None  # training.phases: each updated phase's loss
     logged: dict[str, float] | None = None
-    """The pipeline's ``PipelineOutput.logged`` means (``dpo_margin``), averaged over the step's micro-batches
+    """The pipeline's ``PipelineOutput.logged`` means (``dpo_margin``) and, outside phases, its
+    ``loss_<part>`` metrics (LTX-2's ``loss_video`` / ``loss_audio``), averaged over the step's micro-batches
     and data-parallel ranks."""
     lrs: dict[str, float] | None = None
     """The learning rate the step's optimizer update used (read before its schedule stepped): ``{"": lr}``
@@ -192,7 +193,7 @@ class TrainEngine:
         samples = tokens = 0
         flops = 0.0
         step_ids: list[int] = []
-        logged = LoggedMeans()
+        logged = LoggedMeans(part_losses=True)
         for micro in range(accum):
             batch = to_device(self.batches.next_batch(), self.device)
             extra = self._keyed_rng(batch, step)
@@ -409,15 +410,20 @@ class TrainEngine:
 
 
 class LoggedMeans:
-    """A step's ``PipelineOutput.logged`` values: summed over its micro-batches, then averaged over them and
-    the data-parallel ranks (one all-reduce; every rank's pipeline logs the same names)."""
+    """A step's ``PipelineOutput.logged`` values (with ``part_losses``, also its ``metrics``' ``loss_<part>``
+    values, e.g. LTX-2's ``loss_video`` / ``loss_audio``): summed over its micro-batches, then averaged over
+    them and the data-parallel ranks (one all-reduce; every rank's pipeline logs the same names)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, part_losses: bool = False) -> None:
         self.sums: dict[str, float] = {}
         self.count = 0
+        self.part_losses = part_losses
 
     def add(self, output: Any) -> None:
-        values = getattr(output, "logged", None) or {}
+        values = dict(getattr(output, "logged", None) or {})
+        if self.part_losses:
+            metrics = getattr(output, "metrics", None) or {}
+            values |= {name: value for name, value in metrics.items() if name.startswith("loss_")}
         for name, value in values.items():
             self.sums[name] = self.sums.get(name, 0.0) + float(value)
         self.count += 1 if values else 0
