@@ -19,13 +19,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from itertools import accumulate
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:  # the kernels' modules import this one
-    from mm_parallel.attention_backends import AttentionBackend
+class VarlenKernel(Protocol):
+    """What the varlen helpers use of a kernel (an :class:`~mm_parallel.AttentionBackend` has it): its dense
+    ``forward`` / ``backward`` and, where the kernel has them, native ``varlen_forward`` / ``varlen_backward``
+    (None otherwise). A protocol rather than that class: the kernels' modules import this one."""
+
+    forward: Callable[..., tuple[Tensor, Tensor]]
+    backward: Callable[..., tuple[Tensor, Tensor, Tensor]] | None
+    varlen_forward: Callable[..., tuple[Tensor, Tensor]] | None
+    varlen_backward: Callable[..., tuple[Tensor, Tensor, Tensor]] | None
 
 
 class VarlenBlock(NamedTuple):
@@ -104,7 +111,7 @@ def segmentwise_backward(
 
 
 def varlen_forward(
-    kernel: AttentionBackend, q: Tensor, k: Tensor, v: Tensor, block: VarlenBlock, scale: float
+    kernel: VarlenKernel, q: Tensor, k: Tensor, v: Tensor, block: VarlenBlock, scale: float
 ) -> tuple[Tensor, Tensor]:
     """``(out, lse)`` of ``block``'s rows: the kernel's native varlen call, or one call per pair."""
     if len(block.q_lengths) > 1 and kernel.varlen_forward is not None:
@@ -113,7 +120,7 @@ def varlen_forward(
 
 
 def varlen_backward(
-    kernel: AttentionBackend, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+    kernel: VarlenKernel, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     block: VarlenBlock, scale: float,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """``(dq, dk, dv)`` of ``block`` from the global ``out`` / ``lse`` of its rows."""
