@@ -2,9 +2,11 @@ import itertools
 
 import numpy as np
 import pytest
+import torch
 from mm_data import (
     TokenBalancedSampler,
     TokenBudgetError,
+    build_packed_dataloader,
     patch_tokens,
     plan_step,
     token_imbalance,
@@ -140,3 +142,60 @@ def test_a_mid_step_state_refuses_another_dp_size():
     assert first.micro_offset == 1  # the first step has several micro-steps at this budget
     with pytest.raises(ValueError, match="step boundary"):
         sampler(0, 4).load_state_dict(first.state_dict())
+
+
+class ShapedDataset(torch.utils.data.Dataset):
+    """Item i: a latent of TOKENS[i] tokens (one frame of 1 x n) and its index."""
+
+    def __len__(self) -> int:
+        return len(TOKENS)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"latents": torch.full((1, 1, TOKENS[i]), float(i)), "index": i, "prompt": f"clip {i}"}
+
+
+def packed_loader(dp_rank: int, dp_size: int, **kw):
+    kw = {"global_batch_size": GBS, "token_budget": BUDGET, "seed": SEED, "micro_steps": 16 // dp_size, **kw}
+    return build_packed_dataloader(ShapedDataset(), TOKENS, dp_rank=dp_rank, dp_size=dp_size, **kw)
+
+
+def test_the_packed_loader_yields_each_ranks_plan_as_per_sample_lists():
+    loader = packed_loader(1, 2)
+    plan = loader.sampler.plan(0, 0).rank(1)
+    for micro, batch in zip(plan, itertools.islice(iter(loader), 8), strict=True):
+        assert batch["index"].tolist() == micro
+        assert [z.shape[-1] for z in batch["latents"]] == [TOKENS[i] for i in micro]  # shapes differ: a list
+        assert batch["prompt"] == [f"clip {i}" for i in micro]
+        assert [loader.sampler.dataset_index(s) for s in loader.last_sample_ids] == micro
+
+
+def test_packed_loader_sample_ids_and_resume_are_layout_free():
+    def first_steps(dp_size, steps=2):
+        ids = {}
+        for r in range(dp_size):
+            loader = packed_loader(r, dp_size)
+            for batch in itertools.islice(iter(loader), steps * (16 // dp_size)):
+                ids.update(zip(batch["index"].tolist(), loader.last_sample_ids, strict=True))
+        return ids
+
+    assert first_steps(1) == first_steps(2) == first_steps(4)
+    two = packed_loader(0, 2)
+    list(itertools.islice(iter(two), 16))  # two global steps of 8 micro-steps
+    state = two.state_dict()
+    assert (state["step"], state["micro_offset"]) == (2, 0)
+    resumed = [packed_loader(r, 4) for r in range(4)]
+    seen = set()
+    for loader in resumed:
+        loader.load_state_dict(state)
+        seen |= {i for batch in itertools.islice(iter(loader), 4) for i in batch["index"].tolist()}
+    assert seen == set(two.sampler.step_samples(0, 2))
+
+
+def test_the_packed_loader_refuses_a_budget_below_a_sample_before_reading():
+    with pytest.raises(TokenBudgetError, match=rf"sample \d+: {max(TOKENS)} tokens"):
+        packed_loader(0, 1, token_budget=max(TOKENS) - 1)
+
+
+def test_a_fixed_micro_step_count_is_checked_for_the_whole_epoch_before_reading():
+    with pytest.raises(TokenBudgetError, match=r"global step \d+ of epoch 0: .*micro_steps=4"):
+        packed_loader(0, 1, micro_steps=4)

@@ -256,6 +256,25 @@ class TokenBalancedSampler(Sampler[list[int]]):
             )
         return self._plans[epoch, step]
 
+    def check_epoch(self, epoch: int) -> None:
+        """Plan every global step of ``epoch`` now (host arithmetic): a step that cannot fit the budget
+        (with a fixed ``micro_steps``, or too few samples for its micro-batches) is refused before work.
+
+        Raises:
+            TokenBudgetError: naming the step and epoch.
+        """
+        for step in range(self.steps_per_epoch):
+            try:
+                plan_step(
+                    self.step_samples(epoch, step),
+                    self.tokens,
+                    dp_size=self.dp_size,
+                    token_budget=self.token_budget,
+                    micro_steps=self.micro_steps,
+                )
+            except TokenBudgetError as error:
+                raise TokenBudgetError(f"global step {step} of epoch {epoch}: {error}") from None
+
     def micro_steps_at(self, epoch: int, step: int) -> int:
         """Micro-steps of global step ``step`` of ``epoch`` (the same on every rank)."""
         return self.plan(epoch, step).micro_steps
@@ -278,6 +297,39 @@ class TokenBalancedSampler(Sampler[list[int]]):
         """Start ``epoch`` from its beginning; a no-op when it is already the current epoch."""
         if epoch != self.epoch:
             self.epoch, self.step, self.micro_offset = int(epoch), 0, 0
+
+    # ------------------------------------------------ positions (ResumableDataLoader's interface)
+    def _locate(self, epoch: int, position: int) -> tuple[int, int]:
+        """(global step, micro-step) of this rank's micro-batch number ``position`` of ``epoch``."""
+        if self.micro_steps is not None:
+            return divmod(position, self.micro_steps)
+        step = 0
+        while step < self.steps_per_epoch and position >= (k := self.micro_steps_at(epoch, step)):
+            position, step = position - k, step + 1
+        return step, position
+
+    def _position_of(self, epoch: int, step: int, micro: int) -> int:
+        return sum(self.micro_steps_at(epoch, s) for s in range(step)) + micro
+
+    def position(self) -> int:
+        """Micro-batches of the current epoch this rank has handed out."""
+        return self._position_of(self.epoch, self.step, self.micro_offset)
+
+    def state_at(self, epoch: int, position: int) -> dict[str, Any]:
+        """The state after handing out ``position`` micro-batches of ``epoch``."""
+        step, micro = self._locate(epoch, position)
+        return {**self.state_dict(), "epoch": epoch, "step": step, "micro_offset": micro}
+
+    def sample_ids_at(self, epoch: int, position: int) -> list[int]:
+        """Global sample ids of this rank's micro-batch number ``position`` of ``epoch`` (:meth:`sample_ids`)."""
+        return self.sample_ids(epoch, *self._locate(epoch, position))
+
+    def dataset_index(self, sample_id: int) -> int:
+        """The dataset index of global sample ``sample_id`` (:meth:`sample_ids`)."""
+        per_epoch = self.steps_per_epoch * self.global_batch_size
+        epoch, place = divmod(sample_id, per_epoch)
+        step, slot = divmod(place, self.global_batch_size)
+        return self.step_samples(epoch, step)[slot]
 
     def sample_ids(self, epoch: int, step: int, micro: int) -> list[int]:
         """Global sample ids (place in the run's global order) of this rank's micro-batch ``micro`` of
@@ -318,5 +370,9 @@ class TokenBalancedSampler(Sampler[list[int]]):
             raise ValueError(
                 f"sampler state stops {offset} micro-batches into a step (dp_size={state.get('dp_size')}, "
                 f"token_budget={state.get('token_budget')}); resume at a step boundary to change layout"
+            )
+        if not 0 <= int(state["step"]) <= self.steps_per_epoch:
+            raise ValueError(
+                f"sampler state has step={state['step']}; an epoch has {self.steps_per_epoch} steps"
             )
         self.epoch, self.step, self.micro_offset = int(state["epoch"]), int(state["step"]), int(offset)
