@@ -10,7 +10,7 @@ from .conversation import (  # noqa: E402
     ConversationColumnsConfig,
     ConversationDatasetConfig,
 )
-from .data import DataConfig  # noqa: E402
+from .data import DataConfig, PackingConfig  # noqa: E402
 from .datasets import PrecomputedLatentsConfig, VideoTextDatasetConfig, frame_rule_problem  # noqa: E402
 from .distill import DistillOptions  # noqa: E402
 from .errors import ConfigError, MissingDependencyError, Problem, RuleViolations  # noqa: E402
@@ -94,6 +94,7 @@ __all__ = [
     "ConversationDatasetConfig",
     "DType",
     "DataConfig",
+    "PackingConfig",
     "DistillOptions",
     "EMAConfig",
     "ENTRY_POINT_GROUP",

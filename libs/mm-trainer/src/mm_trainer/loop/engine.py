@@ -195,8 +195,9 @@ class TrainEngine:
             step_ids += extra["rng"].sample_ids if extra else []
             set_gradient_sync(self.model, micro == accum - 1)
             output = self.model(**batch, **extra)
-            (output.loss / accum).backward()
-            loss_sum += output.loss.detach().double()
+            weight = self._packed_weight(extra)
+            (output.loss * weight / accum).backward()
+            loss_sum += output.loss.detach().double() * weight
             info = getattr(output, "metrics", None) or {}
             samples += int(info.get("num_samples", _batch_size(batch)))
             tokens += int(info.get("num_tokens", 0))
@@ -289,6 +290,17 @@ class TrainEngine:
         self.nonfinite.streak_begins(
             step + 1, outcome.describe(self.saves.root) if outcome.withdrawn else None
         )
+
+    def _packed_weight(self, extra: dict[str, SampleRNG]) -> float:
+        """A packed micro-batch's loss (its samples' mean) weighs its sample count over the mean count
+        per micro-batch (``data.packing``: micro-batches of one step hold different numbers of samples),
+        so every sample of the global batch weighs ``1 / global batch`` as unpacked; 1 otherwise."""
+        mean = getattr(self.batches, "packed_micro_batch", None)
+        if mean is None:
+            return 1.0
+        if not extra:
+            raise RuntimeError("a packed micro-batch came without sample_ids; its weight is its sample count")
+        return len(extra["rng"]) / mean
 
     def _keyed_rng(self, batch: dict, step: int) -> dict[str, SampleRNG]:
         """``{"rng": SampleRNG}`` from the batch's ``sample_ids`` (popped), after reseeding the global

@@ -1,0 +1,70 @@
+"""``data.packing``: the tiny Wan T2V run trained on packed micro-batches (samples of different shapes in
+one sequence, spread over micro-steps by tokens) logs the losses of the unpacked run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mm_data import make_synthetic_dataset
+from wan22_train.cli import main as wan22_main
+from wan22_train.configs import config_path
+from wan22_train.tiny import make_tiny, tiny_overrides
+
+pytestmark = pytest.mark.slow
+
+BUDGET = "data.packing.token_budget=4096"
+# 8 clips of 9 frames cycling 32x32, 32x48, 48x32 (3 + 3 + 2); the square ones trained as one frame
+MIXED_SIZES = [(32, 32), (32, 48), (48, 32)]
+MIXED_BUCKETS = "data.dataset.buckets=[[32,32,1],[32,48,9],[48,32,9]]"
+
+
+def train(main_forked, tiny: Path, save: Path, *overrides: str, nproc: int = 1) -> list[float]:
+    args = ["--config", str(config_path("tiny_t2v.yaml")), *tiny_overrides(tiny), f"training.save={save}",
+            "training.train_iters=1", "training.save_interval=100", "parallel.ulysses_parallel_size=1",
+            "data.dataset.frame_offset=start", *overrides]  # fmt: skip
+    main_forked(wan22_main, args, nproc=nproc)
+    return [json.loads(line)["loss"] for line in (save / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return make_tiny(tmp_path_factory.mktemp("tiny"))
+
+
+def test_a_packed_step_logs_the_unpacked_steps_loss(tiny, tmp_path, main_forked):
+    batch = ["training.global_batch_size=4", "training.micro_batch_size=2"]
+    unpacked = train(main_forked, tiny, tmp_path / "unpacked", *batch)
+    packed = train(main_forked, tiny, tmp_path / "packed", *batch, BUDGET)
+    assert abs(packed[0] - unpacked[0]) <= 1e-5 * abs(unpacked[0])
+
+
+def test_a_packed_steps_loss_does_not_depend_on_how_its_samples_split_into_micro_steps(
+    tiny, tmp_path, main_forked
+):
+    """Mixed shapes, all 8 clips in the step: 8 micro-steps of one sample each, or 2 micro-steps filled by
+    tokens (5 one-frame and 3 nine-frame clips split 3 + 5 by count: each micro-batch's loss weighs its
+    sample count, so the step's loss is still the mean over its samples)."""
+    data = make_synthetic_dataset(
+        tmp_path / "mixed", num_clips=8, sizes=MIXED_SIZES, num_frames=(9,), fps=(8,), seed=0
+    )
+    mixed = [f"data.data_path={data}", MIXED_BUCKETS, "training.global_batch_size=8", BUDGET]
+    eight = train(main_forked, tiny, tmp_path / "eight", *mixed, "training.micro_batch_size=1")
+    two = train(main_forked, tiny, tmp_path / "two", *mixed, "training.micro_batch_size=4")
+    assert abs(eight[0] - two[0]) <= 1e-5 * abs(eight[0])
+
+
+def test_a_token_budget_below_a_sample_is_refused_naming_it(tiny, tmp_path, main_forked):
+    """Refused when the run builds its batches, before any step (each tiny clip is 320 tokens)."""
+    with pytest.raises(
+        AssertionError, match=r"TokenBudgetError: token_budget=8 is below the largest sample: sample 0: 320"
+    ):
+        train(
+            main_forked,
+            tiny,
+            tmp_path / "small",
+            "training.global_batch_size=4",
+            "data.packing.token_budget=8",
+        )
+    assert not (tmp_path / "small" / "metrics.jsonl").exists()
