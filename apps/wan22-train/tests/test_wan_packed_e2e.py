@@ -15,7 +15,6 @@ from wan22_train.tiny import make_tiny, tiny_overrides
 pytestmark = pytest.mark.slow
 
 BUDGET = "data.packing.token_budget=4096"
-# 8 clips of 9 frames cycling 32x32, 32x48, 48x32 (3 + 3 + 2); the square ones trained as one frame
 MIXED_SIZES = [(32, 32), (32, 48), (48, 32)]
 MIXED_BUCKETS = "data.dataset.buckets=[[32,32,1],[32,48,9],[48,32,9]]"
 
@@ -40,19 +39,40 @@ def test_a_packed_step_logs_the_unpacked_steps_loss(tiny, tmp_path, main_forked)
     assert abs(packed[0] - unpacked[0]) <= 1e-5 * abs(unpacked[0])
 
 
-def test_a_packed_steps_loss_does_not_depend_on_how_its_samples_split_into_micro_steps(
-    tiny, tmp_path, main_forked
-):
-    """Mixed shapes, all 8 clips in the step: 8 micro-steps of one sample each, or 2 micro-steps filled by
-    tokens (5 one-frame and 3 nine-frame clips split 3 + 5 by count: each micro-batch's loss weighs its
-    sample count, so the step's loss is still the mean over its samples)."""
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory) -> list[str]:
+    """8 clips of 9 frames cycling 32x32, 32x48, 48x32; the square ones trained as one frame (5 one-frame
+    and 3 nine-frame samples, all in the step)."""
     data = make_synthetic_dataset(
-        tmp_path / "mixed", num_clips=8, sizes=MIXED_SIZES, num_frames=(9,), fps=(8,), seed=0
+        tmp_path_factory.mktemp("mixed"), num_clips=8, sizes=MIXED_SIZES, num_frames=(9,), fps=(8,), seed=0
     )
-    mixed = [f"data.data_path={data}", MIXED_BUCKETS, "training.global_batch_size=8", BUDGET]
+    return [f"data.data_path={data}", MIXED_BUCKETS, "training.global_batch_size=8", BUDGET]
+
+
+@pytest.fixture(scope="module")
+def mixed_loss(tiny, mixed, tmp_path_factory, main_forked) -> float:
+    """The mixed step on one rank in 2 micro-steps filled by tokens (split 3 + 5 samples by count)."""
+    return train(main_forked, tiny, tmp_path_factory.mktemp("two"), *mixed, "training.micro_batch_size=4")[0]
+
+
+def test_a_packed_steps_loss_does_not_depend_on_how_its_samples_split_into_micro_steps(
+    tiny, mixed, mixed_loss, tmp_path, main_forked
+):
+    """8 micro-steps of one sample each, or 2 of 3 and 5 samples: each micro-batch's loss weighs its
+    sample count, so the step's loss is still the mean over its samples."""
     eight = train(main_forked, tiny, tmp_path / "eight", *mixed, "training.micro_batch_size=1")
-    two = train(main_forked, tiny, tmp_path / "two", *mixed, "training.micro_batch_size=4")
-    assert abs(eight[0] - two[0]) <= 1e-5 * abs(eight[0])
+    assert abs(eight[0] - mixed_loss) <= 1e-5 * abs(mixed_loss)
+
+
+@pytest.mark.parametrize("layout", ["dp2", "ulysses2"])
+def test_the_mixed_packed_step_logs_the_same_loss_at_two_ranks(
+    tiny, mixed, mixed_loss, tmp_path, main_forked, layout
+):
+    """Data parallel 2 (each rank its share of the step by tokens, 1 micro-step) or Ulysses 2 (every
+    sample of the packed sequence split over the two ranks on its own)."""
+    extra = ["parallel.ulysses_parallel_size=2"] if layout == "ulysses2" else []
+    loss = train(main_forked, tiny, tmp_path / layout, *mixed, "training.micro_batch_size=4", *extra, nproc=2)
+    assert abs(loss[0] - mixed_loss) <= 1e-5 * abs(mixed_loss)
 
 
 def test_a_token_budget_below_a_sample_is_refused_naming_it(tiny, tmp_path, main_forked):
