@@ -19,8 +19,10 @@ MIXED_SIZES = [(32, 32), (32, 48), (48, 32)]
 MIXED_BUCKETS = "data.dataset.buckets=[[32,32,1],[32,48,9],[48,32,9]]"
 
 
-def train(main_forked, tiny: Path, save: Path, *overrides: str, nproc: int = 1) -> list[float]:
-    args = ["--config", str(config_path("tiny_t2v.yaml")), *tiny_overrides(tiny), f"training.save={save}",
+def train(
+    main_forked, tiny: Path, save: Path, *overrides: str, nproc: int = 1, config: str = "tiny_t2v.yaml"
+) -> list[float]:
+    args = ["--config", str(config_path(config)), *tiny_overrides(tiny), f"training.save={save}",
             "training.train_iters=1", "training.save_interval=100", "parallel.ulysses_parallel_size=1",
             "data.dataset.frame_offset=start", *overrides]  # fmt: skip
     main_forked(wan22_main, args, nproc=nproc)
@@ -32,10 +34,15 @@ def tiny(tmp_path_factory) -> Path:
     return make_tiny(tmp_path_factory.mktemp("tiny"))
 
 
-def test_a_packed_step_logs_the_unpacked_steps_loss(tiny, tmp_path, main_forked):
+@pytest.mark.parametrize("config", ["tiny_t2v.yaml", "tiny_t2v_lora.yaml", "tiny_t2v_both.yaml"])
+def test_a_packed_step_logs_the_unpacked_steps_loss(tiny, tmp_path, main_forked, config):
+    """Full fine-tuning, LoRA, and both A14B experts (a step's samples share its grid index, so a packed
+    micro-batch goes whole to one expert: the step's)."""
     batch = ["training.global_batch_size=4", "training.micro_batch_size=2"]
-    unpacked = train(main_forked, tiny, tmp_path / "unpacked", *batch)
-    packed = train(main_forked, tiny, tmp_path / "packed", *batch, BUDGET)
+    if config == "tiny_t2v_both.yaml":
+        batch.append(f"model.models.predictor_low.from_pretrained={tiny / 'transformer'}")
+    unpacked = train(main_forked, tiny, tmp_path / "unpacked", *batch, config=config)
+    packed = train(main_forked, tiny, tmp_path / "packed", *batch, BUDGET, config=config)
     assert abs(packed[0] - unpacked[0]) <= 1e-5 * abs(unpacked[0])
 
 
