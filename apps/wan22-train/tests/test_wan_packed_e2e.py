@@ -4,6 +4,7 @@ one sequence, spread over micro-steps by tokens) logs the losses of the unpacked
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,29 @@ def test_a_token_budget_below_a_sample_is_refused_naming_it(tiny, tmp_path, main
             "data.packing.token_budget=8",
         )
     assert not (tmp_path / "small" / "metrics.jsonl").exists()
+
+
+def records_of(save: Path) -> list[dict]:
+    return [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_packed_run_resumed_at_data_parallel_2_trains_the_uninterrupted_steps(
+    tiny, mixed, tmp_path, main_forked
+):
+    """The mixed set, global batch 4 (2 steps an epoch): 4 steps on one rank, saved after step 2; the step-2
+    checkpoint resumed on 2 ranks (each its share of a step by tokens) trains steps 3 and 4
+    on the same samples with the same losses."""
+    run = [*mixed[:2], BUDGET, "training.global_batch_size=4", "training.micro_batch_size=2", "training.train_iters=4",
+           "training.log_sample_ids=true"]  # fmt: skip
+    whole = tmp_path / "whole"
+    train(main_forked, tiny, whole, *run, "training.save_interval=2")
+    reference = records_of(whole)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(whole / "iter_0000002", resumed / "iter_0000002")
+    train(main_forked, tiny, resumed, *run, f"training.load={resumed}", "training.save_interval=100", nproc=2)
+    records = records_of(resumed)
+    assert [r["step"] for r in records] == [3, 4]
+    assert [r["sample_ids"] for r in records] == [r["sample_ids"] for r in reference[2:]]
+    assert [i for r in reference for i in r["sample_ids"]] == list(range(16))  # every sample once an epoch
+    for ours, theirs in zip(records, reference[2:], strict=True):
+        assert abs(ours["loss"] - theirs["loss"]) <= 1e-4 * abs(theirs["loss"])

@@ -313,13 +313,21 @@ class TrainEngine:
         return {"rng": rng}
 
     def _gather_sample_ids(self, ids: list[int]) -> list[int]:
-        """The step's global sample indices over all data-parallel ranks, in global batch order."""
-        local = torch.tensor(ids, dtype=torch.long, device=self.device)
+        """The step's global sample indices over all data-parallel ranks, in global batch order (a
+        sample's id is its place in the global order, so: sorted). Ranks may hold different counts
+        (packed micro-batches, ``data.packing``): every rank's ids are padded to the longest with -1."""
         if not dist.is_initialized():
-            return local.tolist()
-        parts = [torch.empty_like(local) for _ in range(dist.get_world_size(self.dp_group))]
+            return sorted(ids)
+        world = dist.get_world_size(self.dp_group)
+        count = torch.tensor([len(ids)], dtype=torch.long, device=self.device)
+        counts = [torch.empty_like(count) for _ in range(world)]
+        dist.all_gather(counts, count, group=self.dp_group)
+        longest = int(max(c.item() for c in counts))
+        local = torch.full((longest,), -1, dtype=torch.long, device=self.device)
+        local[: len(ids)] = torch.tensor(ids, dtype=torch.long, device=self.device)
+        parts = [torch.empty_like(local) for _ in range(world)]
         dist.all_gather(parts, local, group=self.dp_group)
-        return torch.cat(parts).tolist()
+        return sorted(i for i in torch.cat(parts).tolist() if i >= 0)
 
     # ------------------------------------------------------------- helpers
     def _describe_samples(self, sample_ids: list[int]) -> str:
