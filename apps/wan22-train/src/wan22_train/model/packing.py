@@ -33,8 +33,6 @@ from .rope import rope_cos_sin
 if TYPE_CHECKING:
     from mm_parallel import SequenceParallelPlan
 
-    from .wan_dit import WanDiT
-
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -107,13 +105,13 @@ def _per_sample_timesteps(timesteps: torch.Tensor | Sequence[torch.Tensor], coun
 
 
 def packed_forward(
-    model: WanDiT,
+    model: torch.nn.Module,
     latents: Sequence[torch.Tensor],
     timesteps: torch.Tensor | Sequence[torch.Tensor],
     texts: Sequence[torch.Tensor],
     ops_fn: PackingFn,
 ) -> list[torch.Tensor]:
-    """The velocity of every sample, as ``model`` predicts it for that sample alone.
+    """The velocity of every sample, as ``model`` (a ``WanDiT``) predicts it for that sample alone.
 
     Args:
         latents: per sample ``[in_dim, F_i, H_i, W_i]`` (each divisible by the patch size).
