@@ -107,8 +107,10 @@ def test_a_latent_that_does_not_patch_is_refused_naming_the_sample(diffusers_wan
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("ulysses", "ring"), [(2, 1), (1, 2)])
-def test_packed_forward_and_backward_at_context_parallel_2_equal_one_process(distributed, ulysses, ring):
+@pytest.mark.parametrize(("ulysses", "ring"), [(2, 1), (1, 2), (2, 2)])
+def test_packed_forward_and_backward_at_context_parallel_equal_one_process(distributed, ulysses, ring):
+    """Ulysses 2, Ring 2 (zigzag: every sample split over the ring on its own) and USP 2 x 2 (4 ranks)."""
+
     def build():
         from wan22_train.model import WanDiTConfig
         from wan22_train.predictor import WanPredictor
@@ -146,7 +148,7 @@ def test_packed_forward_and_backward_at_context_parallel_2_equal_one_process(dis
             dist.all_reduce(t, op=dist.ReduceOp.AVG, group=state.cp_group)
         return seen, out, dz, grads
 
-    for seen, out, dz, grads in distributed(body, 2):
+    for seen, out, dz, grads in distributed(body, ulysses * ring):
         assert seen[0] < sum((f * h * w) // 4 for f, h, w in SHAPES)  # each rank held a share of the tokens
         for o, r in zip(out, ref_out, strict=True):
             torch.testing.assert_close(o, r, rtol=0, atol=1e-10)
