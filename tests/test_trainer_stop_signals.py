@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mm_trainer.run.exit_codes import EXIT_INCOMPLETE
+from mm_trainer.run.exit_codes import EXIT_CONFIG, EXIT_INCOMPLETE
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -99,6 +99,18 @@ def test_a_failed_two_rank_job_under_the_launch_scripts_torchrun_exits_1(toy_yam
     (launcher,) = processes.start(config, launcher="wrapped")
     codes, output = processes.finish([launcher], timeout=120)
     assert codes == [1] and "NonFiniteLossError" in output, output[-4000:]
+
+
+def test_a_user_error_on_every_rank_under_the_launch_scripts_torchrun_exits_its_code(toy_yaml, processes):
+    """A checkpoint to load that is not there (a config error, EXIT_CONFIG, on both ranks; torchrun stops
+    the rank that has not exited yet): the launcher exits 2 with one line, not torchrun's 1 and its
+    failure summary."""
+    config = toy_yaml(training={"train_iters": 2, "load": "/nonexistent/checkpoints"})
+    (launcher,) = processes.start(config, launcher="wrapped")
+    codes, output = processes.finish([launcher], timeout=120)
+    assert codes == [EXIT_CONFIG], output[-4000:]
+    assert f"every worker that exited early exited {EXIT_CONFIG} (an error to fix, told above" in output
+    assert "/nonexistent/checkpoints" in output and "ChildFailedError" not in output
 
 
 def test_workers_stop_when_their_torchrun_is_killed(toy_yaml, processes):

@@ -20,9 +20,11 @@ import torch
 from diffusers import LTX2VideoTransformer3DModel
 from mm_parallel import ParallelState, SequenceParallelPlan
 from mm_trainer import BaseModel, model_register
+from mm_trainer.model.build import log_rank0
 from torch import nn
 
 from ltx2_train.context_parallel import LAYOUT, install_attention_processors, sequence_parallel_forward
+from ltx2_train.version import config_version, contradictions, folder_version
 
 INIT_KEYS = frozenset(inspect.signature(LTX2VideoTransformer3DModel.__init__).parameters) - {"self"}
 TRANSFORMER_DEFAULTS = {
@@ -71,6 +73,26 @@ def transformer_config(args: Any) -> dict[str, Any]:
     return config
 
 
+def transformer_version(args: Any) -> tuple[str, str]:
+    """``(release, where it was read)`` of the transformer a config section builds
+    (:mod:`ltx2_train.version`): its source's ``config.json`` when it has one (a ``model.config`` key that
+    sets a release-deciding argument otherwise is refused), else the ``model.config`` shape itself."""
+    overrides = dict(getattr(args, "config", None) or {})
+    source = getattr(args, "checkpoint_path", None) or getattr(args, "from_pretrained", None)
+    if source and (Path(source) / "config.json").is_file():
+        path = Path(source) / "config.json"
+        version = folder_version(source)
+        clash = contradictions(overrides, json.loads(path.read_text()))
+        if clash:
+            said = ", ".join(f"{k}={str(o).lower()} (the checkpoint's: {str(c).lower()})" for k, (o, c) in clash.items())
+            raise ValueError(
+                f"model.config: {said} contradicts {path}, an LTX-{version} transformer; the release is read "
+                "from the checkpoint: remove these keys"
+            )
+        return version, str(path)
+    return config_version(transformer_config(args), "model.config"), "model.config"
+
+
 @model_register("ltx2_predictor")
 class LTX2Predictor(BaseModel, LTX2VideoTransformer3DModel):
     """``LTX2VideoTransformer3DModel`` built from a config section (upstream module tree and keys).
@@ -81,13 +103,22 @@ class LTX2Predictor(BaseModel, LTX2VideoTransformer3DModel):
 
     _supports_gradient_checkpointing = False
     _sequence_parallel: SequenceParallelPlan | None = None
+    #: The LTX-2 release of the checkpoint or shape it was built from (:mod:`ltx2_train.version`).
+    ltx2_version: str | None = None
     #: The container of the single-model form (``model.model_id: ltx2_predictor``): LTX-2's, whose
     #: ``training.validation`` hooks sample clips with audio (``mm_trainer.model.container.container_class``).
     single_model_container = "ltx2_container"
 
     @classmethod
     def build_from_config(cls, args: Any) -> LTX2Predictor:
-        return cls(**transformer_config(args))
+        """The transformer of the config section, its LTX-2 release recognised (and logged) first
+        (:func:`transformer_version`): a contradicting or unknown one is refused before anything is built."""
+        config = transformer_config(args)
+        version, where = transformer_version(args)
+        log_rank0(f"LTX-2 transformer: LTX-{version} (read from {where})")
+        model = cls(**config)
+        model.ltx2_version = version
+        return model
 
     @classmethod
     def from_pretrained(cls, args: Any) -> LTX2Predictor:  # type: ignore[override]

@@ -12,23 +12,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mm_checkpoint import LORA_EXPORT_FORMATS, export_checkpoint
+from mm_checkpoint import export_checkpoint
 from mm_checkpoint import export_lora as export_lora_files
 from mm_config import TrainConfig
 
+from wan22_train.export_options import EXPERT_CHOICES, LORA_FORMATS
 from wan22_train.pipeline import LOW_NOISE_ROLE
 from wan22_train.predictor import predictor_config, predictor_source
 
 logger = logging.getLogger(__name__)
 
-LORA_FORMATS = LORA_EXPORT_FORMATS
-"""``--lora`` choices: diffusers ``load_lora_weights`` file, ComfyUI / official-Wan-names file, merged folder."""
 EXPERT_SUBMODELS: dict[str, str] = {"high": "predictor", "low": LOW_NOISE_ROLE}
 """The sub-model of each A14B expert in an ``expert: both`` run."""
 PAIR_NAMES: dict[str, str] = {"high": "high_noise_model", "low": "low_noise_model"}
 """The ecosystem's names of an A14B pair (the official release's expert folders; LoRA pairs such as
 ``lightx2v/Wan2.2-Lightning``'s ``high_noise_model.safetensors`` / ``low_noise_model.safetensors``)."""
-EXPERT_CHOICES = ("high", "low", "both")
 
 
 def export_predictor(

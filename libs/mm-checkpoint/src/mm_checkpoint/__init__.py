@@ -64,7 +64,7 @@ _EXPORTS: dict[str, str] = {
     "load_checkpoint_with_conversion": "conversion",
     "builtin_model_types": "model_key_maps",
     "template_rule": "model_key_maps",
-    "LORA_EXPORT_FORMATS": "lora_files",
+    "LORA_EXPORT_FORMATS": "formats",
     "PEFT_WEIGHT_NAME": "lora_files",
     "LoraWeights": "lora_files",
     "export_lora": "lora_files",

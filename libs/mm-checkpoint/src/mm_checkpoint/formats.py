@@ -12,6 +12,10 @@ from .layout import looks_like_dcp_checkpoint_dir
 
 Format = Literal["dcp", "diffusers", "hf", "pth"]
 
+LORA_EXPORT_FORMATS = ("peft", "comfyui", "merged")
+"""What :func:`~mm_checkpoint.export_lora` writes: a PEFT / diffusers file, a ComfyUI file, a merged model
+folder."""
+
 FORMAT_ALIASES: dict[str, str] = {
     "auto": "auto",
     "dcp": "dcp",

@@ -31,7 +31,7 @@ from .dcp_io import DcpReader
 from .errors import CheckpointFormatError
 from .export import SubmoduleReader, _copy_config, _export
 from .export_dir import check_no_overlap, export_into
-from .formats import normalize_format, resolve_load_format
+from .formats import LORA_EXPORT_FORMATS, normalize_format, resolve_load_format
 from .key_map_registry import get_weight_transform
 from .key_maps import apply_plan, planned_shape_dtype
 from .layout import resolve_dcp_dir
@@ -39,8 +39,6 @@ from .runtime import barrier, get_rank, on_rank0
 from .safetensors_io import TensorInfo, parse_size, save_safetensors
 from .weight_readers import WeightsReader, open_weights
 
-LORA_EXPORT_FORMATS = ("peft", "comfyui", "merged")
-"""What :func:`export_lora` writes: a PEFT / diffusers file, a ComfyUI file, a merged model folder."""
 PEFT_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 """The file name diffusers' ``load_lora_weights(folder)`` looks for."""
 PEFT_METADATA_KEY = "lora_adapter_metadata"

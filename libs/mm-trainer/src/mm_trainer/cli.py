@@ -169,10 +169,9 @@ def main(
 
         return plan_main(argv[1:], prog=f"{prog} plan", plugins=() if plugin is None else (plugin,))
     if argv[:1] == ["check-layouts"]:
-        _import_plugin(plugin)
         from mm_trainer.checks.layouts import main as check_layouts_main
 
-        return check_layouts_main(argv[1:])
+        return check_layouts_main(argv[1:], plugins=() if plugin is None else (plugin,))
     if argv[:1] == ["plot"]:
         from mm_trainer.tools.plot import main as plot_main
 

@@ -36,6 +36,8 @@ from pathlib import Path
 
 from mm_config import ConfigError, ParallelConfig, apply_overrides, load_config, read_yaml
 
+from mm_trainer.registry.plugins import import_plugins
+
 LAYOUT_KEYS = {
     "ulysses": "parallel.ulysses_parallel_size",
     "ring": "parallel.ring_attention_size",
@@ -285,9 +287,12 @@ def build_parser(prog: str = "mm-train check-layouts") -> argparse.ArgumentParse
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The ``check-layouts`` subcommand: 0 within tolerance, 1 past it, 2 on a bad request or failed run."""
+def main(argv: Sequence[str] | None = None, *, plugins: Sequence[str] = ()) -> int:
+    """The ``check-layouts`` subcommand: 0 within tolerance, 1 past it, 2 on a bad request or failed run.
+    ``plugins`` (an app's plugin module) are imported once the arguments parsed (``--help`` answers
+    without them, and without torch)."""
     args = build_parser().parse_args(argv)
+    import_plugins(plugins)
     try:
         layouts = [Layout.parse(spec) for spec in args.layouts]
         if len(layouts) < 2:

@@ -13,18 +13,17 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mm_config import ConfigError, load_config
 
-from mm_trainer.planner.device_specs import DEFAULT_DEVICE, DEVICES, DeviceSpec
-from mm_trainer.planner.fake_world import PlanningError
+from mm_trainer.planner.device_specs import DEFAULT_DEVICE, DEFAULT_MARGIN, DEVICES, DeviceSpec
 from mm_trainer.planner.inputs import PlanInputError, check_nodes, check_world, plan_device
-from mm_trainer.planner.layouts import CONFIGURED
-from mm_trainer.planner.report import DEFAULT_MARGIN, render, summarize
-from mm_trainer.planner.trace import TracedRun, trace_run
 from mm_trainer.registry.plugins import import_plugins
 from mm_trainer.tools.progress import PhaseLog
+
+if TYPE_CHECKING:  # the tracing modules import torch: --help and bad arguments answer without it
+    from mm_trainer.planner.trace import TracedRun
 
 EXIT_BAD_INPUT = 2
 
@@ -109,6 +108,10 @@ def main(
     except ValueError as err:  # before anything is imported, read or traced
         print(f"{prog}: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from mm_trainer.planner.fake_world import PlanningError
+    from mm_trainer.planner.report import render, summarize
+    from mm_trainer.planner.trace import trace_run
+
     try:
         import_plugins(plugins)
         if args.search:  # the config's own layout need not suit this world size: the search replaces it
@@ -152,6 +155,9 @@ def header(path: str, run: TracedRun) -> str:
 
 def plan_numbers(run: TracedRun, margin: float = DEFAULT_MARGIN) -> dict[str, Any]:
     """The plan as a JSON-ready dict (the trainer's step-1 comparison reads ``peak_bytes``)."""
+    from mm_trainer.planner.layouts import CONFIGURED
+    from mm_trainer.planner.report import summarize
+
     s = summarize(run, CONFIGURED, margin=margin)
     return {
         "device": run.device.name, "world_size": run.world_size, "peak_bytes": int(s.peak_bytes),

@@ -79,6 +79,8 @@ DEVICES: dict[str, DeviceSpec] = {
 """``--device`` choices of ``mm-train plan``."""
 
 DEFAULT_DEVICE = "h100"
+DEFAULT_MARGIN = 0.10
+"""The share of a device's memory a plan keeps free (``--margin``): what it calls fitting."""
 """The device of ``plan``'s and ``--dry-run``'s estimate unless ``--device`` names another."""
 
 CPU_CHECK = DeviceSpec(

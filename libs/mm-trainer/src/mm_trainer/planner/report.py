@@ -28,13 +28,12 @@ from mm_trainer.planner.categories import (
     Tag,
 )
 from mm_trainer.planner.cost_model import BACKWARD_GATHER, StepCost
-from mm_trainer.planner.device_specs import DeviceSpec
+from mm_trainer.planner.device_specs import DEFAULT_MARGIN, DeviceSpec
 from mm_trainer.planner.layouts import CONFIGURED
 from mm_trainer.planner.trace import TracedRun
 from mm_trainer.planner.tracker import View
 
 GIB = 2**30
-DEFAULT_MARGIN = 0.10
 HOST_ADAM_GBPS = 10.0
 """Host memory bandwidth one rank's CPU AdamW step gets (an estimate: a node's ~100 GB/s shared by its ranks)."""
 

@@ -10,6 +10,10 @@ never reaches the scheduler: it sees 1, as for a crash. This launcher is torchru
   rank, a stop request): exit ``EXIT_INCOMPLETE``;
 - the launcher itself received SIGTERM / SIGINT / SIGHUP (a scheduler's stop, a time limit): torchrun
   sends it on to the workers, which save the iteration they reached; exit ``EXIT_INCOMPLETE``;
+- every worker that exited non-zero (rather than being stopped by torchrun's signal once the first
+  had failed) exited with one and the same user-error code (``EXIT_CONFIG``, ``EXIT_INPUT``,
+  ``EXIT_DEPENDENCY``, ``EXIT_DESTINATION``, ``EXIT_INTERRUPTED``: an error the user fixes, whose
+  message a worker has printed): exit that code, with one line instead of torchrun's failure summary;
 - anything else exits as torchrun does: 0 when every worker finished, else 1 with torchrun's summary
   of the failure (its error file too).
 
@@ -22,7 +26,18 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from mm_trainer.run.exit_codes import EXIT_FINISHED, EXIT_INCOMPLETE
+from mm_trainer.run.exit_codes import (
+    EXIT_CONFIG,
+    EXIT_DEPENDENCY,
+    EXIT_DESTINATION,
+    EXIT_FINISHED,
+    EXIT_INCOMPLETE,
+    EXIT_INPUT,
+    EXIT_INTERRUPTED,
+)
+
+USER_ERROR_CODES = (EXIT_CONFIG, EXIT_INPUT, EXIT_DEPENDENCY, EXIT_DESTINATION, EXIT_INTERRUPTED)
+"""The exit codes of errors the user fixes (``mm_trainer.run.user_errors``), passed on as they are."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -36,10 +51,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         record(run)(args)  # record: torchrun's error file and summary of a failed worker, as torchrun writes
     except ChildFailedError as err:
         codes = sorted({failure.exitcode for failure in err.failures.values()})
-        if codes != [EXIT_INCOMPLETE]:
-            raise
-        _say(f"every worker that ended early exited {EXIT_INCOMPLETE} (EXIT_INCOMPLETE): the run stopped")
-        return EXIT_INCOMPLETE
+        if codes == [EXIT_INCOMPLETE]:
+            _say(f"every worker that ended early exited {EXIT_INCOMPLETE} (EXIT_INCOMPLETE): the run stopped")
+            return EXIT_INCOMPLETE
+        exited = [code for code in codes if code >= 0]  # the others: stopped by torchrun's signal after
+        if len(exited) == 1 and exited[0] in USER_ERROR_CODES:
+            sys.stderr.write(
+                f"mm_trainer.run.torchrun: every worker that exited early exited {exited[0]} (an error to "
+                f"fix, told above; torchrun stopped the others); exiting {exited[0]}\n"
+            )
+            return exited[0]
+        raise
     except SignalException as err:
         _say(f"received {err.sigval.name}: the workers were stopped with it (they save the iteration they reached)")
         return EXIT_INCOMPLETE
