@@ -391,3 +391,23 @@ def test_missing_file_is_a_config_error(tmp_path):
 
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_packing_needs_a_positive_token_budget(load_error, problem_at):
+    err = load_error({"data": {"packing": {"token_budget": 0}}})
+    assert "expected greater than or equal to 1" in problem_at(err, "data.packing.token_budget")
+
+
+def test_packing_refuses_conditions_encoded_ahead_and_compiled_blocks(load_error, problem_at):
+    err = load_error(
+        {
+            "data": {"packing": {"token_budget": 4096}},
+            "features": {"condition_micro_steps": 2, "compile": {"apply_modules": ["model.blocks.{*}"]}},
+        }
+    )
+    assert "must be 1 with data.packing" in problem_at(err, "features.condition_micro_steps")
+    assert "a compiled block would recompile" in problem_at(err, "features.compile.apply_modules")
+
+
+def test_packing_with_a_token_budget_is_accepted(load):
+    assert load({"data": {"packing": {"token_budget": 4096}}}).data.packing.token_budget == 4096

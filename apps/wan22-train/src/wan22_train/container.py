@@ -66,6 +66,34 @@ class Wan22Container(ModelContainer):
         """The flow-match pipeline (under a distillation's or Diffusion-DPO's, the one it wraps)."""
         return getattr(self.pipeline, "base", self.pipeline)
 
+    def packing_tokens(self, dataset: Any) -> list[int]:
+        """Each sample's predictor tokens, for ``data.packing`` (``mm_data.TokenBalancedSampler``): from
+        its bucket's frames and size, the VAE's compression and the predictor's patch.
+
+        Raises:
+            ValueError: a task other than t2v, a dataset that does not say its samples' shapes (``buckets``
+                and ``bucket_ids``, as ``video_text`` does), or no VAE sub-model (``ae``) for the latent size.
+        """
+        task = self.flow_pipeline.task
+        if task != "t2v":
+            raise ValueError(
+                f"data.packing: model.pipeline.task={task} is not packed (t2v only: per-shape conditions)"
+            )
+        buckets, ids = getattr(dataset, "buckets", None), getattr(dataset, "bucket_ids", None)
+        if buckets is None or ids is None:
+            raise ValueError(
+                f"data.packing: dataset {type(dataset).__name__} does not give its samples' shapes (buckets and "
+                "bucket_ids, as video_text does); packing needs each sample's token count before training"
+            )
+        if "ae" not in self.sub_model_names:
+            raise ValueError(
+                "data.packing: the token count of a clip needs the VAE sub-model `ae` (its compression)"
+            )
+        t, s = self.ae.temporal_compression, self.ae.spatial_compression
+        shapes = [(0, (b.num_frames - 1) // t + 1, b.height // s, b.width // s) for b in buckets]
+        per_bucket = [self.predictor.tokens_per_sample(shape) for shape in shapes]
+        return [per_bucket[i] for i in ids]
+
     def planning_batch(self, data: Any, micro_batch_size: int) -> dict[str, Any]:
         """A micro-batch of the run's real shapes for ``mm-train plan`` (:mod:`wan22_train.planning`)."""
         return planning_batch(self, data, micro_batch_size)

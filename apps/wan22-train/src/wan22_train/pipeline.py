@@ -93,7 +93,13 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
         out = super().metrics(container, noised)
         predictor = self.submodule(container, "predictor")
         counter = getattr(predictor, "training_flops", None)
-        if callable(counter):
+        if callable(counter) and isinstance(noised["latent_shape"], list):  # packed: per-sample shapes
+            texts = noised["encoder_hidden_states"]
+            out["flops"] = sum(
+                counter(predictor.tokens_per_sample(shape), text.shape[0])
+                for shape, text in zip(noised["latent_shape"], texts, strict=True)
+            )
+        elif callable(counter):
             b = noised["latent_shape"][0]
             text_tokens = noised["encoder_hidden_states"].shape[1]
             out["flops"] = counter(int(out["num_tokens"] // b), text_tokens) * b

@@ -11,6 +11,7 @@ from mm_parallel import ParallelState, SequenceParallelPlan
 from mm_trainer import BaseModel, model_register
 
 from wan22_train.model import WanDiT, WanDiTConfig
+from wan22_train.model.packing import context_parallel_ops
 from wan22_train.release import Component, component_path, resolved_args, source_of
 
 RELEASE_KEYS = ("expert",)
@@ -96,3 +97,4 @@ class WanPredictor(BaseModel, WanDiT):
         """
         plan = SequenceParallelPlan.from_parallel_state(parallel_state, layout="zigzag")
         self.enable_context_parallel(plan.split, plan.gather, plan.attention)
+        self.packing_fn = context_parallel_ops(plan)  # a packed forward: every sample split on its own

@@ -10,7 +10,7 @@ from .conversation import (  # noqa: E402
     ConversationColumnsConfig,
     ConversationDatasetConfig,
 )
-from .data import DataConfig  # noqa: E402
+from .data import DataConfig, PackingConfig  # noqa: E402
 from .datasets import (  # noqa: E402
     PrecomputedLatentsConfig,
     VideoPairsConfig,
@@ -103,6 +103,7 @@ __all__ = [
     "ConversationDatasetConfig",
     "DType",
     "DataConfig",
+    "PackingConfig",
     "DistillOptions",
     "DPOOptions",
     "EMAConfig",

@@ -12,6 +12,19 @@ from .known_ids import registered_name
 from .registry import dataset_schema, validate_plugin_dict
 
 
+class PackingConfig(ConfigModel):
+    """``data.packing``: several samples of different shapes in one token sequence per micro-batch
+    (attention restricted to each sample), assigned to data-parallel ranks and micro-steps by tokens
+    (``mm_data.TokenBalancedSampler``). The global step's samples are ``training.global_batch_size``
+    consecutive samples of the epoch's permutation, whatever their shapes; ``training.micro_batch_size``
+    then only sets the micro-steps per step (global batch / (dp x micro batch size)), and the samples of
+    a step are spread over them by tokens."""
+
+    token_budget: int = Field(ge=1)
+    """Most tokens (the predictor's, after patchify) in one micro-batch's packed sequence. A sample above
+    it, or a global step of the first epoch that cannot fit its micro-steps, is refused before training."""
+
+
 class DataConfig(ConfigModel):
     """The ``data`` section."""
 
@@ -38,6 +51,8 @@ class DataConfig(ConfigModel):
     """Drop the last incomplete global batch of an epoch."""
     shuffle: bool = True
     """Shuffle sample order each epoch (seeded by training.seed)."""
+    packing: PackingConfig | None = None
+    """Packed micro-batches (``PackingConfig``); None = each micro-batch stacks samples of one bucket."""
 
     @field_validator("dataset")
     @classmethod

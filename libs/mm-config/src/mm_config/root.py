@@ -64,6 +64,7 @@ class TrainConfig(ConfigModel):
             )
         problems = _layout_problems(self.parallel, world)
         problems += _submodel_problems(self)
+        problems += _packing_problems(self)
         if not problems:
             problems += _batch_and_heads_problems(self, world)
         if problems:
@@ -262,6 +263,43 @@ def _phase_problems(cfg: TrainConfig) -> list[Problem]:
                 "must be 1 with training.phases (each phase's forward encodes its own conditions)",
                 cfg.features.condition_micro_steps,
                 deps=(("training", "phases"),),
+            )
+        )
+    return out
+
+
+def _packing_problems(cfg: TrainConfig) -> list[Problem]:
+    """What packed micro-batches (``data.packing``) cannot run with yet."""
+    if cfg.data.packing is None:
+        return []
+    deps = (("data", "packing"),)
+    out = []
+    if cfg.features.condition_micro_steps > 1:
+        out.append(
+            Problem(
+                ("features", "condition_micro_steps"),
+                "must be 1 with data.packing (conditions encoded ahead are stacked per micro-batch)",
+                cfg.features.condition_micro_steps,
+                deps=deps,
+            )
+        )
+    if cfg.training.phases:
+        out.append(
+            Problem(
+                ("training", "phases"),
+                "not supported with data.packing yet",
+                sorted(cfg.training.phases),
+                deps=deps,
+            )
+        )
+    if cfg.features.compile.apply_modules:
+        out.append(
+            Problem(
+                ("features", "compile", "apply_modules"),
+                "must be empty with data.packing (a packed forward's attention changes with every "
+                "micro-batch: a compiled block would recompile)",
+                cfg.features.compile.apply_modules,
+                deps=deps,
             )
         )
     return out

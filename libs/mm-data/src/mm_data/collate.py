@@ -1,4 +1,4 @@
-"""`collate_video_text`: a list of dataset items -> one batch dict."""
+"""`collate_video_text` / `collate_packed`: a list of dataset items -> one batch dict."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate
 
-__all__ = ["collate_video_text"]
+__all__ = ["collate_packed", "collate_video_text"]
 
 
 def collate_video_text(batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -41,3 +41,26 @@ def _collate_values(key: str, values: list[Any]) -> Any:
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
         return torch.tensor(values)
     return list(values)
+
+
+def collate_packed(batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A packed micro-batch (:class:`mm_data.TokenBalancedSampler`): every tensor kept per sample in a
+    list (shapes may differ: a packed forward takes the list), numbers as a tensor, the rest as lists.
+
+    Raises:
+        ValueError: an empty batch or items with different keys.
+    """
+    if not batch:
+        raise ValueError("cannot collate an empty batch")
+    keys = list(batch[0])
+    for item in batch[1:]:
+        if list(item) != keys:
+            raise ValueError(f"batch items have different keys: {keys} vs {list(item)}")
+    out: dict[str, Any] = {}
+    for key in keys:
+        values = [item[key] for item in batch]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            out[key] = torch.tensor(values)
+        else:
+            out[key] = list(values)
+    return out

@@ -1,4 +1,5 @@
-"""`build_dataloader`: a DataLoader over a `GlobalOrderSampler` whose state matches what was consumed."""
+"""`build_dataloader` / `build_packed_dataloader`: a DataLoader over a `GlobalOrderSampler` (or a
+`TokenBalancedSampler`) whose state matches what was consumed."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .collate import collate_video_text
+from .collate import collate_packed, collate_video_text
 from .sampler import GlobalOrderSampler
+from .token_balance import TokenBalancedSampler
 
-__all__ = ["ResumableDataLoader", "build_dataloader"]
+__all__ = ["ResumableDataLoader", "build_dataloader", "build_packed_dataloader"]
+
+OrderSampler = GlobalOrderSampler | TokenBalancedSampler
 
 
 def _worker_init(_: int) -> None:
@@ -21,7 +25,7 @@ def _worker_init(_: int) -> None:
 class _EpochBatches:
     """The sampler's micro-batches with the epoch attached to each index: ``[(epoch, i), ...]``."""
 
-    def __init__(self, sampler: GlobalOrderSampler) -> None:
+    def __init__(self, sampler: OrderSampler) -> None:
         self.sampler = sampler
 
     def __len__(self) -> int:
@@ -63,7 +67,7 @@ class ResumableDataLoader:
     with its epoch, so the dataset's ``set_epoch`` happens where the item is read (in the worker).
     """
 
-    def __init__(self, dataset: Dataset, sampler: GlobalOrderSampler, **loader_kwargs: Any) -> None:
+    def __init__(self, dataset: Dataset, sampler: OrderSampler, **loader_kwargs: Any) -> None:
         self.dataset, self.sampler = dataset, sampler
         self.loader = DataLoader(
             _EpochIndexed(dataset), batch_sampler=_EpochBatches(sampler), **loader_kwargs
@@ -100,6 +104,92 @@ class ResumableDataLoader:
         self._state = self.sampler.state_dict()
 
 
+def _loader_kwargs(
+    seed: int,
+    num_workers: int,
+    collate_fn: Callable[[list[Any]], Any],
+    pin_memory: bool,
+    prefetch_factor: int | None,
+    persistent_workers: bool,
+    multiprocessing_context: Any,
+) -> dict[str, Any]:
+    if persistent_workers and num_workers == 0:
+        raise ValueError("persistent_workers needs num_workers > 0 (there are no workers to keep)")
+    # A private generator: creating a DataLoader iterator draws a base seed from it, and drawing from
+    # the global torch RNG instead would make a resumed run's noise differ from an uninterrupted one.
+    generator = torch.Generator().manual_seed(seed)
+    kwargs: dict[str, Any] = {
+        "collate_fn": collate_fn,
+        "num_workers": num_workers,
+        "pin_memory": pin_memory,
+        "generator": generator,
+    }
+    if num_workers > 0:
+        kwargs.update(
+            worker_init_fn=_worker_init,
+            multiprocessing_context=multiprocessing_context,
+            persistent_workers=persistent_workers,
+        )
+        if prefetch_factor is not None:
+            kwargs["prefetch_factor"] = prefetch_factor
+    return kwargs
+
+
+def build_packed_dataloader(
+    dataset: Dataset,
+    tokens: Sequence[int],
+    *,
+    global_batch_size: int,
+    dp_rank: int,
+    dp_size: int,
+    token_budget: int,
+    seed: int = 0,
+    micro_steps: int | None = None,
+    num_workers: int = 0,
+    collate_fn: Callable[[list[Any]], Any] = collate_packed,
+    shuffle: bool = True,
+    drop_last: bool = True,
+    pin_memory: bool = False,
+    prefetch_factor: int | None = None,
+    persistent_workers: bool = False,
+    multiprocessing_context: Any = None,
+) -> ResumableDataLoader:
+    """A resumable loader of this dp rank's packed micro-batches (:class:`TokenBalancedSampler` over
+    ``tokens``, one count per dataset sample), collated per sample (:func:`collate_packed`).
+
+    ``micro_steps`` fixes the micro-batches per global step (a trainer's gradient accumulation);
+    ``last_sample_ids`` and ``state_dict`` / ``load_state_dict`` work as for :func:`build_dataloader`.
+
+    Raises:
+        TokenBudgetError: a sample above ``token_budget`` (named with its tokens), or a global step of
+            the first epoch that does not fit (:meth:`TokenBalancedSampler.check_epoch`), before any read.
+    """
+    if len(tokens) != len(dataset):  # type: ignore[arg-type]
+        raise ValueError(f"tokens has {len(tokens)} entries for {len(dataset)} samples")  # type: ignore[arg-type]
+    kwargs = _loader_kwargs(
+        seed,
+        num_workers,
+        collate_fn,
+        pin_memory,
+        prefetch_factor,
+        persistent_workers,
+        multiprocessing_context,
+    )
+    sampler = TokenBalancedSampler(
+        tokens,
+        global_batch_size=global_batch_size,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        token_budget=token_budget,
+        seed=seed,
+        micro_steps=micro_steps,
+        shuffle=shuffle,
+        drop_last=drop_last,
+    )
+    sampler.check_epoch(sampler.epoch)
+    return ResumableDataLoader(dataset, sampler, **kwargs)
+
+
 def build_dataloader(
     dataset: Dataset,
     *,
@@ -126,8 +216,15 @@ def build_dataloader(
     ``num_workers > 0``) keeps the worker processes from one epoch to the next; they still see
     each epoch's ``set_epoch``.
     """
-    if persistent_workers and num_workers == 0:
-        raise ValueError("persistent_workers needs num_workers > 0 (there are no workers to keep)")
+    kwargs = _loader_kwargs(
+        seed,
+        num_workers,
+        collate_fn,
+        pin_memory,
+        prefetch_factor,
+        persistent_workers,
+        multiprocessing_context,
+    )
     sampler = GlobalOrderSampler(
         dataset,
         global_batch_size=global_batch_size,
@@ -139,21 +236,4 @@ def build_dataloader(
         drop_last=drop_last,
         buckets=buckets,
     )
-    # A private generator: creating a DataLoader iterator draws a base seed from it, and drawing from
-    # the global torch RNG instead would make a resumed run's noise differ from an uninterrupted one.
-    generator = torch.Generator().manual_seed(seed)
-    kwargs: dict[str, Any] = {
-        "collate_fn": collate_fn,
-        "num_workers": num_workers,
-        "pin_memory": pin_memory,
-        "generator": generator,
-    }
-    if num_workers > 0:
-        kwargs.update(
-            worker_init_fn=_worker_init,
-            multiprocessing_context=multiprocessing_context,
-            persistent_workers=persistent_workers,
-        )
-        if prefetch_factor is not None:
-            kwargs["prefetch_factor"] = prefetch_factor
     return ResumableDataLoader(dataset, sampler, **kwargs)

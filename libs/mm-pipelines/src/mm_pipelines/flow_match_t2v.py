@@ -47,6 +47,13 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
     and step: ``timesteps_per="sample"`` (default) draws one grid index per sample,
     ``"step"`` one for the whole optimizer step (every micro-batch and rank alike). Either is the
     same at any data-parallel / context-parallel / accumulation layout.
+
+    Packed micro-batches (``t2v``): ``latents`` (or ``video``) a list of per-sample ``[c, T_i, h_i, w_i]``
+    (``[C, F_i, H_i, W_i]``) of any shapes and ``prompt_embeds`` a list of ``[L_i, D]`` (or ``[B, L, D]``).
+    Every sample draws its grid index and noise from its own key exactly as unpacked (the same
+    draws for the same sample id), the predictor gets the lists (``predictor([x_0, ...], timestep [B],
+    [text_0, ...])`` returning a list: a packed forward such as ``WanDiT``'s) and each sample's loss is
+    its own MSE times its weight, so a sample's loss does not depend on how it was packed.
     """
 
     def __init__(
@@ -88,11 +95,15 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
             conditions["image_condition"] = i2v_condition(latents, image_latents, self.mask_channels)
         return conditions
 
-    def encode_latents(self, container: Any, batch: Mapping[str, Any]) -> torch.Tensor:
-        """``batch["latents"]`` or ``ae`` on ``batch["video"]``, as fp32."""
+    def encode_latents(self, container: Any, batch: Mapping[str, Any]) -> torch.Tensor | list[torch.Tensor]:
+        """``batch["latents"]`` or ``ae`` on ``batch["video"]``, as fp32 (packed: a list, each sample
+        encoded on its own)."""
         if "latents" in batch:
-            return batch["latents"].float()
+            latents = batch["latents"]
+            return [z.float() for z in latents] if _is_packed(latents) else latents.float()
         video = _require(batch, "video", "latents")
+        if _is_packed(video):
+            return [self._encode_video(container, v[None])[0] for v in video]
         return self._encode_video(container, video)
 
     def encode_image_latents(self, container: Any, batch: Mapping[str, Any]) -> torch.Tensor:
@@ -122,6 +133,8 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
         """Draw grid indices (unless ``indices`` [B] are given) and noise from ``rng``; build
         predictor inputs, target and weight."""
         x0 = conditions["latents"]
+        if _is_packed(x0):
+            return self._noising_packed(conditions, rng, indices)
         rng = self.require_rng(rng, x0.shape[0])
         sched = self.scheduler
         idx = sched.draw_indices(rng, self.timesteps_per) if indices is None else indices
@@ -142,10 +155,56 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
             "latent_shape": tuple(x0.shape),
         }
 
+    def _noising_packed(
+        self, conditions: dict[str, Any], rng: SampleRNG | None, indices: torch.Tensor | None
+    ) -> dict[str, Any]:
+        """:meth:`noising` of a packed micro-batch: per sample, the draws of the same sample unpacked."""
+        if self.task != "t2v":
+            raise ValueError(
+                f"packed micro-batches (a list of latents) are supported for task t2v only, this pipeline's "
+                f"task is {self.task!r} (its channel / first-frame conditions are per shape)"
+            )
+        latents = list(conditions["latents"])
+        texts = conditions["prompt_embeds"]
+        texts = list(texts.unbind(0)) if isinstance(texts, torch.Tensor) else list(texts)
+        if len(texts) != len(latents):
+            raise ValueError(f"packed micro-batch: {len(latents)} latents and {len(texts)} prompt_embeds")
+        rng = self.require_rng(rng, len(latents))
+        sched = self.scheduler
+        idx = sched.draw_indices(rng, self.timesteps_per) if indices is None else indices
+        generators = rng.sample_generators("noise", latents[0].device)
+        noise = [
+            torch.randn(tuple(x0.shape), generator=g, device=x0.device) for x0, g in zip(latents, generators)
+        ]
+        sigmas = sched.sigmas_for(idx)
+        return {
+            "hidden_states": [
+                sched.add_noise(x0[None], n[None], sigmas[i : i + 1])[0]
+                for i, (x0, n) in enumerate(zip(latents, noise, strict=True))
+            ],
+            "timestep": sched.timesteps_for(idx).to(latents[0].device),
+            "encoder_hidden_states": texts,
+            "target": [sched.training_target(x0, n) for x0, n in zip(latents, noise, strict=True)],
+            "weight": sched.weights_for(idx).to(latents[0].device),
+            "indices": idx,
+            "latent_shape": [tuple(x0.shape) for x0 in latents],
+        }
+
     # ------------------------------------------------------------- 3. predict
-    def predict(self, container: Any, noised: dict[str, Any]) -> torch.Tensor:
-        """``predictor(hidden_states, timestep, encoder_hidden_states)`` as a tensor."""
+    def predict(self, container: Any, noised: dict[str, Any]) -> torch.Tensor | list[torch.Tensor]:
+        """``predictor(hidden_states, timestep, encoder_hidden_states)`` as a tensor (packed: a list)."""
         hidden, text = noised["hidden_states"], noised["encoder_hidden_states"]
+        if _is_packed(hidden):
+            if self.predict_dtype is not None:
+                hidden = [h.to(self.predict_dtype) for h in hidden]
+                text = [t.to(self.predict_dtype) for t in text]
+            out = self.call(container, "predictor", hidden, noised["timestep"], text)
+            if not _is_packed(out) or len(out) != len(hidden):
+                raise TypeError(
+                    f"the predictor returned {type(out).__name__} for a packed micro-batch of {len(hidden)} "
+                    "samples; a packed forward returns one tensor per sample"
+                )
+            return list(out)
         if self.predict_dtype is not None:
             hidden, text = hidden.to(self.predict_dtype), text.to(self.predict_dtype)
         out = self.call(container, "predictor", hidden, noised["timestep"], text)
@@ -208,6 +267,14 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
     def per_sample_loss(self, prediction: torch.Tensor, noised: dict[str, Any]) -> torch.Tensor:
         """``[B]``: each sample's fp32 MSE times its timestep weight (see :meth:`compute_loss`)."""
         target = noised["target"]
+        if _is_packed(target):
+            if len(prediction) != len(target) or any(p.shape != t.shape for p, t in zip(prediction, target)):
+                raise ValueError(
+                    f"packed predictor outputs {[tuple(p.shape) for p in prediction]} != targets "
+                    f"{[tuple(t.shape) for t in target]}"
+                )
+            mse = [(p.float() - t).pow(2).mean() for p, t in zip(prediction, target, strict=True)]
+            return torch.stack(mse) * noised["weight"]
         if prediction.shape != target.shape:
             raise ValueError(
                 f"predictor output shape {tuple(prediction.shape)} != target shape {tuple(target.shape)}"
@@ -242,10 +309,19 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
 
     def metrics(self, container: Any, noised: dict[str, Any]) -> dict[str, float]:
         """``num_samples`` and ``num_tokens`` (predictor's count, else latent T*h*w per sample)."""
-        b, *sample_shape = noised["latent_shape"]
         counter = getattr(self.submodule(container, "predictor"), "tokens_per_sample", None)
+        if isinstance(noised["latent_shape"], list):  # packed: one shape per sample
+            shapes = noised["latent_shape"]
+            tokens = sum(counter(shape) if callable(counter) else _prod(shape[1:]) for shape in shapes)
+            return {"num_samples": float(len(shapes)), "num_tokens": float(tokens)}
+        b, *sample_shape = noised["latent_shape"]
         per_sample = counter(tuple(sample_shape)) if callable(counter) else _prod(sample_shape[1:])
         return {"num_samples": float(b), "num_tokens": float(b * per_sample)}
+
+
+def _is_packed(value: Any) -> bool:
+    """A packed micro-batch holds per-sample tensors in a list (or tuple) instead of one stacked tensor."""
+    return isinstance(value, (list, tuple))
 
 
 def _require(batch: Mapping[str, Any], key: str, alternative: str) -> Any:

@@ -130,6 +130,7 @@ class Trainer:
             dp_rank=self.parallel_state.dp_rank,
             dp_size=self.parallel_state.dp_size,
             seed=config.training.seed,
+            sample_tokens=getattr(self.model, "packing_tokens", None),  # data.packing
         )
         if config.features.condition_micro_steps > 1:
             ps = self.parallel_state

@@ -1,6 +1,7 @@
 """Native Wan2.x DiT: config, model, 3-D RoPE, weights on disk."""
 
 from .config import WanDiTConfig, is_diffusers_config
+from .packing import PackedOps, PackingFn, context_parallel_ops, one_process_ops, packed_forward
 from .rope import apply_rope, rope_axis_dims, rope_cos_sin
 from .wan_dit import (
     AttentionFn,
@@ -17,6 +18,8 @@ from .weights import load_wan_dit, save_wan_dit
 
 __all__ = [
     "AttentionFn",
+    "PackedOps",
+    "PackingFn",
     "SequenceGatherFn",
     "SequenceSplitFn",
     "WanAttention",
@@ -25,8 +28,11 @@ __all__ = [
     "WanDiTConfig",
     "WanHead",
     "apply_rope",
+    "context_parallel_ops",
     "is_diffusers_config",
     "load_wan_dit",
+    "one_process_ops",
+    "packed_forward",
     "rope_axis_dims",
     "rope_cos_sin",
     "save_wan_dit",

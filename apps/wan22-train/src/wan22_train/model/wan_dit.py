@@ -8,12 +8,16 @@ Parallelism stays outside this file: self-attention goes through one seam, `WanD
 (q, k, v in [B, S, H, D] -> [B, S, H, D]), and `enable_context_parallel` installs the callables that split
 the token sequence after patch embedding (RoPE tables and per-token timesteps alike) and gather it
 before unpatchify. Cross-attention always sees the full text. Weights on disk: `weights.py`.
+
+A list of latents (different shapes) is a packed forward (`packing.py`): one token sequence, each sample
+with its own timestep, RoPE grid and text, attention restricted to each sample; its split / attention
+come from the packing seam `WanDiT.packing_fn` (one process by default).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -21,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import WanDiTConfig
+from .packing import PackingFn, one_process_ops, packed_forward
 from .rope import apply_rope, rope_cos_sin
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -124,8 +129,12 @@ class WanBlock(nn.Module):
         e: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
         attention_fn: AttentionFn = sdpa_attention,
+        cross_attention_fn: AttentionFn = sdpa_attention,
     ) -> torch.Tensor:
-        """x: [B, S, dim]; context: [B, L, dim]; e: [B, 1|S, 6, dim] timestep projection."""
+        """x: [B, S, dim]; context: [B, L, dim]; e: [B, 1|S, 6, dim] timestep projection.
+
+        ``attention_fn`` runs the self-attention, ``cross_attention_fn`` the attention to the text (a
+        packed forward restricts both to each sample)."""
         # mods: six of [B, 1|S, dim] in fp32
         shift, scale, gate, c_shift, c_scale, c_gate = (self.modulation.float() + e.float()).unbind(2)
 
@@ -134,7 +143,7 @@ class WanBlock(nn.Module):
         x = _gated_residual(x, y, gate)
 
         # 2. Cross-attention (full text on every rank)
-        x = x + self.cross_attn(self.norm3(x.float()).to(x.dtype), context)
+        x = x + self.cross_attn(self.norm3(x.float()).to(x.dtype), context, attention_fn=cross_attention_fn)
 
         # 3. Feed-forward
         y = self.ffn(_modulate(x, self.norm2, c_shift, c_scale))
@@ -174,6 +183,8 @@ class WanDiT(nn.Module):
         self.attention_fn: AttentionFn = sdpa_attention
         self._split_fn: SequenceSplitFn | None = None
         self._gather_fn: SequenceGatherFn | None = None
+        #: the packed forward's split / attention per packing (``packing.context_parallel_ops`` under CP)
+        self.packing_fn: PackingFn = one_process_ops
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -214,6 +225,7 @@ class WanDiT(nn.Module):
         """Back to single-process attention over the whole sequence."""
         self._split_fn = self._gather_fn = None
         self.attention_fn = sdpa_attention
+        self.packing_fn = one_process_ops
 
     @property
     def context_parallel_enabled(self) -> bool:
@@ -231,20 +243,25 @@ class WanDiT(nn.Module):
 
     def forward(
         self,
-        hidden_states: torch.Tensor,
-        timestep: torch.Tensor,
-        encoder_hidden_states: torch.Tensor,
-    ) -> torch.Tensor:
+        hidden_states: torch.Tensor | Sequence[torch.Tensor],
+        timestep: torch.Tensor | Sequence[torch.Tensor],
+        encoder_hidden_states: torch.Tensor | Sequence[torch.Tensor],
+    ) -> torch.Tensor | list[torch.Tensor]:
         """Predict the flow-matching velocity.
 
         Args:
-            hidden_states: latents [B, in_dim, F, H, W] (F, H, W divisible by `patch_size`).
-            timestep: [B], or [B, S] per post-patch token (TI2V first-frame conditioning).
-            encoder_hidden_states: text embeddings [B, L, text_dim].
+            hidden_states: latents [B, in_dim, F, H, W] (F, H, W divisible by `patch_size`); or a list
+                of per-sample latents [in_dim, F_i, H_i, W_i] of any shapes: a packed forward
+                (:func:`wan22_train.model.packing.packed_forward`: each sample as if alone).
+            timestep: [B], or [B, S] per post-patch token (TI2V first-frame conditioning); packed:
+                [N], or per sample a scalar or its [S_i] per-token timesteps.
+            encoder_hidden_states: text embeddings [B, L, text_dim]; packed: per sample [L_i, text_dim].
 
         Returns:
-            [B, out_dim, F, H, W].
+            [B, out_dim, F, H, W]; packed: per sample [out_dim, F_i, H_i, W_i].
         """
+        if isinstance(hidden_states, (list, tuple)):
+            return packed_forward(self, hidden_states, timestep, encoder_hidden_states, self.packing_fn)
         b, _, f, h, w = hidden_states.shape
         pt, ph, pw = self.config.patch_size
         if f % pt or h % ph or w % pw:

@@ -10,7 +10,7 @@ a registered callable is called with ``data.dataset`` as keyword arguments plus
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -19,6 +19,7 @@ from mm_data import (
     PreferencePairs,
     VideoTextDataset,
     build_dataloader,
+    build_packed_dataloader,
     collate_video_text,
 )
 
@@ -60,8 +61,11 @@ class BatchStream:
     engine checks against :attr:`bad_limit`.
     """
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, *, packed_micro_batch: float | None = None) -> None:
         self.loader = loader
+        #: packed micro-batches (``data.packing``): the mean samples per micro-batch (the micro batch
+        #: size), by which the engine weighs a micro-batch's loss (its sample count / this); else None
+        self.packed_micro_batch = packed_micro_batch
         self._it: Iterator[Any] | None = None
         self._bad: set[int] = set()
         self._resumed = False  # the next iter() continues a saved epoch: keep its bad samples
@@ -179,10 +183,28 @@ def build_dataset(data: Any, *, data_path: str | None = None) -> Any:
 
 
 def build_batch_stream(
-    data: Any, *, global_batch_size: int, micro_batch_size: int, dp_rank: int, dp_size: int, seed: int
+    data: Any,
+    *,
+    global_batch_size: int,
+    micro_batch_size: int,
+    dp_rank: int,
+    dp_size: int,
+    seed: int,
+    sample_tokens: Callable[[Any], Sequence[int]] | None = None,
 ) -> BatchStream:
-    """Build the dataset named by ``data.dataset_id`` and its loader for this dp rank."""
+    """Build the dataset named by ``data.dataset_id`` and its loader for this dp rank.
+
+    With ``data.packing``: packed micro-batches (``mm_data.build_packed_dataloader``) over the token
+    counts ``sample_tokens(dataset)`` (the model container's ``packing_tokens``), as many per step as
+    unpacked (global batch / (dp x micro batch size)).
+    """
     dataset = build_dataset(data)
+    packing = getattr(data, "packing", None)
+    if packing is not None:
+        return _packed_batch_stream(
+            data, dataset, packing.token_budget, sample_tokens, global_batch_size, micro_batch_size, dp_rank,
+            dp_size, seed,
+        )  # fmt: skip
     loader = build_dataloader(
         dataset,
         global_batch_size=global_batch_size,
@@ -199,6 +221,41 @@ def build_batch_stream(
         persistent_workers=data.persistent_workers,
     )
     return BatchStream(loader)
+
+
+def _packed_batch_stream(
+    data: Any,
+    dataset: Any,
+    token_budget: int,
+    sample_tokens: Callable[[Any], Sequence[int]] | None,
+    global_batch_size: int,
+    micro_batch_size: int,
+    dp_rank: int,
+    dp_size: int,
+    seed: int,
+) -> BatchStream:
+    if sample_tokens is None:
+        raise ValueError(
+            "data.packing: the model container does not count its samples' tokens (a `packing_tokens(dataset)` "
+            "method); this model cannot train packed micro-batches"
+        )
+    loader = build_packed_dataloader(
+        dataset,
+        list(sample_tokens(dataset)),
+        global_batch_size=global_batch_size,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        token_budget=token_budget,
+        seed=seed,
+        micro_steps=global_batch_size // (dp_size * micro_batch_size),
+        num_workers=data.num_workers,
+        shuffle=data.shuffle,
+        drop_last=data.drop_last,
+        pin_memory=bool(data.pin_memory),
+        prefetch_factor=data.prefetch_factor,
+        persistent_workers=data.persistent_workers,
+    )
+    return BatchStream(loader, packed_micro_batch=float(micro_batch_size))
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

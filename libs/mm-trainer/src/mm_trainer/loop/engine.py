@@ -200,13 +200,14 @@ class TrainEngine:
             step_ids += extra["rng"].sample_ids if extra else []
             set_gradient_sync(self.model, micro == accum - 1)
             output = self.model(**batch, **extra)
-            (output.loss / accum).backward()
-            loss_sum += output.loss.detach().double()
+            weight = self._packed_weight(extra)
+            (output.loss * weight / accum).backward()
+            loss_sum += output.loss.detach().double() * weight
             info = getattr(output, "metrics", None) or {}
             samples += int(info.get("num_samples", _batch_size(batch)))
             tokens += int(info.get("num_tokens", 0))
             flops += float(info.get("flops", 0.0))
-            logged.add(output)
+            logged.add(output, weight)
         grad_norm = clip_grad_norm_(self.params, self.training.clip_grad or 0.0)
         bad = int(getattr(self.batches, "bad_this_epoch", 0))
         loss, counts, stop_requests = self._dp_reduce(loss_sum / accum, [samples, tokens, flops, bad])
@@ -300,6 +301,17 @@ class TrainEngine:
             step + 1, outcome.describe(self.saves.root) if outcome.withdrawn else None
         )
 
+    def _packed_weight(self, extra: dict[str, SampleRNG]) -> float:
+        """A packed micro-batch's loss (its samples' mean) weighs its sample count over the mean count
+        per micro-batch (``data.packing``: micro-batches of one step hold different numbers of samples),
+        so every sample of the global batch weighs ``1 / global batch`` as unpacked; 1 otherwise."""
+        mean = getattr(self.batches, "packed_micro_batch", None)
+        if mean is None:
+            return 1.0
+        if not extra:
+            raise RuntimeError("a packed micro-batch came without sample_ids; its weight is its sample count")
+        return len(extra["rng"]) / mean
+
     def _keyed_rng(self, batch: dict, step: int) -> dict[str, SampleRNG]:
         """``{"rng": SampleRNG}`` from the batch's ``sample_ids`` (popped), after reseeding the global
         RNGs from the same key; ``{}`` for a batch without them."""
@@ -311,13 +323,21 @@ class TrainEngine:
         return {"rng": rng}
 
     def _gather_sample_ids(self, ids: list[int]) -> list[int]:
-        """The step's global sample indices over all data-parallel ranks, in global batch order."""
-        local = torch.tensor(ids, dtype=torch.long, device=self.device)
+        """The step's global sample indices over all data-parallel ranks, in global batch order (a
+        sample's id is its place in the global order, so: sorted). Ranks may hold different counts
+        (packed micro-batches, ``data.packing``): every rank's ids are padded to the longest with -1."""
         if not dist.is_initialized():
-            return local.tolist()
-        parts = [torch.empty_like(local) for _ in range(dist.get_world_size(self.dp_group))]
+            return sorted(ids)
+        world = dist.get_world_size(self.dp_group)
+        count = torch.tensor([len(ids)], dtype=torch.long, device=self.device)
+        counts = [torch.empty_like(count) for _ in range(world)]
+        dist.all_gather(counts, count, group=self.dp_group)
+        longest = int(max(c.item() for c in counts))
+        local = torch.full((longest,), -1, dtype=torch.long, device=self.device)
+        local[: len(ids)] = torch.tensor(ids, dtype=torch.long, device=self.device)
+        parts = [torch.empty_like(local) for _ in range(world)]
         dist.all_gather(parts, local, group=self.dp_group)
-        return torch.cat(parts).tolist()
+        return sorted(i for i in torch.cat(parts).tolist() if i >= 0)
 
     # ------------------------------------------------------------- helpers
     def _describe_samples(self, sample_ids: list[int]) -> str:
@@ -419,13 +439,14 @@ class LoggedMeans:
         self.count = 0
         self.part_losses = part_losses
 
-    def add(self, output: Any) -> None:
+    def add(self, output: Any, weight: float = 1.0) -> None:
+        """One micro-batch's values, times ``weight`` (a packed micro-batch's, as its loss)."""
         values = dict(getattr(output, "logged", None) or {})
         if self.part_losses:
             metrics = getattr(output, "metrics", None) or {}
             values |= {name: value for name, value in metrics.items() if name.startswith("loss_")}
         for name, value in values.items():
-            self.sums[name] = self.sums.get(name, 0.0) + float(value)
+            self.sums[name] = self.sums.get(name, 0.0) + float(value) * weight
         self.count += 1 if values else 0
 
     def means(self, dp_group: Any, device: torch.device) -> dict[str, float]:

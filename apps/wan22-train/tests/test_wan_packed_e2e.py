@@ -1,0 +1,124 @@
+"""``data.packing``: the tiny Wan T2V run trained on packed micro-batches (samples of different shapes in
+one sequence, spread over micro-steps by tokens) logs the losses of the unpacked run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from mm_data import make_synthetic_dataset
+from wan22_train.cli import main as wan22_main
+from wan22_train.configs import config_path
+from wan22_train.tiny import make_tiny, tiny_overrides
+
+pytestmark = pytest.mark.slow
+
+BUDGET = "data.packing.token_budget=4096"
+MIXED_SIZES = [(32, 32), (32, 48), (48, 32)]
+MIXED_BUCKETS = "data.dataset.buckets=[[32,32,1],[32,48,9],[48,32,9]]"
+
+
+def train(
+    main_forked, tiny: Path, save: Path, *overrides: str, nproc: int = 1, config: str = "tiny_t2v.yaml"
+) -> list[float]:
+    args = ["--config", str(config_path(config)), *tiny_overrides(tiny), f"training.save={save}",
+            "training.train_iters=1", "training.save_interval=100", "parallel.ulysses_parallel_size=1",
+            "data.dataset.frame_offset=start", *overrides]  # fmt: skip
+    main_forked(wan22_main, args, nproc=nproc)
+    return [json.loads(line)["loss"] for line in (save / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return make_tiny(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.mark.parametrize("config", ["tiny_t2v.yaml", "tiny_t2v_lora.yaml", "tiny_t2v_both.yaml"])
+def test_a_packed_step_logs_the_unpacked_steps_loss(tiny, tmp_path, main_forked, config):
+    """Full fine-tuning, LoRA, and both A14B experts (a step's samples share its grid index, so a packed
+    micro-batch goes whole to one expert: the step's)."""
+    batch = ["training.global_batch_size=4", "training.micro_batch_size=2"]
+    if config == "tiny_t2v_both.yaml":
+        batch.append(f"model.models.predictor_low.from_pretrained={tiny / 'transformer'}")
+    unpacked = train(main_forked, tiny, tmp_path / "unpacked", *batch, config=config)
+    packed = train(main_forked, tiny, tmp_path / "packed", *batch, BUDGET, config=config)
+    assert abs(packed[0] - unpacked[0]) <= 1e-5 * abs(unpacked[0])
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory) -> list[str]:
+    """8 clips of 9 frames cycling 32x32, 32x48, 48x32; the square ones trained as one frame (5 one-frame
+    and 3 nine-frame samples, all in the step)."""
+    data = make_synthetic_dataset(
+        tmp_path_factory.mktemp("mixed"), num_clips=8, sizes=MIXED_SIZES, num_frames=(9,), fps=(8,), seed=0
+    )
+    return [f"data.data_path={data}", MIXED_BUCKETS, "training.global_batch_size=8", BUDGET]
+
+
+@pytest.fixture(scope="module")
+def mixed_loss(tiny, mixed, tmp_path_factory, main_forked) -> float:
+    """The mixed step on one rank in 2 micro-steps filled by tokens (split 3 + 5 samples by count)."""
+    return train(main_forked, tiny, tmp_path_factory.mktemp("two"), *mixed, "training.micro_batch_size=4")[0]
+
+
+def test_a_packed_steps_loss_does_not_depend_on_how_its_samples_split_into_micro_steps(
+    tiny, mixed, mixed_loss, tmp_path, main_forked
+):
+    """8 micro-steps of one sample each, or 2 of 3 and 5 samples: each micro-batch's loss weighs its
+    sample count, so the step's loss is still the mean over its samples."""
+    eight = train(main_forked, tiny, tmp_path / "eight", *mixed, "training.micro_batch_size=1")
+    assert abs(eight[0] - mixed_loss) <= 1e-5 * abs(mixed_loss)
+
+
+@pytest.mark.parametrize("layout", ["dp2", "ulysses2"])
+def test_the_mixed_packed_step_logs_the_same_loss_at_two_ranks(
+    tiny, mixed, mixed_loss, tmp_path, main_forked, layout
+):
+    """Data parallel 2 (each rank its share of the step by tokens, 1 micro-step) or Ulysses 2 (every
+    sample of the packed sequence split over the two ranks on its own)."""
+    extra = ["parallel.ulysses_parallel_size=2"] if layout == "ulysses2" else []
+    loss = train(main_forked, tiny, tmp_path / layout, *mixed, "training.micro_batch_size=4", *extra, nproc=2)
+    assert abs(loss[0] - mixed_loss) <= 1e-5 * abs(mixed_loss)
+
+
+def test_a_token_budget_below_a_sample_is_refused_naming_it(tiny, tmp_path, main_forked):
+    """Refused when the run builds its batches, before any step (each tiny clip is 320 tokens)."""
+    with pytest.raises(
+        AssertionError, match=r"TokenBudgetError: token_budget=8 is below the largest sample: sample 0: 320"
+    ):
+        train(
+            main_forked,
+            tiny,
+            tmp_path / "small",
+            "training.global_batch_size=4",
+            "data.packing.token_budget=8",
+        )
+    assert not (tmp_path / "small" / "metrics.jsonl").exists()
+
+
+def records_of(save: Path) -> list[dict]:
+    return [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_packed_run_resumed_at_data_parallel_2_trains_the_uninterrupted_steps(
+    tiny, mixed, tmp_path, main_forked
+):
+    """The mixed set, global batch 4 (2 steps an epoch): 4 steps on one rank, saved after step 2; the step-2
+    checkpoint resumed on 2 ranks (each its share of a step by tokens) trains steps 3 and 4
+    on the same samples with the same losses."""
+    run = [*mixed[:2], BUDGET, "training.global_batch_size=4", "training.micro_batch_size=2", "training.train_iters=4",
+           "training.log_sample_ids=true"]  # fmt: skip
+    whole = tmp_path / "whole"
+    train(main_forked, tiny, whole, *run, "training.save_interval=2")
+    reference = records_of(whole)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(whole / "iter_0000002", resumed / "iter_0000002")
+    train(main_forked, tiny, resumed, *run, f"training.load={resumed}", "training.save_interval=100", nproc=2)
+    records = records_of(resumed)
+    assert [r["step"] for r in records] == [3, 4]
+    assert [r["sample_ids"] for r in records] == [r["sample_ids"] for r in reference[2:]]
+    assert [i for r in reference for i in r["sample_ids"]] == list(range(16))  # every sample once an epoch
+    for ours, theirs in zip(records, reference[2:], strict=True):
+        assert abs(ours["loss"] - theirs["loss"]) <= 1e-4 * abs(theirs["loss"])
