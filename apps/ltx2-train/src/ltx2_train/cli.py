@@ -6,6 +6,7 @@ torchrun --nproc-per-node 2 -m ltx2_train --config configs/tiny_t2av.yaml   # tr
 ltx2-train --config configs/t2av.yaml --dry-run --world-size 8       # FSDP plan on meta
 ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --out runs/ltx2_tiny/export/transformer
 ltx2-train export --checkpoint runs/ltx2_lora/ckpt --lora peft --out runs/ltx2_lora/export/peft   # LoRA run
+ltx2-train export --checkpoint runs/ltx2_lora/ckpt --lora comfyui --out runs/ltx2_lora/export/lora.safetensors
 ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --ema --out runs/ltx2_tiny/export/ema   # training.ema's average
 ltx2-train sample --checkpoint runs/ltx2_tiny/ckpt --prompt "a red square moving left" --out clip.mp4  # + clip.wav
 """
@@ -67,9 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True)
     export.add_argument(
         "--lora",
-        choices=("peft", "merged"),
-        help="a LoRA run's adapters: peft (folder for LTX2Pipeline.load_lora_weights) or merged (a diffusers "
-        "transformer folder with the adapters merged in)",
+        choices=("peft", "comfyui", "merged"),
+        help="a LoRA run's adapters: peft (folder for LTX2Pipeline.load_lora_weights), comfyui (a .safetensors "
+        "file in the official LTX-2 trainer's layout, for ComfyUI) or merged (a diffusers transformer folder "
+        "with the adapters merged in)",
     )
     export.add_argument("--ema", action="store_true", help=EMA_HELP)
     sample = sub.add_parser("sample", help=COMMANDS["sample"])

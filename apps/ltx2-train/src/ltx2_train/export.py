@@ -21,9 +21,11 @@ from mm_config import TrainConfig
 
 from ltx2_train.predictor import transformer_config
 
-LORA_FORMATS = ("peft", "merged")
-"""``--lora`` choices: a file for ``LTX2Pipeline.load_lora_weights``, or a merged transformer folder.
-(ComfyUI reads LTX-2 under the original LTX-2 module names, not diffusers': not written here.)"""
+LORA_FORMATS = ("peft", "comfyui", "merged")
+"""``--lora`` choices: a folder for ``LTX2Pipeline.load_lora_weights``, the official LTX-2 LoRA file
+(what the official trainer writes and ComfyUI loads), or a merged transformer folder."""
+OFFICIAL_KEY_MAP = "ltx2"
+"""mm-checkpoint's key map between the official LTX-2 module names and diffusers' (the predictor's)."""
 
 
 def export_transformer(
@@ -47,7 +49,11 @@ def export_transformer_lora(
     config: TrainConfig, checkpoint: str | Path, out: str | Path, *, fmt: str, ema: bool = False
 ) -> Path:
     """The LoRA adapters of ``checkpoint`` as ``fmt``: ``peft`` writes ``out/pytorch_lora_weights.safetensors``
-    (``transformer.<module>.lora_A.weight`` + rank / alpha metadata), ``merged`` the folder ``out``
+    (``transformer.<module>.lora_A.weight`` + rank / alpha metadata); ``comfyui`` the file ``out``
+    (``.safetensors``) in the official LTX-2 trainer's layout: ``diffusion_model.<official module>.lora_A.weight``
+    / ``.lora_B.weight`` under the official names (``q_norm``, ``patchify_proj``, ``adaln_single``, ...;
+    mm-checkpoint's ``ltx2`` map) with ``alpha / rank`` folded into ``lora_B``, since ComfyUI, ltx-core
+    and diffusers' LTX-2 loader apply such a file at scale 1; ``merged`` the folder ``out``
     (``W + alpha / rank * B A`` over the base in ``model.from_pretrained``). ``ema``: the adapters' EMA."""
     if fmt not in LORA_FORMATS:
         raise ValueError(f"--lora {fmt!r}: LTX-2 exports one of {', '.join(LORA_FORMATS)}")
@@ -65,6 +71,8 @@ def export_transformer_lora(
             base=base,
             config_from=side,
             ema=ema,
+            comfy_model_type=OFFICIAL_KEY_MAP,
+            comfy_alpha_folded=True,
         )
 
 
