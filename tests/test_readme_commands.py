@@ -248,6 +248,10 @@ COMMANDS: dict[tuple[str, str], How] = {
         "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt_lora --lora comfyui "
         "--out runs/ltx2_tiny/export/ltx2_lora.safetensors",
     ): covered("apps/ltx2-train/tests/test_ltx2_lora_e2e.py"),
+    (
+        LTX2,
+        "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --layout native --out runs/ltx2_tiny/export/ltx2.safetensors",
+    ): covered("apps/ltx2-train/tests/test_ltx2_official_single_file.py"),
     (LTX2, "ltx2-train preprocess --config apps/ltx2-train/configs/tiny_t2av_distill.yaml"): excused(
         "the distillation config's data section is tiny_t2av.yaml's (apps/ltx2-train/tests/test_ltx2_distill.py "
         "checks it), whose preprocess builds the tests' tiny cache (conftest tiny_cache)"

@@ -8,6 +8,7 @@ ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --out runs/ltx2_tiny/export/t
 ltx2-train export --checkpoint runs/ltx2_lora/ckpt --lora peft --out runs/ltx2_lora/export/peft   # LoRA run
 ltx2-train export --checkpoint runs/ltx2_lora/ckpt --lora comfyui --out runs/ltx2_lora/export/lora.safetensors
 ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --ema --out runs/ltx2_tiny/export/ema   # training.ema's average
+ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --layout native --out runs/ltx2_tiny/export/ltx2.safetensors
 ltx2-train sample --checkpoint runs/ltx2_tiny/ckpt --prompt "a red square moving left" --out clip.mp4  # + clip.wav
 """
 
@@ -74,6 +75,13 @@ def _parser() -> argparse.ArgumentParser:
         "with the adapters merged in)",
     )
     export.add_argument("--ema", action="store_true", help=EMA_HELP)
+    export.add_argument(
+        "--layout",
+        choices=("diffusers", "native"),
+        default="diffusers",
+        help="diffusers: a transformer/ folder; native: the official LTX-2 single file (--out X.safetensors: "
+        "model.diffusion_model.<official names> + the official config metadata, for ComfyUI / from_single_file)",
+    )
     sample = sub.add_parser("sample", help=COMMANDS["sample"])
     sample.add_argument("--checkpoint", required=True, help="training checkpoint root (iter_* + tracker)")
     sample.add_argument("--config", help="training config (default: <checkpoint>/config.yaml)")
@@ -127,8 +135,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ltx2_train.export import export_transformer, export_transformer_lora
 
         config = _run_config(args.config, args.checkpoint)
+        if args.lora is not None and args.layout != "diffusers":
+            raise ValueError(
+                f"--layout {args.layout} applies to a full transformer; a LoRA run's official-layout file is "
+                "--lora comfyui"
+            )
         if args.lora is None:
-            print(export_transformer(config, args.checkpoint, args.out, ema=args.ema))
+            print(export_transformer(config, args.checkpoint, args.out, ema=args.ema, layout=args.layout))
         else:
             print(export_transformer_lora(config, args.checkpoint, args.out, fmt=args.lora, ema=args.ema))
     return 0

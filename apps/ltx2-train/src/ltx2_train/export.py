@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from diffusers import LTX2VideoTransformer3DModel
-from mm_checkpoint import export_checkpoint, export_lora
+from mm_checkpoint import export_checkpoint, export_lora, export_single_file
 from mm_config import TrainConfig
 
-from ltx2_train.predictor import transformer_config
+from ltx2_train.official import OFFICIAL_PREFIX, single_file_metadata
+from ltx2_train.predictor import TRANSFORMER_DEFAULTS, transformer_config
 
 LORA_FORMATS = ("peft", "comfyui", "merged")
 """``--lora`` choices: a folder for ``LTX2Pipeline.load_lora_weights``, the official LTX-2 LoRA file
@@ -28,16 +29,40 @@ OFFICIAL_KEY_MAP = "ltx2"
 """mm-checkpoint's key map between the official LTX-2 module names and diffusers' (the predictor's)."""
 
 
+LAYOUTS = ("diffusers", "native")
+"""``--layout`` choices: a diffusers ``transformer/`` folder, or the official single ``.safetensors`` file."""
+
+
 def export_transformer(
-    config: TrainConfig, checkpoint: str | Path, out: str | Path, *, ema: bool = False
+    config: TrainConfig,
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    ema: bool = False,
+    layout: str = "diffusers",
 ) -> Path:
     """Write the latest iteration of ``checkpoint`` as an upstream ``LTX2VideoTransformer3DModel`` folder
-    (``ema``: the EMA of the trained weights, a ``training.ema`` run)."""
+    (``ema``: the EMA of the trained weights, a ``training.ema`` run), or with ``layout="native"`` as the
+    official single file ``out`` (``.safetensors``): ``model.diffusion_model.`` + the official names, the
+    official ``config`` metadata (:mod:`ltx2_train.official`), what ``from_single_file`` and ComfyUI load."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"--layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
     args = config.model.sub_models()["model"]
     if args.lora is not None:
         raise ValueError(
             "the transformer was trained with LoRA (its checkpoint holds the adapters only): export with "
             f"--lora {{{','.join(LORA_FORMATS)}}}"
+        )
+    if layout == "native":
+        metadata = single_file_metadata(TRANSFORMER_DEFAULTS | transformer_config(args))
+        return export_single_file(
+            checkpoint,
+            out,
+            model_type=OFFICIAL_KEY_MAP,
+            key_prefix=OFFICIAL_PREFIX,
+            metadata=metadata,
+            submodule="model",
+            ema=ema,
         )
     with _config_json(args) as side:
         return export_checkpoint(

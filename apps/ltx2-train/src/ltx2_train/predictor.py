@@ -3,8 +3,9 @@
 ``LTX2Predictor`` only adds the trainer life cycle (build from a config section, on meta when
 asked; weights through mm-checkpoint), the training pipeline factory of the single-model form,
 and Ulysses sequence parallelism (:mod:`ltx2_train.context_parallel`). Module paths and state-dict
-keys are upstream's, so a diffusers ``transformer/`` folder loads with no key map and an export
-loads back with ``LTX2VideoTransformer3DModel.from_pretrained``.
+keys are upstream's, so a diffusers ``transformer/`` folder loads unchanged and an export loads back
+with ``LTX2VideoTransformer3DModel.from_pretrained``; an official single file (official names under
+``model.diffusion_model.``) loads through mm-checkpoint's ``ltx2`` key map.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from mm_trainer import BaseModel, model_register
 from torch import nn
 
 from ltx2_train.context_parallel import LAYOUT, install_attention_processors, sequence_parallel_forward
+from ltx2_train.official import is_single_file, read_single_file_config
 
 INIT_KEYS = frozenset(inspect.signature(LTX2VideoTransformer3DModel.__init__).parameters) - {"self"}
 TRANSFORMER_DEFAULTS = {
@@ -45,7 +47,9 @@ BLOCK_FEEDFORWARDS = {"ff": "video", "audio_ff": "audio"}
 
 
 def transformer_config(args: Any) -> dict[str, Any]:
-    """Constructor kwargs: the source's ``config.json`` (if there is one) updated by ``args.config``.
+    """Constructor kwargs: the source's ``config.json`` (if there is one; for an official single
+    ``.safetensors`` file, the transformer section of its metadata, :mod:`ltx2_train.official`) updated by
+    ``args.config``.
 
     Without weights present (e.g. ``--dry-run`` of a real config) ``args.config`` alone gives the shape.
     """
@@ -62,10 +66,13 @@ def transformer_config(args: Any) -> dict[str, Any]:
         config = {
             k: v for k, v in json.loads((Path(source) / "config.json").read_text()).items() if k in INIT_KEYS
         }
-    elif not overrides:
+    elif is_single_file(source):
+        config = read_single_file_config(source)
+    if not config and not overrides:
         raise ValueError(
-            f"model: the LTX-2 predictor needs from_pretrained/checkpoint_path with a config.json (got {source!r}) "
-            "or a `config` section with its shape (num_layers, num_attention_heads, ...)"
+            f"model: the LTX-2 predictor needs from_pretrained/checkpoint_path with a config.json, or an official "
+            f"single file with a config in its metadata (got {source!r}), or a `config` section with its shape "
+            "(num_layers, num_attention_heads, ...)"
         )
     config.update(overrides)
     return config
@@ -81,6 +88,9 @@ class LTX2Predictor(BaseModel, LTX2VideoTransformer3DModel):
 
     _supports_gradient_checkpointing = False
     _sequence_parallel: SequenceParallelPlan | None = None
+    #: Weights load through mm-checkpoint's ``ltx2`` map: official names (a single file's, its
+    #: ``model.diffusion_model.`` prefix dropped by the ComfyUI-file view) -> diffusers'; diffusers keys pass.
+    weight_transform_model_type = "ltx2"
     #: The container of the single-model form (``model.model_id: ltx2_predictor``): LTX-2's, whose
     #: ``training.validation`` hooks sample clips with audio (``mm_trainer.model.container.container_class``).
     single_model_container = "ltx2_container"
