@@ -94,3 +94,28 @@ def test_the_metadata_gives_back_the_diffusers_arguments_it_records(trained, tmp
 def test_the_official_metadata_refuses_an_ltx23_option():
     with pytest.raises(ValueError, match=r"LTX-2.0 transformers; this one sets \{'gated_attn': True\}"):
         official_transformer_config(TRANSFORMER_DEFAULTS | {"gated_attn": True})
+
+
+def test_a_release_file_bundling_the_vaes_and_connectors_is_refused_before_any_weight_is_read(tmp_path):
+    from types import SimpleNamespace
+
+    from ltx2_train.predictor import transformer_config
+    from safetensors.torch import save_file
+
+    release = tmp_path / "ltx-2-release.safetensors"
+    save_file(
+        {
+            "model.diffusion_model.patchify_proj.weight": torch.zeros(2, 2),
+            "model.diffusion_model.video_embeddings_connector.learnable_registers": torch.zeros(2),
+            "vae.per_channel_statistics.mean-of-means": torch.zeros(2),
+            "audio_vae.per_channel_statistics.mean-of-means": torch.zeros(2),
+        },
+        release,
+    )
+    args = SimpleNamespace(from_pretrained=str(release), checkpoint_path=None, config=None)
+    with pytest.raises(ValueError) as info:
+        transformer_config(args)
+    message = str(info.value)
+    assert str(release) in message
+    assert "audio_vae.*, vae.*, model.diffusion_model.video_embeddings_connector.*" in message
+    assert "from_single_file" in message

@@ -105,16 +105,26 @@ def is_single_file(source: str | Path | None) -> bool:
     return source is not None and Path(source).suffix == ".safetensors" and Path(source).is_file()
 
 
+BUNDLED = ("vae.", "audio_vae.", "vocoder.", "text_embedding_projection.")
+"""Prefixes of the components a release file holds beside the transformer (diffusers' converters' names)."""
+CONNECTORS = ("video_embeddings_connector.", "audio_embeddings_connector.")
+"""The text connectors a release file holds under the transformer's prefix (diffusers' ``LTX2TextConnectors``)."""
+
+
 def read_single_file_config(path: str | Path) -> dict[str, Any]:
     """Diffusers constructor arguments from the metadata of the single file ``path`` (empty when it has none).
 
     Raises:
-        ValueError: the ``config`` entry is not JSON with a ``transformer`` object, naming the file.
+        ValueError: the file bundles other components beside the transformer (a release file: this app
+            reads the transformer alone), or the ``config`` entry is not JSON with a ``transformer``
+            object; naming the file.
     """
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
         metadata = f.metadata() or {}
+        keys = list(f.keys())
+    _refuse_bundle(path, keys)
     if METADATA_CONFIG not in metadata:
         return {}
     try:
@@ -126,3 +136,18 @@ def read_single_file_config(path: str | Path) -> dict[str, Any]:
             f"{path}: its metadata {METADATA_CONFIG!r} is not a JSON object with a 'transformer' section"
         )
     return diffusers_transformer_config(section)
+
+
+def _refuse_bundle(path: str | Path, keys: list[str]) -> None:
+    """Refuse a file holding more than the transformer, before any weight is read."""
+    found = sorted({p for k in keys for p in BUNDLED if k.startswith(p)})
+    found += sorted(
+        {OFFICIAL_PREFIX + c for k in keys for c in CONNECTORS if k.startswith(OFFICIAL_PREFIX + c)}
+    )
+    if found:
+        raise ValueError(
+            f"{path} holds {', '.join(p + '*' for p in found)} beside the transformer (an official release "
+            "file bundling the VAEs, vocoder and text connectors); ltx2-train reads a file of the transformer "
+            "alone: save it as a diffusers folder (LTX2VideoTransformer3DModel.from_single_file(file, "
+            "config=<LTX-2 diffusers folder>).save_pretrained(dir)) and point model.from_pretrained at dir"
+        )
