@@ -119,3 +119,14 @@ def test_a_release_file_bundling_the_vaes_and_connectors_is_refused_before_any_w
     assert str(release) in message
     assert "audio_vae.*, vae.*, model.diffusion_model.video_embeddings_connector.*" in message
     assert "from_single_file" in message
+
+
+def test_layout_native_with_lora_is_refused_pointing_at_the_official_lora_file(trained, tmp_path):
+    from ltx2_train.cli import main
+
+    config, ckpt, _ = trained
+    out = tmp_path / "x.safetensors"
+    argv = ["export", "--checkpoint", str(ckpt), "--config", str(config), "--out", str(out)]
+    with pytest.raises(ValueError, match="--layout native applies to a full transformer; .* --lora comfyui"):
+        main([*argv, "--lora", "peft", "--layout", "native"])
+    assert not out.exists()
