@@ -166,6 +166,13 @@ COMMANDS: dict[tuple[str, str], How] = {
         WAN,
         "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_t2v_both_distill.yaml",
     ): covered("apps/wan22-train/tests/test_wan_modes_readme.py"),
+    (WAN, "wan22-train make-pairs runs/tiny --target 1 0 0"): covered(
+        "apps/wan22-train/tests/test_wan_modes_readme.py"
+    ),
+    (
+        WAN,
+        "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_dpo.yaml",
+    ): covered("apps/wan22-train/tests/test_wan_modes_readme.py"),
     (WAN, "wan22-train preprocess --config apps/wan22-train/configs/tiny_t2v_cached.yaml"): covered(
         "apps/wan22-train/tests/test_wan_conditions_e2e.py"
     ),
@@ -252,6 +259,22 @@ COMMANDS: dict[tuple[str, str], How] = {
         LTX2,
         "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --layout native --out runs/ltx2_tiny/export/ltx2.safetensors",
     ): covered("apps/ltx2-train/tests/test_ltx2_official_single_file.py"),
+    (
+        LTX2,
+        "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av_extension.yaml",
+    ): covered("apps/ltx2-train/tests/test_ltx2_modes_e2e.py"),
+    **{
+        (
+            LTX2,
+            "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av.yaml "
+            f"model.pipeline.{key} training.save=runs/ltx2_tiny/{save}",
+        ): covered("apps/ltx2-train/tests/test_ltx2_modes_e2e.py")
+        for key, save in (
+            ("frozen_modality=audio", "ckpt_video_only"),
+            ("frozen_modality=video", "ckpt_audio_only"),
+            ("audio_timesteps=independent", "ckpt_independent"),
+        )
+    },
     (LTX2, "ltx2-train preprocess --config apps/ltx2-train/configs/tiny_t2av_distill.yaml"): excused(
         "the distillation config's data section is tiny_t2av.yaml's (apps/ltx2-train/tests/test_ltx2_distill.py "
         "checks it), whose preprocess builds the tests' tiny cache (conftest tiny_cache)"

@@ -48,7 +48,8 @@ def test_pipeline_schema_keys_are_the_options_the_pipeline_reads():
 
     every_key = {"timestep_sampling": "uniform", "sigma_std": 0.5, "shift_min_tokens": 10, "shift_min": 0.5,
                  "shift_max_tokens": 20, "shift_max": 1.0, "audio": False, "first_frame_conditioning_p": 0.5,
-                 "audio_loss_weight": 0.5, "frame_rate": 30.0, "audio_placeholder_tokens": 4}  # fmt: skip
+                 "audio_loss_weight": 0.5, "frame_rate": 30.0, "audio_placeholder_tokens": 4,
+                 "audio_timesteps": "independent", "frozen_modality": "audio", "conditioning_frames": 2}  # fmt: skip
     assert every_key.keys() == LTX2PipelineOptions.model_fields.keys()
     pipeline = LTX2Pipeline.from_options(LTX2PipelineOptions.model_validate(every_key).model_dump())
     assert (pipeline.sampler.mode, pipeline.sampler.max_tokens, pipeline.audio_placeholder_tokens) == (
@@ -56,6 +57,36 @@ def test_pipeline_schema_keys_are_the_options_the_pipeline_reads():
         20,
         4,
     )
+    assert (pipeline.audio_timesteps, pipeline.frozen_modality) == ("independent", "audio")
+    assert pipeline.conditioning_frames == 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "path", "expected"),
+    [
+        (["model.pipeline.audio=false", "model.pipeline.frozen_modality=video"], "model.pipeline.frozen_modality",
+         "audio-only training needs the audio stream"),
+        (["model.pipeline.conditioning_frames=2"], "model.pipeline.conditioning_frames",
+         "conditions no sample while first_frame_conditioning_p is 0"),
+        (["model.pipeline.frozen_modality=both"], "model.pipeline.frozen_modality", "'none', 'audio' or 'video'"),
+        (["model.pipeline.audio_timesteps=split"], "model.pipeline.audio_timesteps", "'shared' or 'independent'"),
+    ],
+)  # fmt: skip
+def test_a_bad_mode_key_is_named(overrides, path, expected):
+    with pytest.raises(ConfigError) as info:
+        load_config(TINY, overrides, world_size=2)
+    assert info.value.paths == [path], str(info.value)
+    assert expected in str(info.value)
+
+
+@pytest.mark.parametrize("key", ["audio_timesteps=independent", "frozen_modality=audio"])
+def test_a_distillation_refuses_the_modes_it_does_not_train(key):
+    from ltx2_train.config_schema import LTX2ContainerPipelineOptions
+
+    name, value = key.split("=")
+    LTX2ContainerPipelineOptions.model_validate({name: value})  # without distill: accepted
+    with pytest.raises(ValueError, match=f"(?s){name}.*a distillation .*: expected (shared|none)"):
+        LTX2ContainerPipelineOptions.model_validate({name: value, "distill": {"shift": 3.0}})
 
 
 def test_predictor_schema_names_every_transformer_keyword():

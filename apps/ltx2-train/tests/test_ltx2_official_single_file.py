@@ -130,3 +130,33 @@ def test_layout_native_with_lora_is_refused_pointing_at_the_official_lora_file(t
     with pytest.raises(ValueError, match="--layout native applies to a full transformer; .* --lora comfyui"):
         main([*argv, "--lora", "peft", "--layout", "native"])
     assert not out.exists()
+
+
+def test_a_single_files_release_options_give_its_shape_and_release(tmp_path):
+    from types import SimpleNamespace
+
+    from ltx2_train.predictor import transformer_config, transformer_version
+    from safetensors.torch import save_file
+
+    official = {"num_layers": 2, "apply_gated_attention": True, "cross_attention_adaln": True}
+    official["caption_proj_before_connector"] = True
+    path = tmp_path / "ltx-2.3.safetensors"
+    save_file(
+        {"model.diffusion_model.patchify_proj.weight": torch.zeros(2, 2)},
+        path,
+        metadata={METADATA_CONFIG: json.dumps({"transformer": official}), "model_version": "2.3.0"},
+    )
+    args = SimpleNamespace(from_pretrained=str(path), checkpoint_path=None, config=None)
+    shape = transformer_config(args)
+    assert shape == {
+        "num_layers": 2,
+        "gated_attn": True,
+        "cross_attn_mod": True,
+        "use_prompt_embeddings": False,
+    }
+    assert transformer_version(args) == ("2.3", str(path))
+    args.config = {"gated_attn": False}
+    with pytest.raises(
+        ValueError, match=r"gated_attn=false \(the checkpoint's: true\) contradicts .*ltx-2.3"
+    ):
+        transformer_version(args)

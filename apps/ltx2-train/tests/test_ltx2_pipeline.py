@@ -41,6 +41,50 @@ def test_video_and_audio_share_one_sigma_and_mix_as_one_minus_sigma_x0_plus_sigm
     assert noised["video_timestep"].shape == (3,)  # no conditioning: one timestep per sample
 
 
+def test_shared_audio_timesteps_give_the_audio_the_videos_sigma():
+    noised = LTX2Pipeline(SigmaSampler(), audio_timesteps="shared").noising(conditions(), SampleRNG.for_batch(3, seed=5))
+    assert torch.equal(noised["audio_sigma"], noised["sigma"])
+
+
+def test_independent_audio_timesteps_draw_each_samples_audio_sigma_apart_and_noise_the_audio_at_it():
+    cond, keys = conditions(), SampleRNG.for_batch(3, seed=5)
+    shared = LTX2Pipeline(SigmaSampler(), audio_timesteps="shared").noising(cond, keys)
+    noised = LTX2Pipeline(SigmaSampler(), audio_timesteps="independent").noising(cond, keys)
+    assert torch.equal(noised["sigma"], shared["sigma"])  # the video's draw is unchanged
+    assert (noised["audio_sigma"] != noised["sigma"]).all(), (noised["audio_sigma"], noised["sigma"])
+    want = torch.cat([SigmaSampler().sample(1, 12, generator=g) for g in keys.sample_generators("audio_sigma")])
+    torch.testing.assert_close(noised["audio_sigma"], want)
+    sa = noised["audio_sigma"][:, None, None]
+    eps_a = noised["audio_target"] + cond["audio"]
+    torch.testing.assert_close(noised["noisy_audio"], (1 - sa) * cond["audio"] + sa * eps_a)
+
+
+def test_the_transformer_gets_the_audio_sigma_as_its_audio_timestep(tiny_predictor):
+    model = tiny_predictor()
+    seen = {}
+    model.register_forward_pre_hook(lambda _, args, kwargs: seen.update(kwargs), with_kwargs=True)
+    pipe = LTX2Pipeline.from_options({"audio": True, "audio_timesteps": "independent"})
+    batch = held_out_batch()
+    pipe.forward(SimpleNamespace(model=model), SampleRNG.for_batch(2, seed=3), **batch)
+    noised = pipe.noising(pipe.prepare_conditions(SimpleNamespace(model=model), batch), SampleRNG.for_batch(2, seed=3))
+    torch.testing.assert_close(seen["audio_timestep"], 1000 * noised["audio_sigma"])
+    torch.testing.assert_close(seen["timestep"], 1000 * noised["sigma"])
+
+
+@pytest.mark.parametrize(("frozen", "expected"), [("none", 4.0 + 0.5), ("audio", 4.0), ("video", 0.5)])
+def test_the_frozen_modality_contributes_no_loss_but_both_losses_are_reported(frozen, expected):
+    pipe = LTX2Pipeline(SigmaSampler(), audio_loss_weight=0.5, frozen_modality=frozen)
+    noised = pipe.noising(conditions(), SampleRNG.for_batch(3, seed=2))
+    loss = pipe.compute_loss((noised["video_target"] + 2.0, noised["audio_target"] + 1.0), noised)
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert noised["video_loss"].item() == pytest.approx(4.0) and noised["audio_loss"].item() == pytest.approx(1.0)
+
+
+def test_audio_only_training_without_audio_is_refused():
+    with pytest.raises(ValueError, match="frozen_modality=video .* needs model.pipeline.audio: true"):
+        LTX2Pipeline(audio=False, frozen_modality="video")
+
+
 def test_sigma_follows_the_sampler_for_the_video_token_count():
     pipe = LTX2Pipeline(SigmaSampler(), audio=False)
     cond = conditions(batch=4, grid=(4, 16, 16))  # 1024 tokens
@@ -70,6 +114,38 @@ def test_first_frame_conditioning_keeps_the_first_latent_frame_clean_with_timest
     torch.testing.assert_close(noised["noisy_video"][:, first], cond["video"][:, first])
     assert (noised["video_timestep"][:, first] == 0).all()
     torch.testing.assert_close(noised["video_timestep"][:, 4:], noised["sigma"][:, None].expand(-1, 8))
+
+
+def test_video_extension_keeps_the_first_k_latent_frames_clean_with_timestep_zero():
+    pipe = LTX2Pipeline(SigmaSampler(), audio=True, first_frame_conditioning_p=1.0, conditioning_frames=2)
+    cond = conditions(grid=(3, 2, 2))
+    noised = pipe.noising(cond, SampleRNG.for_batch(3, seed=1))
+    first = slice(0, 8)  # 2 x 2 tokens of latent frames 0 and 1
+    assert noised["conditioned"][:, first].all() and not noised["conditioned"][:, 8:].any()
+    torch.testing.assert_close(noised["noisy_video"][:, first], cond["video"][:, first], rtol=0, atol=0)
+    assert not torch.allclose(noised["noisy_video"][:, 8:], cond["video"][:, 8:])
+    assert (noised["video_timestep"][:, first] == 0).all()
+    torch.testing.assert_close(noised["video_timestep"][:, 8:], noised["sigma"][:, None].expand(-1, 4))
+
+
+def test_video_extension_puts_no_loss_on_the_conditioning_frames():
+    pipe = LTX2Pipeline(SigmaSampler(), audio=False, first_frame_conditioning_p=1.0, conditioning_frames=2)
+    noised = pipe.noising(conditions(grid=(3, 2, 2)), SampleRNG.for_batch(3, seed=2))
+    video = noised["video_target"].clone()
+    video[:, :8] += 100.0  # error only on the 2 conditioning frames
+    video[:, 8:] += 2.0
+    assert pipe.compute_loss((video, None), noised).item() == pytest.approx(4.0, rel=1e-6)
+
+
+def test_video_extension_of_a_clip_no_longer_than_its_conditioning_frames_is_refused(tiny_predictor):
+    batch = {
+        "latents": torch.randn(1, 8, 2, 4, 4),
+        "prompt_embeds": torch.randn(1, 6, 32),
+        "prompt_attention_mask": torch.ones(1, 6, dtype=torch.long),
+    }
+    pipe = LTX2Pipeline(audio=False, first_frame_conditioning_p=1.0, conditioning_frames=2)
+    with pytest.raises(ValueError, match="conditioning_frames=2: the clips have 2 latent frames"):
+        pipe.prepare_conditions(SimpleNamespace(model=tiny_predictor()), batch)
 
 
 def test_conditioning_probability_is_per_sample():

@@ -103,13 +103,14 @@ def test_pipeline_schema_keys_are_the_options_the_pipeline_reads():
         "boundary",
         "predict_dtype",
         "distill",
+        "dpo",
         *SCHEDULER_KEYS,
     }
     every_key = {"task": "t2v", "expert": "high_noise", "boundary": 0.4, "predict_dtype": "bf16",
                  "num_train_timesteps": 100, "shift": 5.0, "sigma_min": 0.0, "sigma_max": 1.0,
                  "extra_one_step": True, "weighting": False}  # fmt: skip
-    assert every_key.keys() | {"distill"} == WanPipelineOptions.model_fields.keys()
-    Wan22Pipeline.from_options(WanPipelineOptions.model_validate(every_key).model_dump(exclude={"distill"}))
+    assert every_key.keys() | {"distill", "dpo"} == WanPipelineOptions.model_fields.keys()
+    Wan22Pipeline.from_options(WanPipelineOptions.model_validate(every_key).model_dump(exclude={"distill", "dpo"}))
 
 
 def test_distill_schema_keys_are_the_options_the_distillation_reads():
@@ -125,6 +126,18 @@ def test_distill_schema_keys_are_the_options_the_distillation_reads():
     assert (dmd.student_steps, dmd.student_shift, dmd.student_sigma_max, dmd.guidance_scale, dmd.negative_prompt,
             dmd.teacher_steps, dmd.dm_indices) == (2, 1.0, 0.5, 2.0, "blur", 8, (99, 899))  # fmt: skip
     assert dmd.generator_loss == "flow_matching" and dmd.base.expert == "both"
+
+
+def test_dpo_schema_keys_are_the_options_diffusion_dpo_reads():
+    from mm_pipelines import DiffusionDPO
+    from wan22_train.config_schema import DPOOptions
+    from wan22_train.container import Wan22Container
+
+    every_key = {"beta": 123.0}
+    assert every_key.keys() == DPOOptions.model_fields.keys()
+    options = WanPipelineOptions.model_validate({"expert": "both", "dpo": every_key}).model_dump()
+    dpo = Wan22Container.build_pipeline({k: v for k, v in options.items() if v is not None})
+    assert isinstance(dpo, DiffusionDPO) and dpo.beta == 123.0 and dpo.base.expert == "both"
 
 
 def test_distilling_one_a14b_expert_is_refused():

@@ -1,9 +1,10 @@
 """The README's commands of the training modes beyond plain fine-tuning, as a user types them from
 the repository root (each line taken from the README by its text): both experts in one job, DMD2
-distillation (train, export the student, sample it on its 4 steps) and the two-expert distillation.
+distillation (train, export the student, sample it on its 4 steps), the two-expert distillation, and
+Diffusion-DPO (its pairs from make-pairs, then training).
 Shortened as the README says: each training to 2 steps, make-tiny without the VAE fit. What the modes
 compute is tested elsewhere (test_wan_both_experts_e2e.py, test_wan_distill_e2e.py,
-test_wan_distill_pipeline.py); here, that the documented commands run as written."""
+test_wan_distill_pipeline.py, test_wan_dpo_e2e.py); here, that the documented commands run as written."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ BOTH = "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/con
 DISTILL = "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_t2v_distill.yaml"
 EXPORT_STUDENT = "wan22-train export --checkpoint runs/tiny/ckpt_distill --out runs/tiny/export/student"
 SAMPLE_STUDENT = 'wan22-train sample --checkpoint runs/tiny/ckpt_distill --steps 4 --prompt "a red circle moving up" --out runs/tiny/student.mp4'
+MAKE_PAIRS = "wan22-train make-pairs runs/tiny --target 1 0 0"
+DPO = "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_dpo.yaml"
 DISTILL_BOTH = (
     "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_t2v_both_distill.yaml"
 )
@@ -73,3 +76,12 @@ def test_the_two_expert_distillation_trains_as_the_readme_says(session, readme, 
     train(readme, main_forked, DISTILL_BOTH)
     students_and_critics = {"predictor", "critic", "predictor_low", "critic_low"}
     assert set(saved(session / "runs/tiny/ckpt_distill_both")["submodels"]) == students_and_critics
+
+
+def test_dpo_trains_on_the_pairs_make_pairs_writes_as_the_readme_says(session, readme, main_forked, monkeypatch):
+    monkeypatch.chdir(session)
+    assert wan22_main(readme.command(WAN_README, MAKE_PAIRS)[1:]) == 0
+    train(readme, main_forked, DPO)
+    assert set(saved(session / "runs/tiny/ckpt_dpo")["submodels"]) == {"predictor"}
+    last = json.loads((session / "runs/tiny/ckpt_dpo/metrics.jsonl").read_text().splitlines()[-1])
+    assert {"loss_dpo", "dpo_margin", "dpo_accuracy"} <= set(last)

@@ -13,10 +13,11 @@ from mm_config import (
     DataConfig,
     LoadFormat,
     PrecomputedLatentsConfig,
+    VideoPairsConfig,
     VideoTextDatasetConfig,
     frame_rule_problem,
 )
-from mm_data import PrecomputedLatentDataset, VideoTextDataset, check_frame_rule
+from mm_data import PrecomputedLatentDataset, PreferencePairs, VideoTextDataset, check_frame_rule
 from mm_data.precomputed import REQUIRED_KEYS
 from mm_trainer import build_batch_stream, data_register
 from mm_trainer.data.batches import precomputed_latents_dataset
@@ -50,6 +51,14 @@ def test_precomputed_schema_has_the_datasets_keywords_and_defaults():
     assert keyword_defaults(PrecomputedLatentDataset.__init__) == {"required": REQUIRED_KEYS}
     assert PrecomputedLatentsConfig.model_fields.keys() == {"required"}
     assert tuple(PrecomputedLatentsConfig.model_fields["required"].default) == REQUIRED_KEYS
+
+
+def test_video_pairs_schema_has_the_datasets_keywords_and_defaults():
+    expected = {k: v for k, v in keyword_defaults(PreferencePairs.__init__).items() if k != "data_root"}
+    fields = VideoPairsConfig.model_fields
+    assert fields.keys() == expected.keys()
+    for name, default in expected.items():
+        assert fields[name].is_required() if default is inspect.Parameter.empty else fields[name].default == default
 
 
 @pytest.mark.parametrize("rule", ["4k+1", "8k+1", None])

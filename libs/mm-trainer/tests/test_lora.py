@@ -3,6 +3,7 @@ and what a container checkpoint holds."""
 
 from __future__ import annotations
 
+import copy
 import sys
 from types import SimpleNamespace
 
@@ -158,3 +159,27 @@ def test_a_bf16_base_stays_bf16_while_its_adapters_are_fp32():
     dtypes = {n: p.dtype for n, p in container.predictor.named_parameters()}
     assert {d for n, d in dtypes.items() if ".lora_" in n} == {torch.float32}
     assert {d for n, d in dtypes.items() if ".lora_" not in n} == {torch.bfloat16}
+
+
+def test_with_its_adapters_disabled_the_container_computes_its_base_and_then_its_adapted_model_again():
+    torch.manual_seed(1)
+    base = Toy()
+    container, adapters = _container(copy.deepcopy(base))
+    adapters.init_adapters(container, seed=0)
+    with torch.no_grad():
+        for name, p in container.predictor.named_parameters():
+            if "lora_B" in name:
+                p.normal_()  # B = 0 at init: the adapted model would be the base
+    x = torch.randn(4, 8)
+    adapted = container.predictor(x)
+    assert not torch.allclose(adapted, base(x))
+    with container.adapters_disabled():
+        torch.testing.assert_close(container.predictor(x), base(x))
+    torch.testing.assert_close(container.predictor(x), adapted)
+
+
+def test_disabling_adapters_where_there_are_none_is_refused():
+    container = ModelContainer({"predictor": Toy()}, trainable=("predictor",))
+    with pytest.raises(ValueError, match="adapters_disabled: the modules hold no LoRA layer"):
+        with container.adapters_disabled():
+            pass

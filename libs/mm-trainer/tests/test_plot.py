@@ -15,14 +15,14 @@ from PIL import Image
 WIDTH, ROW_HEIGHT, TITLE_HEIGHT = 900, 240, 60  # figsize (9, 2.4 x rows + 0.6) at 100 dpi
 
 
-def write_run(log_dir: Path, steps: int = 20, *, val_every: int | None = None) -> Path:
+def write_run(log_dir: Path, steps: int = 20, *, val_every: int | None = None, rewards: bool = False) -> Path:
     """metrics.jsonl of a short run, written by the trainer's own logger."""
     logger = MetricsLogger(total_steps=steps, log_dir=log_dir, tensorboard=False)
     for step in range(1, steps + 1):
         logger.log(step, {"loss": 2.0 / step + 0.1 * math.sin(step), "lr": 1e-3 * min(1, step / 5),
                           "grad_norm": 1.0 / math.sqrt(step), "skipped": False})  # fmt: skip
         if val_every and step % val_every == 0:
-            logger.log(step, {"val_loss": 1.5 / step})
+            logger.log(step, {"val_loss": 1.5 / step, **({"val_reward": -1.0 / step} if rewards else {})})
     logger.close()
     return log_dir
 
@@ -42,6 +42,12 @@ def test_plot_writes_a_png_with_a_panel_per_series_and_one_for_validation_loss(t
     image = _png(out)
     assert image.size == (WIDTH, 4 * ROW_HEIGHT + TITLE_HEIGHT)  # loss, lr, grad norm, validation loss
     assert len(image.convert("RGB").getcolors(maxcolors=1 << 16) or range(1 << 16)) > 20  # drawn, not blank
+
+
+def test_validation_rewards_get_a_panel_of_their_own(tmp_path):
+    run = write_run(tmp_path / "run", val_every=5, rewards=True)
+    assert main(["plot", str(run)]) == 0
+    assert _png(run / "metrics.png").size == (WIDTH, 5 * ROW_HEIGHT + TITLE_HEIGHT)
 
 
 def test_without_validation_records_the_png_has_three_panels_beside_the_metrics(tmp_path):

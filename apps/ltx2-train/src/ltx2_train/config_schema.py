@@ -39,9 +39,14 @@ SAMPLER_KEYS = {
     "shift_max": "max_shift",
 }
 """``model.pipeline`` keys of the sigma sampler -> ``SigmaSampler`` fields."""
+AudioTimesteps = Literal["shared", "independent"]
+FrozenModality = Literal["none", "audio", "video"]
 PIPELINE_KEYS = (
     "audio",
+    "audio_timesteps",
+    "frozen_modality",
     "first_frame_conditioning_p",
+    "conditioning_frames",
     "audio_loss_weight",
     "frame_rate",
     "audio_placeholder_tokens",
@@ -66,14 +71,42 @@ class LTX2PipelineOptions(PartialConfigModel):
     """Logit-normal mean at ``shift_max_tokens``."""
     audio: bool = True
     """Train the audio stream too (false: the T2V recipe, audio contributes no loss)."""
+    audio_timesteps: AudioTimesteps = "shared"
+    """The audio's sigma: ``shared``, the video's sigma of the same sample (one noise level for both
+    streams); ``independent``, a second draw from the same sampler (same distribution, at the video token
+    count) keyed apart (purpose ``audio_sigma``), so a sample's audio and video sit at different noise levels."""
+    frozen_modality: FrozenModality = "none"
+    """A modality whose branch does not train: ``audio`` trains video with the audio branch frozen (its
+    parameters out of the optimizer, no audio loss; the audio tokens still run, noised, as context);
+    ``video`` the reverse, audio-only training (T2A: no video loss). Refused with LoRA (whose adapters
+    decide what trains) and, for ``video``, without ``audio``."""
     first_frame_conditioning_p: float = Field(default=0.0, ge=0, le=1)
-    """Probability that a sample's first latent frame is given clean."""
+    """Probability that a sample is conditioned: its first ``conditioning_frames`` latent frames given clean."""
+    conditioning_frames: int = Field(default=1, ge=1)
+    """Latent frames a conditioned sample gets clean (timestep 0, no loss): 1 = the first frame (I2V / I2AV);
+    K > 1 = video extension, continuing the first K latent frames (with ``first_frame_conditioning_p: 1``
+    every sample). A clip needs more latent frames than K; the transformer's ``patch_size_t`` must be 1."""
     audio_loss_weight: float = Field(default=1.0, ge=0)
     """Weight of the audio MSE in the loss."""
     frame_rate: float = Field(default=24.0, gt=0)
     """Frame rate for RoPE when the batch carries none."""
     audio_placeholder_tokens: int = Field(default=8, ge=1)
     """Zero audio tokens fed when ``audio`` is false."""
+
+    @model_validator(mode="after")
+    def _conditioning_frames_need_conditioning(self) -> LTX2PipelineOptions:
+        if self.conditioning_frames != 1 and self.first_frame_conditioning_p == 0:
+            why = "conditions no sample while first_frame_conditioning_p is 0: set that > 0 (1: every sample)"
+            deps = (("first_frame_conditioning_p",),)
+            raise RuleViolations([Problem(("conditioning_frames",), why, self.conditioning_frames, deps=deps)])
+        return self
+
+    @model_validator(mode="after")
+    def _audio_only_needs_audio(self) -> LTX2PipelineOptions:
+        if self.frozen_modality == "video" and not self.audio:
+            why = "audio-only training needs the audio stream: set audio: true, or frozen_modality: none"
+            raise RuleViolations([Problem(("frozen_modality",), why, self.frozen_modality, deps=(("audio",),))])
+        return self
 
     @model_validator(mode="after")
     def _anchors_differ(self) -> LTX2PipelineOptions:
@@ -132,6 +165,12 @@ class LTX2ContainerPipelineOptions(LTX2PipelineOptions):
             for key in SAMPLER_KEYS
             if key in self.model_fields_set
         ]
+        for key, default, why in (
+            ("audio_timesteps", "shared", "a distillation moves both streams at one sigma per sample"),
+            ("frozen_modality", "none", "a distillation trains its student's whole transformer"),
+        ):
+            if getattr(self, key) != default:
+                problems.append(Problem((key,), f"{why}: expected {default}", getattr(self, key), deps=deps))
         if self.first_frame_conditioning_p > 0:
             why = "a distillation draws whole clips (no clean conditioning frames): expected 0"
             problems.append(Problem(("first_frame_conditioning_p",), why, self.first_frame_conditioning_p, deps=deps))
@@ -234,6 +273,8 @@ declare_ids("container", "ltx2_container")  # the other ids have schemas (known 
 
 __all__ = [
     "PIPELINE_KEYS",
+    "AudioTimesteps",
+    "FrozenModality",
     "SAMPLER_KEYS",
     "SAMPLING_MODES",
     "LTX2ContainerPipelineOptions",

@@ -11,7 +11,8 @@ import torch
 from mm_pipelines import DistributionMatchingDistillation
 from mm_trainer import ModelContainer, SampledClip, model_register
 
-from ltx2_train.distill import architecture_problems, check_models, run_pipeline
+from ltx2_train.distill import STUDENT, architecture_problems, check_models, run_pipeline
+from ltx2_train.modality import freeze_branch
 from ltx2_train.pipeline import LTX2Pipeline
 from ltx2_train.validation import SamplingSet, prepare_sampling, sample_validation_clip
 
@@ -23,20 +24,37 @@ class LTX2Container(ModelContainer):
     With ``model.pipeline.distill`` the container must hold ``model`` (the student), ``teacher``
     (frozen) and ``critic``; the trainable ones are checkpointed, the teacher reloads from its source.
     ``training.validation`` samples ``model``'s clips with their audio (:mod:`ltx2_train.validation`); the
-    pipeline's ``validation_loss`` gives ``val_loss``.
+    pipeline's ``validation_loss`` gives ``val_loss``. ``model.pipeline.frozen_modality`` freezes that
+    branch of a trained ``model`` here, before LoRA, FSDP and the optimizer see it
+    (:func:`ltx2_train.modality.freeze_branch`).
     """
 
     def __init__(self, sub_models: Mapping[str, Any], **kwargs: Any) -> None:
         super().__init__(sub_models, **kwargs)
         if isinstance(self.pipeline, DistributionMatchingDistillation):
             check_models(sub_models, self.trainable_submodels)
+        frozen = getattr(self.flow_pipeline, "frozen_modality", "none")
+        #: The parameter paths of ``model`` that ``frozen_modality`` froze (empty without one).
+        self.frozen_branch: list[str] = []
+        if frozen != "none" and self.is_trainable(STUDENT):
+            self.frozen_branch = freeze_branch(getattr(self, STUDENT), frozen)
         self._sampling: SamplingSet | None = None
 
     @classmethod
     def sub_model_problems(cls, model_section: Any) -> dict[str, str]:
         """A distillation's student or critic whose architecture is not the teacher's
-        (:func:`ltx2_train.distill.architecture_problems`), before anything is built."""
-        return architecture_problems(model_section)
+        (:func:`ltx2_train.distill.architecture_problems`), and a LoRA ``model`` with
+        ``frozen_modality``, before anything is built."""
+        problems = architecture_problems(model_section)
+        frozen = dict(getattr(model_section, "pipeline", None) or {}).get("frozen_modality", "none")
+        student = model_section.sub_models().get(STUDENT)
+        if frozen != "none" and getattr(student, "lora", None) is not None:
+            problems[STUDENT] = (
+                f"model.pipeline.frozen_modality={frozen} with LoRA: the adapters decide what trains (LoRA "
+                f"freezes the rest); target only the other branch's modules in model.lora and set "
+                "frozen_modality: none"
+            )
+        return problems
 
     @classmethod
     def build_pipeline(cls, options: Mapping[str, Any]) -> LTX2Pipeline | DistributionMatchingDistillation:

@@ -40,6 +40,12 @@ def distillation_pipeline(base: LTX2Pipeline, options: Mapping[str, Any]) -> Dis
             f"model.pipeline.first_frame_conditioning_p={base.first_frame_conditioning_p}: a distillation draws "
             "whole clips (no clean conditioning frames): set it to 0"
         )
+    for key, default in (("audio_timesteps", "shared"), ("frozen_modality", "none")):
+        if getattr(base, key) != default:
+            raise ValueError(
+                f"model.pipeline.{key}={getattr(base, key)}: a distillation moves both streams at one sigma and "
+                f"trains the student's whole transformer: set it to {default}"
+            )
     base.scheduler = FlowMatchScheduler(shift=float(options.pop("shift")))
     return DistributionMatchingDistillation.from_options(base, options)
 

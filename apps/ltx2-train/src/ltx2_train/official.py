@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ltx2_train.version import SINGLE_FILE_OPTIONS
+
 OFFICIAL_PREFIX = "model.diffusion_model."
 """The prefix of the transformer's keys in an official single file (ComfyUI's checkpoint prefix)."""
 METADATA_CONFIG = "config"
@@ -77,8 +79,12 @@ def official_transformer_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def diffusers_transformer_config(official: Mapping[str, Any]) -> dict[str, Any]:
     """Diffusers constructor arguments from the metadata's ``transformer`` section (inverse of
-    :func:`official_transformer_config` on the fields it writes; fields it does not know are left out)."""
+    :func:`official_transformer_config` on the fields it writes, plus the release options of
+    :data:`ltx2_train.version.SINGLE_FILE_OPTIONS`; fields it does not know are left out)."""
     out = {name: official[name] for name in SAME_NAMES if name in official}
+    for key, (name, negated) in SINGLE_FILE_OPTIONS.items():  # the release options (ltx2_train.version)
+        if key in official:
+            out[name] = not official[key] if negated else official[key]
     if "positional_embedding_theta" in official:
         out["rope_theta"] = official["positional_embedding_theta"]
     if "positional_embedding_max_pos" in official:

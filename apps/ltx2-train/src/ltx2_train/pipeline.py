@@ -3,17 +3,21 @@
 Per micro-batch (``x0`` = clean latents as tokens: :func:`pack_video` with the transformer's
 ``patch_size`` / ``patch_size_t``, in upstream ``LTX2Pipeline._pack_latents``'s order; ``eps`` ~ N(0, I)); every draw is per sample from
 the micro-batch's :class:`mm_pipelines.SampleRNG` (purposes ``sigma``, ``first_frame_conditioning``,
-``noise``, ``audio_noise``), so a sample trains the same at any layout:
+``noise``, ``audio_noise``, ``audio_sigma``), so a sample trains the same at any layout:
 
 1. one ``sigma`` per sample from :class:`~ltx2_train.timesteps.SigmaSampler` (token count = video
-   tokens), the SAME sigma for the video and the audio of a sample;
-2. optional first-frame conditioning: with probability ``first_frame_conditioning_p`` a sample's
-   first latent frame is given clean (``sigma = 0`` and timestep 0 on those tokens; refused when
-   ``patch_size_t`` > 1, whose tokens mix the first frame with later ones);
+   tokens); the audio's sigma is the same (``audio_timesteps: shared``, the default) or a second draw of
+   the sampler keyed apart (``independent``: purpose ``audio_sigma``);
+2. optional conditioning on leading frames: with probability ``first_frame_conditioning_p`` a sample's
+   first ``conditioning_frames`` latent frames are given clean (``sigma = 0`` and timestep 0 on those
+   tokens; 1 frame: I2V, K frames: video extension; refused when ``patch_size_t`` > 1, whose tokens mix
+   frames, and for a clip of no more than K latent frames);
 3. ``x_sigma = (1 - sigma) x0 + sigma eps``; the predictor gets ``timestep = 1000 sigma`` (per
    token for video when any token is conditioned, else per sample);
 4. target ``eps - x0``; loss = MSE over the video tokens that are not conditioning tokens
-   + ``audio_loss_weight`` x audio MSE (fp32).
+   + ``audio_loss_weight`` x audio MSE (fp32), less the stream of ``frozen_modality`` (``audio``: video
+   loss alone, the audio branch frozen; ``video``: the audio loss alone, T2A). Both streams' MSEs are
+   reported (``loss_video``, ``loss_audio``), the frozen one's too.
 
 Held-out samples (``training.validation.data_path``, :meth:`LTX2Pipeline.validation_loss`): the same loss
 without conditioning frames at ``num_timesteps`` fixed sigmas ``(k + 1/2) / num_timesteps``, with one noise
@@ -33,9 +37,10 @@ from typing import Any
 import torch
 from mm_pipelines import FlowMatchScheduler, GenerativePipelineBase, SampleRNG
 
-from ltx2_train.config_schema import PIPELINE_KEYS, SAMPLER_KEYS
+from ltx2_train.config_schema import PIPELINE_KEYS, SAMPLER_KEYS, AudioTimesteps, FrozenModality
 from ltx2_train.planning import planning_batch
 from ltx2_train.timesteps import SigmaSampler
+from ltx2_train.version import config_version
 
 
 def check_patch_grid(grid: tuple[int, int, int], patch_size: int = 1, patch_size_t: int = 1) -> None:
@@ -82,12 +87,13 @@ def pack_audio(latents: torch.Tensor) -> torch.Tensor:
 
 def first_frame_token_mask(
     batch: int, frames: int, tokens_per_frame: int, probability: float, *, generator: torch.Generator | None = None,
-    device: torch.device | str | None = None,
+    device: torch.device | str | None = None, conditioning_frames: int = 1,
 ) -> torch.Tensor:  # fmt: skip
-    """``[B, F*H*W]`` bool: True on the first latent frame's tokens of samples drawn with ``probability``."""
+    """``[B, F*H*W]`` bool: True on the first ``conditioning_frames`` latent frames' tokens of samples drawn
+    with ``probability``."""
     chosen = torch.rand(batch, generator=generator, device=device) < probability
     first = torch.zeros(frames * tokens_per_frame, dtype=torch.bool, device=device)
-    first[:tokens_per_frame] = True
+    first[: conditioning_frames * tokens_per_frame] = True
     return chosen[:, None] & first[None, :]
 
 
@@ -129,7 +135,10 @@ class LTX2Pipeline(GenerativePipelineBase):
         sampler: SigmaSampler | None = None,
         *,
         audio: bool = True,
+        audio_timesteps: AudioTimesteps = "shared",
+        frozen_modality: FrozenModality = "none",
         first_frame_conditioning_p: float = 0.0,
+        conditioning_frames: int = 1,
         audio_loss_weight: float = 1.0,
         frame_rate: float = 24.0,
         audio_placeholder_tokens: int = 8,
@@ -139,8 +148,21 @@ class LTX2Pipeline(GenerativePipelineBase):
             raise ValueError(
                 f"model.pipeline.first_frame_conditioning_p={first_frame_conditioning_p}: expected in [0, 1]"
             )
+        if audio_timesteps not in ("shared", "independent"):
+            raise ValueError(f"model.pipeline.audio_timesteps={audio_timesteps!r}: expected shared or independent")
+        if frozen_modality not in ("none", "audio", "video"):
+            raise ValueError(f"model.pipeline.frozen_modality={frozen_modality!r}: expected none, audio or video")
+        if frozen_modality == "video" and not audio:
+            raise ValueError(
+                "model.pipeline.frozen_modality=video (audio-only training) needs model.pipeline.audio: true"
+            )
+        if conditioning_frames < 1:
+            raise ValueError(f"model.pipeline.conditioning_frames={conditioning_frames}: expected >= 1")
+        self.conditioning_frames = conditioning_frames
         self.sampler = sampler or SigmaSampler()
         self.audio = audio
+        self.audio_timesteps = audio_timesteps
+        self.frozen_modality = frozen_modality
         self.first_frame_conditioning_p = first_frame_conditioning_p
         self.audio_loss_weight = audio_loss_weight
         self.frame_rate = frame_rate
@@ -171,11 +193,19 @@ class LTX2Pipeline(GenerativePipelineBase):
         latents = batch["latents"]
         if latents.dim() != 5:
             raise ValueError(f"batch['latents']: expected [B, C, F, H, W], got shape {tuple(latents.shape)}")
-        patch_size, patch_size_t = video_patch(self.submodule(container, "predictor"))
+        model = self.submodule(container, "predictor")
+        _check_release(model)
+        patch_size, patch_size_t = video_patch(model)
         if patch_size_t > 1 and self.first_frame_conditioning_p > 0:
             raise ValueError(
                 f"model.pipeline.first_frame_conditioning_p={self.first_frame_conditioning_p} needs the first "
                 f"latent frame in tokens of its own, but the transformer's patch_size_t is {patch_size_t}; set it to 0"
+            )
+        if self.first_frame_conditioning_p > 0 and latents.shape[2] <= self.conditioning_frames:
+            raise ValueError(
+                f"model.pipeline.conditioning_frames={self.conditioning_frames}: the clips have "
+                f"{latents.shape[2]} latent frames, which leaves none to generate; expected more latent frames "
+                "than conditioning_frames (longer clips in preprocess, or fewer conditioning frames)"
             )
         out = {
             "video": pack_video(latents, patch_size, patch_size_t),
@@ -203,6 +233,9 @@ class LTX2Pipeline(GenerativePipelineBase):
         per_frame = (height // conditions.get("patch", 1)) * (width // conditions.get("patch", 1))
         device = x0.device
         sigma = self.sampler.sample_keyed(rng, num_tokens, device=device)
+        audio_sigma = sigma
+        if self.audio and self.audio_timesteps == "independent":
+            audio_sigma = self.sampler.sample_keyed(rng, num_tokens, device=device, purpose="audio_sigma")
         conditioned = rng.per_sample(
             "first_frame_conditioning",
             lambda g: first_frame_token_mask(
@@ -212,6 +245,7 @@ class LTX2Pipeline(GenerativePipelineBase):
                 self.first_frame_conditioning_p,
                 generator=g,
                 device=device,
+                conditioning_frames=self.conditioning_frames,
             )[0],
             device,
         )
@@ -220,19 +254,22 @@ class LTX2Pipeline(GenerativePipelineBase):
         if self.audio:
             a0 = conditions["audio"]
             eps_a = rng.randn("audio_noise", a0.shape[1:], dtype=a0.dtype, device=device)
-        return self._mixed(conditions, sigma, conditioned, eps, eps_a)
+        return self._mixed(conditions, sigma, conditioned, eps, eps_a, audio_sigma)
 
     def _mixed(
         self, conditions: dict[str, Any], sigma: torch.Tensor, conditioned: torch.Tensor, eps: torch.Tensor,
-        eps_audio: torch.Tensor | None,
+        eps_audio: torch.Tensor | None, audio_sigma: torch.Tensor | None = None,
     ) -> dict[str, Any]:  # fmt: skip
-        """``x_sigma = (1 - sigma) x0 + sigma eps`` per stream (0 on conditioning tokens) and the targets."""
+        """``x_sigma = (1 - sigma) x0 + sigma eps`` per stream (0 on conditioning tokens) and the targets;
+        the audio at ``audio_sigma`` (default: ``sigma``)."""
+        audio_sigma = sigma if audio_sigma is None else audio_sigma
         x0 = conditions["video"]
         token_sigma = sigma[:, None] * (~conditioned).to(sigma.dtype)  # [B, S]: 0 on conditioning tokens
         s = token_sigma[..., None].to(x0.dtype)
         noised = {
             **conditions,
             "sigma": sigma,
+            "audio_sigma": audio_sigma,
             "conditioned": conditioned,
             "noisy_video": (1 - s) * x0 + s * eps,
             "video_target": eps - x0,
@@ -240,7 +277,7 @@ class LTX2Pipeline(GenerativePipelineBase):
         }
         if self.audio:
             a0 = conditions["audio"]
-            sa = sigma[:, None, None].to(a0.dtype)
+            sa = audio_sigma[:, None, None].to(a0.dtype)
             noised["noisy_audio"] = (1 - sa) * a0 + sa * eps_audio
             noised["audio_target"] = eps_audio - a0
         return noised
@@ -262,7 +299,7 @@ class LTX2Pipeline(GenerativePipelineBase):
             encoder_hidden_states=noised["text"],
             audio_encoder_hidden_states=noised["audio_text"],
             timestep=noised["video_timestep"] * scale,
-            audio_timestep=noised["sigma"] * scale,
+            audio_timestep=noised.get("audio_sigma", noised["sigma"]) * scale,
             encoder_attention_mask=noised["text_mask"],
             audio_encoder_attention_mask=noised["text_mask"],
             num_frames=frames, height=height, width=width, fps=noised["frame_rate"],
@@ -303,7 +340,8 @@ class LTX2Pipeline(GenerativePipelineBase):
     def compute_loss(
         self, prediction: tuple[torch.Tensor, torch.Tensor], noised: dict[str, Any]
     ) -> torch.Tensor:
-        """Masked video MSE (non-conditioning tokens) + weighted audio MSE, fp32."""
+        """Masked video MSE (non-conditioning tokens) + weighted audio MSE, fp32; the stream of
+        ``frozen_modality`` left out (its MSE still reported, without gradient)."""
         video_pred, audio_pred = prediction
         video_loss = masked_mse(video_pred, noised["video_target"], ~noised["conditioned"])
         noised["video_loss"] = video_loss.detach()
@@ -311,6 +349,10 @@ class LTX2Pipeline(GenerativePipelineBase):
             return video_loss
         audio_loss = masked_mse(audio_pred, noised["audio_target"])
         noised["audio_loss"] = audio_loss.detach()
+        if self.frozen_modality == "audio":
+            return video_loss
+        if self.frozen_modality == "video":
+            return self.audio_loss_weight * audio_loss
         return video_loss + self.audio_loss_weight * audio_loss
 
     # ---------------------------------------------------------- validation
@@ -357,6 +399,17 @@ class LTX2Pipeline(GenerativePipelineBase):
             text_tokens = noised["text"].shape[1]
             out["flops"] = batch * counter(video_tokens, computed_audio, text_tokens, cross_modal=self.audio)
         return out
+
+
+def _check_release(model: Any) -> None:
+    """Refuse a transformer of a release whose forward inputs this pipeline does not give (2.3's and 2.5's
+    prompt-modulation sigmas, ``sigma`` / ``audio_sigma``), naming it, instead of failing inside upstream."""
+    version = config_version(model.config, "the transformer's config")
+    if version != "2.0":
+        raise ValueError(
+            f"the transformer is LTX-{version} (ltx2_train.version); this pipeline trains LTX-2.0 only: the "
+            f"{version} forward's prompt-modulation timesteps (sigma, audio_sigma) are not given yet"
+        )
 
 
 def _frame_rate(value: Any, default: float) -> float:

@@ -21,10 +21,12 @@ import torch
 from diffusers import LTX2VideoTransformer3DModel
 from mm_parallel import ParallelState, SequenceParallelPlan
 from mm_trainer import BaseModel, model_register
+from mm_trainer.model.build import log_rank0
 from torch import nn
 
 from ltx2_train.context_parallel import LAYOUT, install_attention_processors, sequence_parallel_forward
 from ltx2_train.official import is_single_file, read_single_file_config
+from ltx2_train.version import config_version, contradictions, folder_version, single_file_version
 
 INIT_KEYS = frozenset(inspect.signature(LTX2VideoTransformer3DModel.__init__).parameters) - {"self"}
 TRANSFORMER_DEFAULTS = {
@@ -78,6 +80,40 @@ def transformer_config(args: Any) -> dict[str, Any]:
     return config
 
 
+def transformer_version(args: Any) -> tuple[str, str]:
+    """``(release, where it was read)`` of the transformer a config section builds
+    (:mod:`ltx2_train.version`): its source's ``config.json`` when it has one, an official single file's
+    metadata (a ``model.config`` key that sets a release-deciding argument otherwise is refused), else the
+    ``model.config`` shape itself."""
+    overrides = dict(getattr(args, "config", None) or {})
+    source = getattr(args, "checkpoint_path", None) or getattr(args, "from_pretrained", None)
+    if source and (Path(source) / "config.json").is_file():
+        path = Path(source) / "config.json"
+        version = folder_version(source)
+        _refuse_contradictions(overrides, json.loads(path.read_text()), path, version)
+        return version, str(path)
+    if is_single_file(source):
+        version = single_file_version(source)
+        _refuse_contradictions(overrides, read_single_file_config(source), source, version)
+        return version, str(source)
+    return config_version(transformer_config(args), "model.config"), "model.config"
+
+
+def _refuse_contradictions(
+    overrides: dict[str, Any], checkpoint: dict[str, Any], where: Any, version: str
+) -> None:
+    """A ``model.config`` key that sets a release-deciding argument otherwise than the checkpoint is refused."""
+    clash = contradictions(overrides, checkpoint)
+    if clash:
+        said = ", ".join(
+            f"{k}={str(o).lower()} (the checkpoint's: {str(c).lower()})" for k, (o, c) in clash.items()
+        )
+        raise ValueError(
+            f"model.config: {said} contradicts {where}, an LTX-{version} transformer; the release is read "
+            "from the checkpoint: remove these keys"
+        )
+
+
 @model_register("ltx2_predictor")
 class LTX2Predictor(BaseModel, LTX2VideoTransformer3DModel):
     """``LTX2VideoTransformer3DModel`` built from a config section (upstream module tree and keys).
@@ -91,13 +127,22 @@ class LTX2Predictor(BaseModel, LTX2VideoTransformer3DModel):
     #: Weights load through mm-checkpoint's ``ltx2`` map: official names (a single file's, its
     #: ``model.diffusion_model.`` prefix dropped by the ComfyUI-file view) -> diffusers'; diffusers keys pass.
     weight_transform_model_type = "ltx2"
+    #: The LTX-2 release of the checkpoint or shape it was built from (:mod:`ltx2_train.version`).
+    ltx2_version: str | None = None
     #: The container of the single-model form (``model.model_id: ltx2_predictor``): LTX-2's, whose
     #: ``training.validation`` hooks sample clips with audio (``mm_trainer.model.container.container_class``).
     single_model_container = "ltx2_container"
 
     @classmethod
     def build_from_config(cls, args: Any) -> LTX2Predictor:
-        return cls(**transformer_config(args))
+        """The transformer of the config section, its LTX-2 release recognised (and logged) first
+        (:func:`transformer_version`): a contradicting or unknown one is refused before anything is built."""
+        config = transformer_config(args)
+        version, where = transformer_version(args)
+        log_rank0(f"LTX-2 transformer: LTX-{version} (read from {where})")
+        model = cls(**config)
+        model.ltx2_version = version
+        return model
 
     @classmethod
     def from_pretrained(cls, args: Any) -> LTX2Predictor:  # type: ignore[override]

@@ -55,10 +55,10 @@ class SigmaSampler:
         return torch.sigmoid(normal * self.std + self.shift(num_tokens))
 
     def sample_keyed(
-        self, rng: SampleRNG, num_tokens: int, *, device: torch.device | str | None = None
+        self, rng: SampleRNG, num_tokens: int, *, device: torch.device | str | None = None, purpose: str = "sigma"
     ) -> torch.Tensor:
-        """``[B]`` float32 sigmas, sample ``i``'s from its own key (purpose ``"sigma"``): the same at
-        any micro-batch split or layout."""
+        """``[B]`` float32 sigmas, sample ``i``'s from its own key (``purpose``: ``"sigma"``, or
+        ``"audio_sigma"`` for an independent audio draw): the same at any micro-batch split or layout."""
         return rng.per_sample(
-            "sigma", lambda g: self.sample(1, num_tokens, generator=g, device=device)[0], device
+            purpose, lambda g: self.sample(1, num_tokens, generator=g, device=device)[0], device
         )

@@ -4,6 +4,7 @@ wan22-train --config t2v_a14b_high.yaml                 # train (same as `mm-tra
 torchrun --nproc-per-node 8 -m wan22_train --config X.yaml
 wan22-train --config X.yaml --dry-run --world-size 64   # FSDP plan, bytes per rank
 wan22-train make-tiny runs/tiny                         # tiny model set + clips
+wan22-train make-pairs runs/tiny --target 1 0 0         # Diffusion-DPO pairs of its clips, by colour
 wan22-train preprocess --config t2v_a14b_high_cached.yaml   # clips -> VAE latents + UMT5 embeddings
 wan22-train sample --checkpoint runs/tiny/ckpt --prompt "a red square moving left" --out clip.mp4
 wan22-train export --checkpoint runs/tiny/ckpt --out runs/tiny/export/transformer
@@ -26,6 +27,7 @@ from wan22_train import __version__
 
 COMMANDS: dict[str, str] = {
     "make-tiny": "write a tiny Wan2.2 model set (diffusers layout) + mp4 clips",
+    "make-pairs": "write Diffusion-DPO pairs of a tiny set's clips, preferred: the clip nearer a target colour",
     "preprocess": "encode clips into the sharded VAE/UMT5 cache data.data_path; reruns encode only what changed (torchrun: ranks split the clips)",
     "sample": "generate a clip with a trained predictor",
     "export": "export the trained predictor (diffusers or official layout) or its LoRA (a pair for two experts)",
@@ -62,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="steps of the tiny VAE's fit to the clips (0: random VAE)",
     )
+    pairs = sub.add_parser("make-pairs", help=COMMANDS["make-pairs"])
+    pairs.add_argument("tiny", help="a make-tiny folder: its data/metadata.json clips")
+    pairs.add_argument("--target", type=float, nargs=3, required=True, metavar=("R", "G", "B"),
+                       help="the preferred colour, RGB each in [0, 1]")  # fmt: skip
     pre = sub.add_parser("preprocess", help=COMMANDS["preprocess"])
     pre.add_argument("--config", required=True)
     pre.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.data_path=/tmp/cache")
@@ -150,6 +156,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         shapes = {"num_clips": len(DEMO_SHAPES), "shapes": DEMO_SHAPES}
         print(make_tiny(args.out, seed=args.seed, vae_fit_steps=steps, **shapes))
         print(fit_summary(Path(args.out) / "vae"))
+    elif args.command == "make-pairs":
+        from mm_trainer.run.user_errors import UsageError
+
+        from wan22_train.pairs import make_colour_pairs
+
+        if not all(0.0 <= v <= 1.0 for v in args.target):
+            raise UsageError(f"make-pairs: --target {args.target}: each of R G B must lie in [0, 1]")
+        for path in make_colour_pairs(args.tiny, args.target):
+            print(path)
     elif args.command == "preprocess":
         from mm_trainer import load_offline_config
 

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Literal, get_args
 from mm_config import (
     ConfigModel,
     DistillOptions,
+    DPOOptions,
     DType,
     InputPath,
     PartialConfigModel,
@@ -69,6 +70,9 @@ class WanPipelineOptions(PartialConfigModel):
     """Gaussian-in-t loss weight (False: weight 1)."""
     distill: DistillOptions | None = None
     """Few-step distillation (DMD2) of a ``teacher`` into the ``predictor``; None: ordinary training."""
+    dpo: DPOOptions | None = None
+    """Diffusion-DPO of the ``predictor`` on preference pairs (the ``video_pairs`` dataset) against a frozen
+    reference, in the phase ``dpo``; None: ordinary training."""
 
     input_dtype_key: ClassVar[str] = "predict_dtype"
     """The option that casts the predictor's inputs (mm-config's dtype rules then leave the sub-models'
@@ -99,6 +103,8 @@ class WanPipelineOptions(PartialConfigModel):
                     deps=(("expert",),),
                 )
             )
+        if self.dpo is not None and self.distill is not None:
+            problems.append(Problem(("dpo",), "one training mode at a time: not with distill", deps=(("distill",),)))
         if self.sigma_min >= self.sigma_max:
             problems.append(
                 Problem(
@@ -323,6 +329,7 @@ __all__ = [
     "Expert",
     "SCHEDULER_KEYS",
     "DistillOptions",
+    "DPOOptions",
     "TASKS",
     "Task",
     "TRAIN_TIME_KEYS",

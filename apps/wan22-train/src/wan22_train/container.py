@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from mm_pipelines import DistributionMatchingDistillation, with_distillation
+from mm_pipelines import DiffusionDPO, DistributionMatchingDistillation, with_distillation
 from mm_trainer import ModelContainer, model_register
 
 from wan22_train.distill import (
@@ -16,6 +16,7 @@ from wan22_train.distill import (
     check_distillation_models,
     distillation_pipeline,
 )
+from wan22_train.dpo import dpo_problems, preference_pipeline
 from wan22_train.pipeline import LOW_NOISE_ROLE, OTHER_EXPERT_ROLE, Wan22Pipeline, low_noise_role
 from wan22_train.planning import planning_batch
 from wan22_train.sampling import sample_video
@@ -45,17 +46,24 @@ class Wan22Container(ModelContainer):
     @classmethod
     def sub_model_problems(cls, model_section: Any) -> dict[str, str]:
         """A distillation's students and critics whose architecture is not their teacher's
-        (:func:`wan22_train.distill.architecture_problems`), before anything is built."""
-        return architecture_problems(model_section)
+        (:func:`wan22_train.distill.architecture_problems`), a Diffusion-DPO run without a reference
+        (:func:`wan22_train.dpo.dpo_problems`), before anything is built."""
+        return architecture_problems(model_section) | dpo_problems(model_section)
 
     @classmethod
-    def build_pipeline(cls, options: Mapping[str, Any]) -> Wan22Pipeline | DistributionMatchingDistillation:
-        """``Wan22Pipeline``; with ``distill``, DMD2 around it (:mod:`wan22_train.distill`)."""
-        return with_distillation(options, Wan22Pipeline.from_options, distillation_pipeline)
+    def build_pipeline(
+        cls, options: Mapping[str, Any]
+    ) -> Wan22Pipeline | DistributionMatchingDistillation | DiffusionDPO:
+        """``Wan22Pipeline``; with ``distill``, DMD2 around it (:mod:`wan22_train.distill`); with ``dpo``,
+        Diffusion-DPO around it (:mod:`wan22_train.dpo`)."""
+        options = dict(options)
+        dpo = options.pop("dpo", None)
+        pipeline = with_distillation(options, Wan22Pipeline.from_options, distillation_pipeline)
+        return pipeline if dpo is None else preference_pipeline(pipeline, dpo)
 
     @property
     def flow_pipeline(self) -> Wan22Pipeline:
-        """The flow-match pipeline (under a distillation's, the one it wraps)."""
+        """The flow-match pipeline (under a distillation's or Diffusion-DPO's, the one it wraps)."""
         return getattr(self.pipeline, "base", self.pipeline)
 
     def planning_batch(self, data: Any, micro_batch_size: int) -> dict[str, Any]:

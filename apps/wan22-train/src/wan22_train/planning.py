@@ -6,7 +6,8 @@ Online (``video_text``): what the dataset and its collate yield, ``video [B, 3, 
 of placeholder paths does not have). From the encoder cache (``wan22_cached``): ``latents [B, z, T,
 h, w]`` float32 (z = the predictor's ``out_dim``; T, h, w from the clip size and the VAE's
 compression in the ``preprocess.ae`` config, Wan's 4 x 8 x 8 by default) and ``prompt_embeds [B,
-text_len, text_dim]`` in the text encoder's dtype; I2V adds ``image_latents``.
+text_len, text_dim]`` in the text encoder's dtype; I2V adds ``image_latents``. A Diffusion-DPO run's pairs
+add the rejected member's clip (``rejected_video``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from typing import Any
 import torch
 from mm_data import parse_buckets
 from mm_parallel import parse_dtype
+from mm_pipelines import REJECTED_PREFIX, DiffusionDPO
 
 CACHED_DATASET = "wan22_cached"
+CLIP_KEYS = ("video", "latents", "image_latents")
+"""A sample's own keys (the rest, the prompt, a Diffusion-DPO pair's members share)."""
 
 
 def largest_clip(options: dict[str, Any]) -> tuple[int, int, int]:
@@ -65,7 +69,7 @@ def cached_batch(container: Any, options: dict[str, Any], size: int) -> dict[str
         "latents": torch.zeros(size, config.out_dim, *grid),
         "prompt_embeds": torch.zeros(size, config.text_len, config.text_dim, dtype=dtype),
     }
-    if container.pipeline.task == "i2v":
+    if container.flow_pipeline.task == "i2v":
         batch["image_latents"] = torch.zeros(size, config.out_dim, *grid)
     return batch
 
@@ -77,5 +81,7 @@ def planning_batch(container: Any, data: Any, micro_batch_size: int) -> dict[str
         batch = cached_batch(container, options, micro_batch_size)
     else:
         batch = online_batch(container, options, micro_batch_size)
+    if isinstance(container.pipeline, DiffusionDPO):  # pairs: the rejected member's clip beside the preferred one
+        batch |= {f"{REJECTED_PREFIX}{k}": torch.zeros_like(batch[k]) for k in CLIP_KEYS if k in batch}
     batch["sample_ids"] = list(range(micro_batch_size))
     return batch

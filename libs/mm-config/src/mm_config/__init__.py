@@ -11,8 +11,14 @@ from .conversation import (  # noqa: E402
     ConversationDatasetConfig,
 )
 from .data import DataConfig  # noqa: E402
-from .datasets import PrecomputedLatentsConfig, VideoTextDatasetConfig, frame_rule_problem  # noqa: E402
+from .datasets import (  # noqa: E402
+    PrecomputedLatentsConfig,
+    VideoPairsConfig,
+    VideoTextDatasetConfig,
+    frame_rule_problem,
+)
 from .distill import DistillOptions  # noqa: E402
+from .dpo import DPOOptions  # noqa: E402
 from .errors import ConfigError, MissingDependencyError, Problem, RuleViolations  # noqa: E402
 from .features import (  # noqa: E402
     CompileMode,
@@ -58,9 +64,12 @@ from .registry import (  # noqa: E402
     register_dataset_schema,
     register_model_schema,
     register_pipeline_schema,
+    register_reward_schema,
     registered_ids,
+    reward_schema,
     unregister_schema,
 )
+from .rewards import ColourTargetOptions, RewardConfig  # noqa: E402
 from .root import TrainConfig, context_ranks_per_node, replicas_across_nodes  # noqa: E402
 from .tools import MemoryProfileConfig, ProfileConfig, ToolsConfig  # noqa: E402
 from .training import EMAConfig, NonFiniteConfig, TrainingConfig, WandbConfig  # noqa: E402
@@ -95,6 +104,7 @@ __all__ = [
     "DType",
     "DataConfig",
     "DistillOptions",
+    "DPOOptions",
     "EMAConfig",
     "ENTRY_POINT_GROUP",
     "FSDPPlanConfig",
@@ -111,6 +121,10 @@ __all__ = [
     "ModulePlanConfig",
     "NonFiniteConfig",
     "PhaseConfig",
+    "RewardConfig",
+    "ColourTargetOptions",
+    "register_reward_schema",
+    "reward_schema",
     "ParallelConfig",
     "PartialConfigModel",
     "PrecomputedLatentsConfig",
@@ -126,6 +140,7 @@ __all__ = [
     "TrainingConfig",
     "WandbConfig",
     "VideoTextDatasetConfig",
+    "VideoPairsConfig",
     "__version__",
     "apply_overrides",
     "check_config",

@@ -1,4 +1,5 @@
-"""Schemas of the built-in dataset ids, ``data.dataset`` of ``video_text`` and ``precomputed_latents``.
+"""Schemas of the built-in dataset ids, ``data.dataset`` of ``video_text``, ``video_pairs`` and
+``precomputed_latents``.
 
 mm-trainer registers the builders of these ids (``mm_data.VideoTextDataset`` and
 ``mm_data.PrecomputedLatentDataset``); their keyword arguments are part of the framework's YAML,
@@ -13,7 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from .base import PartialConfigModel
+from .base import ConfigModel, PartialConfigModel
 from .errors import Problem, RuleViolations
 from .registry import register_dataset_schema
 
@@ -105,7 +106,33 @@ class PrecomputedLatentsConfig(PartialConfigModel):
     """Tensors every sample file must hold."""
 
 
+class VideoPairsConfig(ConfigModel):
+    """``data.dataset`` of ``video_pairs`` (``mm_data.PreferencePairs`` over the pairs file ``data.data_path``:
+    a JSON list of ``{caption, preferred, rejected}`` rows, clip paths relative to ``data.data_root``,
+    default the file's folder): Diffusion-DPO's offline pairs."""
+
+    needs_data_path: ClassVar[bool] = True
+    reads_data_root: ClassVar[bool] = True
+
+    num_frames: int = Field(ge=1)
+    """Frames of each clip, from its first (every source frame)."""
+    height: int = Field(ge=1)
+    """Frame height in pixels."""
+    width: int = Field(ge=1)
+    """Frame width in pixels."""
+    frame_rule: str | None = "4k+1"
+    """Rule every frame count must follow (``Nk+1``); None = any."""
+
+    @model_validator(mode="after")
+    def _frames_follow_the_rule(self) -> VideoPairsConfig:
+        why = frame_rule_problem(self.num_frames, self.frame_rule)
+        if why is not None:
+            raise RuleViolations([Problem(("num_frames",), why, self.num_frames, deps=(("frame_rule",),))])
+        return self
+
+
 register_dataset_schema("video_text", VideoTextDatasetConfig)
+register_dataset_schema("video_pairs", VideoPairsConfig)
 register_dataset_schema("precomputed_latents", PrecomputedLatentsConfig)
 
 __all__ = ["PrecomputedLatentsConfig", "VideoTextDatasetConfig", "frame_rule_problem"]

@@ -22,11 +22,11 @@ from pydantic import BaseModel, ValidationError
 from .base import PartialConfigModel
 from .errors import Problem, RuleViolations, problems_from_validation_error
 
-SchemaKind = Literal["model", "dataset", "pipeline"]
+SchemaKind = Literal["model", "dataset", "pipeline", "reward"]
 ENTRY_POINT_GROUP = "mm_config.schemas"
 """Entry-point group of installed schema modules (``wan22 = "wan22_train.config_schema"``)."""
 
-_SCHEMAS: dict[str, dict[str, type[BaseModel]]] = {"model": {}, "dataset": {}, "pipeline": {}}
+_SCHEMAS: dict[str, dict[str, type[BaseModel]]] = {"model": {}, "dataset": {}, "pipeline": {}, "reward": {}}
 _entry_point_problems: list[Problem] | None = None
 
 
@@ -70,8 +70,16 @@ def register_pipeline_schema(owner_id: str, schema: type[BaseModel]) -> type[Bas
     return _register("pipeline", owner_id, schema)
 
 
+def register_reward_schema(reward_id: str, schema: type[BaseModel]) -> type[BaseModel]:
+    """Validate the ``options`` of a ``training.rewards`` entry with this ``id`` by ``schema``. A reward id
+    is known to the config only through its schema: a reward plugin registers one (an empty schema for
+    a reward without options), from its torch-free schema module, beside its ``@reward_register``."""
+    return _register("reward", reward_id, schema)
+
+
 def unregister_schema(kind: SchemaKind, key: str) -> None:
-    """Remove a registered schema (``kind``: ``"model"``, ``"dataset"`` or ``"pipeline"``); for tests."""
+    """Remove a registered schema (``kind``: ``"model"``, ``"dataset"``, ``"pipeline"`` or
+    ``"reward"``); for tests."""
     _SCHEMAS[kind].pop(key, None)
 
 
@@ -88,6 +96,11 @@ def dataset_schema(dataset_id: str | None) -> type[BaseModel] | None:
 def pipeline_schema(owner_id: str | None) -> type[BaseModel] | None:
     """The ``model.pipeline`` schema registered for a container or model id, or None."""
     return _SCHEMAS["pipeline"].get(owner_id) if owner_id else None
+
+
+def reward_schema(reward_id: str | None) -> type[BaseModel] | None:
+    """The ``options`` schema registered for reward ``reward_id``, or None (an unknown reward)."""
+    return _SCHEMAS["reward"].get(reward_id) if reward_id else None
 
 
 def registered_ids(kind: SchemaKind) -> list[str]:

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from .base import ConfigModel, InputPath, LearningRate
 from .errors import Loc, Problem, RuleViolations
 from .phases import PhaseConfig
+from .rewards import RewardConfig, duplicate_reward_problems
 from .validation import ValidationConfig
 
 
@@ -176,6 +177,10 @@ class TrainingConfig(ConfigModel):
     """Named training phases (distillation: ``critic`` and ``generator``), each with its sub-models,
     optimizer, LR schedule and cadence, in update order (docs/DESIGN.md "Training phases"); empty
     (default): one optimizer over every trainable parameter, ``model(**batch)`` without a phase."""
+    rewards: list[RewardConfig] = []
+    """Rewards, each a registered scorer with a weight and options (docs/DESIGN.md "Rewards"): every clip
+    ``validation`` samples is scored by each (``val_reward_<id>``, the mean over the prompts) and by their
+    weighted sum (``val_reward``); needs ``validation.prompts``. Empty (default): none."""
     nonfinite: NonFiniteConfig = NonFiniteConfig()
     """Handling of NaN/inf loss or gradient norm."""
     deterministic: bool = False
@@ -218,6 +223,15 @@ class TrainingConfig(ConfigModel):
                     ("validation",),
                     "writes its clips and val_loss under training.log_dir (or save): set one of them",
                     deps=(("log_dir",), ("save",)),
+                )
+            )
+        problems += [p.prefixed(("rewards",)) for p in duplicate_reward_problems(self.rewards)]
+        if self.rewards and not (self.validation is not None and self.validation.prompts):
+            problems.append(
+                Problem(
+                    ("rewards",),
+                    "scores the clips that training.validation samples: set training.validation.prompts",
+                    deps=(("validation",),),
                 )
             )
         if self.wandb is not None and self.save is None and self.log_dir is None:

@@ -1,5 +1,5 @@
 """Generative training pipelines: the pipeline base, keyed per-sample randomness, the flow-match scheduler,
-T2V/I2V pipelines."""
+T2V/I2V pipelines, distillation (DMD2) and preference training (Diffusion-DPO)."""
 
 from .conditioning import (
     as_tensor_output,
@@ -26,12 +26,18 @@ from .flow_match_scheduler import (
 from .flow_match_t2v import FlowMatchT2VPipeline
 from .keyed_random import SampleRNG, key_seed
 from .pipeline_base import GenerativePipelineBase, PipelineOutput
+from .preference import REFERENCE_ROLE, REJECTED_PREFIX, DiffusionDPO, dpo_loss, split_pair
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_SIGMA_MIN",
     "DistributionMatchingDistillation",
+    "DiffusionDPO",
+    "REFERENCE_ROLE",
+    "REJECTED_PREFIX",
+    "dpo_loss",
+    "split_pair",
     "FlowState",
     "check_distillation_models",
     "distillation_architecture_problems",

@@ -20,10 +20,13 @@ class PipelineOutput:
     Attributes:
         loss: scalar training loss (fp32).
         metrics: per-step numbers for logging, e.g. ``num_tokens`` and ``num_samples``.
+        logged: means over the micro-batch that the trainer logs by name, each averaged over the step's
+            micro-batches and the data-parallel ranks (Diffusion-DPO's ``dpo_margin``, ``dpo_accuracy``).
     """
 
     loss: torch.Tensor
     metrics: dict[str, float] = field(default_factory=dict)
+    logged: dict[str, float] = field(default_factory=dict)
 
 
 class GenerativePipelineBase:

@@ -55,6 +55,7 @@ from mm_trainer.model.build import (
 from mm_trainer.model.regional_compile import check_compile
 from mm_trainer.model.weight_staging import stage_model_weights
 from mm_trainer.modes.phases import PhaseSchedulers, build_phases, keep_configured_phase_hyperparameters
+from mm_trainer.modes.rewards import Rewards
 from mm_trainer.registry.plugins import import_plugins
 from mm_trainer.run.checkpoint_saves import CheckpointSaves
 from mm_trainer.run.directory import open_run_directory
@@ -182,6 +183,7 @@ class Trainer:
             dp_size=ps.dp_size,
             dp_group=ps.dp_group,
             write=self.rank == 0,
+            rewards=Rewards.from_config(cfg.training.rewards),
         )
 
     def _materialize_and_load(self, name: str, module: nn.Module, args: Any, restored: bool) -> None:

@@ -1,7 +1,7 @@
 """The trainer's batch stream: a dataset from the registry behind mm-data's resumable loader.
 
 Built-in dataset ids: ``video_text`` (``mm_data.VideoTextDataset``, ``data.data_path`` is
-its metadata file or caption folder) and ``precomputed_latents`` (``mm_data.PrecomputedLatentDataset``,
+its metadata file or caption folder), ``video_pairs`` (``mm_data.PreferencePairs``, a pairs file) and ``precomputed_latents`` (``mm_data.PrecomputedLatentDataset``,
 ``data.data_path`` is the cache directory); mm-config holds their ``data.dataset`` schemas
 (``mm_config.VideoTextDatasetConfig``, ``PrecomputedLatentsConfig``). Plugins register more with ``@data_register``;
 a registered callable is called with ``data.dataset`` as keyword arguments plus
@@ -14,7 +14,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from mm_data import PrecomputedLatentDataset, VideoTextDataset, build_dataloader, collate_video_text
+from mm_data import (
+    PrecomputedLatentDataset,
+    PreferencePairs,
+    VideoTextDataset,
+    build_dataloader,
+    collate_video_text,
+)
 
 from mm_trainer.data import conversation as _conversation  # noqa: F401 - registers the "conversation" dataset
 from mm_trainer.registry.registries import DATA_REGISTRY, data_register
@@ -24,6 +30,12 @@ from mm_trainer.registry.registries import DATA_REGISTRY, data_register
 def video_text_dataset(*, data_path: str, data_root: str | None = None, **kwargs: Any) -> VideoTextDataset:
     """``VideoTextDataset`` over the metadata file or caption folder ``data.data_path``."""
     return VideoTextDataset(data_path, data_root=data_root, **kwargs)
+
+
+@data_register("video_pairs")
+def video_pairs_dataset(*, data_path: str, data_root: str | None = None, **kwargs: Any) -> PreferencePairs:
+    """``PreferencePairs`` over the pairs file ``data.data_path`` (Diffusion-DPO's offline pairs)."""
+    return PreferencePairs(data_path, data_root=data_root, **kwargs)
 
 
 @data_register("precomputed_latents")

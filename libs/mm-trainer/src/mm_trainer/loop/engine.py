@@ -64,6 +64,10 @@ class StepResult:
     """Ranks (of all ranks) that received SIGTERM / SIGINT by this step: every rank stops if any did."""
     sample_ids: list[int] | None = None  # the step's global sample indices (training.log_sample_ids)
     phase_losses: dict[str, float] | None = None  # training.phases: each updated phase's loss
+    logged: dict[str, float] | None = None
+    """The pipeline's ``PipelineOutput.logged`` means (``dpo_margin``) and, outside phases, its
+    ``loss_<part>`` metrics (LTX-2's ``loss_video`` / ``loss_audio``), averaged over the step's micro-batches
+    and data-parallel ranks."""
     lrs: dict[str, float] | None = None
     """The learning rate the step's optimizer update used (read before its schedule stepped): ``{"": lr}``
     without phases, ``{phase: lr}`` of each phase that updated."""
@@ -189,6 +193,7 @@ class TrainEngine:
         samples = tokens = 0
         flops = 0.0
         step_ids: list[int] = []
+        logged = LoggedMeans(part_losses=True)
         for micro in range(accum):
             batch = to_device(self.batches.next_batch(), self.device)
             extra = self._keyed_rng(batch, step)
@@ -201,6 +206,7 @@ class TrainEngine:
             samples += int(info.get("num_samples", _batch_size(batch)))
             tokens += int(info.get("num_tokens", 0))
             flops += float(info.get("flops", 0.0))
+            logged.add(output)
         grad_norm = clip_grad_norm_(self.params, self.training.clip_grad or 0.0)
         bad = int(getattr(self.batches, "bad_this_epoch", 0))
         loss, counts, stop_requests = self._dp_reduce(loss_sum / accum, [samples, tokens, flops, bad])
@@ -221,7 +227,7 @@ class TrainEngine:
         self.lr_scheduler.step()
         result = StepResult(
             loss, float(grad_norm), skipped, int(counts[0]), int(counts[1]), counts[2], int(counts[3]),
-            stop_requests, lrs={"": lr},
+            stop_requests, lrs={"": lr}, logged=logged.means(self.dp_group, self.device),
         )  # fmt: skip
         if self.training.log_sample_ids:
             result.sample_ids = self._gather_sample_ids(step_ids)
@@ -237,14 +243,17 @@ class TrainEngine:
         phase_losses: dict[str, float] = {}
         lrs: dict[str, float] = {}
         norms, skipped, samples = [], False, 0
+        logged: dict[str, float] = {}
         for phase in (p for p in self.phases if p.due(step)):
             loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+            means = LoggedMeans()
             for micro, (batch, sample_ids) in enumerate(zip(micro_batches, ids)):
                 extra = self._keyed_rng({"sample_ids": sample_ids}, step) if sample_ids is not None else {}
                 set_gradient_sync(self.model, micro == accum - 1)
                 output = self.model(**batch, **extra, phase=phase.name)
                 (output.loss / accum).backward()
                 loss_sum += output.loss.detach().double()
+                means.add(output)
             samples = sum(_batch_size(batch) for batch in micro_batches)
             loss = loss_sum / accum
             if dist.is_initialized():
@@ -259,6 +268,7 @@ class TrainEngine:
             lrs[phase.name] = _current_lr(phase.optimizer)  # this update's, before its schedule moves on
             phase.lr_scheduler.step()
             phase_losses[phase.name], norms = float(loss), [*norms, grad_norm]
+            logged |= means.means(self.dp_group, self.device)
         mean = sum(phase_losses.values()) / len(phase_losses)
         bad = int(getattr(self.batches, "bad_this_epoch", 0))
         _, counts, stop_requests = self._dp_reduce(torch.zeros(()), [samples, 0, 0.0, bad])
@@ -274,7 +284,7 @@ class TrainEngine:
                 self.ema.update()
             self.nonfinite.finite_step()
         result = StepResult(mean, max(norms), skipped, int(counts[0]), 0, 0.0, int(counts[3]), stop_requests)
-        result.phase_losses, result.lrs = phase_losses, lrs
+        result.phase_losses, result.lrs, result.logged = phase_losses, lrs, logged
         if self.training.log_sample_ids:
             result.sample_ids = self._gather_sample_ids(step_ids)
         return result
@@ -392,10 +402,41 @@ class TrainEngine:
                 out[f"lr_{name}"] = lr
         for name, value in (r.phase_losses or {}).items():
             out[f"loss_{name}"] = value
+        out |= r.logged or {}
         if r.flops and self.peak_flops:
             world = dist.get_world_size() if dist.is_initialized() else 1
             out["mfu"] = r.flops / elapsed / (self.peak_flops * world)
         return out
+
+
+class LoggedMeans:
+    """A step's ``PipelineOutput.logged`` values (with ``part_losses``, also its ``metrics``' ``loss_<part>``
+    values, e.g. LTX-2's ``loss_video`` / ``loss_audio``): summed over its micro-batches, then averaged over
+    them and the data-parallel ranks (one all-reduce; every rank's pipeline logs the same names)."""
+
+    def __init__(self, *, part_losses: bool = False) -> None:
+        self.sums: dict[str, float] = {}
+        self.count = 0
+        self.part_losses = part_losses
+
+    def add(self, output: Any) -> None:
+        values = dict(getattr(output, "logged", None) or {})
+        if self.part_losses:
+            metrics = getattr(output, "metrics", None) or {}
+            values |= {name: value for name, value in metrics.items() if name.startswith("loss_")}
+        for name, value in values.items():
+            self.sums[name] = self.sums.get(name, 0.0) + float(value)
+        self.count += 1 if values else 0
+
+    def means(self, dp_group: Any, device: torch.device) -> dict[str, float]:
+        if not self.sums:
+            return {}
+        names = sorted(self.sums)
+        t = torch.tensor([self.sums[n] / self.count for n in names], dtype=torch.float64, device=device)
+        if dist.is_initialized():
+            dist.all_reduce(t, group=dp_group)
+            t /= dist.get_world_size(dp_group)
+        return dict(zip(names, t.tolist(), strict=True))
 
 
 def _current_lr(optimizer: torch.optim.Optimizer) -> float:

@@ -16,6 +16,13 @@ The trainer knows no model: it calls two hooks of the model container.
 - ``validation_loss(batch, rng, num_timesteps) -> [B]`` (:meth:`mm_trainer.ModelContainer.validation_loss`,
   which asks the pipeline), for ``val_loss``.
 
+With ``training.rewards``, every sampled clip is scored by each reward (``rewards``, a
+:class:`mm_trainer.modes.rewards.Rewards` built by the trainer): ``val_reward_<id>`` is each reward's mean
+over the prompts (with ``_std``, ``_min`` and ``_max`` over them), ``val_reward`` the mean of their
+weighted sum; each clip's scores are written beside the clips, ``iter_<step>/rewards.json``; a reward that
+fails or scores NaN names the reward and the prompt (index, text and seed). Rewards on decoded frames only: validation's clips are
+decoded (a reward on latents is refused here, before training).
+
 Every rank takes part in both: sharded (FSDP) sub-models gather their weights in each forward, so
 every rank runs the same forwards. Each rank samples every prompt (rank 0 writes the clips); the
 held-out samples are dealt round-robin over the data-parallel ranks (sample ``i`` to dp rank
@@ -27,7 +34,9 @@ any layout, and ``val_loss`` at two steps differs only by what the model learnt.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -57,6 +66,8 @@ class Validator:
         dp_rank, dp_size, dp_group: this rank's data-parallel place (ranks of one CP group get the
             same held-out samples).
         write: whether this rank writes the clips (rank 0).
+        rewards: ``training.rewards`` built (:class:`mm_trainer.modes.rewards.Rewards`), scoring the clips;
+            None or empty: none.
 
     Raises:
         ValueError: the model has no hook for what the section asks (checked here, before training).
@@ -75,8 +86,15 @@ class Validator:
         dp_size: int = 1,
         dp_group: Any = None,
         write: bool = True,
+        rewards: Any = None,
     ) -> None:
         self.model, self.config, self.device = model, validation, device
+        self.rewards = rewards if rewards else None
+        if self.rewards is not None and self.rewards.needs - {"frames"}:
+            raise ValueError(
+                f"training.rewards: validation scores its decoded clips, and the rewards {self.rewards.ids} "
+                f"need {sorted(self.rewards.needs - {'frames'})}: only rewards on frames score validation clips"
+            )
         self.out_dir, self.write = Path(out_dir) / "validation", write
         self.dp_rank, self.dp_size, self.dp_group = dp_rank, dp_size, dp_group
         self.noise_seed = key_seed(seed, "validation")
@@ -113,7 +131,7 @@ class Validator:
 
     def _clips(self, step: int, metrics: MetricsLogger | None) -> dict[str, float]:
         """Sample and write every prompt's clip; ``val_psnr_to_reference`` where the model draws references."""
-        cfg, psnrs = self.config, []
+        cfg, psnrs, rewards, scored = self.config, [], [], []
         reference = getattr(self.model, "has_sample_reference", False)
         for index, (prompt, seed) in enumerate(zip(cfg.prompts, cfg.prompt_seeds(), strict=True)):
             clip = as_sampled_clip(self.model.sample(
@@ -122,6 +140,11 @@ class Validator:
                 negative_prompt=cfg.negative_prompt, shift=cfg.shift, fps=cfg.fps,
             ))  # fmt: skip
             video = clip.video
+            if self.rewards is not None:
+                name = f"validation prompt {index} ({prompt!r}, seed {seed})"
+                rewards.append(self.rewards.score([prompt], frames=video[None].float(), names=[name]))
+                scored.append({"prompt": prompt, "seed": seed, "reward": float(rewards[-1].total[0]),
+                               **{f"reward_{k}": float(v[0]) for k, v in rewards[-1].each.items()}})  # fmt: skip
             mp4 = self.out_dir / f"iter_{step:07d}" / f"{index}.mp4"
             if self.write:
                 write_video(video, mp4, fps=cfg.fps)
@@ -142,7 +165,10 @@ class Validator:
                     )
                 mse = (video.float() - self.references[index].float()).pow(2).mean()
                 psnrs.append(float(10 * torch.log10(4.0 / mse.clamp_min(1e-12))))  # [-1, 1]: peak-to-peak 2
-        return {"val_psnr_to_reference": sum(psnrs) / len(psnrs)} if psnrs else {}
+        if scored and self.write:
+            write_json(self.out_dir / f"iter_{step:07d}" / "rewards.json", scored)
+        out = {"val_psnr_to_reference": sum(psnrs) / len(psnrs)} if psnrs else {}
+        return {**out, **_reward_statistics(rewards)}
 
     def _loss(self) -> float:
         """Mean held-out loss: this rank's share of the samples, gathered over data-parallel ranks."""
@@ -166,6 +192,28 @@ class Validator:
         batch = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         rng = SampleRNG(seed=self.noise_seed, step=0, sample_ids=[index], device=self.device)
         return self.model.validation_loss(batch, rng, self.config.loss_timesteps)[0].double()
+
+
+def _reward_statistics(scores: list[Any]) -> dict[str, float]:
+    """``val_reward`` (the weighted sum's mean over the clips) and, per reward, ``val_reward_<id>`` (its mean)
+    with ``_std`` (over the clips, 0 for one), ``_min`` and ``_max``."""
+    if not scores:
+        return {}
+    out = {"val_reward": float(torch.cat([s.total for s in scores]).mean())}
+    for name in scores[0].each:
+        values = torch.cat([s.each[name] for s in scores])
+        out[f"val_reward_{name}"] = float(values.mean())
+        out[f"val_reward_{name}_std"] = float(values.std(correction=0))
+        out[f"val_reward_{name}_min"], out[f"val_reward_{name}_max"] = float(values.min()), float(values.max())
+    return out
+
+
+def write_json(path: Path, value: Any) -> None:
+    """``value`` as ``path`` (JSON), whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(value, indent=1))
+    os.replace(part, path)
 
 
 def _check_hooks(model: nn.Module, validation: Any) -> None:

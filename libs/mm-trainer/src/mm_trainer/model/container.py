@@ -8,6 +8,7 @@ data flow to a pipeline (a plain object, not a module).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ from mm_pipelines import SampleRNG
 from torch import nn
 
 from mm_trainer.model.hub import ModelHub
+from mm_trainer.model.lora import adapters_disabled
 from mm_trainer.registry.registries import MODEL_REGISTRY
 
 
@@ -77,6 +79,12 @@ class ModelContainer(nn.Module):
     def is_trainable(self, role: str) -> bool:
         """Whether sub-model ``role`` is trained (the pipeline runs it with autograd)."""
         return role in self.trainable_submodels
+
+    def adapters_disabled(self) -> contextlib.AbstractContextManager[None]:
+        """Inside, the trainable sub-models' LoRA adapters are off: each computes its frozen base
+        (Diffusion-DPO's reference of a LoRA policy, ``mm_pipelines.DiffusionDPO``). Raises when no trainable
+        sub-model has adapters."""
+        return adapters_disabled([getattr(self, name) for name in self.trainable_submodels])
 
     def train(self, mode: bool = True) -> ModelContainer:
         """Switch only trainable sub-models; frozen ones stay in eval (no dropout drift)."""

@@ -219,6 +219,32 @@ def inject_lora(model: nn.Module, sections: Mapping[str, Any]) -> LoraAdapters:
     return LoraAdapters(targets)
 
 
+@contextmanager
+def adapters_disabled(modules: list[nn.Module]) -> Iterator[None]:
+    """Inside, every peft LoRA layer of ``modules`` computes its base layer alone (``W x + b``): the model
+    before its adapters, with no copy of its weights (Diffusion-DPO's reference of a LoRA policy).
+
+    Raises:
+        ValueError: ``modules`` hold no LoRA layer (there would be nothing to turn off: the caller would
+            get the adapted model back as if it were the base).
+    """
+    layers = [m for module in modules for m in module.modules() if _is_lora_layer(m)]
+    if not layers:
+        raise ValueError("adapters_disabled: the modules hold no LoRA layer (no model.models.<name>.lora section)")
+    before = [m._disable_adapters for m in layers]
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
+        yield
+    finally:
+        for layer, state in zip(layers, before, strict=True):
+            layer._disable_adapters = state
+
+
+def _is_lora_layer(module: nn.Module) -> bool:
+    return hasattr(module, "_disable_adapters") and hasattr(module, "lora_A") and hasattr(module, "base_layer")
+
+
 def _base_key(key: str, prefix: str, heads: frozenset[str]) -> str | None:
     """``key`` as the base model names it; None for an adapter key."""
     rel = key[len(prefix) :]

@@ -4,5 +4,8 @@ Fine-tuning (full or LoRA) is the plain loop (:mod:`mm_trainer.loop.engine`, :mo
 
 - ``phases``: ``training.phases``, several optimizers over disjoint sub-models with their own schedule
   and cadence; few-step distillation (DMD2: critic and generator) runs as two phases, its losses in
-  mm-pipelines' ``DistributionMatchingDistillation`` (docs/DESIGN.md "Training phases").
+  mm-pipelines' ``DistributionMatchingDistillation`` (docs/DESIGN.md "Training phases"); preference
+  fine-tuning (Diffusion-DPO) runs as one phase ``dpo``, its loss in mm-pipelines' ``DiffusionDPO``.
+- ``rewards``: ``training.rewards``, registered scorers of samples (on decoded frames or latents) combined
+  with weights; today they score the validation clips (docs/DESIGN.md "Rewards").
 """

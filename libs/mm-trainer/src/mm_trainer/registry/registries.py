@@ -1,4 +1,4 @@
-"""Registries that plugins fill: model classes (sub-models and containers) and datasets.
+"""Registries that plugins fill: model classes (sub-models and containers), datasets and rewards.
 
 A plugin module registers its pieces at import time::
 
@@ -85,6 +85,8 @@ def _qualname(obj: Any) -> str:
 
 MODEL_REGISTRY = Registry("model")
 DATA_REGISTRY = Registry("dataset")
+REWARD_REGISTRY = Registry("reward")
 
 model_register = MODEL_REGISTRY.register
 data_register = DATA_REGISTRY.register
+reward_register = REWARD_REGISTRY.register

@@ -1,8 +1,8 @@
 """``mm-train plot RUN_DIR``: a PNG of a run's ``metrics.jsonl`` to look at instead of reading JSON.
 
 One panel per series over the optimizer step: the loss (raw, and smoothed as TensorBoard smooths
-it), the learning rate, the gradient norm, and the validation loss where records carry
-``val_loss``. Rendered with matplotlib's Agg backend (no display needed); matplotlib is the
+it), the learning rate, the gradient norm, and the validation loss and reward where records carry
+``val_loss`` / ``val_reward`` (``training.rewards``). Rendered with matplotlib's Agg backend (no display needed); matplotlib is the
 optional extra ``mm-trainer[plot]``.
 """
 
@@ -26,6 +26,7 @@ PANELS = (
     ("lr", "learning rate"),
     ("grad_norm", "grad norm"),
     ("val_loss", "validation loss"),
+    ("val_reward", "validation reward"),
 )
 """``(record key, panel title)`` in panel order; a key no record holds gets no panel."""
 
@@ -90,7 +91,7 @@ def plot_metrics(
             raw.set_alpha(0.35)
             ax.plot(steps, smooth(values, smoothing), color=raw.get_color(), label=f"smoothed ({smoothing})")
             ax.legend(loc="upper right")
-        if key == "val_loss":
+        if key in ("val_loss", "val_reward"):
             raw.set_marker("o")
         ax.set_ylabel(title)
         ax.grid(alpha=0.3)

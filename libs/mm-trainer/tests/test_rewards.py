@@ -1,0 +1,167 @@
+"""Rewards (``training.rewards``): registered scorers on frames or latents, one score per sample, combined
+with weights; a failing or NaN reward names itself and the sample; validation logs each reward's mean."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from mm_config import ValidationConfig, registered_ids
+from mm_trainer import REWARD_REGISTRY, ModelContainer, RewardError, Rewards, Validator, reward_register
+from torch import nn
+
+
+def _entry(id, weight=1.0, **options):
+    return SimpleNamespace(id=id, weight=weight, options=options)
+
+
+def _solid(rgb, frames=3, size=4):
+    """A clip ``[1, 3, F, H, W]`` in [-1, 1] of one colour given on a 0-1 scale."""
+    return (torch.tensor(rgb, dtype=torch.float32) * 2 - 1).view(1, 3, 1, 1, 1).expand(1, 3, frames, size, size)
+
+
+@reward_register("test_latent_mean")
+class LatentMean:
+    inputs = "latents"
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self.scale = scale
+
+    def __call__(self, samples, prompts):
+        return self.scale * samples.flatten(1).mean(1)
+
+
+@reward_register("test_fails_on_blue")
+class FailsOnBlue:
+    inputs = "frames"
+
+    def __call__(self, samples, prompts):
+        if any("blue" in p for p in prompts):
+            raise RuntimeError("cannot score blue")
+        return torch.zeros(len(prompts))
+
+
+@reward_register("test_nan_on_second")
+class NanOnSecond:
+    inputs = "frames"
+
+    def __call__(self, samples, prompts):
+        return torch.tensor([0.0, math.nan, 1.0])[: len(prompts)]
+
+
+@reward_register("test_per_element")
+class PerElement:
+    inputs = "latents"
+
+    def __call__(self, samples, prompts):
+        return samples
+
+
+def test_colour_target_is_minus_the_distance_of_the_mean_colour_to_the_target():
+    rewards = Rewards.from_config([_entry("colour_target", target=[1.0, 0.0, 0.0])])
+    frames = torch.cat([_solid([1.0, 0.0, 0.0]), _solid([0.5, 0.5, 0.0])])
+    scores = rewards.score(["a", "b"], frames=frames)
+    torch.testing.assert_close(scores.each["colour_target"], torch.tensor([0.0, -math.sqrt(0.5)], dtype=torch.float64))
+
+
+def test_the_combined_reward_is_the_weighted_sum_of_rewards_on_frames_and_on_latents():
+    rewards = Rewards.from_config(
+        [_entry("colour_target", 2.0, target=[0.0, 0.0, 1.0]), _entry("test_latent_mean", -0.5, scale=3.0)]
+    )
+    frames, latents = _solid([0.0, 0.0, 0.0]), torch.full((1, 4, 2, 2, 2), 0.25)
+    scores = rewards.score(["a"], frames=frames, latents=latents)
+    assert rewards.needs == {"frames", "latents"}
+    assert scores.each["colour_target"].item() == pytest.approx(-1.0)
+    assert scores.each["test_latent_mean"].item() == pytest.approx(0.75)
+    assert scores.total.item() == pytest.approx(2.0 * -1.0 - 0.5 * 0.75)
+
+
+def test_a_reward_that_raises_names_itself_and_the_sample():
+    rewards = Rewards.from_config([_entry("colour_target", target=[1, 0, 0]), _entry("test_fails_on_blue")])
+    frames = torch.cat([_solid([1, 0, 0]), _solid([0, 0, 1])])
+    with pytest.raises(RewardError, match=r"reward 'test_fails_on_blue' \(training.rewards\[1\]\) failed on clip B "
+                                          r"\(prompt 'a blue ball'\): RuntimeError\('cannot score blue'\)"):  # fmt: skip
+        rewards.score(["a red ball", "a blue ball"], frames=frames, names=["clip A", "clip B"])
+
+
+def test_a_reward_that_returns_nan_names_itself_and_the_sample():
+    rewards = Rewards.from_config([_entry("test_nan_on_second")])
+    with pytest.raises(RewardError, match=r"reward 'test_nan_on_second' \(training.rewards\[0\]\) scored sample 1 "
+                                          r"non-finite: \[nan\]"):  # fmt: skip
+        rewards.score(["a", "b", "c"], frames=torch.zeros(3, 3, 1, 2, 2))
+
+
+def test_a_reward_that_returns_a_score_per_element_instead_of_per_sample_is_refused():
+    rewards = Rewards.from_config([_entry("test_per_element")])
+    with pytest.raises(RewardError, match=r"reward 'test_per_element' .* returned a score of shape \(2, 3\): "
+                                          r"expected one per sample, \(2,\)"):  # fmt: skip
+        rewards.score(["a", "b"], latents=torch.zeros(2, 3))
+
+
+def test_a_reward_without_the_input_it_scores_is_refused():
+    rewards = Rewards.from_config([_entry("test_latent_mean")])
+    with pytest.raises(ValueError, match="reward 'test_latent_mean' .* scores latents, and none were given"):
+        rewards.score(["a"], frames=_solid([0, 0, 0]))
+
+
+def test_every_built_in_reward_has_an_options_schema_in_mm_config():
+    built_in = {name for name, cls in REWARD_REGISTRY.registered().items() if cls.__module__.startswith("mm_trainer.")}
+    assert built_in == {"colour_target"} and built_in <= set(registered_ids("reward"))
+
+
+class Colours(ModelContainer):
+    """A container that samples a solid clip whose colour its prompt names."""
+
+    RGB = {"red": [1.0, 0.0, 0.0], "grey": [0.5, 0.5, 0.5]}
+
+    def __init__(self) -> None:
+        super().__init__({"predictor": nn.Linear(2, 2)}, trainable=("predictor",))
+
+    def sample(self, prompt, *, seed, num_frames, height, width, **_):
+        return _solid(self.RGB[prompt.split()[1]], num_frames, height)[0]
+
+
+def test_validation_logs_each_rewards_mean_and_the_weighted_sums_mean(tmp_path):
+    section = ValidationConfig(prompts=["a red ball", "a grey ball"], num_frames=1, height=4, width=4, fps=4)
+    rewards = Rewards.from_config([_entry("colour_target", 2.0, target=[1.0, 0.0, 0.0])])
+    validator = Validator(Colours(), section, data=None, seed=0, out_dir=tmp_path, device=torch.device("cpu"),
+                          write=False, rewards=rewards)  # fmt: skip
+    out = validator.run(500)
+    grey = -math.sqrt(0.25 + 0.25 + 0.25)
+    assert out["val_reward_colour_target"] == pytest.approx(grey / 2)
+    assert out["val_reward_colour_target_std"] == pytest.approx(-grey / 2)  # of [0, grey]
+    assert (out["val_reward_colour_target_min"], out["val_reward_colour_target_max"]) == pytest.approx((grey, 0.0))
+    assert out["val_reward"] == pytest.approx(2.0 * grey / 2)
+
+
+def test_validation_writes_each_clips_scores_beside_the_clips(tmp_path):
+    section = ValidationConfig(prompts=["a red ball", "a grey ball"], seeds=[4, 9], num_frames=1, height=4, width=4)
+    rewards = Rewards.from_config([_entry("colour_target", 2.0, target=[1.0, 0.0, 0.0])])
+    Validator(Colours(), section, data=None, seed=0, out_dir=tmp_path, device=torch.device("cpu"),
+              rewards=rewards).run(500)  # fmt: skip
+    written = tmp_path / "validation" / "iter_0000500"
+    scores = json.loads((written / "rewards.json").read_text())
+    grey = -math.sqrt(0.75)
+    assert [(s["prompt"], s["seed"]) for s in scores] == [("a red ball", 4), ("a grey ball", 9)]
+    assert [s["reward_colour_target"] for s in scores] == pytest.approx([0.0, grey])
+    assert [s["reward"] for s in scores] == pytest.approx([0.0, 2 * grey])
+    assert (written / "0.mp4").is_file()
+
+
+def test_validation_names_the_prompt_of_a_reward_that_fails(tmp_path):
+    section = ValidationConfig(prompts=["a red ball", "a grey blue ball"], seeds=[3, 7], num_frames=1, height=4,
+                               width=4)  # fmt: skip
+    validator = Validator(Colours(), section, data=None, seed=0, out_dir=tmp_path, device=torch.device("cpu"),
+                          write=False, rewards=Rewards.from_config([_entry("test_fails_on_blue")]))  # fmt: skip
+    with pytest.raises(RewardError, match=r"failed on validation prompt 1 \('a grey blue ball', seed 7\)"):
+        validator.run(500)
+
+
+def test_validation_refuses_a_reward_on_latents_before_training(tmp_path):
+    section = ValidationConfig(prompts=["a red ball"], num_frames=1, height=4, width=4)
+    with pytest.raises(ValueError, match=r"the rewards \['test_latent_mean'\] need \['latents'\]"):
+        Validator(Colours(), section, data=None, seed=0, out_dir=tmp_path, device=torch.device("cpu"),
+                  rewards=Rewards.from_config([_entry("test_latent_mean")]))  # fmt: skip
