@@ -252,6 +252,15 @@ COMMANDS: dict[tuple[str, str], How] = {
     ): covered("apps/ltx2-train/tests/test_ltx2_lora_e2e.py"),
     (
         LTX2,
+        "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt_lora --lora comfyui "
+        "--out runs/ltx2_tiny/export/ltx2_lora.safetensors",
+    ): covered("apps/ltx2-train/tests/test_ltx2_lora_e2e.py"),
+    (
+        LTX2,
+        "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --layout native --out runs/ltx2_tiny/export/ltx2.safetensors",
+    ): covered("apps/ltx2-train/tests/test_ltx2_official_single_file.py"),
+    (
+        LTX2,
         "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av_extension.yaml",
     ): covered("apps/ltx2-train/tests/test_ltx2_modes_e2e.py"),
     **{

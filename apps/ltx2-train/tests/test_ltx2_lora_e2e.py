@@ -1,6 +1,7 @@
 """LoRA on tiny LTX-2 (``configs/tiny_t2av_lora.yaml``), 2 gloo ranks (FSDP2 + Ulysses 2): the PEFT file of
-the README's ``export --lora peft`` loaded by ``LTX2Pipeline`` and the merged folder loaded by
-``LTX2VideoTransformer3DModel`` compute the trained model's outputs."""
+the README's ``export --lora peft`` and the official-format file of ``export --lora comfyui``, each loaded
+by ``LTX2Pipeline.load_lora_weights``, and the merged folder loaded by ``LTX2VideoTransformer3DModel``
+compute the trained model's outputs."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ LORA = {
 }
 README = "apps/ltx2-train/README.md"
 EXPORT_PEFT = "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt_lora --lora peft --out runs/ltx2_tiny/export/lora"
+EXPORT_COMFYUI = "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt_lora --lora comfyui --out runs/ltx2_tiny/export/ltx2_lora.safetensors"
 
 
 def test_the_tiny_lora_config_adapts_what_this_file_checks(lora_config):
@@ -41,21 +43,37 @@ def _train(rank: int, world: int, config: str, overrides: list[str], inputs: dic
     return {"video": video, "audio": audio}
 
 
-def test_lora_peft_and_merged_exports_compute_the_trained_outputs(
-    tiny_cache, run_config, lora_config, one_token_inputs, tmp_path, distributed, readme
-):
+def _pipeline(cache, transformer):
+    """``LTX2Pipeline`` of the tiny components around ``transformer`` (what ``load_lora_weights`` adapts)."""
     from diffusers import (
         AutoencoderKLLTX2Audio,
         AutoencoderKLLTX2Video,
         FlowMatchEulerDiscreteScheduler,
         LTX2Pipeline,
-        LTX2VideoTransformer3DModel,
     )
     from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
+    from transformers import AutoTokenizer, Gemma3TextModel
+
+    return LTX2Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=AutoencoderKLLTX2Video.from_pretrained(cache / "vae"),
+        audio_vae=AutoencoderKLLTX2Audio.from_pretrained(cache / "audio_vae"),
+        text_encoder=Gemma3TextModel.from_pretrained(cache / "text_encoder"),
+        tokenizer=AutoTokenizer.from_pretrained(cache / "tokenizer"),
+        connectors=LTX2TextConnectors.from_pretrained(cache / "connectors"),
+        transformer=transformer,
+        vocoder=None,  # the tiny set has none; the transformer is what the LoRA adapts
+    )
+
+
+def test_lora_peft_comfyui_and_merged_exports_compute_the_trained_outputs(
+    tiny_cache, run_config, lora_config, one_token_inputs, tmp_path, distributed, readme
+):
+    from diffusers import LTX2VideoTransformer3DModel
     from ltx2_train.cli import main as ltx2_main
     from ltx2_train.export import export_transformer_lora
     from mm_trainer import load_run_config
-    from transformers import AutoTokenizer, Gemma3TextModel
+    from safetensors.torch import load_file
 
     save = tmp_path / "ckpt"
     config = run_config(tiny_cache, lora_config, train_iters=4, save_interval=4, deterministic=True, save=str(save))
@@ -68,22 +86,25 @@ def test_lora_peft_and_merged_exports_compute_the_trained_outputs(
     paths = {"runs/ltx2_tiny/ckpt_lora": save, "runs/ltx2_tiny/export/lora": tmp_path / "peft"}
     assert ltx2_main(readme.command(README, EXPORT_PEFT, paths=paths)[1:]) == 0
     peft_dir = tmp_path / "peft"
-    base = LTX2VideoTransformer3DModel.from_pretrained(tiny_cache / "transformer").eval()
-    pipe = LTX2Pipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(),
-        vae=AutoencoderKLLTX2Video.from_pretrained(tiny_cache / "vae"),
-        audio_vae=AutoencoderKLLTX2Audio.from_pretrained(tiny_cache / "audio_vae"),
-        text_encoder=Gemma3TextModel.from_pretrained(tiny_cache / "text_encoder"),
-        tokenizer=AutoTokenizer.from_pretrained(tiny_cache / "tokenizer"),
-        connectors=LTX2TextConnectors.from_pretrained(tiny_cache / "connectors"),
-        transformer=base,
-        vocoder=None,  # the tiny set has none; the transformer is what the LoRA adapts
-    )
+
+    def base():
+        return LTX2VideoTransformer3DModel.from_pretrained(tiny_cache / "transformer").eval()
+
+    pipe = _pipeline(tiny_cache, base())
     pipe.load_lora_weights(str(peft_dir))
+
+    # ComfyUI / the official trainer's file: official module names, read through diffusers' LTX-2 conversion.
+    paths["runs/ltx2_tiny/export/ltx2_lora.safetensors"] = tmp_path / "ltx2_lora.safetensors"
+    assert ltx2_main(readme.command(README, EXPORT_COMFYUI, paths=paths)[1:]) == 0
+    comfy = load_file(tmp_path / "ltx2_lora.safetensors")
+    assert "diffusion_model.transformer_blocks.0.attn1.to_q.lora_A.weight" in comfy
+    assert all(k.startswith("diffusion_model.") and ".lora_" in k for k in comfy)
+    comfy_pipe = _pipeline(tiny_cache, base())
+    comfy_pipe.load_lora_weights(str(tmp_path / "ltx2_lora.safetensors"))
     merged = export_transformer_lora(run, save, tmp_path / "merged", fmt="merged")
     exported = LTX2VideoTransformer3DModel.from_pretrained(merged).eval()
     with torch.no_grad():
-        for model in (pipe.transformer, exported):
+        for model in (pipe.transformer, comfy_pipe.transformer, exported):
             video, audio = model(**one_token_inputs(), return_dict=False)
             torch.testing.assert_close(video, ours["video"], rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(audio, ours["audio"], rtol=1e-5, atol=1e-5)

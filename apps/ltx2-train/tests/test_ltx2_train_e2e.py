@@ -146,6 +146,41 @@ def test_train_resume_and_export(reference, ltx2_train, tiny_cache, one_token_in
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
+def test_a_run_from_an_official_single_file_trains_the_losses_of_the_diffusers_folder(
+    reference, ltx2_train, tiny_cache, run_config, tmp_path
+):
+    # the reference's transformer folder written as an official single file (official names under
+    # model.diffusion_model., the official config metadata); what the metadata cannot say (diffusers-only
+    # arguments: patch sizes, VAE factors, audio rate) comes from model.config
+    import yaml
+    from diffusers.loaders.single_file_utils import convert_ltx2_transformer_to_diffusers
+    from ltx2_train.export import OFFICIAL_KEY_MAP
+    from ltx2_train.official import OFFICIAL_PREFIX, read_single_file_config, single_file_metadata
+    from ltx2_train.predictor import INIT_KEYS, TRANSFORMER_DEFAULTS
+    from mm_checkpoint import get_weight_transform
+    from safetensors.torch import load_file, save_file
+
+    folder = tiny_cache / "transformer"
+    weights = load_file(folder / "diffusion_pytorch_model.safetensors")
+    shape = {k: v for k, v in json.loads((folder / "config.json").read_text()).items() if k in INIT_KEYS}
+    names = get_weight_transform(OFFICIAL_KEY_MAP)
+    official = {OFFICIAL_PREFIX + next(iter(names.plan_export([k]))): v for k, v in weights.items()}
+    assert sorted(convert_ltx2_transformer_to_diffusers(dict(official))) == sorted(weights)
+    single = tmp_path / "ltx2.safetensors"
+    save_file(official, single, metadata=single_file_metadata(TRANSFORMER_DEFAULTS | shape))
+    rest = {k: v for k, v in shape.items() if k not in read_single_file_config(single)}
+
+    save = tmp_path / "single"
+    config = run_config(tiny_cache, train_iters=4, save_interval=4, deterministic=True, save=str(save))
+    cfg = yaml.safe_load(config.read_text())
+    cfg["model"].update(from_pretrained=str(single), load_format="auto", config=rest)
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    ltx2_train("--config", str(config), nproc=2)
+    got = losses(save)
+    assert sorted(got) == [1, 2, 3, 4]
+    assert got == {step: reference.losses[step] for step in got}
+
+
 def test_conditions_shared_across_the_ulysses_group_train_the_same_losses(
     reference, ltx2_train, tiny_cache, run_config, tmp_path
 ):

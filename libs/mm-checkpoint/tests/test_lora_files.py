@@ -103,6 +103,19 @@ def test_comfy_file_holds_lora_down_up_and_a_0d_alpha_under_diffusion_model(tmp_
     )
 
 
+def test_alpha_folded_comfy_file_holds_lora_a_and_scaled_b_under_the_key_maps_names(tmp_path, key_map):
+    adapters = read_lora_adapters(_checkpoint(tmp_path, _adapters()), alpha=ALPHA, submodule="predictor")
+    path = save_comfy_lora(adapters, tmp_path / "ltx.safetensors", model_type=key_map, alpha_folded=True)
+    state = load_file(path)
+    names = [f"diffusion_model.blocks.{i}.attn.q.lora_{ab}.weight" for i in (0, 1) for ab in "AB"]
+    assert sorted(state) == names
+    one = adapters["blocks.1.q"]
+    a, b = (state[f"diffusion_model.blocks.1.attn.q.lora_{ab}.weight"] for ab in "AB")
+    assert torch.equal(a, one.down)
+    torch.testing.assert_close(b, 4.0 * one.up)
+    torch.testing.assert_close(b @ a, one.delta())  # read at scale 1, it is the trained update
+
+
 def test_peft_file_renames_paths_through_the_key_map_and_records_rank_and_alpha(tmp_path, key_map):
     adapters = read_lora_adapters(_checkpoint(tmp_path, _adapters()), alpha=ALPHA, submodule="predictor")
     path = save_peft_lora(adapters, tmp_path / "peft" / "lora.safetensors", model_type=key_map)

@@ -6,7 +6,9 @@ torchrun --nproc-per-node 2 -m ltx2_train --config configs/tiny_t2av.yaml   # tr
 ltx2-train --config configs/t2av.yaml --dry-run --world-size 8       # FSDP plan on meta
 ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --out runs/ltx2_tiny/export/transformer
 ltx2-train export --checkpoint runs/ltx2_lora/ckpt --lora peft --out runs/ltx2_lora/export/peft   # LoRA run
+ltx2-train export --checkpoint runs/ltx2_lora/ckpt --lora comfyui --out runs/ltx2_lora/export/lora.safetensors
 ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --ema --out runs/ltx2_tiny/export/ema   # training.ema's average
+ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --layout native --out runs/ltx2_tiny/export/ltx2.safetensors
 ltx2-train sample --checkpoint runs/ltx2_tiny/ckpt --prompt "a red square moving left" --out clip.mp4  # + clip.wav
 """
 
@@ -67,11 +69,19 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True)
     export.add_argument(
         "--lora",
-        choices=("peft", "merged"),
-        help="a LoRA run's adapters: peft (folder for LTX2Pipeline.load_lora_weights) or merged (a diffusers "
-        "transformer folder with the adapters merged in)",
+        choices=("peft", "comfyui", "merged"),
+        help="a LoRA run's adapters: peft (folder for LTX2Pipeline.load_lora_weights), comfyui (a .safetensors "
+        "file in the official LTX-2 trainer's layout, for ComfyUI) or merged (a diffusers transformer folder "
+        "with the adapters merged in)",
     )
     export.add_argument("--ema", action="store_true", help=EMA_HELP)
+    export.add_argument(
+        "--layout",
+        choices=("diffusers", "native"),
+        default="diffusers",
+        help="diffusers: a transformer/ folder; native: the official LTX-2 single file (--out X.safetensors: "
+        "model.diffusion_model.<official names> + the official config metadata, for ComfyUI / from_single_file)",
+    )
     sample = sub.add_parser("sample", help=COMMANDS["sample"])
     sample.add_argument("--checkpoint", required=True, help="training checkpoint root (iter_* + tracker)")
     sample.add_argument("--config", help="training config (default: <checkpoint>/config.yaml)")
@@ -125,8 +135,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ltx2_train.export import export_transformer, export_transformer_lora
 
         config = _run_config(args.config, args.checkpoint)
+        if args.lora is not None and args.layout != "diffusers":
+            raise ValueError(
+                f"--layout {args.layout} applies to a full transformer; a LoRA run's official-layout file is "
+                "--lora comfyui"
+            )
         if args.lora is None:
-            print(export_transformer(config, args.checkpoint, args.out, ema=args.ema))
+            print(export_transformer(config, args.checkpoint, args.out, ema=args.ema, layout=args.layout))
         else:
             print(export_transformer_lora(config, args.checkpoint, args.out, fmt=args.lora, ema=args.ema))
     return 0

@@ -3,8 +3,9 @@
 ``LTX2Predictor`` only adds the trainer life cycle (build from a config section, on meta when
 asked; weights through mm-checkpoint), the training pipeline factory of the single-model form,
 and Ulysses sequence parallelism (:mod:`ltx2_train.context_parallel`). Module paths and state-dict
-keys are upstream's, so a diffusers ``transformer/`` folder loads with no key map and an export
-loads back with ``LTX2VideoTransformer3DModel.from_pretrained``.
+keys are upstream's, so a diffusers ``transformer/`` folder loads unchanged and an export loads back
+with ``LTX2VideoTransformer3DModel.from_pretrained``; an official single file (official names under
+``model.diffusion_model.``) loads through mm-checkpoint's ``ltx2`` key map.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from mm_trainer.model.build import log_rank0
 from torch import nn
 
 from ltx2_train.context_parallel import LAYOUT, install_attention_processors, sequence_parallel_forward
-from ltx2_train.version import config_version, contradictions, folder_version
+from ltx2_train.official import is_single_file, read_single_file_config
+from ltx2_train.version import config_version, contradictions, folder_version, single_file_version
 
 INIT_KEYS = frozenset(inspect.signature(LTX2VideoTransformer3DModel.__init__).parameters) - {"self"}
 TRANSFORMER_DEFAULTS = {
@@ -47,7 +49,9 @@ BLOCK_FEEDFORWARDS = {"ff": "video", "audio_ff": "audio"}
 
 
 def transformer_config(args: Any) -> dict[str, Any]:
-    """Constructor kwargs: the source's ``config.json`` (if there is one) updated by ``args.config``.
+    """Constructor kwargs: the source's ``config.json`` (if there is one; for an official single
+    ``.safetensors`` file, the transformer section of its metadata, :mod:`ltx2_train.official`) updated by
+    ``args.config``.
 
     Without weights present (e.g. ``--dry-run`` of a real config) ``args.config`` alone gives the shape.
     """
@@ -64,10 +68,13 @@ def transformer_config(args: Any) -> dict[str, Any]:
         config = {
             k: v for k, v in json.loads((Path(source) / "config.json").read_text()).items() if k in INIT_KEYS
         }
-    elif not overrides:
+    elif is_single_file(source):
+        config = read_single_file_config(source)
+    if not config and not overrides:
         raise ValueError(
-            f"model: the LTX-2 predictor needs from_pretrained/checkpoint_path with a config.json (got {source!r}) "
-            "or a `config` section with its shape (num_layers, num_attention_heads, ...)"
+            f"model: the LTX-2 predictor needs from_pretrained/checkpoint_path with a config.json, or an official "
+            f"single file with a config in its metadata (got {source!r}), or a `config` section with its shape "
+            "(num_layers, num_attention_heads, ...)"
         )
     config.update(overrides)
     return config
@@ -75,22 +82,36 @@ def transformer_config(args: Any) -> dict[str, Any]:
 
 def transformer_version(args: Any) -> tuple[str, str]:
     """``(release, where it was read)`` of the transformer a config section builds
-    (:mod:`ltx2_train.version`): its source's ``config.json`` when it has one (a ``model.config`` key that
-    sets a release-deciding argument otherwise is refused), else the ``model.config`` shape itself."""
+    (:mod:`ltx2_train.version`): its source's ``config.json`` when it has one, an official single file's
+    metadata (a ``model.config`` key that sets a release-deciding argument otherwise is refused), else the
+    ``model.config`` shape itself."""
     overrides = dict(getattr(args, "config", None) or {})
     source = getattr(args, "checkpoint_path", None) or getattr(args, "from_pretrained", None)
     if source and (Path(source) / "config.json").is_file():
         path = Path(source) / "config.json"
         version = folder_version(source)
-        clash = contradictions(overrides, json.loads(path.read_text()))
-        if clash:
-            said = ", ".join(f"{k}={str(o).lower()} (the checkpoint's: {str(c).lower()})" for k, (o, c) in clash.items())
-            raise ValueError(
-                f"model.config: {said} contradicts {path}, an LTX-{version} transformer; the release is read "
-                "from the checkpoint: remove these keys"
-            )
+        _refuse_contradictions(overrides, json.loads(path.read_text()), path, version)
         return version, str(path)
+    if is_single_file(source):
+        version = single_file_version(source)
+        _refuse_contradictions(overrides, read_single_file_config(source), source, version)
+        return version, str(source)
     return config_version(transformer_config(args), "model.config"), "model.config"
+
+
+def _refuse_contradictions(
+    overrides: dict[str, Any], checkpoint: dict[str, Any], where: Any, version: str
+) -> None:
+    """A ``model.config`` key that sets a release-deciding argument otherwise than the checkpoint is refused."""
+    clash = contradictions(overrides, checkpoint)
+    if clash:
+        said = ", ".join(
+            f"{k}={str(o).lower()} (the checkpoint's: {str(c).lower()})" for k, (o, c) in clash.items()
+        )
+        raise ValueError(
+            f"model.config: {said} contradicts {where}, an LTX-{version} transformer; the release is read "
+            "from the checkpoint: remove these keys"
+        )
 
 
 @model_register("ltx2_predictor")
@@ -103,6 +124,9 @@ class LTX2Predictor(BaseModel, LTX2VideoTransformer3DModel):
 
     _supports_gradient_checkpointing = False
     _sequence_parallel: SequenceParallelPlan | None = None
+    #: Weights load through mm-checkpoint's ``ltx2`` map: official names (a single file's, its
+    #: ``model.diffusion_model.`` prefix dropped by the ComfyUI-file view) -> diffusers'; diffusers keys pass.
+    weight_transform_model_type = "ltx2"
     #: The LTX-2 release of the checkpoint or shape it was built from (:mod:`ltx2_train.version`).
     ltx2_version: str | None = None
     #: The container of the single-model form (``model.model_id: ltx2_predictor``): LTX-2's, whose

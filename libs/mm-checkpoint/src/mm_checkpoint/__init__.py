@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "KeyMapError": "errors",
     "ContainerCheckpointError": "errors",
     "export_checkpoint": "export",
+    "export_single_file": "export",
     "EXPORT_RECORD": "export_dir",
     "ExportDestinationError": "export_dir",
     "check_destination": "export_dir",

@@ -18,7 +18,7 @@ from .info_file import SOURCES_INFO_KEY, SUBMODELS_INFO_KEY, read_info
 from .key_map_registry import get_weight_transform, known_model_types
 from .key_maps import KeyPlan, apply_plan, planned_shape_dtype
 from .layout import resolve_dcp_dir
-from .runtime import get_rank, progress
+from .runtime import barrier, get_rank, progress
 from .safetensors_io import (
     PendingTensor,
     TensorInfo,
@@ -87,6 +87,50 @@ def export_checkpoint(
             _export(reader, out, target, model_type, parse_size(max_shard_size), dtype)
             _copy_config(Path(dcp_dir), path, config_from, out, submodule)
     return Path(out_dir)
+
+
+def export_single_file(
+    dcp_dir: str | os.PathLike,
+    out_file: str | os.PathLike,
+    *,
+    model_type: str | None = None,
+    key_prefix: str = "",
+    metadata: dict[str, str] | None = None,
+    submodule: str | None = None,
+    iteration: int | None = None,
+    dtype: torch.dtype | None = None,
+    ema: bool = False,
+) -> Path:
+    """The model tensors of a DCP checkpoint as ONE safetensors file ``out_file``: each key mapped back
+    through ``model_type``'s key map and prefixed with ``key_prefix`` (e.g. ``model.diffusion_model.``,
+    the layout of ComfyUI's and the official LTX-2 single files), ``metadata`` (string to string) in its
+    header. Streamed tensor by tensor; the file appears whole or not at all (an earlier file at
+    ``out_file`` is replaced). ``submodule`` / ``ema`` / ``iteration`` as in :func:`export_checkpoint`.
+    Rank 0 writes.
+
+    Raises:
+        CheckpointFormatError: ``out_file`` is not a ``.safetensors`` path, or is a folder.
+    """
+    out = Path(out_file)
+    if out.suffix != ".safetensors" or out.is_dir():
+        raise CheckpointFormatError(f"{out}: a single-file export is written as a .safetensors file")
+    path, _ = resolve_dcp_dir(dcp_dir, iteration)
+    if submodule is None:
+        refuse_container(path)
+    if get_rank() == 0:
+        reader = DcpReader(path, ema=ema)
+        reader = reader if submodule is None else SubmoduleReader(reader, submodule)
+        plans = get_weight_transform(model_type).plan_export(reader.keys())
+        pending = [_pending(reader, key, plan, dtype) for key, plan in plans.items()]
+        pending = [PendingTensor(key_prefix + t.key, t.info, t.produce) for t in pending]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        written = progress(
+            write_safetensors_file(out, pending, metadata), desc="export -> one file", total=len(pending)
+        )
+        for _ in written:
+            pass
+    barrier()
+    return out
 
 
 def refuse_container(dcp_path: Path) -> None:

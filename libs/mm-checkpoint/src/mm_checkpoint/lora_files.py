@@ -150,11 +150,22 @@ def save_comfy_lora(
     prefix: str = "diffusion_model.",
     model_type: str | None = None,
     dtype: torch.dtype | None = None,
+    alpha_folded: bool = False,
 ) -> Path:
     """Write ComfyUI's layout: ``<prefix><path>.lora_down.weight`` (A), ``.lora_up.weight`` (B) and
-    ``.alpha`` (0-d fp32); the loader scales ``up @ down`` by ``alpha / rank``."""
+    ``.alpha`` (0-d fp32); the loader scales ``up @ down`` by ``alpha / rank``. Module paths are
+    renamed to the ``model_type`` key map's checkpoint side.
+
+    ``alpha_folded``: ``<prefix><path>.lora_A.weight`` (A) and ``.lora_B.weight`` (``alpha / rank * B``,
+    scaled in fp32) and no alpha tensors: the layout of files read at scale 1 (the official LTX-2
+    trainer's, which ComfyUI and diffusers' LTX-2 loader read; diffusers refuses a key without "lora",
+    such as ``.alpha``, in an LTX-2 file)."""
     tensors: dict[str, torch.Tensor] = {}
     for path, w in renamed_paths(adapters, model_type).items():
+        if alpha_folded:
+            tensors[f"{prefix}{path}.lora_A.weight"] = _cast(w.down, dtype)
+            tensors[f"{prefix}{path}.lora_B.weight"] = _cast((w.up.float() * w.scale).to(w.up.dtype), dtype)
+            continue
         tensors[f"{prefix}{path}.lora_down.weight"] = _cast(w.down, dtype)
         tensors[f"{prefix}{path}.lora_up.weight"] = _cast(w.up, dtype)
         tensors[f"{prefix}{path}.alpha"] = torch.tensor(w.alpha, dtype=torch.float32)
@@ -241,14 +252,16 @@ def export_lora(
     file_model_type: str | None = None,
     config_from: str | os.PathLike | None = None,
     ema: bool = False,
+    comfy_model_type: str | None = None,
+    comfy_alpha_folded: bool = False,
 ) -> Path:
     """Export the adapters of ``checkpoint`` (latest iteration, keys under ``submodule``; with ``ema``
     their EMA, ``training.ema``) as ``fmt``:
 
     - ``peft``: ``out/pytorch_lora_weights.safetensors`` (:func:`save_peft_lora`, prefix ``transformer.``),
       module paths renamed through ``file_model_type``;
-    - ``comfyui``: the file ``out`` (:func:`save_comfy_lora`, prefix ``diffusion_model.``), the model's own
-      module paths;
+    - ``comfyui``: the file ``out`` (:func:`save_comfy_lora`, prefix ``diffusion_model.``), module paths
+      renamed through ``comfy_model_type`` (None: the model's own), ``comfy_alpha_folded`` its layout;
     - ``merged``: the folder ``out``, ``base`` with the adapters merged (:func:`export_merged`, diffusers
       layout): ``model_type`` maps the base's keys to the model's and back.
     """
@@ -262,7 +275,7 @@ def export_lora(
             save_peft_lora(adapters, folder / PEFT_WEIGHT_NAME, model_type=file_model_type)
         return Path(out) / PEFT_WEIGHT_NAME
     if fmt == "comfyui":
-        return save_comfy_lora(adapters, out)
+        return save_comfy_lora(adapters, out, model_type=comfy_model_type, alpha_folded=comfy_alpha_folded)
     if base is None:
         raise ValueError("a merged LoRA export needs the base weights (the sub-model's from_pretrained)")
     return export_merged(base, adapters, out, to="diffusers", model_type=model_type, config_from=config_from)

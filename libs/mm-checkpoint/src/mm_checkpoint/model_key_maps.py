@@ -16,7 +16,9 @@ Tables (each with ``passthrough``: the model's own layout loads through the same
   ``wan_2.1_vae`` / ``wan2.2_vae`` files, the same names) -> diffusers ``AutoencoderKLWan``;
 - ``umt5``: the official ``models_t5_umt5-xxl-enc-bf16.pth`` -> transformers ``UMT5EncoderModel``.
 
-LTX-2 needs none: ltx2-train trains diffusers' own module tree, so its keys are upstream's unchanged.
+- ``ltx2``: the official LTX-2 transformer names (Lightricks' single files, the official trainer's and
+  ComfyUI's LoRA files) -> diffusers ``LTX2VideoTransformer3DModel`` (ltx2-train trains diffusers' module
+  tree, so a diffusers folder loads with no map).
 """
 
 from __future__ import annotations
@@ -75,8 +77,8 @@ def template_rule(checkpoint_key: str, model_key: str) -> RenameRule:
 
 
 def builtin_model_types() -> list[str]:
-    """The model types whose key map ships with mm-checkpoint (``umt5``, ``wan2_1_vae``, ``wan2_2``,
-    ``wan2_2_vae``)."""
+    """The model types whose key map ships with mm-checkpoint (``ltx2``, ``umt5``, ``wan2_1_vae``,
+    ``wan2_2``, ``wan2_2_vae``)."""
     folder = resources.files("mm_checkpoint") / _TABLES
     return sorted(f.name.removesuffix(".json") for f in folder.iterdir() if f.name.endswith(".json"))
 

@@ -1,0 +1,162 @@
+"""``ltx2-train export --layout native``: the official LTX-2 single file of a trained transformer, which
+diffusers' ``LTX2VideoTransformer3DModel.from_single_file`` loads into the same model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from diffusers import LTX2VideoTransformer3DModel
+from diffusers.loaders.single_file_utils import convert_ltx2_transformer_to_diffusers
+from ltx2_train.official import (
+    METADATA_CONFIG,
+    OFFICIAL_PREFIX,
+    diffusers_transformer_config,
+    official_transformer_config,
+    read_single_file_config,
+)
+from ltx2_train.predictor import TRANSFORMER_DEFAULTS
+from ltx2_train.tiny import TINY_TRANSFORMER, one_token_patch
+from safetensors import safe_open
+from safetensors.torch import load_file
+from torch import nn
+
+README = "apps/ltx2-train/README.md"
+ONE_TOKEN_TRANSFORMER = TINY_TRANSFORMER | one_token_patch()  # make-tiny's transformer
+EXPORT_NATIVE = "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --layout native --out runs/ltx2_tiny/export/ltx2.safetensors"
+
+
+@pytest.fixture
+def trained(tmp_path: Path, run_config) -> tuple[Path, Path, nn.Module]:
+    """A run config whose transformer folder is a tiny diffusers model, and a checkpoint of that run
+    (as the trainer stores it: the transformer under ``model.``) holding other, "trained" weights."""
+    from mm_checkpoint import DistributedCheckpointer
+
+    model = LTX2VideoTransformer3DModel(**ONE_TOKEN_TRANSFORMER).eval()
+    model.save_pretrained(tmp_path / "transformer")
+    with torch.no_grad():  # "trained": other weights than the folder's
+        gen = torch.Generator().manual_seed(3)
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=gen))
+    holder = nn.Module()
+    holder.add_module("model", model)
+    DistributedCheckpointer(tmp_path / "ckpt").save({"model": holder}, 4)
+    return run_config(tmp_path), tmp_path / "ckpt", model
+
+
+def test_native_export_is_the_official_single_file_that_from_single_file_loads(
+    trained, tmp_path, one_token_inputs, readme
+):
+    from ltx2_train.cli import main
+
+    config, ckpt, model = trained
+    out = tmp_path / "ltx2.safetensors"
+    paths = {"runs/ltx2_tiny/ckpt": ckpt, "runs/ltx2_tiny/export/ltx2.safetensors": out}
+    assert main([*readme.command(README, EXPORT_NATIVE, paths=paths)[1:], "--config", str(config)]) == 0
+
+    state = load_file(out)
+    assert all(k.startswith(OFFICIAL_PREFIX) for k in state)
+    assert "model.diffusion_model.patchify_proj.weight" in state
+    assert "model.diffusion_model.transformer_blocks.0.attn1.q_norm.weight" in state
+    # diffusers' own converter names every tensor as the model's key, none left over or missing
+    assert sorted(convert_ltx2_transformer_to_diffusers(dict(state))) == sorted(model.state_dict())
+    with safe_open(str(out), "pt") as f:
+        section = json.loads(f.metadata()[METADATA_CONFIG])["transformer"]
+    assert section["num_layers"] == ONE_TOKEN_TRANSFORMER["num_layers"]
+    assert section["positional_embedding_max_pos"] == [20, 64, 64]
+
+    loaded = LTX2VideoTransformer3DModel.from_single_file(
+        str(out), config=str(tmp_path), subfolder="transformer", local_files_only=True
+    ).eval()
+    with torch.no_grad():
+        want = model(**one_token_inputs(), return_dict=False)
+        got = loaded(**one_token_inputs(), return_dict=False)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_the_metadata_gives_back_the_diffusers_arguments_it_records(trained, tmp_path):
+    from ltx2_train.export import export_transformer
+    from mm_config import load_config
+
+    config, ckpt, _ = trained
+    run = load_config(config, ["parallel.ulysses_parallel_size=1"], world_size=1)
+    out = export_transformer(run, ckpt, tmp_path / "x.safetensors", layout="native")
+    full = TRANSFORMER_DEFAULTS | ONE_TOKEN_TRANSFORMER
+    recorded = read_single_file_config(out)
+    assert recorded == {k: full[k] for k in diffusers_transformer_config(official_transformer_config(full))}
+    assert recorded["num_attention_heads"] == ONE_TOKEN_TRANSFORMER["num_attention_heads"]
+    assert recorded["base_height"] == ONE_TOKEN_TRANSFORMER["base_height"]
+
+
+def test_the_official_metadata_refuses_an_ltx23_option():
+    with pytest.raises(ValueError, match=r"LTX-2.0 transformers; this one sets \{'gated_attn': True\}"):
+        official_transformer_config(TRANSFORMER_DEFAULTS | {"gated_attn": True})
+
+
+def test_a_release_file_bundling_the_vaes_and_connectors_is_refused_before_any_weight_is_read(tmp_path):
+    from types import SimpleNamespace
+
+    from ltx2_train.predictor import transformer_config
+    from safetensors.torch import save_file
+
+    release = tmp_path / "ltx-2-release.safetensors"
+    save_file(
+        {
+            "model.diffusion_model.patchify_proj.weight": torch.zeros(2, 2),
+            "model.diffusion_model.video_embeddings_connector.learnable_registers": torch.zeros(2),
+            "vae.per_channel_statistics.mean-of-means": torch.zeros(2),
+            "audio_vae.per_channel_statistics.mean-of-means": torch.zeros(2),
+        },
+        release,
+    )
+    args = SimpleNamespace(from_pretrained=str(release), checkpoint_path=None, config=None)
+    with pytest.raises(ValueError) as info:
+        transformer_config(args)
+    message = str(info.value)
+    assert str(release) in message
+    assert "audio_vae.*, vae.*, model.diffusion_model.video_embeddings_connector.*" in message
+    assert "from_single_file" in message
+
+
+def test_layout_native_with_lora_is_refused_pointing_at_the_official_lora_file(trained, tmp_path):
+    from ltx2_train.cli import main
+
+    config, ckpt, _ = trained
+    out = tmp_path / "x.safetensors"
+    argv = ["export", "--checkpoint", str(ckpt), "--config", str(config), "--out", str(out)]
+    with pytest.raises(ValueError, match="--layout native applies to a full transformer; .* --lora comfyui"):
+        main([*argv, "--lora", "peft", "--layout", "native"])
+    assert not out.exists()
+
+
+def test_a_single_files_release_options_give_its_shape_and_release(tmp_path):
+    from types import SimpleNamespace
+
+    from ltx2_train.predictor import transformer_config, transformer_version
+    from safetensors.torch import save_file
+
+    official = {"num_layers": 2, "apply_gated_attention": True, "cross_attention_adaln": True}
+    official["caption_proj_before_connector"] = True
+    path = tmp_path / "ltx-2.3.safetensors"
+    save_file(
+        {"model.diffusion_model.patchify_proj.weight": torch.zeros(2, 2)},
+        path,
+        metadata={METADATA_CONFIG: json.dumps({"transformer": official}), "model_version": "2.3.0"},
+    )
+    args = SimpleNamespace(from_pretrained=str(path), checkpoint_path=None, config=None)
+    shape = transformer_config(args)
+    assert shape == {
+        "num_layers": 2,
+        "gated_attn": True,
+        "cross_attn_mod": True,
+        "use_prompt_embeddings": False,
+    }
+    assert transformer_version(args) == ("2.3", str(path))
+    args.config = {"gated_attn": False}
+    with pytest.raises(
+        ValueError, match=r"gated_attn=false \(the checkpoint's: true\) contradicts .*ltx-2.3"
+    ):
+        transformer_version(args)
