@@ -193,8 +193,12 @@ def main() -> None:
     parser.add_argument("--vae-dim", type=int, default=16, help="base channels of the random Wan VAE")
     parser.add_argument("--steps", type=int, default=8, help="training steps read for the file-open count")
     parser.add_argument("--batch", type=int, default=4, help="samples per training step")
-    parser.add_argument("--integrity", action="store_true", help="measure the integrity checks' cost per GB only")
-    parser.add_argument("--integrity-gb", type=float, default=1.0, help="GB of files the integrity checks read")
+    parser.add_argument(
+        "--integrity", action="store_true", help="measure the integrity checks' cost per GB only"
+    )
+    parser.add_argument(
+        "--integrity-gb", type=float, default=1.0, help="GB of files the integrity checks read"
+    )
     parser.add_argument("--rank-run", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--count-opens", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -229,7 +233,9 @@ def main() -> None:
         for name, _, _ in runs:
             r = results[name]
             ratio = r["rate"] / base
-            print(f"{name:<40} {r['computed']:>5} {r['encode_s']:>9.2f} {r['rate']:>8.3f} {ratio:>9.2f} {r['load']:>5.1f}")
+            print(
+                f"{name:<40} {r['computed']:>5} {r['encode_s']:>9.2f} {r['rate']:>8.3f} {ratio:>9.2f} {r['load']:>5.1f}"
+            )
         sharded = root / "cache_1_0"
         per_file = write_per_file_copy(sharded, root / "per_file")
         shards = len(list(sharded.glob("shard-*.safetensors")))

@@ -116,7 +116,9 @@ def test_wan_levers_prints_the_chosen_variants_as_ratios_to_eager():
 
 def test_preprocess_throughput_integrity_prints_what_hashing_and_verifying_cost_per_gb():
     out = _run("benchmarks/preprocess_throughput.py", "--integrity", "--integrity-gb", "0.01")
-    rows = re.findall(r"^(clip digests, .*?|shard verification .*?)\s+([12])\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+$", out, re.M)
+    rows = re.findall(
+        r"^(clip digests, .*?|shard verification .*?)\s+([12])\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+$", out, re.M
+    )
     assert len(rows) == 6, out
 
 

@@ -53,9 +53,13 @@ def test_a_resume_of_a_checkpoint_with_flipped_tensor_bytes_stops_naming_them_un
     for message in distributed(resume, 2):
         assert message.startswith("CheckpointIntegrityError: checkpoint iteration 4 is corrupted: "), message
         assert shard in message and "'model.predictor.blocks.1.fc1.weight@" in message
-        assert f"Resume from the previous checkpoint, iteration 2 ({iter4.parent / 'iter_0000002'})" in message
+        assert (
+            f"Resume from the previous checkpoint, iteration 2 ({iter4.parent / 'iter_0000002'})" in message
+        )
         assert "training.load=" in message
-    assert distributed(lambda r, w: resume(r, w, "training.verify_checksums=false"), 2) == ["resumed at 4"] * 2
+    assert (
+        distributed(lambda r, w: resume(r, w, "training.verify_checksums=false"), 2) == ["resumed at 4"] * 2
+    )
 
 
 def test_dropping_keep_every_on_resume_keeps_its_milestones_unless_prune_kept_checkpoints_is_given(

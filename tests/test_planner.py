@@ -167,7 +167,12 @@ PHASED = {
 
 def test_a_phased_run_is_traced_at_the_step_where_every_phase_updates(toy_yaml):
     run = _plan(toy_yaml("phased", **PHASED), 2)
-    assert list(run.parts) == ["micro-step 1/1 (fit)", "optimizer (fit)", "micro-step 1/1 (follow)", "optimizer (follow)"]
+    assert list(run.parts) == [
+        "micro-step 1/1 (fit)",
+        "optimizer (fit)",
+        "micro-step 1/1 (follow)",
+        "optimizer (follow)",
+    ]
     step = run.step_cost()  # the step at which both update: both phases' micro-steps and optimizer steps
     assert step.flops == pytest.approx(sum(part.flops for part in run.parts.values())) and step.flops > 0
     assert step.compute_s == pytest.approx(sum(part.compute_s for part in run.parts.values()))

@@ -108,7 +108,9 @@ COMMANDS: dict[tuple[str, str], How] = {
     (ROOT, "wan22-train --config my_run.yaml --dry-run --nnodes 2 --nproc-per-node 8"): How(
         "run",
         paths=(("my_run.yaml", "apps/wan22-train/configs/t2v_a14b_high.yaml"),),
-        shortened=("--no-plan",),  # the node table is what this line adds; the line above traces the same step
+        shortened=(
+            "--no-plan",
+        ),  # the node table is what this line adds; the line above traces the same step
     ),
     (WAN, "hatch run wheels"): PACKAGING,
     (WAN, 'pip install --find-links dist wan22-train "mm-trainer[plot]"'): covered("tests/test_packaging.py"),

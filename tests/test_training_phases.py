@@ -67,7 +67,9 @@ def test_a_phased_run_resumed_at_another_layout_continues_with_the_uninterrupted
     second = _sections(toy_yaml, "second")
     records += mm_train_forked(second, f"training.load={first.parent / 'ckpt'}")  # 2 ranks -> 1
     assert [r["step"] for r in records] == list(range(1, 7))
-    assert [r["sample_ids"] for r in records] == [r["sample_ids"] for r in expected]  # the same global batches
+    assert [r["sample_ids"] for r in records] == [
+        r["sample_ids"] for r in expected
+    ]  # the same global batches
     for key in ("loss_fit", "loss_follow"):
         got = [r.get(key, float("nan")) for r in records]
         want = [r.get(key, float("nan")) for r in expected]

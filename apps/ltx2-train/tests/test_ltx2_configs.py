@@ -9,7 +9,9 @@ import pytest
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-@pytest.mark.parametrize(("name", "world"), [("tiny_t2av", 2), ("tiny_t2av_lora", 2), ("t2av", 8), ("t2v", 8)])
+@pytest.mark.parametrize(
+    ("name", "world"), [("tiny_t2av", 2), ("tiny_t2av_lora", 2), ("t2av", 8), ("t2v", 8)]
+)
 def test_config_validates(name, world):
     from mm_config import load_config
 

@@ -26,7 +26,9 @@ def container(tiny_predictor, audio_loss_weight: float = 1.0, critic_seed: int =
     models = {"model": copy.deepcopy(teacher), "teacher": teacher, "critic": critic}
     for name in ("model", "critic"):
         models[name].requires_grad_(True)
-    pipeline = LTX2Container.build_pipeline({"audio": True, "audio_loss_weight": audio_loss_weight, "distill": DISTILL})
+    pipeline = LTX2Container.build_pipeline(
+        {"audio": True, "audio_loss_weight": audio_loss_weight, "distill": DISTILL}
+    )
     return LTX2Container(models, trainable=("model", "critic"), pipeline=pipeline)
 
 
@@ -90,7 +92,9 @@ def test_a_phase_loss_is_the_same_at_any_micro_batch_split(tiny_predictor, phase
     whole = model(**batch(), rng=keys(step=3), phase=phase).loss
     inputs = batch()
     halves = [
-        model(**{k: v[i : i + 2] for k, v in inputs.items()}, rng=keys(step=3, ids=range(i, i + 2)), phase=phase).loss
+        model(
+            **{k: v[i : i + 2] for k, v in inputs.items()}, rng=keys(step=3, ids=range(i, i + 2)), phase=phase
+        ).loss
         for i in (0, 2)
     ]
     torch.testing.assert_close(whole, (halves[0] + halves[1]) / 2, rtol=1e-5, atol=1e-6)
@@ -135,8 +139,12 @@ def test_a_distillation_key_ltx2_cannot_use_is_refused(override, message):
 def test_a_distillation_without_its_critic_is_refused(tiny_predictor):
     teacher = tiny_predictor(0).requires_grad_(False)
     pipeline = LTX2Container.build_pipeline({"audio": True, "distill": DISTILL})
-    with pytest.raises(ValueError, match=r"needs the sub-models \['model', 'teacher', 'critic'\]: add \['critic'\]"):
-        LTX2Container({"model": copy.deepcopy(teacher), "teacher": teacher}, trainable=("model",), pipeline=pipeline)
+    with pytest.raises(
+        ValueError, match=r"needs the sub-models \['model', 'teacher', 'critic'\]: add \['critic'\]"
+    ):
+        LTX2Container(
+            {"model": copy.deepcopy(teacher), "teacher": teacher}, trainable=("model",), pipeline=pipeline
+        )
 
 
 def test_the_tiny_distillation_reads_the_tiny_runs_cache():
@@ -144,7 +152,9 @@ def test_the_tiny_distillation_reads_the_tiny_runs_cache():
     import yaml
 
     configs = Path(CONFIG).parent
-    distill, tiny = (yaml.safe_load((configs / name).read_text()) for name in ("tiny_t2av_distill.yaml", "tiny_t2av.yaml"))
+    distill, tiny = (
+        yaml.safe_load((configs / name).read_text()) for name in ("tiny_t2av_distill.yaml", "tiny_t2av.yaml")
+    )
     assert distill["data"] == tiny["data"]
 
 
@@ -170,6 +180,8 @@ def test_a_student_or_critic_of_another_architecture_is_refused_naming_it_and_th
         check_config(CONFIG, other, world_size=2, check_paths=False)
     assert info.value.paths == ["model.models.critic"], str(info.value)
     assert "num_attention_heads (critic: 2, teacher: 4)" in info.value.problems[0].message
-    with pytest.raises(ValueError, match=r"model\.models\.critic: `critic` is not an architecture of its teacher"):
+    with pytest.raises(
+        ValueError, match=r"model\.models\.critic: `critic` is not an architecture of its teacher"
+    ):
         ModelContainerHub.build(load_config(CONFIG, other, world_size=2).model, device="cpu",
                                 trainable=["model", "critic"], meta_init=False)  # fmt: skip

@@ -37,8 +37,14 @@ def phase_losses(rows: list[dict], key: str) -> torch.Tensor:
 def distilled(tiny_cache, run_config, distill_config, ltx2_train) -> SimpleNamespace:
     """The uninterrupted distillation: 6 steps on 2 ranks (Ulysses 2), checkpoints at 3 and 6."""
     save = tiny_cache / "distill"
-    validation = {"interval": STEPS, "prompts": ["a red circle moving up"], "num_frames": 5, "height": 16,
-                  "width": 16, "fps": 8}  # fmt: skip  (the student samples on its own 4-step schedule)
+    validation = {
+        "interval": STEPS,
+        "prompts": ["a red circle moving up"],
+        "num_frames": 5,
+        "height": 16,
+        "width": 16,
+        "fps": 8,
+    }  # fmt: skip  (the student samples on its own 4-step schedule)
     config = run_config(
         tiny_cache, distill_config, train_iters=STEPS, save_interval=SAVE_EVERY, deterministic=True, save=str(save),
         validation=validation,
@@ -91,22 +97,30 @@ def test_the_student_exports_as_a_plain_transformer_and_samples_on_its_schedule(
     teacher = LTX2VideoTransformer3DModel.from_pretrained(tiny_cache / "transformer").state_dict()
     key = "proj_out.weight"
     torch.testing.assert_close(exported[key], state[f"model.{key}"], rtol=0, atol=0)
-    assert not torch.equal(exported[key], teacher[key]) and not torch.equal(exported[key], state[f"critic.{key}"])
+    assert not torch.equal(exported[key], teacher[key]) and not torch.equal(
+        exported[key], state[f"critic.{key}"]
+    )
 
     # `sample --steps 4` writes the clip and its audio; it runs the student on the 4 sigmas it trained on
     clip = tiny_cache / "sample_distill.mp4"
     ltx2_train(*readme.command(LTX2_README, SAMPLE, paths=runs)[1:])
     assert clip.is_file() and clip.with_suffix(".wav").is_file()
     validated = distilled.save / "validation" / f"iter_{STEPS:07d}" / "0.mp4"  # the same prompt, seed 0, size
-    sampled, during_training = (decode_frames(p, list(range(5)), 16, 16).astype(int) for p in (clip, validated))
+    sampled, during_training = (
+        decode_frames(p, list(range(5)), 16, 16).astype(int) for p in (clip, validated)
+    )
     assert abs(sampled - during_training).max() <= 1 and validated.with_suffix(".wav").is_file()
     modules = sampling.load_for_sampling(load_run_config(distilled.save), distilled.save)
     timesteps: list[tuple[float, float]] = []
     modules["holder"].model.register_forward_hook(
-        lambda _, __, kwargs, ___: timesteps.append((kwargs["timestep"].item(), kwargs["audio_timestep"].item())),
+        lambda _, __, kwargs, ___: timesteps.append(
+            (kwargs["timestep"].item(), kwargs["audio_timestep"].item())
+        ),
         with_kwargs=True,
     )
-    sampling.sample_clip(modules, "a red circle moving up", num_frames=5, height=16, width=16, frame_rate=8, steps=4)
+    sampling.sample_clip(
+        modules, "a red circle moving up", num_frames=5, height=16, width=16, frame_rate=8, steps=4
+    )
     trained = (modules["distillation"].student_sigmas()[:-1] * 1000).tolist()
     assert [video for video, _ in timesteps] == pytest.approx(trained)
     assert [audio for _, audio in timesteps] == pytest.approx(trained)

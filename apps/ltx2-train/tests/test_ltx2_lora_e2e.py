@@ -23,7 +23,9 @@ LORA = {
     "alpha": 8,  # scale 2: an export that loses alpha computes something else
 }
 README = "apps/ltx2-train/README.md"
-EXPORT_PEFT = "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt_lora --lora peft --out runs/ltx2_tiny/export/lora"
+EXPORT_PEFT = (
+    "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt_lora --lora peft --out runs/ltx2_tiny/export/lora"
+)
 EXPORT_COMFYUI = "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt_lora --lora comfyui --out runs/ltx2_tiny/export/ltx2_lora.safetensors"
 
 
@@ -76,7 +78,9 @@ def test_lora_peft_comfyui_and_merged_exports_compute_the_trained_outputs(
     from safetensors.torch import load_file
 
     save = tmp_path / "ckpt"
-    config = run_config(tiny_cache, lora_config, train_iters=4, save_interval=4, deterministic=True, save=str(save))
+    config = run_config(
+        tiny_cache, lora_config, train_iters=4, save_interval=4, deterministic=True, save=str(save)
+    )
     ours = distributed(_train, 2, str(config), [], one_token_inputs(), timeout=600)[0]
     losses = [json.loads(line)["loss"] for line in (save / "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))

@@ -32,7 +32,9 @@ def test_the_two_branches_split_every_parameter_of_the_transformer_with_every_op
 
 
 def test_a_parameter_of_an_unknown_module_is_refused_by_name():
-    with pytest.raises(ValueError, match="'transformer_blocks.3.lyrics_attn.to_q.weight': its module 'lyrics_attn'"):
+    with pytest.raises(
+        ValueError, match="'transformer_blocks.3.lyrics_attn.to_q.weight': its module 'lyrics_attn'"
+    ):
         parameter_modality("transformer_blocks.3.lyrics_attn.to_q.weight")
 
 
@@ -52,7 +54,9 @@ def two_steps(container: LTX2Container) -> dict[str, torch.Tensor]:
     before = {n: p.detach().clone() for n, p in container.model.named_parameters()}
     optimizer = build_optimizer(container, lr=1e-2)
     for step in range(2):
-        out = container.pipeline.forward(container, SampleRNG(seed=0, step=step, sample_ids=[0, 1]), **batch())
+        out = container.pipeline.forward(
+            container, SampleRNG(seed=0, step=step, sample_ids=[0, 1]), **batch()
+        )
         out.loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)
@@ -66,7 +70,9 @@ def test_a_frozen_modality_trains_only_the_other_branch(tiny_predictor, frozen):
     container = LTX2Container({"model": model}, trainable=("model",), pipeline=pipeline)
     trained = "video" if frozen == "audio" else "audio"
     assert container.frozen_branch == sorted(branch_parameters(model, frozen))
-    in_optimizer = {id(p) for group in build_optimizer(container, lr=1.0).param_groups for p in group["params"]}
+    in_optimizer = {
+        id(p) for group in build_optimizer(container, lr=1.0).param_groups for p in group["params"]
+    }
     assert in_optimizer == {id(p) for p in branch_parameters(model, trained).values()}
     before = two_steps(container)
     for name, param in model.named_parameters():
@@ -81,7 +87,9 @@ def test_without_a_frozen_modality_both_branches_train(tiny_predictor):
     container = LTX2Container({"model": model}, trainable=("model",), pipeline=LTX2Pipeline.from_options({}))
     before = two_steps(container)
     for modality in ("video", "audio"):
-        assert any(not torch.equal(p, before[n]) for n, p in branch_parameters(model, modality).items()), modality
+        assert any(not torch.equal(p, before[n]) for n, p in branch_parameters(model, modality).items()), (
+            modality
+        )
 
 
 def test_freeze_branch_returns_the_frozen_paths():
@@ -94,7 +102,9 @@ def test_freeze_branch_returns_the_frozen_paths():
 def test_a_lora_run_with_a_frozen_modality_is_refused_before_anything_is_built():
     section = SimpleNamespace(
         pipeline={"frozen_modality": "audio"},
-        sub_models=lambda: {"model": SimpleNamespace(lora=SimpleNamespace(rank=4), model_id="ltx2_predictor")},
+        sub_models=lambda: {
+            "model": SimpleNamespace(lora=SimpleNamespace(rank=4), model_id="ltx2_predictor")
+        },
     )
     problems = LTX2Container.sub_model_problems(section)
     assert "frozen_modality=audio with LoRA" in problems["model"]

@@ -37,7 +37,9 @@ def run_readme_line(
     _, nproc, args = readme.launched(argv)
     ltx2_train(*args, nproc=nproc)
     rows = [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
-    return SimpleNamespace(rows=[r for r in rows if "loss" in r], weights=checkpoint_weights(save / "iter_0000002"))
+    return SimpleNamespace(
+        rows=[r for r in rows if "loss" in r], weights=checkpoint_weights(save / "iter_0000002")
+    )
 
 
 def checkpoint_weights(ckpt: Path) -> dict[str, torch.Tensor]:
@@ -56,7 +58,9 @@ def changed_by_branch(tiny_cache: Path, trained: dict[str, torch.Tensor]) -> dic
 
     initial = LTX2VideoTransformer3DModel.from_pretrained(tiny_cache / "transformer")
     return {
-        modality: {n for n, p in branch_parameters(initial, modality).items() if not torch.equal(trained[n], p)}
+        modality: {
+            n for n, p in branch_parameters(initial, modality).items() if not torch.equal(trained[n], p)
+        }
         for modality in ("video", "audio")
     }
 

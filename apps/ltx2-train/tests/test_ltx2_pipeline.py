@@ -42,7 +42,9 @@ def test_video_and_audio_share_one_sigma_and_mix_as_one_minus_sigma_x0_plus_sigm
 
 
 def test_shared_audio_timesteps_give_the_audio_the_videos_sigma():
-    noised = LTX2Pipeline(SigmaSampler(), audio_timesteps="shared").noising(conditions(), SampleRNG.for_batch(3, seed=5))
+    noised = LTX2Pipeline(SigmaSampler(), audio_timesteps="shared").noising(
+        conditions(), SampleRNG.for_batch(3, seed=5)
+    )
     assert torch.equal(noised["audio_sigma"], noised["sigma"])
 
 
@@ -52,7 +54,9 @@ def test_independent_audio_timesteps_draw_each_samples_audio_sigma_apart_and_noi
     noised = LTX2Pipeline(SigmaSampler(), audio_timesteps="independent").noising(cond, keys)
     assert torch.equal(noised["sigma"], shared["sigma"])  # the video's draw is unchanged
     assert (noised["audio_sigma"] != noised["sigma"]).all(), (noised["audio_sigma"], noised["sigma"])
-    want = torch.cat([SigmaSampler().sample(1, 12, generator=g) for g in keys.sample_generators("audio_sigma")])
+    want = torch.cat(
+        [SigmaSampler().sample(1, 12, generator=g) for g in keys.sample_generators("audio_sigma")]
+    )
     torch.testing.assert_close(noised["audio_sigma"], want)
     sa = noised["audio_sigma"][:, None, None]
     eps_a = noised["audio_target"] + cond["audio"]
@@ -66,7 +70,9 @@ def test_the_transformer_gets_the_audio_sigma_as_its_audio_timestep(tiny_predict
     pipe = LTX2Pipeline.from_options({"audio": True, "audio_timesteps": "independent"})
     batch = held_out_batch()
     pipe.forward(SimpleNamespace(model=model), SampleRNG.for_batch(2, seed=3), **batch)
-    noised = pipe.noising(pipe.prepare_conditions(SimpleNamespace(model=model), batch), SampleRNG.for_batch(2, seed=3))
+    noised = pipe.noising(
+        pipe.prepare_conditions(SimpleNamespace(model=model), batch), SampleRNG.for_batch(2, seed=3)
+    )
     torch.testing.assert_close(seen["audio_timestep"], 1000 * noised["audio_sigma"])
     torch.testing.assert_close(seen["timestep"], 1000 * noised["sigma"])
 
@@ -77,7 +83,9 @@ def test_the_frozen_modality_contributes_no_loss_but_both_losses_are_reported(fr
     noised = pipe.noising(conditions(), SampleRNG.for_batch(3, seed=2))
     loss = pipe.compute_loss((noised["video_target"] + 2.0, noised["audio_target"] + 1.0), noised)
     assert loss.item() == pytest.approx(expected, rel=1e-6)
-    assert noised["video_loss"].item() == pytest.approx(4.0) and noised["audio_loss"].item() == pytest.approx(1.0)
+    assert noised["video_loss"].item() == pytest.approx(4.0) and noised["audio_loss"].item() == pytest.approx(
+        1.0
+    )
 
 
 def test_audio_only_training_without_audio_is_refused():

@@ -53,7 +53,10 @@ def test_an_unknown_combination_is_refused_naming_the_file_and_the_fields(tmp_pa
 
 def test_a_missing_key_means_the_arguments_default():
     assert config_version({}, "x") == "2.0"
-    assert config_version({"gated_attn": True, "cross_attn_mod": True, "use_prompt_embeddings": False}, "x") == "2.3"
+    assert (
+        config_version({"gated_attn": True, "cross_attn_mod": True, "use_prompt_embeddings": False}, "x")
+        == "2.3"
+    )
 
 
 def official_file(path, transformer: dict | None, **metadata: str):
@@ -83,19 +86,25 @@ def test_an_official_single_file_is_recognised_from_its_metadata(tmp_path, trans
 
 def test_a_single_file_whose_model_version_contradicts_its_options_is_refused(tmp_path):
     path = official_file(tmp_path / "ltx.safetensors", {"ff_bias": True}, model_version="2.5")
-    with pytest.raises(ValueError, match=r"ltx.safetensors: its metadata says model_version '2.5' but .* LTX-2.0's"):
+    with pytest.raises(
+        ValueError, match=r"ltx.safetensors: its metadata says model_version '2.5' but .* LTX-2.0's"
+    ):
         single_file_version(path)
 
 
 def test_a_single_file_without_the_config_metadata_is_refused(tmp_path):
     path = official_file(tmp_path / "other.safetensors", None, format="pt")
-    with pytest.raises(ValueError, match=r"other.safetensors: no 'config' metadata .* metadata keys: \['format'\]"):
+    with pytest.raises(
+        ValueError, match=r"other.safetensors: no 'config' metadata .* metadata keys: \['format'\]"
+    ):
         single_file_version(path)
 
 
 @pytest.mark.parametrize("version", sorted(RELEASES))
 def test_the_build_recognises_the_release_and_logs_it(folders, version, caplog):
-    model = LTX2Predictor.build_from_config(SimpleNamespace(from_pretrained=str(folders[version]), config=None))
+    model = LTX2Predictor.build_from_config(
+        SimpleNamespace(from_pretrained=str(folders[version]), config=None)
+    )
     assert model.ltx2_version == version
     assert f"LTX-2 transformer: LTX-{version} (read from {folders[version] / 'config.json'})" in caplog.text
 
@@ -117,7 +126,9 @@ def test_the_build_of_a_shape_without_a_checkpoint_refuses_an_unknown_release():
 def test_the_pipeline_refuses_a_release_whose_forward_it_does_not_feed_yet(folders, version):
     from ltx2_train.pipeline import LTX2Pipeline
 
-    model = LTX2Predictor.build_from_config(SimpleNamespace(from_pretrained=str(folders[version]), config=None))
+    model = LTX2Predictor.build_from_config(
+        SimpleNamespace(from_pretrained=str(folders[version]), config=None)
+    )
     batch = {"latents": torch.randn(1, 8, 2, 4, 4), "prompt_embeds": torch.randn(1, 6, 32),
              "prompt_attention_mask": torch.ones(1, 6, dtype=torch.long)}  # fmt: skip
     with pytest.raises(ValueError, match=f"the transformer is LTX-{version} .* trains LTX-2.0 only"):

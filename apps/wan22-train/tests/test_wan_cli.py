@@ -109,7 +109,9 @@ def test_native_export_has_the_official_names_and_the_trained_weights(run, tmp_p
         WAN_README, EXPORT_NATIVE, paths={"runs/tiny/export/high_noise_model": out}, extra=extra
     )
     assert wan22_main(argv[1:]) == 0
-    files = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))  # + the hidden .mm_export.json
+    files = sorted(
+        p.name for p in out.iterdir() if not p.name.startswith(".")
+    )  # + the hidden .mm_export.json
     weights = [f for f in files if f.endswith(".safetensors")]
     if shard is None:
         assert files == ["config.json", "diffusion_pytorch_model.safetensors"]

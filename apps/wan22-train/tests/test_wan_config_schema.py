@@ -110,7 +110,9 @@ def test_pipeline_schema_keys_are_the_options_the_pipeline_reads():
                  "num_train_timesteps": 100, "shift": 5.0, "sigma_min": 0.0, "sigma_max": 1.0,
                  "extra_one_step": True, "weighting": False}  # fmt: skip
     assert every_key.keys() | {"distill", "dpo"} == WanPipelineOptions.model_fields.keys()
-    Wan22Pipeline.from_options(WanPipelineOptions.model_validate(every_key).model_dump(exclude={"distill", "dpo"}))
+    Wan22Pipeline.from_options(
+        WanPipelineOptions.model_validate(every_key).model_dump(exclude={"distill", "dpo"})
+    )
 
 
 def test_distill_schema_keys_are_the_options_the_distillation_reads():

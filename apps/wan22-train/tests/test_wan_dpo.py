@@ -54,7 +54,10 @@ def test_make_pairs_prefers_the_clip_nearer_the_target_colour_and_holds_pairs_ou
     train, held_out = (json.loads((tiny / "pairs" / f"{n}.json").read_text()) for n in ("train", "held_out"))
     assert train and held_out
     for row in train + held_out:
-        preferred, rejected = row["preferred"].removeprefix("../data/"), row["rejected"].removeprefix("../data/")
+        preferred, rejected = (
+            row["preferred"].removeprefix("../data/"),
+            row["rejected"].removeprefix("../data/"),
+        )
         assert distance[preferred] < distance[rejected]
         assert not set(row["caption"].split()) & set(COLOURS)  # the prompt names no colour
     pairs = lambda rows: {(r["preferred"], r["rejected"]) for r in rows}  # noqa: E731

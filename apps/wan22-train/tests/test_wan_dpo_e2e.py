@@ -61,10 +61,14 @@ def test_dpo_at_2_ranks_with_ulysses_2_logs_the_losses_margins_and_held_out_loss
     for key in LOGGED:
         want = torch.tensor([r.get(key, math.nan) for r in one], dtype=torch.float64)
         have = torch.tensor([r.get(key, math.nan) for r in two], dtype=torch.float64)
-        torch.testing.assert_close(have, want, rtol=0, atol=tolerance[key], equal_nan=True, msg=f"{key}: {have} vs {want}")
+        torch.testing.assert_close(
+            have, want, rtol=0, atol=tolerance[key], equal_nan=True, msg=f"{key}: {have} vs {want}"
+        )
 
 
-def test_a_few_dozen_dpo_steps_raise_the_implicit_reward_margin_of_held_out_pairs_above_0(tiny, tmp_path, main_forked):
+def test_a_few_dozen_dpo_steps_raise_the_implicit_reward_margin_of_held_out_pairs_above_0(
+    tiny, tmp_path, main_forked
+):
     """The held-out loss is the mean of ``-log sigmoid(margin)`` over the held-out pairs (4 fixed timesteps
     each): ``log 2`` for the reference itself, and below it only if the mean margin is above 0 (the
     function is convex and decreasing). Pairs held out: others of the same clips, never trained on. The
@@ -84,10 +88,14 @@ def test_a_few_dozen_dpo_steps_raise_the_implicit_reward_margin_of_held_out_pair
     scores = json.loads((tmp_path / "run" / "validation" / "iter_0000030" / "rewards.json").read_text())
     assert [s["prompt"] for s in scores] == prompts and all(-math.sqrt(3) <= s["reward"] <= 0 for s in scores)
     mean = sum(s["reward_colour_target"] for s in scores) / len(scores)
-    assert got[-1]["val_reward_colour_target"] == pytest.approx(mean) and got[-1]["val_reward"] == pytest.approx(mean)
+    assert got[-1]["val_reward_colour_target"] == pytest.approx(mean) and got[-1][
+        "val_reward"
+    ] == pytest.approx(mean)
 
 
-def test_with_both_experts_each_step_trains_and_compares_the_expert_of_its_timestep(tiny, tmp_path, main_forked):
+def test_with_both_experts_each_step_trains_and_compares_the_expert_of_its_timestep(
+    tiny, tmp_path, main_forked
+):
     """``expert: both`` with LoRA on both experts: a step's pairs go through the expert its (per-step) timestep
     belongs to, policy and reference alike. So a step whose expert no earlier step trained has the margin 0
     exactly (that expert's adapters are still B = 0: the policy is its reference), and every later step of
@@ -135,6 +143,9 @@ def test_a_dpo_run_stopped_at_1_rank_resumes_at_2_ranks_with_ulysses_2_with_the_
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
     for key, atol in (("loss_dpo", 500 * 1e-6), ("dpo_margin", 500 * 1e-6), ("dpo_accuracy", 0.0)):
         torch.testing.assert_close(
-            torch.tensor([r[key] for r in resumed[2:]]), torch.tensor([r[key] for r in whole[2:]]), rtol=0, atol=atol
+            torch.tensor([r[key] for r in resumed[2:]]),
+            torch.tensor([r[key] for r in whole[2:]]),
+            rtol=0,
+            atol=atol,
         )
     assert any(abs(r["dpo_margin"]) > 1e-3 for r in whole[2:])

@@ -78,7 +78,9 @@ def test_the_two_expert_distillation_trains_as_the_readme_says(session, readme, 
     assert set(saved(session / "runs/tiny/ckpt_distill_both")["submodels"]) == students_and_critics
 
 
-def test_dpo_trains_on_the_pairs_make_pairs_writes_as_the_readme_says(session, readme, main_forked, monkeypatch):
+def test_dpo_trains_on_the_pairs_make_pairs_writes_as_the_readme_says(
+    session, readme, main_forked, monkeypatch
+):
     monkeypatch.chdir(session)
     assert wan22_main(readme.command(WAN_README, MAKE_PAIRS)[1:]) == 0
     train(readme, main_forked, DPO)

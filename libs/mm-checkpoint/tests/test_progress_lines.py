@@ -13,7 +13,9 @@ def test_without_a_terminal_a_long_loop_prints_its_count_rate_and_time_left(monk
     monkeypatch.setattr(runtime, "PROGRESS_INTERVAL_S", 0.0)
     assert list(progress(range(3), desc="convert model -> dcp", total=3, unit="tensor")) == [0, 1, 2]
     lines = capsys.readouterr().err.splitlines()
-    assert [line.split(" | ")[0] for line in lines] == [f"convert model -> dcp: {i}/3 tensor" for i in (1, 2, 3)]
+    assert [line.split(" | ")[0] for line in lines] == [
+        f"convert model -> dcp: {i}/3 tensor" for i in (1, 2, 3)
+    ]
     assert all(re.search(r"\| [\d.e+]+ tensor/s \| eta \d+:\d\d:\d\d$", line) for line in lines), lines
 
 

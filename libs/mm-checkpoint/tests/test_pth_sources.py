@@ -73,7 +73,9 @@ def test_a_pth_with_a_corrupted_zip_structure_is_named_without_torchs_miniz_mess
     _, path = _linear_pth(tmp_path / "weights.pth")
     raw = path.read_bytes()
     path.write_bytes(raw[:4] + raw[4:].replace(*damage, 1))  # the first record header kept: still a zip
-    with pytest.raises(CheckpointIntegrityError, match=r"weights\.pth: its zip structure is corrupted") as caught:
+    with pytest.raises(
+        CheckpointIntegrityError, match=r"weights\.pth: its zip structure is corrupted"
+    ) as caught:
         PthReader(path)
     assert "miniz" not in str(caught.value)
 

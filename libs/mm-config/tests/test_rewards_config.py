@@ -13,7 +13,9 @@ def _with_rewards(container, rewards, validation=VALIDATION):
 
 
 def test_a_built_in_reward_loads_with_its_options_and_weight(container, load):
-    rewards = load(_with_rewards(container, [{"id": "colour_target", "weight": 2.0, "options": {"target": [1, 0, 0]}}]))
+    rewards = load(
+        _with_rewards(container, [{"id": "colour_target", "weight": 2.0, "options": {"target": [1, 0, 0]}}])
+    )
     (reward,) = rewards.training.rewards
     assert (reward.id, reward.weight, reward.options) == ("colour_target", 2.0, {"target": [1.0, 0.0, 0.0]})
 
@@ -24,7 +26,9 @@ def test_an_unknown_reward_id_is_refused_naming_the_closest_known_one(container,
 
 
 def test_options_the_reward_does_not_take_are_refused_with_their_path(container, load_error, problem_at):
-    err = load_error(_with_rewards(container, [{"id": "colour_target", "options": {"target": [1, 0, 0], "tint": 1}}]))
+    err = load_error(
+        _with_rewards(container, [{"id": "colour_target", "options": {"target": [1, 0, 0], "tint": 1}}])
+    )
     assert "unknown key" in problem_at(err, "training.rewards[0].options.tint")
 
 
@@ -45,13 +49,17 @@ def test_a_reward_listed_twice_is_refused(container, load_error, problem_at):
 
 
 def test_a_zero_weight_is_refused(container, load_error, problem_at):
-    err = load_error(_with_rewards(container, [{"id": "colour_target", "weight": 0, "options": {"target": [1, 0, 0]}}]))
+    err = load_error(
+        _with_rewards(container, [{"id": "colour_target", "weight": 0, "options": {"target": [1, 0, 0]}}])
+    )
     assert "must not be 0" in problem_at(err, "training.rewards[0].weight")
 
 
 def test_rewards_without_validation_prompts_are_refused(container, load_error, problem_at):
     held_out_only = {"data_path": "held_out.json"}
-    err = load_error(_with_rewards(container, [{"id": "colour_target", "options": {"target": [1, 0, 0]}}], held_out_only))
+    err = load_error(
+        _with_rewards(container, [{"id": "colour_target", "options": {"target": [1, 0, 0]}}], held_out_only)
+    )
     assert "set training.validation.prompts" in problem_at(err, "training.rewards")
 
 

@@ -437,7 +437,9 @@ def test_a_cache_of_a_caption_folder_records_its_rows_and_is_refused_once_a_capt
     check_cache_made_with(tmp_path / "cache", RECIPE)
     first = sorted(folder.glob("*.txt"))[0]
     first.write_text("a different caption")
-    with pytest.raises(CacheMismatchError, match=rf"the source metadata {re.escape(str(folder.resolve()))} changed"):
+    with pytest.raises(
+        CacheMismatchError, match=rf"the source metadata {re.escape(str(folder.resolve()))} changed"
+    ):
         check_cache_made_with(tmp_path / "cache", RECIPE)
     write_cache(folder, tmp_path / "cache", toy, recipe=RECIPE)
     check_cache_made_with(tmp_path / "cache", RECIPE)

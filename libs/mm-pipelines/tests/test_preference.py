@@ -24,7 +24,9 @@ def test_the_dpo_loss_and_margin_equal_a_hand_computation():
     loss, margin = dpo_loss(policy_w, policy_l, reference_w, reference_l, beta=4.0)
     # pair 0: -4 * ((0.5 - 0.625) - (0.75 - 0.5)) = 1.5;  pair 1: -4 * ((1 - 1) - (0.5 - 0.25)) = 1
     torch.testing.assert_close(margin, torch.tensor([1.5, 1.0]))
-    by_hand = (math.log(1 + math.exp(-1.5)) + math.log(1 + math.exp(-1.0))) / 2  # -log sigmoid(m) = log(1 + e^-m)
+    by_hand = (
+        math.log(1 + math.exp(-1.5)) + math.log(1 + math.exp(-1.0))
+    ) / 2  # -log sigmoid(m) = log(1 + e^-m)
     assert loss.item() == pytest.approx(by_hand, rel=1e-6)
 
 
@@ -33,7 +35,9 @@ def test_a_pair_batch_splits_into_its_preferred_and_rejected_members():
     preferred, rejected = split_pair(batch)
     assert preferred == {"video": "w", "prompt": ["p"], "index": 3}
     assert rejected == {"video": "l", "prompt": ["p"], "index": 3}
-    with pytest.raises(KeyError, match="Diffusion-DPO needs pairs: the rejected member's keys as rejected_<key>"):
+    with pytest.raises(
+        KeyError, match="Diffusion-DPO needs pairs: the rejected member's keys as rejected_<key>"
+    ):
         split_pair({"video": "w"})
 
 

@@ -58,7 +58,11 @@ def test_video_pairs_schema_has_the_datasets_keywords_and_defaults():
     fields = VideoPairsConfig.model_fields
     assert fields.keys() == expected.keys()
     for name, default in expected.items():
-        assert fields[name].is_required() if default is inspect.Parameter.empty else fields[name].default == default
+        assert (
+            fields[name].is_required()
+            if default is inspect.Parameter.empty
+            else fields[name].default == default
+        )
 
 
 @pytest.mark.parametrize("rule", ["4k+1", "8k+1", None])

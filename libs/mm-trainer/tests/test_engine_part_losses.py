@@ -21,7 +21,9 @@ class TwoPartLoss(nn.Module):
     def forward(self, x: torch.Tensor) -> SimpleNamespace:
         self.calls += 1
         a, b = float(self.calls), 10.0 * self.calls
-        return SimpleNamespace(loss=self.w * (a + b) * x.mean(), metrics={"loss_a": a, "loss_b": b, "flops": 1.0})
+        return SimpleNamespace(
+            loss=self.w * (a + b) * x.mean(), metrics={"loss_a": a, "loss_b": b, "flops": 1.0}
+        )
 
 
 class Ones:

@@ -52,7 +52,9 @@ def test_each_room_names_every_module_it_holds_in_its_docstring(room):
     docstring = ast.get_docstring(ast.parse((PACKAGE / room / "__init__.py").read_text())) or ""
     modules = sorted(p.stem for p in (PACKAGE / room).glob("*.py") if p.name != "__init__.py")
     assert modules, f"{room}/ holds no module"
-    if room == "planner":  # the planner's package docstring describes the command; its modules name themselves
+    if (
+        room == "planner"
+    ):  # the planner's package docstring describes the command; its modules name themselves
         return
     unnamed = [m for m in modules if f"``{m}``" not in docstring]
     assert unnamed == [], f"{room}/__init__.py does not say what {unnamed} hold"

@@ -40,7 +40,9 @@ def test_a_view_at_another_shard_degree_scales_each_tag_by_its_exact_padded_byte
     shards = [_shard(10), _shard(7, trainable=False)]  # 8 ranks: ceil(10/8)=2 and ceil(7/8)=1 rows
     view = layout_view("replicate 2", shards, default_shard=4, cpu_offload=False)  # 4 ranks: 3 and 2 rows
     assert view.device[Tag.SHARDED_PARAM] == pytest.approx((3 + 2) / (2 + 1))
-    assert view.device[Tag.SHARDED_GRAD] == view.device[Tag.OPT] == view.device[Tag.EMA] == pytest.approx(3 / 2)
+    assert (
+        view.device[Tag.SHARDED_GRAD] == view.device[Tag.OPT] == view.device[Tag.EMA] == pytest.approx(3 / 2)
+    )
 
 
 def test_a_sub_model_with_its_own_shard_size_keeps_it_in_every_view():

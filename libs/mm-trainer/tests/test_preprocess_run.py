@@ -76,6 +76,7 @@ def test_the_run_keys_reach_the_cache_writer(clips, tmp_path, monkeypatch):
 
 def test_vae_tiling_is_in_every_samples_key(clips, tmp_path):
     dataset = PidDataset(clips, **READ)
+
     def write(run: PreprocessRunConfig):
         return write_latent_cache(dataset, encoder([]), tmp_path, run=run, identity={}, uses_prompt=False)
 
@@ -211,6 +212,11 @@ def test_a_run_whose_section_differs_from_what_its_cache_records_is_refused_nami
 
     check_cache_made_as_configured(data())
     check_cache_made_as_configured(data(device="cpu", run={"decode_workers": 7}))  # how it runs: not compared
-    with pytest.raises(CacheMismatchError, match=r"data.dataset.preprocess.height: the cache was made with 16, this run says 32"):
+    with pytest.raises(
+        CacheMismatchError,
+        match=r"data.dataset.preprocess.height: the cache was made with 16, this run says 32",
+    ):
         check_cache_made_as_configured(data(height=32))
-    check_cache_made_as_configured(SimpleNamespace(dataset_id="toy_cache_check", data_path=str(tmp_path), dataset={}))
+    check_cache_made_as_configured(
+        SimpleNamespace(dataset_id="toy_cache_check", data_path=str(tmp_path), dataset={})
+    )

@@ -20,7 +20,9 @@ def _entry(id, weight=1.0, **options):
 
 def _solid(rgb, frames=3, size=4):
     """A clip ``[1, 3, F, H, W]`` in [-1, 1] of one colour given on a 0-1 scale."""
-    return (torch.tensor(rgb, dtype=torch.float32) * 2 - 1).view(1, 3, 1, 1, 1).expand(1, 3, frames, size, size)
+    return (
+        (torch.tensor(rgb, dtype=torch.float32) * 2 - 1).view(1, 3, 1, 1, 1).expand(1, 3, frames, size, size)
+    )
 
 
 @reward_register("test_latent_mean")
@@ -64,7 +66,9 @@ def test_colour_target_is_minus_the_distance_of_the_mean_colour_to_the_target():
     rewards = Rewards.from_config([_entry("colour_target", target=[1.0, 0.0, 0.0])])
     frames = torch.cat([_solid([1.0, 0.0, 0.0]), _solid([0.5, 0.5, 0.0])])
     scores = rewards.score(["a", "b"], frames=frames)
-    torch.testing.assert_close(scores.each["colour_target"], torch.tensor([0.0, -math.sqrt(0.5)], dtype=torch.float64))
+    torch.testing.assert_close(
+        scores.each["colour_target"], torch.tensor([0.0, -math.sqrt(0.5)], dtype=torch.float64)
+    )
 
 
 def test_the_combined_reward_is_the_weighted_sum_of_rewards_on_frames_and_on_latents():
@@ -108,7 +112,9 @@ def test_a_reward_without_the_input_it_scores_is_refused():
 
 
 def test_every_built_in_reward_has_an_options_schema_in_mm_config():
-    built_in = {name for name, cls in REWARD_REGISTRY.registered().items() if cls.__module__.startswith("mm_trainer.")}
+    built_in = {
+        name for name, cls in REWARD_REGISTRY.registered().items() if cls.__module__.startswith("mm_trainer.")
+    }
     assert built_in == {"colour_target"} and built_in <= set(registered_ids("reward"))
 
 
@@ -133,12 +139,16 @@ def test_validation_logs_each_rewards_mean_and_the_weighted_sums_mean(tmp_path):
     grey = -math.sqrt(0.25 + 0.25 + 0.25)
     assert out["val_reward_colour_target"] == pytest.approx(grey / 2)
     assert out["val_reward_colour_target_std"] == pytest.approx(-grey / 2)  # of [0, grey]
-    assert (out["val_reward_colour_target_min"], out["val_reward_colour_target_max"]) == pytest.approx((grey, 0.0))
+    assert (out["val_reward_colour_target_min"], out["val_reward_colour_target_max"]) == pytest.approx(
+        (grey, 0.0)
+    )
     assert out["val_reward"] == pytest.approx(2.0 * grey / 2)
 
 
 def test_validation_writes_each_clips_scores_beside_the_clips(tmp_path):
-    section = ValidationConfig(prompts=["a red ball", "a grey ball"], seeds=[4, 9], num_frames=1, height=4, width=4)
+    section = ValidationConfig(
+        prompts=["a red ball", "a grey ball"], seeds=[4, 9], num_frames=1, height=4, width=4
+    )
     rewards = Rewards.from_config([_entry("colour_target", 2.0, target=[1.0, 0.0, 0.0])])
     Validator(Colours(), section, data=None, seed=0, out_dir=tmp_path, device=torch.device("cpu"),
               rewards=rewards).run(500)  # fmt: skip

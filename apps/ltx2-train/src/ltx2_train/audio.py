@@ -115,4 +115,3 @@ def mel_to_waveform(
                              pad_mode="reflect", return_complex=True)  # fmt: skip
         spec = magnitude * torch.exp(1j * rebuilt.angle())
     return torch.istft(spec, n_fft, hop_length=hop_length, window=window, center=True, length=length)
-

@@ -98,14 +98,18 @@ class LTX2PipelineOptions(PartialConfigModel):
         if self.conditioning_frames != 1 and self.first_frame_conditioning_p == 0:
             why = "conditions no sample while first_frame_conditioning_p is 0: set that > 0 (1: every sample)"
             deps = (("first_frame_conditioning_p",),)
-            raise RuleViolations([Problem(("conditioning_frames",), why, self.conditioning_frames, deps=deps)])
+            raise RuleViolations(
+                [Problem(("conditioning_frames",), why, self.conditioning_frames, deps=deps)]
+            )
         return self
 
     @model_validator(mode="after")
     def _audio_only_needs_audio(self) -> LTX2PipelineOptions:
         if self.frozen_modality == "video" and not self.audio:
             why = "audio-only training needs the audio stream: set audio: true, or frozen_modality: none"
-            raise RuleViolations([Problem(("frozen_modality",), why, self.frozen_modality, deps=(("audio",),))])
+            raise RuleViolations(
+                [Problem(("frozen_modality",), why, self.frozen_modality, deps=(("audio",),))]
+            )
         return self
 
     @model_validator(mode="after")
@@ -138,8 +142,11 @@ class LTX2DistillOptions(DistillOptions):
             problems.append(Problem(("guidance_scale",), why, self.guidance_scale))
         for key, why in (
             ("negative_prompt", "no text encoder runs in LTX-2 training: remove it"),
-            ("teacher_steps", "LTX-2 validation samples the student's clips only, with no teacher reference to "
-             "compare them with: remove it"),
+            (
+                "teacher_steps",
+                "LTX-2 validation samples the student's clips only, with no teacher reference to "
+                "compare them with: remove it",
+            ),
         ):
             if key in self.model_fields_set:
                 problems.append(Problem((key,), why, getattr(self, key)))
@@ -161,7 +168,9 @@ class LTX2ContainerPipelineOptions(LTX2PipelineOptions):
             return self
         deps = (("distill",),)
         problems = [
-            Problem((key,), "a distillation draws its sigmas on the grid of distill.shift: remove it", deps=deps)
+            Problem(
+                (key,), "a distillation draws its sigmas on the grid of distill.shift: remove it", deps=deps
+            )
             for key in SAMPLER_KEYS
             if key in self.model_fields_set
         ]
@@ -173,7 +182,9 @@ class LTX2ContainerPipelineOptions(LTX2PipelineOptions):
                 problems.append(Problem((key,), f"{why}: expected {default}", getattr(self, key), deps=deps))
         if self.first_frame_conditioning_p > 0:
             why = "a distillation draws whole clips (no clean conditioning frames): expected 0"
-            problems.append(Problem(("first_frame_conditioning_p",), why, self.first_frame_conditioning_p, deps=deps))
+            problems.append(
+                Problem(("first_frame_conditioning_p",), why, self.first_frame_conditioning_p, deps=deps)
+            )
         if problems:
             raise RuleViolations(problems)
         return self

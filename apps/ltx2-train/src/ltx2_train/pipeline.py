@@ -149,9 +149,13 @@ class LTX2Pipeline(GenerativePipelineBase):
                 f"model.pipeline.first_frame_conditioning_p={first_frame_conditioning_p}: expected in [0, 1]"
             )
         if audio_timesteps not in ("shared", "independent"):
-            raise ValueError(f"model.pipeline.audio_timesteps={audio_timesteps!r}: expected shared or independent")
+            raise ValueError(
+                f"model.pipeline.audio_timesteps={audio_timesteps!r}: expected shared or independent"
+            )
         if frozen_modality not in ("none", "audio", "video"):
-            raise ValueError(f"model.pipeline.frozen_modality={frozen_modality!r}: expected none, audio or video")
+            raise ValueError(
+                f"model.pipeline.frozen_modality={frozen_modality!r}: expected none, audio or video"
+            )
         if frozen_modality == "video" and not audio:
             raise ValueError(
                 "model.pipeline.frozen_modality=video (audio-only training) needs model.pipeline.audio: true"

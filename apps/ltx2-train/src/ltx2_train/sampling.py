@@ -104,7 +104,11 @@ def sample_clip(
 
     def conditions(text: str) -> dict[str, Any]:
         embeds = texts[text] if texts is not None else encoders.encode_text(text, modules["text_len"])
-        batch = {"latents": video, "frame_rate": torch.tensor([frame_rate]), **{k: v[None] for k, v in embeds.items()}}
+        batch = {
+            "latents": video,
+            "frame_rate": torch.tensor([frame_rate]),
+            **{k: v[None] for k, v in embeds.items()},
+        }
         if audio is not None:
             batch["audio_latents"] = audio
         return pipeline.prepare_conditions(holder, {k: v.to(device) for k, v in batch.items()})

@@ -55,7 +55,12 @@ class SigmaSampler:
         return torch.sigmoid(normal * self.std + self.shift(num_tokens))
 
     def sample_keyed(
-        self, rng: SampleRNG, num_tokens: int, *, device: torch.device | str | None = None, purpose: str = "sigma"
+        self,
+        rng: SampleRNG,
+        num_tokens: int,
+        *,
+        device: torch.device | str | None = None,
+        purpose: str = "sigma",
     ) -> torch.Tensor:
         """``[B]`` float32 sigmas, sample ``i``'s from its own key (``purpose``: ``"sigma"``, or
         ``"audio_sigma"`` for an independent audio draw): the same at any micro-batch split or layout."""

@@ -104,7 +104,9 @@ class WanPipelineOptions(PartialConfigModel):
                 )
             )
         if self.dpo is not None and self.distill is not None:
-            problems.append(Problem(("dpo",), "one training mode at a time: not with distill", deps=(("distill",),)))
+            problems.append(
+                Problem(("dpo",), "one training mode at a time: not with distill", deps=(("distill",),))
+            )
         if self.sigma_min >= self.sigma_max:
             problems.append(
                 Problem(

@@ -42,7 +42,9 @@ def dpo_problems(model_section: Any) -> dict[str, str]:
     problems: dict[str, str] = {}
     for role in policy_roles(expert):
         if role not in subs:
-            problems[role] = f"Diffusion-DPO (expert: {expert}) trains the policy `{role}`: add it under model.models"
+            problems[role] = (
+                f"Diffusion-DPO (expert: {expert}) trains the policy `{role}`: add it under model.models"
+            )
     references = reference_roles(expert)
     if any(r in subs for r in references):
         for role in references:

@@ -81,7 +81,9 @@ def planning_batch(container: Any, data: Any, micro_batch_size: int) -> dict[str
         batch = cached_batch(container, options, micro_batch_size)
     else:
         batch = online_batch(container, options, micro_batch_size)
-    if isinstance(container.pipeline, DiffusionDPO):  # pairs: the rejected member's clip beside the preferred one
+    if isinstance(
+        container.pipeline, DiffusionDPO
+    ):  # pairs: the rejected member's clip beside the preferred one
         batch |= {f"{REJECTED_PREFIX}{k}": torch.zeros_like(batch[k]) for k in CLIP_KEYS if k in batch}
     batch["sample_ids"] = list(range(micro_batch_size))
     return batch

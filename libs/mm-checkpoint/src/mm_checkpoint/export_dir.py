@@ -115,11 +115,11 @@ def export_into(
     out: str | os.PathLike, *, sources: Iterable[str | os.PathLike | None] = ()
 ) -> Iterator[Path]:
     """Check ``out`` (:func:`check_destination`), yield an empty sibling folder to write the export
-    into, and on success replace ``out`` by it whole; on failure (of the writer, of another rank, or of
-the swap itself) remove it (``out`` as it was).
+        into, and on success replace ``out`` by it whole; on failure (of the writer, of another rank, or of
+    the swap itself) remove it (``out`` as it was).
 
-    Collective when a process group exists: every rank enters it (rank 0 checks, creates and commits;
-    the others wait for it), so a writer inside may gate its own work by rank and call barriers.
+        Collective when a process group exists: every rank enters it (rank 0 checks, creates and commits;
+        the others wait for it), so a writer inside may gate its own work by rank and call barriers.
     """
     out = Path(out)
     staging = out.with_name(f".{out.name}.partial-export")

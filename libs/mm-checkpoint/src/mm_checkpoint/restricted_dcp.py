@@ -269,9 +269,9 @@ def restricted_dcp_load(
             )
             raise mark(
                 CheckpointIntegrityError(
-                f"DCP checkpoint {path}: a storage item in its .distcp files has a corrupted zip structure "
-                f"(rank {rank}: {what.split('. This is an internal miniz error')[0]}); the file is damaged "
-                f"({checked})",
+                    f"DCP checkpoint {path}: a storage item in its .distcp files has a corrupted zip structure "
+                    f"(rank {rank}: {what.split('. This is an internal miniz error')[0]}); the file is damaged "
+                    f"({checked})",
                     path=Path(path),
                 )
             ) from None

@@ -79,7 +79,9 @@ class ColourTargetOptions(ConfigModel):
     def _unit_range(cls, value: list[float]) -> list[float]:
         outside = [i for i, v in enumerate(value) if not 0.0 <= v <= 1.0]
         if outside:
-            raise RuleViolations([Problem((i,), "must lie in [0, 1] (RGB on a 0-1 scale)", value[i]) for i in outside])
+            raise RuleViolations(
+                [Problem((i,), "must lie in [0, 1] (RGB on a 0-1 scale)", value[i]) for i in outside]
+            )
         return value
 
 

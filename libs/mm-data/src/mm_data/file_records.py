@@ -152,7 +152,9 @@ class FileRecords:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             except OSError as e:  # a file system without flock (some NFS mounts): never wrong, maybe repeated
-                logger.warning("mm_data: cannot lock %s (%s); processes may compute the same records", lock.name, e)
+                logger.warning(
+                    "mm_data: cannot lock %s (%s); processes may compute the same records", lock.name, e
+                )
             yield True
 
     def _load(self) -> dict[str, dict[str, Any]]:

@@ -73,7 +73,9 @@ def read_pairs(pairs_path: str | Path, root: Path) -> list[dict[str, Any]]:
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{pairs_path}: cannot read the pairs file: {e}") from e
     if not isinstance(rows, list) or not rows:
-        raise ValueError(f"{pairs_path}: expected a non-empty JSON list of {{caption, preferred, rejected}} rows")
+        raise ValueError(
+            f"{pairs_path}: expected a non-empty JSON list of {{caption, preferred, rejected}} rows"
+        )
     problems, out = [], []
     for i, row in enumerate(rows):
         if not isinstance(row, dict) or sorted(row) != sorted(PAIR_KEYS):

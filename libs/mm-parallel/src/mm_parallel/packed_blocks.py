@@ -24,6 +24,7 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
+
 class VarlenKernel(Protocol):
     """What the varlen helpers use of a kernel (an :class:`~mm_parallel.AttentionBackend` has it): its dense
     ``forward`` / ``backward`` and, where the kernel has them, native ``varlen_forward`` / ``varlen_backward``

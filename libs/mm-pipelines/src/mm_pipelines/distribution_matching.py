@@ -217,7 +217,9 @@ class DistributionMatchingDistillation:
         with torch.no_grad():
             detached = {n: x.detach() for n, x in x0_hat.items()}
             x_t, sigma, _ = self._renoise(detached, rng, phase)
-            real = self._clean(x_t, sigma, self._guided_teacher(container, x_t, sigma, conditions, unconditional))
+            real = self._clean(
+                x_t, sigma, self._guided_teacher(container, x_t, sigma, conditions, unconditional)
+            )
             fake = self._clean(x_t, sigma, self._velocity(container, "critic", x_t, sigma, conditions))
             distance = torch.cat([(detached[n] - real[n]).abs().flatten(1) for n in detached], dim=1)
             scale = distance.mean(1).clamp_min(1e-6)
@@ -237,7 +239,9 @@ class DistributionMatchingDistillation:
         noise = self._draw_noise(rng, f"{phase}_noise", x0)
         x_k = {n: FlowMatchScheduler.add_noise(x0[n], noise[n], float(sigmas[k])) for n in x0}
         v = self._velocity(container, "predictor", x_k, sigmas[k], conditions)
-        return self._weighted({n: (v[n].float() - (noise[n] - x0[n])).pow(2).flatten(1).mean(1) for n in x0}).mean()
+        return self._weighted(
+            {n: (v[n].float() - (noise[n] - x0[n])).pow(2).flatten(1).mean(1) for n in x0}
+        ).mean()
 
     # ------------------------------------------------------------------ pieces
     def _student_estimate(self, container: Any, conditions: dict, rng: SampleRNG, phase: str) -> State:
@@ -379,7 +383,9 @@ def distillation_architecture_problems(
             continue
         differing = [k for k in sorted({*mine, *theirs}) if mine.get(k) != theirs.get(k)]
         if differing:
-            keys = ", ".join(f"{k} ({role}: {mine.get(k)!r}, {teacher}: {theirs.get(k)!r})" for k in differing)
+            keys = ", ".join(
+                f"{k} ({role}: {mine.get(k)!r}, {teacher}: {theirs.get(k)!r})" for k in differing
+            )
             problems[role] = (
                 f"`{role}` is not an architecture of its teacher `{teacher}`: {keys}. A distillation starts the "
                 "student and the critic from the teacher's weights and compares their scores with the teacher's "

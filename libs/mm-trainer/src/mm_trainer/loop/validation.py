@@ -204,7 +204,10 @@ def _reward_statistics(scores: list[Any]) -> dict[str, float]:
         values = torch.cat([s.each[name] for s in scores])
         out[f"val_reward_{name}"] = float(values.mean())
         out[f"val_reward_{name}_std"] = float(values.std(correction=0))
-        out[f"val_reward_{name}_min"], out[f"val_reward_{name}_max"] = float(values.min()), float(values.max())
+        out[f"val_reward_{name}_min"], out[f"val_reward_{name}_max"] = (
+            float(values.min()),
+            float(values.max()),
+        )
     return out
 
 

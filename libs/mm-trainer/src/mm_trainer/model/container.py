@@ -175,7 +175,7 @@ class ModelContainer(nn.Module):
         raise NotImplementedError(
             f"{type(self).__name__} (pipeline {type(self.pipeline).__name__}) does not describe a batch of its real "
             "shapes: mm-train plan needs planning_batch(data, micro_batch_size) on the container, its pipeline "
-            "(planning_batch(container, data, micro_batch_size)) or the single model (docs/DESIGN.md \"The model contract\")"
+            '(planning_batch(container, data, micro_batch_size)) or the single model (docs/DESIGN.md "The model contract")'
         )
 
     @property

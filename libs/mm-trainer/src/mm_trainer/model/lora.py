@@ -230,7 +230,9 @@ def adapters_disabled(modules: list[nn.Module]) -> Iterator[None]:
     """
     layers = [m for module in modules for m in module.modules() if _is_lora_layer(m)]
     if not layers:
-        raise ValueError("adapters_disabled: the modules hold no LoRA layer (no model.models.<name>.lora section)")
+        raise ValueError(
+            "adapters_disabled: the modules hold no LoRA layer (no model.models.<name>.lora section)"
+        )
     before = [m._disable_adapters for m in layers]
     for layer in layers:
         layer._disable_adapters = True
@@ -242,7 +244,9 @@ def adapters_disabled(modules: list[nn.Module]) -> Iterator[None]:
 
 
 def _is_lora_layer(module: nn.Module) -> bool:
-    return hasattr(module, "_disable_adapters") and hasattr(module, "lora_A") and hasattr(module, "base_layer")
+    return (
+        hasattr(module, "_disable_adapters") and hasattr(module, "lora_A") and hasattr(module, "base_layer")
+    )
 
 
 def _base_key(key: str, prefix: str, heads: frozenset[str]) -> str | None:

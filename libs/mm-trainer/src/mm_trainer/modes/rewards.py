@@ -95,7 +95,9 @@ class Rewards:
             try:
                 scorer = factory(**dict(entry.options))
             except (TypeError, ValueError) as exc:
-                raise ValueError(f"training.rewards[{index}] ({entry.id!r}): bad options {entry.options}: {exc}") from exc
+                raise ValueError(
+                    f"training.rewards[{index}] ({entry.id!r}): bad options {entry.options}: {exc}"
+                ) from exc
             if getattr(scorer, "inputs", None) not in INPUTS:
                 raise TypeError(
                     f"training.rewards[{index}] ({entry.id!r}): a reward's `inputs` must be one of {list(INPUTS)}, "
@@ -141,7 +143,9 @@ class Rewards:
         return RewardScores(total, each)
 
 
-def _scored(term: RewardTerm, samples: torch.Tensor, prompts: Sequence[str], names: Sequence[str]) -> torch.Tensor:
+def _scored(
+    term: RewardTerm, samples: torch.Tensor, prompts: Sequence[str], names: Sequence[str]
+) -> torch.Tensor:
     """``term``'s scores ``[B]`` (float64, on the CPU), or a :class:`RewardError` naming the sample."""
     size = len(prompts)
     try:
@@ -149,7 +153,9 @@ def _scored(term: RewardTerm, samples: torch.Tensor, prompts: Sequence[str], nam
     except RewardError:
         raise
     except Exception as exc:
-        raise RewardError(f"{term.where} failed on {_failing(term, samples, prompts, names)}: {exc!r}") from exc
+        raise RewardError(
+            f"{term.where} failed on {_failing(term, samples, prompts, names)}: {exc!r}"
+        ) from exc
     bad = [names[i] for i in range(size) if not torch.isfinite(scores[i])]
     if bad:
         values = [float(scores[i]) for i in range(size) if not torch.isfinite(scores[i])]

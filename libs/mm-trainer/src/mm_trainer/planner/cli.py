@@ -187,6 +187,5 @@ def _search(args: argparse.Namespace, world: int, per_node: int, device: DeviceS
     return 0
 
 
-
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -63,7 +63,10 @@ def dry_run(
         lines += [
             "",
             _full_estimate(
-                config, world_size=world_size, device=device, ranks_per_node=nodes.ranks_per_node,
+                config,
+                world_size=world_size,
+                device=device,
+                ranks_per_node=nodes.ranks_per_node,
                 progress=progress,
             ),
         ]
@@ -78,7 +81,10 @@ def _full_estimate(
     rest of the dry run (plan, features, layout) holds without it, ``mm-train plan`` still refuses."""
     try:
         run = trace_run(
-            config, world_size=world_size, device=device_spec(device), ranks_per_node=ranks_per_node,
+            config,
+            world_size=world_size,
+            device=device_spec(device),
+            ranks_per_node=ranks_per_node,
             progress=progress,
         )
     except NotImplementedError as missing:

@@ -291,7 +291,9 @@ def _notes(run: TracedRun) -> list[str]:
     kernels = ", ".join(f"{k} x{n}" for k, n in sorted(run.kernels.items()))
     if kernels:
         notes.append(f"attention: {kernels} calls, memory and FLOPs from the kernels' models (CPU trace)")
-    notes.append("random draws are step 0's: a branch they decide (an expert, a conditioning path) follows them")
+    notes.append(
+        "random draws are step 0's: a branch they decide (an expert, a conditioning path) follows them"
+    )
     if run.placeholders:
         notes.append(
             f"{run.placeholders} value(s) read from fake tensors answered with a placeholder (True / 1)"

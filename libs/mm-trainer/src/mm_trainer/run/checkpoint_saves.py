@@ -79,7 +79,9 @@ class CheckpointSaves:
         self.finish()  # at most one save in flight, over both series
         info = {"sources": weight_sources(self.config.model)}  # where an export finds config.json
         reported = series.staging_bytes
-        if self.rank == 0:  # before the save commits: a committed checkpoint always has the config it resumes with
+        if (
+            self.rank == 0
+        ):  # before the save commits: a committed checkpoint always has the config it resumes with
             dump_config(self.config, series.root / RUN_CONFIG_NAME)
         series.save(state, iteration, submodels=self.submodels, info=info, background=self.background)
         if self.background and not reported:

@@ -192,7 +192,9 @@ def keep_configured_hyperparameters(optimizer: torch.optim.Optimizer, lr_schedul
         )
     for group, configured in zip(optimizer.param_groups, groups):
         group.update(configured)
-    lambdas = getattr(lr_scheduler, "lr_lambdas", None)  # a LambdaLR (mm_trainer.model.optim.build_lr_scheduler)
+    lambdas = getattr(
+        lr_scheduler, "lr_lambdas", None
+    )  # a LambdaLR (mm_trainer.model.optim.build_lr_scheduler)
     if base_lrs and lambdas:
         lr_scheduler.base_lrs = base_lrs
         step = lr_scheduler.last_epoch

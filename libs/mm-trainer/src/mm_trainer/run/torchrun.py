@@ -63,7 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exited[0]
         raise
     except SignalException as err:
-        _say(f"received {err.sigval.name}: the workers were stopped with it (they save the iteration they reached)")
+        _say(
+            f"received {err.sigval.name}: the workers were stopped with it (they save the iteration they reached)"
+        )
         return EXIT_INCOMPLETE
     return EXIT_FINISHED
 

@@ -195,7 +195,11 @@ def fit_or_reuse_autoencoder(
     torch.set_num_threads(1)  # ops this small gain nothing from more; on a busy machine they lose a lot
     try:
         done = fit_autoencoder(
-            model, samples if fit_samples is None else fit_samples, steps=steps, seed=seed, progress=progress,
+            model,
+            samples if fit_samples is None else fit_samples,
+            steps=steps,
+            seed=seed,
+            progress=progress,
             **fit,
         )
     finally:
