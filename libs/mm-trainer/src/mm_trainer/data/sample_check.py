@@ -39,9 +39,9 @@ class SampleFramesError(ValueError):
 def sample_names(dataset: Any) -> list[str] | None:
     """Each sample's file (the ``path`` of its metadata row), or None when the dataset does not list them."""
     rows = getattr(dataset, "rows", None)
-    if rows is None or len(rows) != len(dataset):
-        return None
-    return [str(row.get("path", "?")) if isinstance(row, dict) else "?" for row in rows]
+    if rows is None or len(rows) != len(dataset) or not all(isinstance(row, dict) for row in rows):
+        return None  # e.g. an encoder cache's rows: the index alone names the sample
+    return [str(row.get("path", "?")) for row in rows]
 
 
 def _checks_frames(config: Any) -> bool:
