@@ -4,11 +4,15 @@ one sequence, spread over micro-steps by tokens) logs the losses of the unpacked
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from mm_data import make_synthetic_dataset
+from mm_trainer.run.exit_codes import EXIT_CONFIG, EXIT_INPUT
 from wan22_train.cli import main as wan22_main
 from wan22_train.configs import config_path
 from wan22_train.tiny import make_tiny, tiny_overrides
@@ -83,19 +87,35 @@ def test_the_mixed_packed_step_logs_the_same_loss_at_two_ranks(
     assert abs(loss[0] - mixed_loss) <= 1e-5 * abs(mixed_loss)
 
 
-def test_a_token_budget_below_a_sample_is_refused_naming_it(tiny, tmp_path, main_forked):
-    """Refused when the run builds its batches, before any step (each tiny clip is 320 tokens)."""
-    with pytest.raises(
-        AssertionError, match=r"TokenBudgetError: token_budget=8 is below the largest sample: sample 0: 320"
-    ):
-        train(
-            main_forked,
-            tiny,
-            tmp_path / "small",
-            "training.global_batch_size=4",
-            "data.packing.token_budget=8",
-        )
+def cli(tiny: Path, save: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """The tiny packed run as a user starts it: ``python -m wan22_train`` in a fresh interpreter."""
+    args = ["--config", str(config_path("tiny_t2v.yaml")), *tiny_overrides(tiny), f"training.save={save}",
+            "training.train_iters=1", "parallel.ulysses_parallel_size=1", "training.global_batch_size=4",
+            *overrides]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "wan22_train", *args], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_a_token_budget_below_a_sample_is_refused_naming_it_before_any_weight_is_read(tiny, tmp_path):
+    """Exit 2 (config) with one message naming each sample over the budget (index, file, its 320 tokens)
+    and the key, no traceback. The transformer's weights file is garbage: the run at a budget that fits
+    fails reading it (exit 66), so the refusal came before any weight was read."""
+    bad = tmp_path / "tiny"
+    shutil.copytree(tiny, bad)
+    (bad / "transformer" / "diffusion_pytorch_model.safetensors").write_bytes(b"not a safetensors file")
+    refused = cli(bad, tmp_path / "small", "data.packing.token_budget=8")
+    assert refused.returncode == EXIT_CONFIG, refused.stderr[-3000:]
+    clip = bad / "data" / "clip_0000.mp4"
+    assert (
+        f"wan22-train: error: data.packing.token_budget=8 is below the largest sample: sample 0 ({clip}): "
+        "320 tokens" in refused.stderr
+    ), refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr
     assert not (tmp_path / "small" / "metrics.jsonl").exists()
+    fits = cli(bad, tmp_path / "fits", BUDGET)
+    assert fits.returncode == EXIT_INPUT and "not a valid safetensors file" in fits.stderr, fits.stderr[-3000:]
 
 
 def records_of(save: Path) -> list[dict]:

@@ -7,6 +7,7 @@ from mm_data import (
     TokenBalancedSampler,
     TokenBudgetError,
     build_packed_dataloader,
+    check_token_budget,
     patch_tokens,
     plan_step,
     token_imbalance,
@@ -112,6 +113,12 @@ def test_a_budget_below_the_largest_sample_is_refused_naming_it():
     tokens = [100, 900, 300]
     with pytest.raises(TokenBudgetError, match=r"sample 1: 900 tokens"):
         TokenBalancedSampler(tokens, global_batch_size=3, dp_rank=0, dp_size=1, token_budget=500)
+
+
+def test_the_budget_check_names_each_sample_over_it_with_its_file_and_the_key():
+    with pytest.raises(TokenBudgetError, match=r"^data.packing.token_budget=500 is below the largest sample: "
+                       r"sample 1 \(b.mp4\): 900 tokens; raise the budget to at least 900"):  # fmt: skip
+        check_token_budget([100, 900, 300], 500, names=["a.mp4", "b.mp4", "c.png"], key="data.packing.token_budget")
 
 
 def test_a_fixed_micro_step_count_that_cannot_hold_the_step_is_refused():

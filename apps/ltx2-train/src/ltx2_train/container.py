@@ -57,6 +57,29 @@ class LTX2Container(ModelContainer):
         return problems
 
     @classmethod
+    def checks_sample_frames(cls, model_section: Any) -> bool:
+        """Whether :meth:`sample_frame_problems` may refuse a sample: conditioning on leading frames
+        (``model.pipeline.first_frame_conditioning_p`` > 0) needs frames after them to generate."""
+        options = dict(getattr(model_section, "pipeline", None) or {})
+        return float(options.get("first_frame_conditioning_p") or 0.0) > 0.0
+
+    def sample_frame_problems(self, dataset: Any) -> dict[int, str]:
+        """``{dataset index: why}`` of the cached samples with no more latent frames than
+        ``model.pipeline.conditioning_frames`` (an image: 1) when leading frames are given clean, from the
+        cache's ``latents`` shapes (``mm_data.PrecomputedLatentDataset.latent_shapes``)."""
+        pipeline, shapes = self.flow_pipeline, getattr(dataset, "latent_shapes", None)
+        if shapes is None or not pipeline.first_frame_conditioning_p > 0:
+            return {}
+        k = pipeline.conditioning_frames
+        return {
+            i: f"{shape[1]} latent frame(s) leave none to generate after model.pipeline.conditioning_frames={k} "
+            f"given clean (first_frame_conditioning_p={pipeline.first_frame_conditioning_p}); expected more "
+            f"than {k} (longer clips in preprocess, or fewer conditioning frames)"
+            for i, shape in enumerate(shapes)
+            if shape is not None and len(shape) == 4 and shape[1] <= k
+        }
+
+    @classmethod
     def build_pipeline(cls, options: Mapping[str, Any]) -> LTX2Pipeline | DistributionMatchingDistillation:
         """``LTX2Pipeline``; with ``distill``, DMD2 around it (:mod:`ltx2_train.distill`)."""
         return run_pipeline(options)

@@ -94,6 +94,28 @@ class Wan22Container(ModelContainer):
         per_bucket = [self.predictor.tokens_per_sample(shape) for shape in shapes]
         return [per_bucket[i] for i in ids]
 
+    @classmethod
+    def checks_sample_frames(cls, model_section: Any) -> bool:
+        """Whether :meth:`sample_frame_problems` may refuse a sample: ``ti2v`` (its loss leaves out the clean
+        first latent frame, so a sample needs two); t2v and i2v run one-frame samples (images; i2v then
+        predicts its own condition)."""
+        return dict(getattr(model_section, "pipeline", None) or {}).get("task") == "ti2v"
+
+    def sample_frame_problems(self, dataset: Any) -> dict[int, str]:
+        """``{dataset index: why}`` of the samples whose bucket has fewer than 2 latent frames in a ``ti2v``
+        run (an image: 1 frame), from the buckets (``video_text``) and the VAE's temporal compression."""
+        buckets, ids = getattr(dataset, "buckets", None), getattr(dataset, "bucket_ids", None)
+        if self.flow_pipeline.task != "ti2v" or buckets is None or ids is None or "ae" not in self.sub_model_names:
+            return {}
+        t = self.ae.temporal_compression
+        short = {b: bucket.num_frames for b, bucket in enumerate(buckets) if (bucket.num_frames - 1) // t + 1 < 2}
+        return {
+            i: f"{short[b]} frame(s) make 1 latent frame; model.pipeline.task=ti2v trains on the latent frames "
+            f"after the clean first one, so it needs at least {t + 1} frames (train images with t2v or i2v)"
+            for i, b in enumerate(ids)
+            if b in short
+        }
+
     def planning_batch(self, data: Any, micro_batch_size: int) -> dict[str, Any]:
         """A micro-batch of the run's real shapes for ``mm-train plan`` (:mod:`wan22_train.planning`)."""
         return planning_batch(self, data, micro_batch_size)

@@ -61,6 +61,8 @@ class PrecomputedLatentDataset(Dataset):
             raise ValueError(
                 f"{self.root}: no cached samples ({INDEX_NAME} or {'/'.join(PRECOMPUTED_EXTENSIONS)} files)"
             )
+        #: Each sample's ``latents`` shape (from the file headers; None where it has none).
+        self.latent_shapes: list[tuple[int, ...] | None] = shapes
         ids: dict[Any, int] = {}
         self.bucket_ids = [ids.setdefault(s, len(ids)) for s in shapes]
 

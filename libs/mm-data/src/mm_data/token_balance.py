@@ -89,16 +89,21 @@ def token_imbalance(loads: Sequence[int]) -> float:
     return max(loads) / mean - 1.0 if mean else 0.0
 
 
-def check_token_budget(tokens: Sequence[int], token_budget: int) -> None:
-    """Raise :class:`TokenBudgetError` naming every sample whose tokens exceed ``token_budget``."""
+def check_token_budget(
+    tokens: Sequence[int], token_budget: int, *, names: Sequence[str] | None = None, key: str = "token_budget"
+) -> None:
+    """Raise :class:`TokenBudgetError` naming every sample whose tokens exceed ``token_budget``: its
+    index, its name (``names[i]``, e.g. its file, when given) and its tokens; ``key`` names the budget."""
     if not isinstance(token_budget, int) or isinstance(token_budget, bool) or token_budget < 1:
-        raise TokenBudgetError(f"token_budget must be a positive int, got {token_budget!r}")
+        raise TokenBudgetError(f"{key} must be a positive int, got {token_budget!r}")
     over = [(i, int(n)) for i, n in enumerate(tokens) if n > token_budget]
     if over:
-        listed = ", ".join(f"sample {i}: {n} tokens" for i, n in over[:10])
+        listed = ", ".join(
+            f"sample {i}{f' ({names[i]})' if names is not None else ''}: {n} tokens" for i, n in over[:10]
+        )
         more = f" (and {len(over) - 10} more)" if len(over) > 10 else ""
         raise TokenBudgetError(
-            f"token_budget={token_budget} is below the largest sample: {listed}{more}; "
+            f"{key}={token_budget} is below the largest sample: {listed}{more}; "
             f"raise the budget to at least {max(n for _, n in over)} or drop these samples"
         )
 

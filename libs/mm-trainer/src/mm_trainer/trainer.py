@@ -37,6 +37,7 @@ from mm_trainer.checks.preflight import preflight
 from mm_trainer.data.batches import BatchStream, build_batch_stream
 from mm_trainer.data.cache_check import check_cache_made_as_configured
 from mm_trainer.data.conditions import ConditionStream
+from mm_trainer.data.sample_check import check_samples
 from mm_trainer.loop.engine import TrainEngine
 from mm_trainer.loop.metrics import MetricsLogger, peak_memory_bytes
 from mm_trainer.loop.plan_check import PlanCheck
@@ -106,6 +107,8 @@ class Trainer:
         import_plugins(config.training.plugin)
         # an encoder cache made otherwise than data.dataset.preprocess says: refused before any model loads
         check_cache_made_as_configured(config.data)
+        # a sample above data.packing.token_budget, or of a frame count the pipeline refuses (meta container)
+        check_samples(config)
         seed_everything(config.training.seed)
         if config.training.deterministic:
             torch.use_deterministic_algorithms(True)

@@ -97,6 +97,8 @@ USER_ERRORS: dict[str, UserErrorClass | None] = {
     "mm_data.shards.CorruptShardError": INPUT,
     "mm_data.metadata.MetadataError": INPUT,
     "mm_data.bad_samples.BadSampleError": INPUT,
+    "mm_data.token_balance.TokenBudgetError": CONFIG,
+    "mm_trainer.data.sample_check.SampleFramesError": INPUT,
     "mm_config.errors.MissingDependencyError": DEPENDENCY,
     "builtins.KeyboardInterrupt": INTERRUPTED,
 }
