@@ -31,13 +31,16 @@ def test_samples_with_no_frame_after_the_conditioning_ones_are_refused_naming_th
     )  # fmt: skip
     assert proc.returncode == EXIT_INPUT, proc.stderr[-3000:]
     for i in range(4):
-        assert f"sample {i}: 3 latent frame(s) leave none to generate after model.pipeline.conditioning_frames=3" in (
-            proc.stderr
+        assert (
+            f"sample {i}: 3 latent frame(s) leave none to generate after model.pipeline.conditioning_frames=3"
+            in (proc.stderr)
         ), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 def test_the_extension_configs_two_conditioning_frames_of_three_pass_the_check(tiny_cache, run_config):
-    config = load_config(run_config(tiny_cache, EXTENSION), ["parallel.ulysses_parallel_size=1"], world_size=1)
+    config = load_config(
+        run_config(tiny_cache, EXTENSION), ["parallel.ulysses_parallel_size=1"], world_size=1
+    )
     check_samples(config)

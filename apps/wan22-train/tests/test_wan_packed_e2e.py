@@ -115,7 +115,9 @@ def test_a_token_budget_below_a_sample_is_refused_naming_it_before_any_weight_is
     assert "Traceback" not in refused.stderr
     assert not (tmp_path / "small" / "metrics.jsonl").exists()
     fits = cli(bad, tmp_path / "fits", BUDGET)
-    assert fits.returncode == EXIT_INPUT and "not a valid safetensors file" in fits.stderr, fits.stderr[-3000:]
+    assert fits.returncode == EXIT_INPUT and "not a valid safetensors file" in fits.stderr, fits.stderr[
+        -3000:
+    ]
 
 
 def records_of(save: Path) -> list[dict]:

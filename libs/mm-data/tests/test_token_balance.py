@@ -118,7 +118,9 @@ def test_a_budget_below_the_largest_sample_is_refused_naming_it():
 def test_the_budget_check_names_each_sample_over_it_with_its_file_and_the_key():
     with pytest.raises(TokenBudgetError, match=r"^data.packing.token_budget=500 is below the largest sample: "
                        r"sample 1 \(b.mp4\): 900 tokens; raise the budget to at least 900"):  # fmt: skip
-        check_token_budget([100, 900, 300], 500, names=["a.mp4", "b.mp4", "c.png"], key="data.packing.token_budget")
+        check_token_budget(
+            [100, 900, 300], 500, names=["a.mp4", "b.mp4", "c.png"], key="data.packing.token_budget"
+        )
 
 
 def test_a_fixed_micro_step_count_that_cannot_hold_the_step_is_refused():

@@ -105,10 +105,17 @@ class Wan22Container(ModelContainer):
         """``{dataset index: why}`` of the samples whose bucket has fewer than 2 latent frames in a ``ti2v``
         run (an image: 1 frame), from the buckets (``video_text``) and the VAE's temporal compression."""
         buckets, ids = getattr(dataset, "buckets", None), getattr(dataset, "bucket_ids", None)
-        if self.flow_pipeline.task != "ti2v" or buckets is None or ids is None or "ae" not in self.sub_model_names:
+        if (
+            self.flow_pipeline.task != "ti2v"
+            or buckets is None
+            or ids is None
+            or "ae" not in self.sub_model_names
+        ):
             return {}
         t = self.ae.temporal_compression
-        short = {b: bucket.num_frames for b, bucket in enumerate(buckets) if (bucket.num_frames - 1) // t + 1 < 2}
+        short = {
+            b: bucket.num_frames for b, bucket in enumerate(buckets) if (bucket.num_frames - 1) // t + 1 < 2
+        }
         return {
             i: f"{short[b]} frame(s) make 1 latent frame; model.pipeline.task=ti2v trains on the latent frames "
             f"after the clean first one, so it needs at least {t + 1} frames (train images with t2v or i2v)"

@@ -77,6 +77,7 @@ def _refuse_frames(problems: dict[int, str], names: list[str] | None, data_path:
         return
     lines = [f"{data_path}: {len(problems)} sample(s) of a frame count the pipeline cannot train:"]
     lines += [
-        f"  sample {i}{f' ({names[i]})' if names is not None else ''}: {why}" for i, why in sorted(problems.items())
+        f"  sample {i}{f' ({names[i]})' if names is not None else ''}: {why}"
+        for i, why in sorted(problems.items())
     ]
     raise SampleFramesError("\n".join(lines))
