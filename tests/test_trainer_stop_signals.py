@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,12 +16,6 @@ import pytest
 from mm_trainer.run.exit_codes import EXIT_CONFIG, EXIT_INCOMPLETE
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 pytestmark = [
@@ -157,7 +150,7 @@ def test_the_slurm_script_exits_75_for_a_stopped_run_and_requeues_it_at_the_time
     config = _long_run(toy_yaml)
     env = {**processes.env(), "PATH": f"{shims}:{os.environ['PATH']}", "SLURM_JOB_NUM_NODES": "1",
            "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "4242", "NPROC_PER_NODE": "2",
-           "RDZV_PORT": str(_free_port()), "NCCL_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}  # fmt: skip
+           "RDZV_PORT": str(processes.free_port()), "NCCL_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}  # fmt: skip
     log = config.parent / "job.log"
     with open(log, "w") as out:
         job = subprocess.Popen(["bash", str(REPO / "launch" / "slurm.sbatch"), "--config", str(config)],

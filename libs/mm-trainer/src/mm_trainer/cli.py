@@ -46,6 +46,9 @@ EMA_HELP = (
 )
 """``--ema`` of the apps' ``export`` commands."""
 
+LEAVE_THE_MESSAGE_S = 10.0
+"""Under torchrun, how long a rank whose user error another rank prints waits before it exits."""
+
 TRAINER_COMMANDS = {
     "plan": "trace one real-size step on fake tensors: memory per rank by category, fit, step time, MFU; --search",
     "check-layouts": "train a config a few steps at several parallel layouts, compare the losses",
@@ -298,7 +301,8 @@ def _report_user_error(exc: BaseException, kind: UserErrorClass, prog: str) -> N
     that its summary shows the message instead of a traceback."""
     place = ProcessPlace.current()
     message = user_error_message(exc, kind, prog)
-    if prints_here(exc, kind, place):
+    printed_here = prints_here(exc, kind, place)
+    if printed_here:
         prefix = rank_prefix(exc, kind, place)
         sys.stderr.write("".join(f"{prefix}{line}\n" for line in message.splitlines()))
         sys.stderr.flush()
@@ -311,6 +315,10 @@ def _report_user_error(exc: BaseException, kind: UserErrorClass, prog: str) -> N
                 json.dump({"message": {"message": f"{type(exc).__name__}: {exc}", "extraInfo": extra}}, out)
         except OSError as err:
             sys.stderr.write(f"[rank {place.rank}] (torchrun's error file not written: {err})\n")
+    if not printed_here and error_file and place.world_size > 1:
+        # torchrun stops every other worker once one has exited: a rank that leaves the message to
+        # another waits (bounded) for that one to print it and exit first, or the message is lost
+        time.sleep(LEAVE_THE_MESSAGE_S)
 
 
 def _report_failure(exc: BaseException) -> None:
