@@ -26,17 +26,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from mm_trainer.run.exit_codes import (
-    EXIT_CONFIG,
-    EXIT_DEPENDENCY,
-    EXIT_DESTINATION,
-    EXIT_FINISHED,
-    EXIT_INCOMPLETE,
-    EXIT_INPUT,
-    EXIT_INTERRUPTED,
-)
+from mm_trainer.run.exit_codes import EXIT_FINISHED, EXIT_INCOMPLETE
+from mm_trainer.run.user_errors import CLASSES
 
-USER_ERROR_CODES = (EXIT_CONFIG, EXIT_INPUT, EXIT_DEPENDENCY, EXIT_DESTINATION, EXIT_INTERRUPTED)
+USER_ERROR_CODES = tuple(kind.exit_code for kind in CLASSES)
 """The exit codes of errors the user fixes (``mm_trainer.run.user_errors``), passed on as they are."""
 
 

@@ -25,6 +25,8 @@ import os
 import sys
 from dataclasses import dataclass
 
+from mm_checkpoint.errors import EVERY_RANK_ATTRIBUTE  # set by mm-checkpoint's raised_on_every_rank
+
 from mm_trainer.run.exit_codes import (
     EXIT_CONFIG,
     EXIT_DEPENDENCY,
@@ -35,10 +37,6 @@ from mm_trainer.run.exit_codes import (
 
 TRACEBACK_ENV = "MM_TRAIN_TRACEBACK"
 """Set to ``1`` to print user errors with their traceback, as bugs are printed (same exit codes)."""
-
-EVERY_RANK_ATTRIBUTE = "raised_on_every_rank"
-"""An exception with this attribute true was raised alike on every rank (mm-checkpoint's
-``raised_on_every_rank`` sets it): rank 0 alone reports it."""
 
 
 class UsageError(ValueError):
