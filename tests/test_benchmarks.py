@@ -135,13 +135,14 @@ def test_checkpoint_save_prints_every_mode_and_the_checksums_cost_per_gib_saved_
     assert re.search(r"^zlib\.crc32 on this machine: \d+\.\d+ GB/s", out, re.M), out
 
 
-def test_packed_training_prints_padding_imbalance_and_rate_of_the_three_modes():
+def test_packed_training_prints_padding_imbalance_and_rate_of_the_four_modes():
     small = ["--samples", "96", "--global-batch", "4", "--micro-steps", "1", "--dim", "64", "--blocks", "1"]
     out = _run("benchmarks/packed_training.py", *small, "--steps", "1")
     rows = {m.group(1): m.groups()[1:] for m in re.finditer(
-        r"^(bucketed|padded|packed)\s+([\d.]+)%\s+([\d.]+)%\s+([\d.]+)%\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+$", out, re.M
+        r"^(bucketed|bucket-pad|padded|packed)\s+([\d.]+)%\s+([\d.]+)%\s+([\d.]+)%(?:\s+[\d.]+){5}$", out, re.M
     )}  # fmt: skip
-    assert rows.keys() == {"bucketed", "padded", "packed"}, out
+    assert rows.keys() == {"bucketed", "bucket-pad", "padded", "packed"}, out
     assert float(rows["packed"][0]) == float(rows["bucketed"][0]) == 0.0  # no padding
     assert float(rows["padded"][0]) > 10.0  # mixed shapes padded to the largest
+    assert float(rows["bucket-pad"][0]) > 0.0  # one resolution, lengths (and images) padded to the longest
     assert float(rows["packed"][2]) == 100.0 > float(rows["bucketed"][2])  # buckets drop their leftovers
