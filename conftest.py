@@ -13,7 +13,9 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
+import random
 import signal
+import socket
 import subprocess
 import sys
 import traceback
@@ -216,6 +218,33 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
     if errors:
         raise AssertionError("\n".join(errors))
     return [results[r] for r in range(world_size)]
+
+
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def free_port_below_ephemeral_range() -> int:
+    """A port for a run's rendezvous: free now, and below the kernel's ephemeral range. A port from
+    ``bind(0)`` is drawn from that range, as every gloo connection's and client socket's is, so between
+    this call and the run's bind another test's process could take it (a rank then failed to serve its
+    store and the other waited for it until the test's timeout, CI of 2026-12-07)."""
+    low = int(EPHEMERAL_PORTS.read_text().split()[0]) if EPHEMERAL_PORTS.exists() else 32768
+    draw = random.SystemRandom()
+    for _ in range(200):
+        port = draw.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port below the ephemeral range (from {low}) after 200 draws")
+
+
+@pytest.fixture(scope="session")
+def free_port() -> Callable[[], int]:
+    """:func:`free_port_below_ephemeral_range`, for a test's own rendezvous (test files cannot import conftest)."""
+    return free_port_below_ephemeral_range
 
 
 @pytest.fixture(scope="session")

@@ -5,11 +5,10 @@ from __future__ import annotations
 import functools
 import json
 import os
-import random
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -350,29 +349,8 @@ def wait_for_steps(log: Path, steps: int, *procs: subprocess.Popen, timeout: flo
         time.sleep(0.05)
 
 
-EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
-
-
-def _free_port() -> int:
-    """A port for a run's rendezvous: free now, and below the kernel's ephemeral range. A port from
-    ``bind(0)`` is drawn from that range, as every gloo connection's and client socket's is, so between
-    this call and the run's bind another test's process could take it (a rank then failed to serve its
-    store and the other waited for it until the test's timeout, CI of 2026-12-07)."""
-    low = int(EPHEMERAL_PORTS.read_text().split()[0]) if EPHEMERAL_PORTS.exists() else 32768
-    draw = random.SystemRandom()
-    for _ in range(200):
-        port = draw.randrange(max(1024, low - 12000), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port below the ephemeral range (from {low}) after 200 draws")
-
-
 def start_run(
-    config: Path, *overrides: str, nproc: int = 2, launcher: str = "torchrun"
+    config: Path, *overrides: str, nproc: int = 2, launcher: str = "torchrun", free_port: Callable[[], int]
 ) -> list[subprocess.Popen]:
     """Start an ``nproc``-rank mm-train: one torchrun process, one ``mm_trainer.run.torchrun`` process
     (``launcher="wrapped"``: the launch scripts' torchrun), or (``launcher="plain"``) one process per
@@ -383,7 +361,7 @@ def start_run(
         module = "mm_trainer.run.torchrun" if launcher == "wrapped" else "torch.distributed.run"
         commands = [(mm_train_command(config, *overrides, nproc=nproc, torchrun=module), train_env())]
     else:
-        port = _free_port()
+        port = free_port()
         commands = [
             (mm_train_command(config, *overrides), plain_launch_env(r, nproc, port)) for r in range(nproc)
         ]
@@ -410,11 +388,11 @@ def finish(procs: list[subprocess.Popen], timeout: float, kill_job) -> tuple[lis
 
 
 @pytest.fixture
-def processes(kill_job) -> SimpleNamespace:
+def processes(kill_job, free_port) -> SimpleNamespace:
     """Start, watch and signal the processes of a multi-rank mm-train (test files cannot import conftest)."""
     return SimpleNamespace(
-        start=start_run, finish=functools.partial(finish, kill_job=kill_job), worker_pids=worker_pids, running=process_running,
-        wait_for_steps=wait_for_steps, env=train_env, free_port=_free_port,
+        start=functools.partial(start_run, free_port=free_port), finish=functools.partial(finish, kill_job=kill_job), worker_pids=worker_pids, running=process_running,
+        wait_for_steps=wait_for_steps, env=train_env, free_port=free_port,
     )  # fmt: skip
 
 

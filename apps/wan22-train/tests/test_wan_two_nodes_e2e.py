@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -46,15 +45,8 @@ def records(save: Path) -> list[dict]:
     return [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_nodes(args: list[str], logs: Path, name: str) -> list[subprocess.Popen]:
-    """Both nodes' torchrun agents on one fresh rendezvous endpoint; output in ``logs/<name>-node<R>.log``."""
-    port = free_port()
+def start_nodes(args: list[str], logs: Path, name: str, port: int) -> list[subprocess.Popen]:
+    """Both nodes' torchrun agents on the rendezvous endpoint at ``port``; output in ``logs/<name>-node<R>.log``."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = []
     for node in (0, 1):
@@ -99,7 +91,7 @@ def wait_for_steps(
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, distributed, kill_job) -> dict:
+def runs(tmp_path_factory, distributed, kill_job, free_port) -> dict:
     root = tmp_path_factory.mktemp("wan_two_nodes")
     tiny = make_tiny(root / "tiny")
 
@@ -113,14 +105,14 @@ def runs(tmp_path_factory, distributed, kill_job) -> dict:
     save = root / "two_nodes"
     # each node copies the weights to its own "local disk" ($GROUP_RANK: torchrun's node index)
     args = run_args(tiny, save, f"training.stage_dir={root / 'node_local'}/$GROUP_RANK")
-    first = start_nodes(args, root, "first")
+    first = start_nodes(args, root, "first", free_port())
     wait_for_steps(save, 3, first, kill_job)
     kill_job(first[1])  # node 1 goes down: its agent and workers
     node0_exit = wait_all(first[:1], 300, kill_job)[0]
     interrupted = records(save)
     last_checkpoint = latest_iteration(save)
 
-    second = start_nodes(args, root, "restart")
+    second = start_nodes(args, root, "restart", free_port())
     assert wait_all(second, 900, kill_job) == [0, 0], "\n".join(p.log.read_text()[-3000:] for p in second)
     return {
         "reference": records(root / "single_node"),
