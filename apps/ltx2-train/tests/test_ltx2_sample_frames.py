@@ -44,3 +44,32 @@ def test_the_extension_configs_two_conditioning_frames_of_three_pass_the_check(t
         run_config(tiny_cache, EXTENSION), ["parallel.ulysses_parallel_size=1"], world_size=1
     )
     check_samples(config)
+
+
+def test_a_preprocess_source_with_images_is_refused_naming_them_before_any_encoder_loads(
+    run_config, tmp_path
+):
+    """LTX-2 trains a clip with its sound; a PNG beside the clips is named (index, file) with the reason. No
+    model set exists here: the refusal came before any encoder was loaded."""
+    from ltx2_train.preprocess import run_preprocess
+    from mm_data import make_synthetic_dataset
+    from mm_trainer import SampleFramesError
+
+    meta = make_synthetic_dataset(tmp_path / "media", num_clips=1, sizes=[(32, 32)], num_frames=(9,),
+                                  fps=(8,), num_images=1)  # fmt: skip
+    config = load_config(run_config(tmp_path), ["parallel.ulysses_parallel_size=1",
+                                                f"data.dataset.preprocess.source={meta}"], world_size=1)  # fmt: skip
+    with pytest.raises(SampleFramesError) as refused:
+        run_preprocess(config)
+    assert "1 image(s) in an LTX-2 source" in str(refused.value)
+    assert f"sample 1 ({meta.parent / 'image_0000.png'})" in str(refused.value)
+    assert not (tmp_path / "latents").exists()
+
+
+def test_packing_is_refused_for_ltx2_before_any_weight_is_read(tiny_cache, run_config):
+    from mm_trainer import PackingError
+
+    config = load_config(run_config(tiny_cache), ["parallel.ulysses_parallel_size=1",
+                                                  "data.packing.token_budget=4096"], world_size=1)  # fmt: skip
+    with pytest.raises(PackingError, match="LTX2Container does not train packed micro-batches"):
+        check_samples(config)

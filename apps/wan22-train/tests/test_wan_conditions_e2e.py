@@ -119,6 +119,22 @@ def test_the_sharded_and_the_per_file_cache_train_the_same_losses(cached_losses,
     assert cached_losses("per_file", layout, steps=3) == sharded
 
 
+def test_a_packed_run_from_the_cache_logs_the_unpacked_cached_runs_first_loss(
+    tiny, cache, cached_losses, tmp_path, main_forked
+):
+    """``data.packing`` from the cache: each sample's tokens come from its cached latents' shape (no VAE in the
+    run), its packed step within 1e-5 of the unpacked one (dp 2)."""
+    overrides = [
+        *tiny_cached_overrides(tiny, cache),
+        *DRAWS,
+        *LAYOUTS["dp2"],
+        "data.packing.token_budget=4096",
+    ]
+    packed = train(main_forked, "tiny_t2v_cached.yaml", tmp_path / "packed", *overrides, steps=1)
+    unpacked = cached_losses("sharded", "dp2", steps=3)[0]
+    assert abs(packed[0] - unpacked) <= 1e-5 * abs(unpacked)
+
+
 def test_two_ranks_with_umt5_sharded_over_them_write_the_one_rank_cache(tiny, cache, tmp_path, main_forked):
     """``torchrun``'s path (2 forked gloo ranks): the ranks split the clips, UMT5 is FSDP-sharded over them
     (``run.text_encoder_fsdp: true``) and called in lockstep; the cache has the one-process run's bytes."""

@@ -170,3 +170,12 @@ def test_the_schemas_load_without_torch():
     code = "import sys, wan22_train.config_schema; print('torch' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "False", proc.stderr
+
+
+def test_the_cache_preprocess_section_is_refused_beside_several_sources():
+    """It describes the one cache of ``data.data_path``; the sources' caches are preprocessed one by one."""
+    sources = "data.sources=[{data_path: cache_a}, {data_path: cache_b, repeats: 2}]"
+    with pytest.raises(ConfigError) as err:
+        load_config(config_path("tiny_t2v_cached.yaml"), ["data.data_path=null", sources], world_size=2)
+    assert [p.path for p in err.value.problems] == ["data.dataset.preprocess"]
+    assert "describes the one cache of data.data_path" in str(err.value)

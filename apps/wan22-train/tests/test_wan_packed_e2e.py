@@ -144,3 +144,53 @@ def test_a_packed_run_resumed_at_data_parallel_2_trains_the_uninterrupted_steps(
     assert [i for r in reference for i in r["sample_ids"]] == list(range(16))  # every sample once an epoch
     for ours, theirs in zip(records, reference[2:], strict=True):
         assert abs(ours["loss"] - theirs["loss"]) <= 1e-4 * abs(theirs["loss"])
+
+
+@pytest.fixture(scope="module")
+def clips_and_images(tmp_path_factory) -> Path:
+    """One metadata file of 2 nine-frame 32x32 clips and 2 real 32x32 PNGs beside them (one-frame samples),
+    every caption a single text (so a row's draw does not depend on its epoch)."""
+    meta = make_synthetic_dataset(tmp_path_factory.mktemp("media"), num_clips=2, sizes=[(32, 32)],
+                                  num_frames=(9,), fps=(8,), num_images=2, seed=1)  # fmt: skip
+    rows = json.loads(meta.read_text())
+    meta.write_text(json.dumps([{**row, "cap": row["cap"][0]} for row in rows]))
+    return meta
+
+
+def test_images_beside_clips_train_packed_with_the_unpacked_steps_losses(
+    tiny, clips_and_images, tmp_path, main_forked
+):
+    """A global batch of 1: step s trains sample s of the epoch's permutation, packed or not; the 4 steps
+    are the 2 clips and the 2 images, each within 1e-5 of its unpacked step."""
+    run = [f"data.data_path={clips_and_images}", "training.global_batch_size=1", "training.micro_batch_size=1",
+           "training.train_iters=4", "training.log_sample_ids=true"]  # fmt: skip
+    unpacked = train(main_forked, tiny, tmp_path / "unpacked", *run)
+    train(main_forked, tiny, tmp_path / "packed", *run, BUDGET)
+    packed = records_of(tmp_path / "packed")
+    assert sorted(i for r in packed for i in r["sample_ids"]) == [0, 1, 2, 3]
+    for ours, theirs in zip([r["loss"] for r in packed], unpacked, strict=True):
+        assert abs(ours - theirs) <= 1e-5 * abs(theirs)
+
+
+def test_two_sources_with_repeats_train_the_losses_of_one_file_listing_their_rows_so(
+    tiny, clips_and_images, tmp_path, main_forked
+):
+    """``data.sources``: the clips twice, the images once, packed; the epoch is the 6 samples of one metadata
+    file listing the clips, the clips again and the images: the same losses, each repeat with its own noise
+    and timestep (its own place in the epoch)."""
+    rows = json.loads(clips_and_images.read_text())
+    clips, images = [r for r in rows if r["kind"] == "clip"], [r for r in rows if r["kind"] == "image"]
+    folder = clips_and_images.parent
+    for name, listed in (
+        ("clips.json", clips),
+        ("images.json", images),
+        ("listed.json", clips + clips + images),
+    ):
+        (folder / name).write_text(json.dumps(listed))
+    run = ["training.global_batch_size=2", "training.micro_batch_size=1", "training.train_iters=3",
+           "training.log_sample_ids=true", BUDGET]  # fmt: skip
+    sources = f"data.sources=[{{data_path: {folder / 'clips.json'}, repeats: 2}}, {{data_path: {folder / 'images.json'}}}]"
+    listed = train(main_forked, tiny, tmp_path / "listed", *run, f"data.data_path={folder / 'listed.json'}")
+    joined = train(main_forked, tiny, tmp_path / "joined", *run, "data.data_path=null", sources)
+    assert sorted(i for r in records_of(tmp_path / "joined") for i in r["sample_ids"]) == list(range(6))
+    assert joined == pytest.approx(listed, rel=1e-6)

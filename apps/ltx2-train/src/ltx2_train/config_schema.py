@@ -271,6 +271,10 @@ class LTX2PrecomputedSchema(ConfigModel):
 
     needs_data_path: ClassVar[bool] = True
     reads_data_root: ClassVar[bool] = False
+    one_source_keys: ClassVar[dict[str, str]] = {
+        "preprocess": "describes the one cache of data.data_path, which ltx2-train preprocess writes and a run checks; "
+        "preprocess each source with its own data.data_path and leave the section out of the run"
+    }
 
     preprocess: PreprocessOptions | None = None
     """Inputs of ``ltx2-train preprocess``; ignored by training."""

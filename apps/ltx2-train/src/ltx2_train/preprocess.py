@@ -29,9 +29,10 @@ from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video
 from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
 from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline as Upstream
 from mm_config import DataConfig, TrainConfig
-from mm_data import CacheReport, VideoTextDataset, probe_video
+from mm_data import CacheReport, VideoTextDataset, is_image, probe_video
 from mm_parallel import parse_dtype
 from mm_trainer import (
+    SampleFramesError,
     enable_vae_tiling,
     preprocess_ranks,
     preprocess_recipe,
@@ -222,6 +223,22 @@ def source_dataset(options: PreprocessOptions) -> VideoTextDataset:
     )  # fmt: skip
 
 
+def refuse_images(dataset: VideoTextDataset) -> None:
+    """Refuse a source that lists images, naming each, before any encoder loads: LTX-2 trains a clip's frames
+    with the sound of the same span, and an image has one frame and no sound (its audio latents would be a
+    stand-in tone one frame long); with ``audio: false`` a one-frame sample is not a trained case either.
+
+    Raises:
+        mm_trainer.SampleFramesError: listing every image row (index and file).
+    """
+    images = [(i, row["path"]) for i, row in enumerate(dataset.rows) if is_image(row["path"])]
+    if images:
+        lines = [f"{dataset.metadata_path}: {len(images)} image(s) in an LTX-2 source; LTX-2 trains clips with "
+                 "their sound, and an image has one frame and no audio: list clips only"]  # fmt: skip
+        lines += [f"  sample {i} ({path})" for i, path in images]
+        raise SampleFramesError("\n".join(lines))
+
+
 def preprocess_options(config: TrainConfig | DataConfig) -> PreprocessOptions:
     """``data.dataset.preprocess`` of an ``ltx2_precomputed`` config (or of its ``data`` section), validated."""
     return preprocess_section(
@@ -254,6 +271,7 @@ def run_preprocess(
         )
     dtype = parse_dtype(options.dtype, key="data.dataset.preprocess.dtype") or torch.float32
     dataset = source_dataset(options)  # first: a bad source fails before any model loads
+    refuse_images(dataset)
     run = options.run
     shard = use_text_encoder_fsdp(run.text_encoder_fsdp, weights=Path(options.model_root) / "text_encoder",
                                   world_size=env_world)  # fmt: skip

@@ -298,6 +298,10 @@ class WanCachedSchema(ConfigModel):
 
     needs_data_path: ClassVar[bool] = True
     reads_data_root: ClassVar[bool] = False
+    one_source_keys: ClassVar[dict[str, str]] = {
+        "preprocess": "describes the one cache of data.data_path, which wan22-train preprocess writes and a run checks; "
+        "preprocess each source with its own data.data_path and leave the section out of the run"
+    }
 
     seed: int = Field(default=0, ge=0)
     """Seed of the per-sample caption draw (``video_text``'s ``seed``: the same prompts as online)."""

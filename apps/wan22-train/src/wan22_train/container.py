@@ -68,22 +68,41 @@ class Wan22Container(ModelContainer):
 
     def packing_tokens(self, dataset: Any) -> list[int]:
         """Each sample's predictor tokens, for ``data.packing`` (``mm_data.TokenBalancedSampler``): from
-        its bucket's frames and size, the VAE's compression and the predictor's patch.
+        its latent shape (:meth:`sample_latent_shapes`) and the predictor's patch.
 
         Raises:
-            ValueError: a task other than t2v, a dataset that does not say its samples' shapes (``buckets``
-                and ``bucket_ids``, as ``video_text`` does), or no VAE sub-model (``ae``) for the latent size.
+            ValueError: a task other than t2v, or samples whose shapes are unknown (:meth:`sample_latent_shapes`).
         """
         task = self.flow_pipeline.task
         if task != "t2v":
             raise ValueError(
                 f"data.packing: model.pipeline.task={task} is not packed (t2v only: per-shape conditions)"
             )
+        return [self.predictor.tokens_per_sample(shape) for shape in self.sample_latent_shapes(dataset)]
+
+    def sample_latent_shapes(self, dataset: Any) -> list[tuple[int, int, int, int]]:
+        """Each sample's latent shape ``(0, T, h, w)`` (the channels left out): stated by a latent cache
+        (``latent_shapes``, ``mm_data.CachedVideoTextDataset``: no VAE needed), else from its bucket's frames
+        and size (``buckets`` and ``bucket_ids``, ``video_text``) and the VAE's compression.
+
+        Raises:
+            ValueError: a dataset that states neither, a cached row without ``latents``, or a clip
+                dataset without the VAE sub-model ``ae``.
+        """
+        cached = getattr(dataset, "latent_shapes", None)
+        if cached is not None:
+            missing = [i for i, shape in enumerate(cached) if shape is None or len(shape) != 4]
+            if missing:
+                raise ValueError(
+                    f"data.packing: cached samples {missing[:5]} have no latents [C, T, h, w] to count tokens by"
+                )
+            return [(0, *shape[1:]) for shape in cached]
         buckets, ids = getattr(dataset, "buckets", None), getattr(dataset, "bucket_ids", None)
         if buckets is None or ids is None:
             raise ValueError(
-                f"data.packing: dataset {type(dataset).__name__} does not give its samples' shapes (buckets and "
-                "bucket_ids, as video_text does); packing needs each sample's token count before training"
+                f"data.packing: dataset {type(dataset).__name__} does not give its samples' shapes (latent_shapes "
+                "as the caches do, or buckets and bucket_ids as video_text does); packing needs each sample's "
+                "token count before training"
             )
         if "ae" not in self.sub_model_names:
             raise ValueError(
@@ -91,8 +110,7 @@ class Wan22Container(ModelContainer):
             )
         t, s = self.ae.temporal_compression, self.ae.spatial_compression
         shapes = [(0, (b.num_frames - 1) // t + 1, b.height // s, b.width // s) for b in buckets]
-        per_bucket = [self.predictor.tokens_per_sample(shape) for shape in shapes]
-        return [per_bucket[i] for i in ids]
+        return [shapes[i] for i in ids]
 
     @classmethod
     def checks_sample_frames(cls, model_section: Any) -> bool:

@@ -10,7 +10,7 @@ from .conversation import (  # noqa: E402
     ConversationColumnsConfig,
     ConversationDatasetConfig,
 )
-from .data import DataConfig, PackingConfig  # noqa: E402
+from .data import DataConfig, PackingConfig, SourceConfig  # noqa: E402
 from .datasets import (  # noqa: E402
     PrecomputedLatentsConfig,
     VideoPairsConfig,
@@ -104,6 +104,7 @@ __all__ = [
     "DType",
     "DataConfig",
     "PackingConfig",
+    "SourceConfig",
     "DistillOptions",
     "DPOOptions",
     "EMAConfig",

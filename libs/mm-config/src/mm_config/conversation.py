@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -47,6 +47,8 @@ class ConversationColumnsConfig(ConfigModel):
 
 class ConversationDatasetConfig(ConfigModel):
     """Conversations with images / videos rendered by a chat template, labels on assistant turns."""
+
+    takes_sources: ClassVar[bool] = False  # one conversation file per run (data.sources is refused)
 
     processor: InputPath | None = None
     """Directory of the tokenizer (and image processor) files, usually the model's own folder."""

@@ -25,11 +25,28 @@ class PackingConfig(ConfigModel):
     it, or a global step of the first epoch that cannot fit its micro-steps, is refused before training."""
 
 
+class SourceConfig(ConfigModel):
+    """One entry of ``data.sources``: a data set read by ``data.dataset_id`` with the ``data.dataset`` options,
+    its samples held ``repeats`` times an epoch."""
+
+    data_path: InputPath
+    """What ``data.data_path`` would be for this source alone (a metadata file, caption folder or cache)."""
+    data_root: InputPath | None = None
+    """What ``data.data_root`` would be for this source (refused where the dataset reads no media paths)."""
+    repeats: int = Field(default=1, ge=1)
+    """Times each of this source's samples is trained per epoch (each time with its own noise, timestep and
+    random draws); the weight of a source in the run is its samples x repeats."""
+
+
 class DataConfig(ConfigModel):
     """The ``data`` section."""
 
     dataset_id: Annotated[str | None, registered_name("dataset")] = None
     """Registered dataset id; selects the dataset builder and the schema of ``dataset``."""
+    sources: list[SourceConfig] | None = Field(default=None, min_length=1)
+    """Several data sets of ``dataset_id`` in one run (``mm_data.ConcatSources``), each with its own
+    ``data_path`` / ``data_root`` and ``repeats``, instead of ``data_path`` / ``data_root``; None = the one
+    data set of ``data_path``."""
     data_path: InputPath | None = None
     """Annotation / index file listing the samples, or a directory: a caption folder (``video_text``: clips
     with a same-named ``.txt`` caption each) or a cache folder (the cached datasets)."""
@@ -84,12 +101,31 @@ class DataConfig(ConfigModel):
             raise RuleViolations(problems)
         return self
 
+    @model_validator(mode="after")
+    def _sources_fit_the_dataset(self) -> DataConfig:
+        if self.sources is None:
+            return self
+        problems = source_problems(self.dataset_id, self.sources, self.dataset)
+        problems += [
+            Problem(
+                (key,),
+                "give it in each entry of data.sources instead",
+                getattr(self, key),
+                deps=(("sources",),),
+            )
+            for key in ("data_path", "data_root")
+            if getattr(self, key) is not None
+        ]
+        if problems:
+            raise RuleViolations(problems)
+        return self
+
     @field_validator("data_path")
     @classmethod
     def _path_if_needed(cls, value: str | None, info: ValidationInfo) -> str | None:
         schema = dataset_schema(info.data.get("dataset_id"))
-        if value is None and getattr(schema, "needs_data_path", False):
-            raise ValueError(f"dataset `{info.data['dataset_id']}` needs data.data_path")
+        if value is None and info.data.get("sources") is None and getattr(schema, "needs_data_path", False):
+            raise ValueError(f"dataset `{info.data['dataset_id']}` needs data.data_path (or data.sources)")
         return value
 
     @field_validator("data_root")
@@ -104,4 +140,33 @@ class DataConfig(ConfigModel):
         return value
 
 
-__all__ = ["DataConfig"]
+def source_problems(
+    dataset_id: str | None, sources: list[SourceConfig], dataset: dict[str, Any]
+) -> list[Problem]:
+    """What ``data.sources`` asks that ``dataset_id`` cannot do: sources at all (its schema's ``takes_sources``
+    is False), a source's ``data_root`` where it reads no media paths (``reads_data_root``), or a
+    ``data.dataset`` key that describes one data path (its ``one_source_keys``, e.g. the ``preprocess`` of
+    one cache)."""
+    schema = dataset_schema(dataset_id)
+    if not getattr(schema, "takes_sources", True):
+        why = f"dataset `{dataset_id}` reads one data set; give data.data_path instead"
+        return [Problem(("sources",), why, deps=(("dataset_id",),))]
+    problems = [
+        Problem(
+            ("sources", i, "data_root"),
+            f"dataset `{dataset_id}` reads no relative media paths, so data_root would be ignored; remove it",
+            source.data_root,
+            deps=(("dataset_id",),),
+        )
+        for i, source in enumerate(sources)
+        if source.data_root is not None and not getattr(schema, "reads_data_root", True)
+    ]
+    for key, why in getattr(schema, "one_source_keys", {}).items():
+        if dataset.get(key) is not None:
+            problems.append(
+                Problem(("dataset", key), f"{why}; data.sources lists several", deps=(("sources",),))
+            )
+    return problems
+
+
+__all__ = ["DataConfig", "SourceConfig"]

@@ -113,6 +113,7 @@ class VideoPairsConfig(ConfigModel):
 
     needs_data_path: ClassVar[bool] = True
     reads_data_root: ClassVar[bool] = True
+    takes_sources: ClassVar[bool] = False  # a pairs file per run: several are not joined (data.sources)
 
     num_frames: int = Field(ge=1)
     """Frames of each clip, from its first (every source frame)."""

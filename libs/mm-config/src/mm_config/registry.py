@@ -55,7 +55,9 @@ def register_dataset_schema(dataset_id: str, schema: type[BaseModel]) -> type[Ba
 
     The schema may declare two class variables about the ``data`` section's own keys:
     ``needs_data_path`` (True: ``data.data_path`` must be set) and ``reads_data_root`` (False:
-    ``data.data_root`` is refused, since nothing would read it).
+    ``data.data_root`` is refused, since nothing would read it); and two about ``data.sources``:
+    ``takes_sources`` (False: refused, the dataset reads one data set) and ``one_source_keys`` (``{key: why}``
+    of ``data.dataset`` keys that describe one data path, refused together with ``data.sources``).
     """
     return _register("dataset", dataset_id, schema)
 

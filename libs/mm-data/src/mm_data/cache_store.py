@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from safetensors import safe_open
 
 from .cache_index import INDEX_NAME, CacheIndex
 from .precomputed import load_precomputed, save_precomputed
@@ -74,6 +75,9 @@ class SampleStore(Protocol):
 
     def incomplete(self) -> list[int]:
         """Rows neither cached nor marked bad (an unfinished preprocess)."""
+
+    def shape_of(self, row: int, tensor: str) -> tuple[int, ...] | None:
+        """Shape of one tensor of a cached row, from the file header (no tensor data read); None if absent."""
 
 
 class ShardedStore:
@@ -147,6 +151,10 @@ class FileStore:
 
     def read(self, row: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         return load_precomputed(self.root / cache_file_name(row))
+
+    def shape_of(self, row: int, tensor: str) -> tuple[int, ...] | None:
+        with safe_open(str(self.root / cache_file_name(row)), framework="pt") as f:
+            return tuple(f.get_slice(tensor).get_shape()) if tensor in f.keys() else None
 
     def incomplete(self) -> list[int]:
         names = {p.name for p in self.root.iterdir()}

@@ -22,6 +22,7 @@ The folder is a sharded cache (``index.json``) or a per-file one of earlier vers
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,19 @@ class CachedVideoTextDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.bucket_ids)
+
+    @functools.cached_property
+    def latent_shapes(self) -> list[tuple[int, ...] | None]:
+        """Each sample's ``latents`` shape (``[C, T, h, w]``), from the cache's headers (no tensor read): what
+        a packed run counts its tokens by. A row the source could not read has the shape of the row that
+        replaces it (the next good one of its bucket); None where its bucket has no good row."""
+        return [self._shape_read_for(i) for i in range(len(self))]
+
+    def _shape_read_for(self, index: int) -> tuple[int, ...] | None:
+        for row in same_bucket_order(self.bucket_ids, index):
+            if self.store.bad(row) is None:
+                return self.store.shape_of(row, "latents")
+        return None
 
     def set_epoch(self, epoch: int) -> None:
         """Vary the caption draw per epoch (called by :func:`mm_data.build_dataloader`)."""

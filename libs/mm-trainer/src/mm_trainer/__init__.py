@@ -118,6 +118,7 @@ _EXPORTS: dict[str, str] = {
     "as_sampled_clip": "mm_trainer.model.sampled_clip",
     "check_cache_made_as_configured": "mm_trainer.data.cache_check",
     "SampleFramesError": "mm_trainer.data.sample_check",
+    "PackingError": "mm_trainer.data.sample_check",
     "check_samples": "mm_trainer.data.sample_check",
     "check_tracker_packages": "mm_trainer.loop.trackers",
     "open_trackers": "mm_trainer.loop.trackers",

@@ -5,7 +5,8 @@ its metadata file or caption folder), ``video_pairs`` (``mm_data.PreferencePairs
 ``data.data_path`` is the cache directory); mm-config holds their ``data.dataset`` schemas
 (``mm_config.VideoTextDatasetConfig``, ``PrecomputedLatentsConfig``). Plugins register more with ``@data_register``;
 a registered callable is called with ``data.dataset`` as keyword arguments plus
-``data_path`` / ``data_root`` when set, and may expose ``collate_fn``.
+``data_path`` / ``data_root`` when set, and may expose ``collate_fn``. With ``data.sources`` the id is built
+once per source and the datasets joined with their repeats (``mm_data.ConcatSources``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 from mm_data import (
+    ConcatSources,
     PrecomputedLatentDataset,
     PreferencePairs,
     VideoTextDataset,
@@ -69,11 +71,8 @@ class BatchStream:
         self._it: Iterator[Any] | None = None
         self._bad: set[int] = set()
         self._resumed = False  # the next iter() continues a saved epoch: keep its bad samples
-        tracker = getattr(getattr(loader, "dataset", None), "tracker", None)
         #: the most bad samples an epoch may hold (``max_bad_fraction`` x dataset length), None = no limit
-        self.bad_limit: float | None = (
-            tracker.max_bad_fraction * tracker.total if tracker is not None else None
-        )
+        self.bad_limit = _bad_limit(getattr(loader, "dataset", None))
 
     @property
     def bad_this_epoch(self) -> int:
@@ -158,6 +157,15 @@ class BatchStream:
         self._it, self._resumed = None, True
 
 
+def _bad_limit(dataset: Any) -> float | None:
+    """``max_bad_fraction`` x rows of ``dataset`` (its ``tracker``), or what it states (``bad_sample_limit``:
+    ``mm_data.ConcatSources`` sums its sources'); None = no limit."""
+    if hasattr(dataset, "bad_sample_limit"):
+        return dataset.bad_sample_limit
+    tracker = getattr(dataset, "tracker", None)
+    return tracker.max_bad_fraction * tracker.total if tracker is not None else None
+
+
 def _split_state(state: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
     """(loader state, bad samples) of a :meth:`BatchStream.state_dict` or of a bare loader state."""
     if set(state) == {"loader", "bad_samples"}:
@@ -172,13 +180,25 @@ def _split_state(state: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
 
 def build_dataset(data: Any, *, data_path: str | None = None) -> Any:
     """The dataset ``data.dataset_id`` with the ``data.dataset`` options, over ``data.data_path``
-    (or ``data_path``: e.g. the held-out file of ``training.validation``)."""
+    (or ``data_path``: e.g. the held-out file of ``training.validation``); with ``data.sources`` (and no
+    ``data_path``), one such dataset per source joined with its repeats (``mm_data.ConcatSources``)."""
+    sources = getattr(data, "sources", None)
+    if sources and data_path is None:
+        datasets = [_registered_dataset(data, s.data_path, s.data_root) for s in sources]
+        return ConcatSources(
+            datasets, [s.repeats for s in sources], names=[str(s.data_path) for s in sources]
+        )
+    if data_path is not None:
+        return _registered_dataset(data, data_path, data.data_root)
+    return _registered_dataset(data, data.data_path, data.data_root)
+
+
+def _registered_dataset(data: Any, data_path: str | None, data_root: str | None) -> Any:
     kwargs = dict(data.dataset or {})
-    for key in ("data_path", "data_root"):
-        if getattr(data, key, None) is not None:
-            kwargs[key] = getattr(data, key)
     if data_path is not None:
         kwargs["data_path"] = data_path
+    if data_root is not None:
+        kwargs["data_root"] = data_root
     return DATA_REGISTRY.get(data.dataset_id)(**kwargs)
 
 

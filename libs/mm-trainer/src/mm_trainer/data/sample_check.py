@@ -6,7 +6,8 @@ Both need the sub-models' configs, not their weights (a sample's tokens: its sha
 and the predictor's patch), so the check builds the container on the meta device (as the planner and the
 plan-pattern check do) and the dataset (its metadata: each sample's shape), and asks the container:
 
-- ``packing_tokens(dataset)``: each sample's tokens; one above the budget is refused with a
+- ``packing_tokens(dataset)``: each sample's tokens (a container without it, or one that cannot count this
+  run's samples, is refused with a :class:`PackingError`: exit 2); one above the budget is refused with a
   :class:`mm_data.TokenBudgetError` naming its index, its file and its tokens, and the budget (the batch
   stream checks the same again when it builds its sampler);
 - ``sample_frame_problems(dataset)``: ``{index: why}`` of the samples the pipeline cannot train for their
@@ -25,7 +26,7 @@ from mm_data import check_token_budget
 from mm_trainer.data.batches import build_dataset
 from mm_trainer.model.container import ModelContainerHub, container_class
 
-__all__ = ["SampleFramesError", "check_samples", "sample_names"]
+__all__ = ["PackingError", "SampleFramesError", "check_samples", "sample_names"]
 
 BUDGET_KEY = "data.packing.token_budget"
 
@@ -34,6 +35,13 @@ class SampleFramesError(ValueError):
     """Samples whose frame count the run's pipeline cannot train (an image in a task that needs frames)."""
 
     raised_on_every_rank = True  # every rank checks the same data: rank 0 alone prints it
+
+
+class PackingError(ValueError):
+    """``data.packing`` in a run that cannot pack: its model container counts no tokens (no ``packing_tokens``,
+    e.g. LTX-2), or cannot count this run's (a task it does not pack, samples whose shapes are unknown)."""
+
+    raised_on_every_rank = True  # every rank checks the same config: rank 0 alone prints it
 
 
 def sample_names(dataset: Any) -> list[str] | None:
@@ -66,10 +74,25 @@ def check_samples(config: Any) -> None:
     dataset = build_dataset(config.data)
     names = sample_names(dataset)
     if frames:
-        _refuse_frames(container.sample_frame_problems(dataset), names, config.data.data_path)
+        where = dataset.describe() if callable(getattr(dataset, "describe", None)) else config.data.data_path
+        _refuse_frames(container.sample_frame_problems(dataset), names, where)
+    if packing is not None:
+        check_token_budget(
+            _packing_tokens(container, dataset), packing.token_budget, names=names, key=BUDGET_KEY
+        )
+
+
+def _packing_tokens(container: Any, dataset: Any) -> list[int]:
     count = getattr(container, "packing_tokens", None)
-    if packing is not None and count is not None:  # a container that counts none: the batch stream refuses it
-        check_token_budget(count(dataset), packing.token_budget, names=names, key=BUDGET_KEY)
+    if count is None:
+        raise PackingError(
+            f"data.packing: the model container {type(container).__name__} does not train packed micro-batches "
+            "(it counts no tokens per sample: no packing_tokens); remove data.packing"
+        )
+    try:
+        return list(count(dataset))
+    except ValueError as e:  # the container's reason (a task it does not pack, shapes it cannot read)
+        raise PackingError(str(e)) from e
 
 
 def _refuse_frames(problems: dict[int, str], names: list[str] | None, data_path: Any) -> None:

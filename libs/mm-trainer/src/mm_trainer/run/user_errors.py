@@ -97,6 +97,7 @@ USER_ERRORS: dict[str, UserErrorClass | None] = {
     "mm_data.bad_samples.BadSampleError": INPUT,
     "mm_data.token_balance.TokenBudgetError": CONFIG,
     "mm_trainer.data.sample_check.SampleFramesError": INPUT,
+    "mm_trainer.data.sample_check.PackingError": CONFIG,
     "mm_config.errors.MissingDependencyError": DEPENDENCY,
     "builtins.KeyboardInterrupt": INTERRUPTED,
 }
