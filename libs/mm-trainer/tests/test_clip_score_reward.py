@@ -67,3 +67,20 @@ def test_clip_score_is_the_models_mean_cosine_of_prompt_and_chosen_frames(clip_f
     expected = torch.stack([cosine[b, b].mean() for b in range(2)]).double()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(expected[0], expected[1])
+
+
+@pytest.mark.parametrize(("height", "width"), [(12, 16), (40, 24)])
+def test_frames_of_another_size_are_resized_and_cropped_as_the_upstream_processor_does(
+    clip_folder, height, width
+):
+    """Up to the processor's uint8 rounding after its PIL resize (a few 1/255 steps over std ~0.27)."""
+    from mm_trainer.modes.clip_score import ImageTransform
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    pixels = np.random.default_rng(1).integers(0, 256, size=(2, height, width, 3), dtype=np.uint8)
+    expected = CLIPImageProcessorPil.from_pretrained(clip_folder)(images=list(pixels), return_tensors="pt")
+    got = ImageTransform.from_folder(clip_folder)(
+        torch.from_numpy(pixels).permute(0, 3, 1, 2).float() / 127.5 - 1
+    )
+    assert got.shape == expected["pixel_values"].shape == (2, 3, 8, 8)
+    torch.testing.assert_close(got, expected["pixel_values"], rtol=0, atol=0.05)

@@ -12,7 +12,6 @@ image tower ``batch_size`` at a time.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,25 +24,27 @@ from mm_trainer.registry.registries import reward_register
 
 
 class ImageTransform:
-    """A CLIP processor's image settings as a torch transform: frames ``[N, 3, H, W]`` in [-1, 1] ->
-    pixel values ``[N, 3, crop_h, crop_w]``."""
+    """A CLIP image processor's settings as a torch transform: frames ``[N, 3, H, W]`` in [-1, 1] ->
+    pixel values ``[N, 3, crop_h, crop_w]``. Read from the upstream processor loaded from the folder, which
+    fills its defaults and normalises the size forms (an int ``size`` is the shortest edge)."""
 
-    def __init__(self, settings: dict[str, Any]) -> None:
-        size = settings.get("size", {}) if settings.get("do_resize", True) else {}
-        self.shortest_edge = size.get("shortest_edge") if isinstance(size, dict) else int(size)
-        self.exact = (size["height"], size["width"]) if isinstance(size, dict) and "height" in size else None
-        crop = settings.get("crop_size", {}) if settings.get("do_center_crop", True) else {}
-        self.crop = (crop["height"], crop["width"]) if isinstance(crop, dict) and crop else None
-        normalize = settings.get("do_normalize", True)
-        self.mean = torch.tensor(settings.get("image_mean", [0.0] * 3) if normalize else [0.0] * 3)
-        self.std = torch.tensor(settings.get("image_std", [1.0] * 3) if normalize else [1.0] * 3)
+    def __init__(self, processor: Any) -> None:
+        size = processor.size if processor.do_resize else None
+        self.shortest_edge = getattr(size, "shortest_edge", None)
+        self.exact = (size.height, size.width) if size is not None and getattr(size, "height", None) else None
+        crop = processor.crop_size if processor.do_center_crop else None
+        self.crop = (crop.height, crop.width) if crop is not None else None
+        self.mean = torch.tensor(processor.image_mean if processor.do_normalize else [0.0] * 3)
+        self.std = torch.tensor(processor.image_std if processor.do_normalize else [1.0] * 3)
 
     @classmethod
     def from_folder(cls, folder: Path) -> ImageTransform:
-        path = folder / "preprocessor_config.json"
-        if not path.is_file():
-            raise ValueError(f"{path} not found: the CLIP folder's image processor settings are needed")
-        return cls(json.loads(path.read_text()))
+        if not (folder / "preprocessor_config.json").is_file():
+            raise ValueError(
+                f"{folder / 'preprocessor_config.json'} not found: the CLIP folder's image settings"
+            )
+        transformers = import_transformers("the clip_score reward")
+        return cls(transformers.CLIPImageProcessorPil.from_pretrained(folder))
 
     def __call__(self, frames: torch.Tensor) -> torch.Tensor:
         x = ((frames.float() + 1) / 2).clamp(0, 1)  # the 0-1 scale the processor rescales uint8 to
