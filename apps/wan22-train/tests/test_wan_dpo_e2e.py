@@ -93,6 +93,47 @@ def test_a_few_dozen_dpo_steps_raise_the_implicit_reward_margin_of_held_out_pair
     ] == pytest.approx(mean)
 
 
+class NanOnSquare:
+    """A reward that scores every clip 0, and a clip of a square NaN."""
+
+    inputs = "frames"
+
+    def __call__(self, samples, prompts):
+        return torch.tensor([math.nan if "square" in p else 0.0 for p in prompts])
+
+
+def test_with_reward_failure_skip_a_clip_a_reward_fails_on_is_left_out_of_validations_rewards_and_counted(
+    tiny, tmp_path, main_forked
+):
+    from mm_config import ConfigModel, register_reward_schema, unregister_schema
+    from mm_trainer import reward_register
+
+    reward_register("test_nan_on_square")(NanOnSquare)
+    register_reward_schema("test_nan_on_square", type("NoOptions", (ConfigModel,), {}))
+    prompts = ["a circle moving up", "a square moving left"]
+    extra = (
+        "parallel.ulysses_parallel_size=1", "training.reward_failure=skip",
+        "training.rewards=[{id: colour_target, options: {target: [1.0, 0.0, 0.0]}}, {id: test_nan_on_square}]",
+        f"training.validation.prompts=[{', '.join(prompts)}]", "training.validation.num_frames=5",
+        "training.validation.height=16", "training.validation.width=16", "training.validation.sampling_steps=1",
+        "training.validation.data_path=null",  # no held-out loss: the clips' rewards only
+    )  # fmt: skip
+    try:
+        main_forked(wan22_main, args(tiny, tmp_path / "run", 1, 1, *extra), nproc=1)
+    finally:
+        unregister_schema("reward", "test_nan_on_square")
+    (record,) = records(tmp_path / "run")
+    circle, square = json.loads(
+        (tmp_path / "run" / "validation" / "iter_0000001" / "rewards.json").read_text()
+    )
+    assert (
+        square == {"prompt": prompts[1], "seed": 1, "skipped": True}
+        and circle["reward_test_nan_on_square"] == 0
+    )
+    assert record["val_reward_skipped"] == 1 and record["val_reward"] == pytest.approx(circle["reward"])
+    assert record["val_reward_colour_target_std"] == 0  # of the one clip kept
+
+
 def test_with_both_experts_each_step_trains_and_compares_the_expert_of_its_timestep(
     tiny, tmp_path, main_forked
 ):

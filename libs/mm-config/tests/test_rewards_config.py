@@ -78,7 +78,45 @@ def test_a_plugin_reward_is_known_through_the_schema_it_registers(container, loa
 def test_mm_config_check_refuses_an_unknown_reward_id_naming_its_key(container, write_config, capsys):
     from mm_config.cli import main
 
-    path = write_config(_with_rewards(container, [{"id": "clip_score", "options": {"target": [1, 0, 0]}}]))
+    path = write_config(_with_rewards(container, [{"id": "image_reward", "options": {"target": [1, 0, 0]}}]))
     assert main(["check", str(path), "--no-path-check"]) == 2
     err = capsys.readouterr().err
-    assert "training.rewards[0].id = 'clip_score': unknown reward id; expected one of: colour_target" in err
+    assert (
+        "training.rewards[0].id = 'image_reward': unknown reward id; expected one of: clip_score, colour_target"
+        in err
+    )
+
+
+def test_a_model_reward_without_a_model_path_is_refused(container, load_error, problem_at):
+    err = load_error(_with_rewards(container, [{"id": "clip_score"}]))
+    assert "Field required" in problem_at(err, "training.rewards[0].options.model_path")
+
+
+def test_mm_config_check_refuses_a_model_path_that_does_not_exist_naming_key_and_path(
+    container, write_config, capsys, tmp_path
+):
+    from mm_config.cli import main
+
+    missing = tmp_path / "no_clip_here"
+    path = write_config(
+        _with_rewards(container, [{"id": "clip_score", "options": {"model_path": str(missing)}}])
+    )
+    assert main(["check", str(path)]) == 2
+    assert f"training.rewards[0].options.model_path = '{missing}': path not found" in capsys.readouterr().err
+
+
+def test_a_model_path_holding_another_model_type_is_refused_by_the_path_check(
+    container, write_config, capsys, tmp_path
+):
+    from mm_config.cli import main
+
+    (tmp_path / "t5").mkdir()
+    (tmp_path / "t5" / "config.json").write_text('{"model_type": "t5"}')
+    rewards = [{"id": "clip_score", "options": {"model_path": str(tmp_path / "t5")}}]
+    assert main(["check", str(write_config(_with_rewards(container, rewards)))]) == 2
+    assert "its config.json has model_type 't5'; expected one of ['clip']" in capsys.readouterr().err
+
+
+def test_reward_failure_skip_without_rewards_is_refused(container, load_error, problem_at):
+    err = load_error(container(training={"save": "runs/x", "reward_failure": "skip"}))
+    assert "training.rewards lists none" in problem_at(err, "training.reward_failure")

@@ -115,7 +115,66 @@ def test_every_built_in_reward_has_an_options_schema_in_mm_config():
     built_in = {
         name for name, cls in REWARD_REGISTRY.registered().items() if cls.__module__.startswith("mm_trainer.")
     }
-    assert built_in == {"colour_target"} and built_in <= set(registered_ids("reward"))
+    assert built_in == {"colour_target", "clip_score", "distinctness"} and built_in <= set(
+        registered_ids("reward")
+    )
+
+
+def test_with_skip_a_sample_a_reward_raises_on_is_left_out_and_logged_naming_reward_and_sample(caplog):
+    rewards = Rewards.from_config(
+        [_entry("colour_target", 2.0, target=[1, 0, 0]), _entry("test_fails_on_blue")], on_failure="skip"
+    )
+    frames = torch.cat([_solid([1, 0, 0]), _solid([0, 0, 1]), _solid([0, 0, 0])])
+    with caplog.at_level("WARNING", logger="mm_trainer"):
+        scores = rewards.score(
+            ["a red ball", "a blue ball", "a black ball"], frames=frames, names=["A", "B", "C"]
+        )
+    assert scores.kept.tolist() == [True, False, True]
+    assert scores.total[[0, 2]].tolist() == pytest.approx([0.0, -2.0])
+    assert math.isnan(scores.total[1]) and math.isnan(scores.each["test_fails_on_blue"][1])
+    (line,) = scores.skipped
+    assert line.startswith(
+        "reward 'test_fails_on_blue' (training.rewards[1]) failed on B (prompt 'a blue ball')"
+    )
+    assert "skipped 1 sample(s) (training.reward_failure: skip)" in caplog.text and line in caplog.text
+
+
+def test_with_skip_a_nan_score_leaves_out_only_that_sample():
+    scores = Rewards.from_config([_entry("test_nan_on_second")], on_failure="skip").score(
+        ["a", "b", "c"], frames=torch.zeros(3, 3, 1, 2, 2)
+    )
+    assert scores.kept.tolist() == [True, False, True] and scores.total[[0, 2]].tolist() == [0.0, 1.0]
+    assert scores.skipped == [
+        "reward 'test_nan_on_second' (training.rewards[0]) scored sample 1 non-finite: nan"
+    ]
+
+
+def test_with_skip_a_score_of_the_wrong_shape_still_raises():
+    with pytest.raises(RewardError, match="returned a score of shape"):
+        Rewards.from_config([_entry("test_per_element")], on_failure="skip").score(
+            ["a"], latents=torch.zeros(1, 3)
+        )
+
+
+def test_distinctness_scores_each_clip_by_its_rms_distance_to_its_groups_mean_clip():
+    rewards = Rewards.from_config([_entry("distinctness")])
+    frames = torch.cat([_solid([0.2] * 3), _solid([0.8] * 3), _solid([0.5] * 3), _solid([0.5] * 3)])
+    scores = rewards.score(["red", "red", "blue", "blue"], frames=frames, groups=[7, 7, 3, 3])
+    # group 7: clips at 2 * 0.2 - 1 and 2 * 0.8 - 1, each 0.6 from their mean; group 3: identical clips
+    assert scores.each["distinctness"].tolist() == pytest.approx([0.6, 0.6, 0.0, 0.0])
+    assert rewards.groupwise == ["distinctness"]
+
+
+def test_a_groupwise_reward_without_group_ids_is_refused():
+    with pytest.raises(ValueError, match="reward 'distinctness' .* is groupwise .* no group ids were given"):
+        Rewards.from_config([_entry("distinctness")]).score(["a", "a"], frames=torch.zeros(2, 3, 1, 2, 2))
+
+
+def test_a_group_of_samples_of_two_prompts_is_refused():
+    with pytest.raises(ValueError, match=r"group 0 \(sample 0, sample 1\) holds several prompts"):
+        Rewards.from_config([_entry("distinctness")]).score(
+            ["a", "b"], frames=torch.zeros(2, 3, 1, 2, 2), groups=[0, 0]
+        )
 
 
 class Colours(ModelContainer):
@@ -128,6 +187,39 @@ class Colours(ModelContainer):
 
     def sample(self, prompt, *, seed, num_frames, height, width, **_):
         return _solid(self.RGB[prompt.split()[1]], num_frames, height)[0]
+
+
+class Shades(Colours):
+    """Like :class:`Colours`, the clip darker by a tenth per unit of its seed."""
+
+    def sample(self, prompt, *, seed, **size):
+        return super().sample(prompt, seed=seed, **size) * (1 - seed / 10)
+
+
+def test_validation_with_skip_leaves_a_failing_clip_out_of_the_statistics_and_counts_it(tmp_path):
+    section = ValidationConfig(prompts=["a red ball", "a grey blue ball"], seeds=[0, 0], num_frames=1, height=4,
+                               width=4)  # fmt: skip
+    rewards = Rewards.from_config([_entry("colour_target", target=[1, 0, 0]), _entry("test_fails_on_blue")],
+                                  on_failure="skip")  # fmt: skip
+    out = Validator(Colours(), section, data=None, seed=0, out_dir=tmp_path, device=torch.device("cpu"),
+                    rewards=rewards).run(500)  # fmt: skip
+    assert (
+        out["val_reward_skipped"] == 1 and out["val_reward_colour_target"] == 0.0 and out["val_reward"] == 0.0
+    )
+    written = json.loads((tmp_path / "validation" / "iter_0000500" / "rewards.json").read_text())
+    assert written[1] == {"prompt": "a grey blue ball", "seed": 0, "skipped": True}
+
+
+def test_validation_scores_the_clips_of_one_prompt_as_a_group(tmp_path):
+    section = ValidationConfig(prompts=["a red ball", "a grey ball", "a red ball"], seeds=[0, 3, 5], num_frames=1,
+                               height=4, width=4)  # fmt: skip
+    out = Validator(Shades(), section, data=None, seed=0, out_dir=tmp_path, device=torch.device("cpu"),
+                    rewards=Rewards.from_config([_entry("distinctness")])).run(500)  # fmt: skip
+    # red clips (seeds 0 and 5): 1.0 and 0.5 in the red channel, -1.0 and -0.5 in the others: each 0.25 from
+    # their mean in every element; the grey clip is a group of its own
+    scores = json.loads((tmp_path / "validation" / "iter_0000500" / "rewards.json").read_text())
+    assert [s["reward_distinctness"] for s in scores] == pytest.approx([0.25, 0.0, 0.25])
+    assert out["val_reward_distinctness_max"] == pytest.approx(0.25)
 
 
 def test_validation_logs_each_rewards_mean_and_the_weighted_sums_mean(tmp_path):

@@ -19,6 +19,7 @@ from mm_trainer.run.exit_codes import (
     EXIT_DESTINATION,
     EXIT_INPUT,
     EXIT_INTERRUPTED,
+    EXIT_REWARD,
 )
 from mm_trainer.run.user_errors import CLASSES, TRACEBACK_ENV, USER_ERRORS
 
@@ -100,6 +101,13 @@ CASES = {
         "raise UsageError('export: --expert needs a run with both A14B experts')",
         EXIT_CONFIG,
         "tool: error: export: --expert needs a run with both A14B experts",
+    ),
+    "a reward that scores a sample NaN": (
+        "import torch\nfrom types import SimpleNamespace\nfrom mm_trainer import Rewards\n"
+        "entry = SimpleNamespace(id='colour_target', weight=1.0, options={'target': [1, 0, 0]})\n"
+        "Rewards.from_config([entry]).score(['a ball'], frames=torch.full((1, 3, 1, 2, 2), torch.nan), names=['clip 0'])",
+        EXIT_REWARD,
+        "tool: error: reward 'colour_target' (training.rewards[0]) scored clip 0 non-finite: [nan]",
     ),
     "Ctrl-C outside the training loop": ("raise KeyboardInterrupt", EXIT_INTERRUPTED, "tool: interrupted"),
 }

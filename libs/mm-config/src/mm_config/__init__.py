@@ -69,7 +69,14 @@ from .registry import (  # noqa: E402
     reward_schema,
     unregister_schema,
 )
-from .rewards import ColourTargetOptions, RewardConfig  # noqa: E402
+from .rewards import (  # noqa: E402
+    ClipScoreOptions,
+    ColourTargetOptions,
+    DistinctnessOptions,
+    RewardConfig,
+    check_template,
+    model_folder,
+)
 from .root import TrainConfig, context_ranks_per_node, replicas_across_nodes  # noqa: E402
 from .tools import MemoryProfileConfig, ProfileConfig, ToolsConfig  # noqa: E402
 from .training import EMAConfig, NonFiniteConfig, TrainingConfig, WandbConfig  # noqa: E402
@@ -125,6 +132,10 @@ __all__ = [
     "PhaseConfig",
     "RewardConfig",
     "ColourTargetOptions",
+    "ClipScoreOptions",
+    "DistinctnessOptions",
+    "model_folder",
+    "check_template",
     "register_reward_schema",
     "reward_schema",
     "ParallelConfig",

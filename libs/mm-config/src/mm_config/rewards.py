@@ -9,11 +9,15 @@ builds the scorers (``mm_trainer.modes.rewards``) from the same ids.
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import string
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
-from .base import ConfigModel
+from .base import ConfigModel, InputPath
 from .errors import Problem, RuleViolations, suggest
 from .registry import register_reward_schema, registered_ids, reward_schema, validate_plugin_dict
 
@@ -23,7 +27,8 @@ class RewardConfig(ConfigModel):
     options."""
 
     id: str = Field(min_length=1)
-    """Registered reward id (built in: ``colour_target``; plugins register more)."""
+    """Registered reward id (built in: ``colour_target``, ``clip_score``, ``distinctness``; the
+    qwen-vl-train plugin: ``vlm_judge``; plugins register more)."""
     weight: float = 1.0
     """Factor of this reward in the combined reward (the weighted sum of the rewards); not 0."""
     options: dict[str, Any] = {}
@@ -85,10 +90,89 @@ class ColourTargetOptions(ConfigModel):
         return value
 
 
+def model_folder(*model_types: str, files: tuple[str, ...] = ()) -> Any:
+    """A ``model_path`` option: a transformers folder the reward loads (never a hub id). With the
+    ``check_paths`` context (``mm-config check``, a run's load) it must exist, hold a ``config.json``
+    whose ``model_type`` is one of ``model_types``, and hold ``files``."""
+    return Annotated[InputPath, AfterValidator(_folder_check(model_types, files))]
+
+
+def _folder_check(
+    model_types: tuple[str, ...], files: tuple[str, ...]
+) -> Callable[[str, ValidationInfo], str]:
+    def check(value: str, info: ValidationInfo) -> str:
+        if not (isinstance(info.context, dict) and info.context.get("check_paths")):
+            return value
+        folder = Path(value)
+        if not (folder / "config.json").is_file():
+            raise ValueError(
+                "expected a local transformers model folder (with config.json); none found there"
+            )
+        try:
+            model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ValueError(f"its config.json cannot be read: {exc}") from None
+        if model_type not in model_types:
+            raise ValueError(
+                f"its config.json has model_type {model_type!r}; expected one of {list(model_types)}"
+            )
+        missing = [name for name in files if not (folder / name).is_file()]
+        if missing:
+            raise ValueError(
+                f"missing {', '.join(missing)} (the reward needs the model's {', '.join(files)})"
+            )
+        return value
+
+    return check
+
+
+def check_template(template: str, placeholder: str) -> str:
+    """``template`` if it is a ``str.format`` template holding ``{placeholder}`` once and no other field
+    (``{{`` / ``}}`` are literal braces); else a ``ValueError`` saying what is expected."""
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:
+        raise ValueError(f"not a format template ({exc}); write {{{{ and }}}} for literal braces") from None
+    if placeholder not in fields:
+        raise ValueError(f"must contain the placeholder {{{placeholder}}}")
+    if fields != [placeholder]:
+        others = ", ".join(f"{{{f}}}" for f in fields if f != placeholder) or f"{{{placeholder}}} twice"
+        raise ValueError(f"takes the placeholder {{{placeholder}}} once and no other, found {others}")
+    return template
+
+
+class ClipScoreOptions(ConfigModel):
+    """``clip_score``: how well a clip's frames match its prompt by a CLIP model: the cosine similarity of
+    the prompt's text embedding and each scored frame's image embedding, averaged over the frames (in
+    [-1, 1]; a plain cosine, without CLIP's logit scale)."""
+
+    model_path: model_folder("clip", files=("preprocessor_config.json",))  # type: ignore[valid-type]
+    """A local folder holding a transformers ``CLIPModel`` (``config.json`` + weights), its tokenizer and
+    ``preprocessor_config.json`` (resize, crop, mean and std); loaded frozen, in eval mode, on the run's device."""
+    frames: int | None = Field(default=None, ge=1)
+    """Frames scored per clip, evenly spaced from the first to the last; None (default): every frame."""
+    batch_size: int = Field(default=64, ge=1)
+    """Frames per forward of the image tower."""
+
+
+class DistinctnessOptions(ConfigModel):
+    """``distinctness`` (groupwise): how far each clip of a group (clips of one prompt) lies from the group's
+    mean clip: the root-mean-square difference of their frames (0 for a group of identical clips)."""
+
+    inputs: Literal["frames", "latents"] = "frames"
+    """What it compares: decoded ``frames`` or ``latents``."""
+
+
 register_reward_schema("colour_target", ColourTargetOptions)
+register_reward_schema("clip_score", ClipScoreOptions)
+register_reward_schema("distinctness", DistinctnessOptions)
 
 __all__ = [
+    "ClipScoreOptions",
     "ColourTargetOptions",
+    "DistinctnessOptions",
+    "model_folder",
+    "check_template",
     "RewardConfig",
     "duplicate_reward_problems",
 ]

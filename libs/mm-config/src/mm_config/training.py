@@ -181,6 +181,11 @@ class TrainingConfig(ConfigModel):
     """Rewards, each a registered scorer with a weight and options (docs/DESIGN.md "Rewards"): every clip
     ``validation`` samples is scored by each (``val_reward_<id>``, the mean over the prompts) and by their
     weighted sum (``val_reward``); needs ``validation.prompts``. Empty (default): none."""
+    reward_failure: Literal["stop", "skip"] = "stop"
+    """What a reward that raises or scores NaN / inf on a sample does: ``stop`` (default) ends the run
+    with a ``RewardError`` naming the reward and the sample (exit code 65, no traceback); ``skip`` drops
+    that sample from the batch's reward statistics (every reward's and the weighted sum's), counts it
+    (``val_reward_skipped``) and logs a line naming the reward, the sample and the error."""
     nonfinite: NonFiniteConfig = NonFiniteConfig()
     """Handling of NaN/inf loss or gradient norm."""
     deterministic: bool = False
@@ -232,6 +237,15 @@ class TrainingConfig(ConfigModel):
                     ("rewards",),
                     "scores the clips that training.validation samples: set training.validation.prompts",
                     deps=(("validation",),),
+                )
+            )
+        if self.reward_failure != "stop" and not self.rewards:
+            problems.append(
+                Problem(
+                    ("reward_failure",),
+                    "says what a failing reward does, and training.rewards lists none: remove it",
+                    self.reward_failure,
+                    deps=(("rewards",),),
                 )
             )
         if self.wandb is not None and self.save is None and self.log_dir is None:

@@ -260,9 +260,9 @@ def run(entry: Callable[[], int] = main, *, prog: str = "mm-train") -> NoReturn:
     they fail in their next collective, at the latest after ``training.collective_timeout_s``.
 
     - A user error (:mod:`mm_trainer.run.user_errors`: a refused config, a held lock, a missing
-      file, a missing package, Ctrl-C outside the training loop) prints ``PROG: error: MESSAGE``
-      once (from rank 0 where every rank has it) and exits with its class's code (2, 66, 69, 73,
-      130); ``MM_TRAIN_TRACEBACK=1`` adds the traceback.
+      file, a failing reward, a missing package, Ctrl-C outside the training loop) prints
+      ``PROG: error: MESSAGE`` once (from rank 0 where every rank has it) and exits with its class's
+      code (2, 65, 66, 69, 73, 130); ``MM_TRAIN_TRACEBACK=1`` adds the traceback.
     - Any other exception is a bug: printed with its traceback and its rank, code 1.
 
     The project's warning allowlist is installed first (:func:`mm_config.install_warning_filters`).

@@ -187,7 +187,9 @@ class Trainer:
             dp_size=ps.dp_size,
             dp_group=ps.dp_group,
             write=self.rank == 0,
-            rewards=Rewards.from_config(cfg.training.rewards),
+            rewards=Rewards.from_config(
+                cfg.training.rewards, on_failure=cfg.training.reward_failure, device=self.device
+            ),
         )
 
     def _materialize_and_load(self, name: str, module: nn.Module, args: Any, restored: bool) -> None:

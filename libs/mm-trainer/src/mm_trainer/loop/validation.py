@@ -21,7 +21,10 @@ With ``training.rewards``, every sampled clip is scored by each reward (``reward
 over the prompts (with ``_std``, ``_min`` and ``_max`` over them), ``val_reward`` the mean of their
 weighted sum; each clip's scores are written beside the clips, ``iter_<step>/rewards.json``; a reward that
 fails or scores NaN names the reward and the prompt (index, text and seed). Rewards on decoded frames only: validation's clips are
-decoded (a reward on latents is refused here, before training).
+decoded (a reward on latents is refused here, before training). The clips of one prompt text (prompts
+repeated with other seeds) form a group, scored together once its last clip is sampled: a groupwise
+reward compares them. With ``training.reward_failure: skip`` a clip a reward fails on is left out of the
+statistics (``"skipped": true`` in ``rewards.json``) and counted, ``val_reward_skipped``.
 
 Every rank takes part in both: sharded (FSDP) sub-models gather their weights in each forward, so
 every rank runs the same forwards. Each rank samples every prompt (rank 0 writes the clips); the
@@ -131,7 +134,8 @@ class Validator:
 
     def _clips(self, step: int, metrics: MetricsLogger | None) -> dict[str, float]:
         """Sample and write every prompt's clip; ``val_psnr_to_reference`` where the model draws references."""
-        cfg, psnrs, rewards, scored = self.config, [], [], []
+        cfg, psnrs = self.config, []
+        scored = _ScoredClips(self.rewards, cfg.prompts) if self.rewards is not None else None
         reference = getattr(self.model, "has_sample_reference", False)
         for index, (prompt, seed) in enumerate(zip(cfg.prompts, cfg.prompt_seeds(), strict=True)):
             clip = as_sampled_clip(self.model.sample(
@@ -140,11 +144,8 @@ class Validator:
                 negative_prompt=cfg.negative_prompt, shift=cfg.shift, fps=cfg.fps,
             ))  # fmt: skip
             video = clip.video
-            if self.rewards is not None:
-                name = f"validation prompt {index} ({prompt!r}, seed {seed})"
-                rewards.append(self.rewards.score([prompt], frames=video[None].float(), names=[name]))
-                scored.append({"prompt": prompt, "seed": seed, "reward": float(rewards[-1].total[0]),
-                               **{f"reward_{k}": float(v[0]) for k, v in rewards[-1].each.items()}})  # fmt: skip
+            if scored is not None:
+                scored.add(index, prompt, seed, video)
             mp4 = self.out_dir / f"iter_{step:07d}" / f"{index}.mp4"
             if self.write:
                 write_video(video, mp4, fps=cfg.fps)
@@ -165,10 +166,10 @@ class Validator:
                     )
                 mse = (video.float() - self.references[index].float()).pow(2).mean()
                 psnrs.append(float(10 * torch.log10(4.0 / mse.clamp_min(1e-12))))  # [-1, 1]: peak-to-peak 2
-        if scored and self.write:
-            write_json(self.out_dir / f"iter_{step:07d}" / "rewards.json", scored)
+        if scored is not None and self.write:
+            write_json(self.out_dir / f"iter_{step:07d}" / "rewards.json", scored.rows())
         out = {"val_psnr_to_reference": sum(psnrs) / len(psnrs)} if psnrs else {}
-        return {**out, **_reward_statistics(rewards)}
+        return {**out, **(scored.statistics() if scored is not None else {})}
 
     def _loss(self) -> float:
         """Mean held-out loss: this rank's share of the samples, gathered over data-parallel ranks."""
@@ -194,21 +195,63 @@ class Validator:
         return self.model.validation_loss(batch, rng, self.config.loss_timesteps)[0].double()
 
 
-def _reward_statistics(scores: list[Any]) -> dict[str, float]:
-    """``val_reward`` (the weighted sum's mean over the clips) and, per reward, ``val_reward_<id>`` (its mean)
-    with ``_std`` (over the clips, 0 for one), ``_min`` and ``_max``."""
-    if not scores:
-        return {}
-    out = {"val_reward": float(torch.cat([s.total for s in scores]).mean())}
-    for name in scores[0].each:
-        values = torch.cat([s.each[name] for s in scores])
-        out[f"val_reward_{name}"] = float(values.mean())
-        out[f"val_reward_{name}_std"] = float(values.std(correction=0))
-        out[f"val_reward_{name}_min"], out[f"val_reward_{name}_max"] = (
-            float(values.min()),
-            float(values.max()),
+class _ScoredClips:
+    """Validation clips scored by the rewards a group at a time (the clips of one prompt text, scored once
+    the last of them is sampled), their ``rewards.json`` rows and statistics."""
+
+    def __init__(self, rewards: Any, prompts: list[str]) -> None:
+        self.rewards = rewards
+        self.group = [prompts.index(p) for p in prompts]  # a group's id: the first index of its text
+        self.last = {g: i for i, g in enumerate(self.group)}
+        self.pending: dict[int, list[tuple[int, str, int, torch.Tensor]]] = {}
+        self.scored: dict[int, dict[str, Any]] = {}
+        self.scores: list[Any] = []
+
+    def add(self, index: int, prompt: str, seed: int, video: torch.Tensor) -> None:
+        """Clip ``index`` sampled; its group is scored when it is the group's last."""
+        group = self.group[index]
+        self.pending.setdefault(group, []).append((index, prompt, seed, video))
+        if self.last[group] == index:
+            self._score(self.pending.pop(group))
+
+    def _score(self, clips: list[tuple[int, str, int, torch.Tensor]]) -> None:
+        names = [f"validation prompt {i} ({p!r}, seed {s})" for i, p, s, _ in clips]
+        frames = torch.stack([video.float() for *_, video in clips])
+        scores = self.rewards.score(
+            [p for _, p, _, _ in clips], frames=frames, names=names, groups=[0] * len(clips)
         )
-    return out
+        self.scores.append(scores)
+        for k, (index, prompt, seed, _) in enumerate(clips):
+            row: dict[str, Any] = {"prompt": prompt, "seed": seed}
+            if scores.kept[k]:
+                row["reward"] = float(scores.total[k])
+                row.update({f"reward_{name}": float(v[k]) for name, v in scores.each.items()})
+            else:
+                row["skipped"] = True
+            self.scored[index] = row
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Each clip's scores (``prompt``, ``seed``, ``reward``, ``reward_<id>``), in prompt order."""
+        return [self.scored[i] for i in sorted(self.scored)]
+
+    def statistics(self) -> dict[str, float]:
+        """``val_reward`` (the weighted sum's mean over the kept clips) and, per reward, ``val_reward_<id>``
+        (its mean) with ``_std`` (over the clips, 0 for one), ``_min`` and ``_max``; with
+        ``reward_failure: skip`` also ``val_reward_skipped``, the clips left out."""
+        kept = torch.cat([s.kept for s in self.scores])
+        out = {"val_reward_skipped": float((~kept).sum())} if self.rewards.on_failure == "skip" else {}
+        if not kept.any():
+            return out
+        out["val_reward"] = float(torch.cat([s.total for s in self.scores])[kept].mean())
+        for name in self.scores[0].each:
+            values = torch.cat([s.each[name] for s in self.scores])[kept]
+            out[f"val_reward_{name}"] = float(values.mean())
+            out[f"val_reward_{name}_std"] = float(values.std(correction=0))
+            out[f"val_reward_{name}_min"], out[f"val_reward_{name}_max"] = (
+                float(values.min()),
+                float(values.max()),
+            )
+        return out
 
 
 def write_json(path: Path, value: Any) -> None:

@@ -6,6 +6,8 @@ Fine-tuning (full or LoRA) is the plain loop (:mod:`mm_trainer.loop.engine`, :mo
   and cadence; few-step distillation (DMD2: critic and generator) runs as two phases, its losses in
   mm-pipelines' ``DistributionMatchingDistillation`` (docs/DESIGN.md "Training phases"); preference
   fine-tuning (Diffusion-DPO) runs as one phase ``dpo``, its loss in mm-pipelines' ``DiffusionDPO``.
-- ``rewards``: ``training.rewards``, registered scorers of samples (on decoded frames or latents) combined
-  with weights; today they score the validation clips (docs/DESIGN.md "Rewards").
+- ``rewards``: ``training.rewards``, registered scorers of samples (on decoded frames or latents, pointwise
+  or groupwise) combined with weights, and ``training.reward_failure``; today they score the validation
+  clips (docs/DESIGN.md "Rewards").
+- ``clip_score``: the built-in reward ``clip_score`` (a transformers ``CLIPModel`` from a local folder).
 """

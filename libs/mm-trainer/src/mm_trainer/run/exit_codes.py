@@ -14,6 +14,10 @@ EXIT_CONFIG = 2
 """The config or the command line is refused (also: a resume whose config disagrees with what its
 checkpoint trained, a ``training.resume`` the run directory cannot honour). Nothing was started."""
 
+EXIT_REWARD = 65
+"""``EX_DATAERR``: a reward (``training.rewards``) raised or scored NaN / inf on a sample, with
+``training.reward_failure: stop``; the message names the reward and the sample. Nothing more is saved."""
+
 EXIT_INPUT = 66
 """``EX_NOINPUT``: a file the command reads is missing or unreadable (a checkpoint, one of its shards,
 the config saved beside it, a data cache shard), or holds something else than asked for (``--ema``

@@ -33,6 +33,7 @@ from mm_trainer.run.exit_codes import (
     EXIT_DESTINATION,
     EXIT_INPUT,
     EXIT_INTERRUPTED,
+    EXIT_REWARD,
 )
 
 TRACEBACK_ENV = "MM_TRAIN_TRACEBACK"
@@ -71,6 +72,10 @@ INPUT = UserErrorClass(
     "a checkpoint, shard, saved config or data file is missing, unreadable or not what was asked for "
     "(`--ema` of a run without EMA)",
 )  # fmt: skip
+REWARD = UserErrorClass(
+    "reward", EXIT_REWARD, "rank",
+    "a reward raised or scored NaN / inf on a sample (`training.reward_failure: stop`)",
+)  # fmt: skip
 DEPENDENCY = UserErrorClass(
     "dependency", EXIT_DEPENDENCY, "node",
     "an optional package the config or command needs is not installed (peft, transformers, tensorboard, "
@@ -79,7 +84,7 @@ DEPENDENCY = UserErrorClass(
 INTERRUPTED = UserErrorClass(
     "interrupted", EXIT_INTERRUPTED, "node", "Ctrl-C outside the training loop (inside it: a stop, exit 75)"
 )
-CLASSES: tuple[UserErrorClass, ...] = (CONFIG, DESTINATION, INPUT, DEPENDENCY, INTERRUPTED)
+CLASSES: tuple[UserErrorClass, ...] = (CONFIG, DESTINATION, INPUT, REWARD, DEPENDENCY, INTERRUPTED)
 """Every class, in the README's order."""
 
 USER_ERRORS: dict[str, UserErrorClass | None] = {
@@ -98,6 +103,7 @@ USER_ERRORS: dict[str, UserErrorClass | None] = {
     "mm_data.token_balance.TokenBudgetError": CONFIG,
     "mm_trainer.data.sample_check.SampleFramesError": INPUT,
     "mm_trainer.data.sample_check.PackingError": CONFIG,
+    "mm_trainer.modes.rewards.RewardError": REWARD,
     "mm_config.errors.MissingDependencyError": DEPENDENCY,
     "builtins.KeyboardInterrupt": INTERRUPTED,
 }
