@@ -152,8 +152,47 @@ def test_video_extension_of_a_clip_no_longer_than_its_conditioning_frames_is_ref
         "prompt_attention_mask": torch.ones(1, 6, dtype=torch.long),
     }
     pipe = LTX2Pipeline(audio=False, first_frame_conditioning_p=1.0, conditioning_frames=2)
-    with pytest.raises(ValueError, match="conditioning_frames=2: the clips have 2 latent frames"):
+    with pytest.raises(
+        ValueError, match=r"2 latent frame\(s\) leave none to generate after .*conditioning_frames=2"
+    ):
         pipe.prepare_conditions(SimpleNamespace(model=tiny_predictor()), batch)
+
+
+def test_an_image_is_never_conditioned_on_its_only_frame_while_clips_are():
+    """At a conditioning probability just below 1, every clip of the batch is conditioned and no one-frame
+    sample (an image) is: its loss and timestep cover its every token."""
+    pipe = LTX2Pipeline(SigmaSampler(), audio=False, first_frame_conditioning_p=0.999)
+    keys = SampleRNG.for_batch(8, seed=4)
+    assert pipe.noising(conditions(batch=8, grid=(3, 2, 2)), keys)["conditioned"][:, :4].all()
+    image = pipe.noising(conditions(batch=8, grid=(1, 2, 2)), keys)
+    assert not image["conditioned"].any()
+    assert image["video_timestep"].shape == (8,)  # one timestep per sample: no token at 0
+    assert pipe.compute_loss((image["video_target"] + 2.0, None), image).item() == pytest.approx(
+        4.0, rel=1e-6
+    )
+
+
+def test_one_frame_samples_train_through_the_transformer_and_are_refused_only_when_every_sample_is_conditioned(
+    tiny_predictor,
+):
+    g = torch.Generator().manual_seed(0)
+    batch = {
+        "latents": torch.randn(2, 8, 1, 4, 4, generator=g),  # two images: one latent frame each
+        "prompt_embeds": torch.randn(2, 6, 32, generator=g),
+        "prompt_attention_mask": torch.ones(2, 6, dtype=torch.long),
+        "frame_rate": torch.tensor([24.0, 24.0]),
+    }
+    container = SimpleNamespace(model=tiny_predictor())
+    out = LTX2Pipeline(audio=False, first_frame_conditioning_p=0.5).forward(
+        container, SampleRNG.for_batch(2), **batch
+    )
+    assert torch.isfinite(out.loss) and out.loss.item() > 0 and out.metrics["num_tokens"] == 2 * 16
+    out.loss.backward()
+    assert container.model.proj_out.weight.grad.abs().sum() > 0
+    with pytest.raises(
+        ValueError, match=r"1 latent frame\(s\) leave none .* or first_frame_conditioning_p < 1"
+    ):
+        LTX2Pipeline(audio=False, first_frame_conditioning_p=1.0).prepare_conditions(container, batch)
 
 
 def test_conditioning_probability_is_per_sample():

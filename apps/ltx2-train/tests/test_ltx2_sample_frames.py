@@ -46,11 +46,12 @@ def test_the_extension_configs_two_conditioning_frames_of_three_pass_the_check(t
     check_samples(config)
 
 
-def test_a_preprocess_source_with_images_is_refused_naming_them_before_any_encoder_loads(
+def test_a_preprocess_source_with_images_and_audio_is_refused_naming_them_before_any_encoder_loads(
     run_config, tmp_path
 ):
-    """LTX-2 trains a clip with its sound; a PNG beside the clips is named (index, file) with the reason. No
-    model set exists here: the refusal came before any encoder was loaded."""
+    """LTX-2 trains a clip with its sound; a PNG beside the clips of a source with audio is named (index,
+    file) with the reason and what to do (a video-only run takes it: tests/test_ltx2_images.py). No model set
+    exists here: the refusal came before any encoder was loaded."""
     from ltx2_train.preprocess import run_preprocess
     from mm_data import make_synthetic_dataset
     from mm_trainer import SampleFramesError
@@ -61,7 +62,13 @@ def test_a_preprocess_source_with_images_is_refused_naming_them_before_any_encod
                                                 f"data.dataset.preprocess.source={meta}"], world_size=1)  # fmt: skip
     with pytest.raises(SampleFramesError) as refused:
         run_preprocess(config)
-    assert "1 image(s) in an LTX-2 source" in str(refused.value)
+    assert "1 image(s) in an LTX-2 source with audio (data.dataset.preprocess.audio: true)" in str(
+        refused.value
+    )
+    assert (
+        "an image has no sound: train images in a video-only run (data.dataset.preprocess.audio: false"
+        in str(refused.value)
+    )
     assert f"sample 1 ({meta.parent / 'image_0000.png'})" in str(refused.value)
     assert not (tmp_path / "latents").exists()
 

@@ -13,7 +13,7 @@ from mm_trainer import ModelContainer, SampledClip, model_register
 
 from ltx2_train.distill import STUDENT, architecture_problems, check_models, run_pipeline
 from ltx2_train.modality import freeze_branch
-from ltx2_train.pipeline import LTX2Pipeline
+from ltx2_train.pipeline import LTX2Pipeline, patch_grid_problem, video_patch
 from ltx2_train.validation import SamplingSet, prepare_sampling, sample_validation_clip
 
 
@@ -59,25 +59,34 @@ class LTX2Container(ModelContainer):
     @classmethod
     def checks_sample_frames(cls, model_section: Any) -> bool:
         """Whether :meth:`sample_frame_problems` may refuse a sample: conditioning on leading frames
-        (``model.pipeline.first_frame_conditioning_p`` > 0) needs frames after them to generate."""
+        (``model.pipeline.first_frame_conditioning_p`` > 0) needs frames after them to generate, and a
+        video-only run (``model.pipeline.audio: false``) may hold images, whose one latent frame the
+        transformer's ``patch_size_t`` must tile."""
         options = dict(getattr(model_section, "pipeline", None) or {})
-        return float(options.get("first_frame_conditioning_p") or 0.0) > 0.0
+        conditioning = float(options.get("first_frame_conditioning_p") or 0.0) > 0.0
+        return conditioning or not options.get("audio", True)
 
     def sample_frame_problems(self, dataset: Any) -> dict[int, str]:
-        """``{dataset index: why}`` of the cached samples with no more latent frames than
-        ``model.pipeline.conditioning_frames`` (an image: 1) when leading frames are given clean, from the
-        cache's ``latents`` shapes (``mm_data.PrecomputedLatentDataset.latent_shapes``)."""
+        """``{dataset index: why}`` of the cached samples the run cannot train for their ``latents`` shape
+        (``mm_data.PrecomputedLatentDataset.latent_shapes``): a latent grid the transformer's patches do not
+        tile (:func:`ltx2_train.pipeline.patch_grid_problem`: an image's one frame under ``patch_size_t`` >
+        1), or no frame left to generate after the conditioning ones
+        (:meth:`ltx2_train.pipeline.LTX2Pipeline.frame_count_problem`: an image only when every sample is
+        conditioned)."""
         pipeline, shapes = self.flow_pipeline, getattr(dataset, "latent_shapes", None)
-        if shapes is None or not pipeline.first_frame_conditioning_p > 0:
+        if shapes is None:
             return {}
-        k = pipeline.conditioning_frames
-        return {
-            i: f"{shape[1]} latent frame(s) leave none to generate after model.pipeline.conditioning_frames={k} "
-            f"given clean (first_frame_conditioning_p={pipeline.first_frame_conditioning_p}); expected more "
-            f"than {k} (longer clips in preprocess, or fewer conditioning frames)"
-            for i, shape in enumerate(shapes)
-            if shape is not None and len(shape) == 4 and shape[1] <= k
-        }
+        patch_size, patch_size_t = video_patch(getattr(self, STUDENT))
+        problems = {}
+        for i, shape in enumerate(shapes):
+            if shape is None or len(shape) != 4:
+                continue
+            why = patch_grid_problem(shape[1:], patch_size, patch_size_t) or pipeline.frame_count_problem(
+                shape[1]
+            )
+            if why is not None:
+                problems[i] = why
+        return problems
 
     @classmethod
     def build_pipeline(cls, options: Mapping[str, Any]) -> LTX2Pipeline | DistributionMatchingDistillation:

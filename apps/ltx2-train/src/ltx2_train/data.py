@@ -23,7 +23,8 @@ def ltx2_precomputed_dataset(
     *, data_path: str, data_root: str | None = None, preprocess: dict[str, Any] | None = None
 ) -> PrecomputedLatentDataset:
     """``PrecomputedLatentDataset`` over the cache folder ``data.data_path`` (``data_root`` is refused:
-    the cache holds no relative media paths)."""
+    the cache holds no relative media paths). Samples of one ``latents`` shape share a bucket (its
+    ``bucket_ids``), so a micro-batch holds clips of one size, or images (one latent frame) of one size."""
     if data_root is not None:
         raise ValueError(f"data.data_root={data_root!r}: ltx2_precomputed reads no media paths; remove it")
     return PrecomputedLatentDataset(data_path)

@@ -11,7 +11,9 @@ the micro-batch's :class:`mm_pipelines.SampleRNG` (purposes ``sigma``, ``first_f
 2. optional conditioning on leading frames: with probability ``first_frame_conditioning_p`` a sample's
    first ``conditioning_frames`` latent frames are given clean (``sigma = 0`` and timestep 0 on those
    tokens; 1 frame: I2V, K frames: video extension; refused when ``patch_size_t`` > 1, whose tokens mix
-   frames, and for a clip of no more than K latent frames);
+   frames, and for a clip of no more than K latent frames); a sample of one latent frame (an image, in a
+   video-only run) is never conditioned (its only frame would leave nothing to generate): it trains as
+   text to image, and is refused only when ``first_frame_conditioning_p`` is 1;
 3. ``x_sigma = (1 - sigma) x0 + sigma eps``; the predictor gets ``timestep = 1000 sigma`` (per
    token for video when any token is conditioned, else per sample);
 4. target ``eps - x0``; loss = MSE over the video tokens that are not conditioning tokens
@@ -43,15 +45,25 @@ from ltx2_train.timesteps import SigmaSampler
 from ltx2_train.version import config_version
 
 
-def check_patch_grid(grid: tuple[int, int, int], patch_size: int = 1, patch_size_t: int = 1) -> None:
-    """Refuse a latent grid ``(F, H, W)`` that the transformer's patches do not tile."""
+def patch_grid_problem(grid: tuple[int, ...], patch_size: int = 1, patch_size_t: int = 1) -> str | None:
+    """Why the transformer's patches do not tile the latent grid ``(F, H, W)`` (an image's one latent frame
+    under ``patch_size_t`` > 1, say), or None when they do."""
     frames, height, width = grid
-    if frames % patch_size_t or height % patch_size or width % patch_size:
-        raise ValueError(
-            f"latent grid (frames, height, width) = {tuple(grid)} does not divide into the transformer's "
-            f"patches (patch_size_t={patch_size_t}, patch_size={patch_size}); choose a clip size whose "
-            "latent frames divide by patch_size_t and latent height/width by patch_size"
-        )
+    if not (frames % patch_size_t or height % patch_size or width % patch_size):
+        return None
+    return (
+        f"latent grid (frames, height, width) = {tuple(grid)} does not divide into the transformer's "
+        f"patches (patch_size_t={patch_size_t}, patch_size={patch_size}); choose a clip size whose "
+        "latent frames divide by patch_size_t and latent height/width by patch_size"
+    )
+
+
+def check_patch_grid(grid: tuple[int, int, int], patch_size: int = 1, patch_size_t: int = 1) -> None:
+    """Refuse a latent grid ``(F, H, W)`` that the transformer's patches do not tile
+    (:func:`patch_grid_problem`)."""
+    problem = patch_grid_problem(grid, patch_size, patch_size_t)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def pack_video(latents: torch.Tensor, patch_size: int = 1, patch_size_t: int = 1) -> torch.Tensor:
@@ -191,6 +203,27 @@ class LTX2Pipeline(GenerativePipelineBase):
         """A micro-batch of the run's real shapes for ``mm-train plan`` (:mod:`ltx2_train.planning`)."""
         return planning_batch(container, data, micro_batch_size, audio=self.audio, frame_rate=self.frame_rate)
 
+    def conditions_samples_of(self, frames: int) -> bool:
+        """Whether a sample of ``frames`` latent frames may be conditioned on its leading frames: never one
+        of a single latent frame (an image), which trains unconditioned (text to image) instead."""
+        return self.first_frame_conditioning_p > 0 and frames > 1
+
+    def frame_count_problem(self, frames: int) -> str | None:
+        """Why a sample of ``frames`` latent frames cannot train, or None: conditioning on the first
+        ``conditioning_frames`` leaves no frame to generate (every sample conditioned, or a clip of
+        several frames that may be). An image (one latent frame) under a probability below 1 is never
+        conditioned (:meth:`conditions_samples_of`), so it trains."""
+        p, k = self.first_frame_conditioning_p, self.conditioning_frames
+        if p == 0 or frames > k or (frames == 1 and p < 1):
+            return None
+        fix = "longer clips in preprocess, or fewer conditioning frames"
+        if frames == 1:
+            fix += ", or first_frame_conditioning_p < 1, under which an image trains unconditioned"
+        return (
+            f"{frames} latent frame(s) leave none to generate after model.pipeline.conditioning_frames={k} "
+            f"given clean (first_frame_conditioning_p={p}); expected more than {k} ({fix})"
+        )
+
     # ------------------------------------------------------------------ stages
     def prepare_conditions(self, container: Any, batch: Mapping[str, Any]) -> dict[str, Any]:
         """Clean latents as token sequences + text embeddings (already encoded offline)."""
@@ -205,12 +238,9 @@ class LTX2Pipeline(GenerativePipelineBase):
                 f"model.pipeline.first_frame_conditioning_p={self.first_frame_conditioning_p} needs the first "
                 f"latent frame in tokens of its own, but the transformer's patch_size_t is {patch_size_t}; set it to 0"
             )
-        if self.first_frame_conditioning_p > 0 and latents.shape[2] <= self.conditioning_frames:
-            raise ValueError(
-                f"model.pipeline.conditioning_frames={self.conditioning_frames}: the clips have "
-                f"{latents.shape[2]} latent frames, which leaves none to generate; expected more latent frames "
-                "than conditioning_frames (longer clips in preprocess, or fewer conditioning frames)"
-            )
+        problem = self.frame_count_problem(latents.shape[2])
+        if problem is not None:
+            raise ValueError(f"batch['latents']: {problem}")
         out = {
             "video": pack_video(latents, patch_size, patch_size_t),
             "grid": tuple(latents.shape[2:]),
@@ -233,8 +263,9 @@ class LTX2Pipeline(GenerativePipelineBase):
         x0 = conditions["video"]
         batch, num_tokens, _ = x0.shape
         rng = self.require_rng(rng, batch)
-        _, height, width = conditions["grid"]
+        frames, height, width = conditions["grid"]
         per_frame = (height // conditions.get("patch", 1)) * (width // conditions.get("patch", 1))
+        probability = self.first_frame_conditioning_p if self.conditions_samples_of(frames) else 0.0
         device = x0.device
         sigma = self.sampler.sample_keyed(rng, num_tokens, device=device)
         audio_sigma = sigma
@@ -246,7 +277,7 @@ class LTX2Pipeline(GenerativePipelineBase):
                 1,
                 num_tokens // per_frame,
                 per_frame,
-                self.first_frame_conditioning_p,
+                probability,
                 generator=g,
                 device=device,
                 conditioning_frames=self.conditioning_frames,

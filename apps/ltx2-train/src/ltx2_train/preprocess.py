@@ -8,6 +8,12 @@ transformer trains: the video VAE (``AutoencoderKLLTX2Video``), the audio VAE
 packing), ``prompt_embeds`` / ``audio_prompt_embeds [S, D]`` (connector outputs for the video and
 audio streams), ``prompt_attention_mask [S]`` and ``frame_rate`` (for the RoPE time axis).
 
+A video-only source (``audio: false``) may list images beside the clips: each is encoded as a one-frame
+clip (``latents [C, 1, H, W]``, the video VAE's frame rule 8k+1 at k = 0, as upstream's image-to-video
+pipeline encodes its image) at :data:`IMAGE_FRAME_RATE` unless ``fps`` is set; the cached dataset buckets
+samples by their ``latents`` shape, so images and clips never share a micro-batch. With audio, images are
+refused before any encoder loads (:func:`refuse_images`).
+
 The cache is :func:`mm_data.cache_dataset`'s (through :func:`mm_trainer.write_latent_cache`): sharded,
 keyed by each clip's content, the row (and, for a row whose prompt is drawn from a caption list, its
 position), the reading parameters and the encoders' identity, so a re-run encodes only what changed and
@@ -49,6 +55,11 @@ from ltx2_train.config_schema import PreprocessOptions
 ENCODE_VERSION = 2
 """Bumped when what this module caches per sample changes (it is part of every sample's key). 2: a clip
 whose row names no ``fps`` (a caption folder's rows name none) gets its header's frame rate, not 24."""
+IMAGE_FRAME_RATE = 24.0
+"""The frame rate cached with an image when neither ``data.dataset.preprocess.fps`` nor its row's ``fps`` is
+set (LTX-2's default rate, the pipeline's ``frame_rate`` default). Only RoPE's time axis reads it: an
+image's one latent frame spans ``[0, 1 / rate)`` seconds there, where the first frame of a clip at that
+rate sits."""
 GEMMA_BLOCKS = "*layers.{*}"
 """The FSDP units of a sharded Gemma-3 (its decoder layers, plus the root)."""
 
@@ -172,9 +183,9 @@ class LTX2Encoders:
 
 
 def clip_rate(path: str) -> float:
-    """The frame rate of a clip as its header gives it (a caption folder's rows name none); 24 for an image
-    (a header without a rate)."""
-    return probe_video(path).fps or 24.0
+    """The frame rate of a clip as its header gives it (a caption folder's rows name none);
+    :data:`IMAGE_FRAME_RATE` for an image (a header without a rate)."""
+    return probe_video(path).fps or IMAGE_FRAME_RATE
 
 
 def clip_waveform(
@@ -223,18 +234,21 @@ def source_dataset(options: PreprocessOptions) -> VideoTextDataset:
     )  # fmt: skip
 
 
-def refuse_images(dataset: VideoTextDataset) -> None:
-    """Refuse a source that lists images, naming each, before any encoder loads: LTX-2 trains a clip's frames
-    with the sound of the same span, and an image has one frame and no sound (its audio latents would be a
-    stand-in tone one frame long); with ``audio: false`` a one-frame sample is not a trained case either.
+def refuse_images(dataset: VideoTextDataset, *, audio: bool) -> None:
+    """With ``audio``, refuse a source that lists images, naming each, before any encoder loads: LTX-2 trains
+    a clip's frames with the sound of the same span, and an image has no sound (its audio latents would be
+    a stand-in tone one frame long). A video-only source (``audio: false``) may list images: each is a
+    one-frame sample (one latent frame of the video VAE, whose frame rule 8k+1 holds it at k = 0).
 
     Raises:
-        mm_trainer.SampleFramesError: listing every image row (index and file).
+        mm_trainer.SampleFramesError: listing every image row (index and file), and what to do.
     """
     images = [(i, row["path"]) for i, row in enumerate(dataset.rows) if is_image(row["path"])]
-    if images:
-        lines = [f"{dataset.metadata_path}: {len(images)} image(s) in an LTX-2 source; LTX-2 trains clips with "
-                 "their sound, and an image has one frame and no audio: list clips only"]  # fmt: skip
+    if audio and images:
+        lines = [f"{dataset.metadata_path}: {len(images)} image(s) in an LTX-2 source with audio "
+                 "(data.dataset.preprocess.audio: true); LTX-2 trains a clip's frames with their sound, and an "
+                 "image has no sound: train images in a video-only run (data.dataset.preprocess.audio: false "
+                 "and model.pipeline.audio: false, where an image is a one-frame sample), or list clips only"]  # fmt: skip
         lines += [f"  sample {i} ({path})" for i, path in images]
         raise SampleFramesError("\n".join(lines))
 
@@ -271,7 +285,7 @@ def run_preprocess(
         )
     dtype = parse_dtype(options.dtype, key="data.dataset.preprocess.dtype") or torch.float32
     dataset = source_dataset(options)  # first: a bad source fails before any model loads
-    refuse_images(dataset)
+    refuse_images(dataset, audio=options.audio)
     run = options.run
     shard = use_text_encoder_fsdp(run.text_encoder_fsdp, weights=Path(options.model_root) / "text_encoder",
                                   world_size=env_world)  # fmt: skip
