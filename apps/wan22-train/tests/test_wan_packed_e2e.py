@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -124,23 +125,44 @@ def records_of(save: Path) -> list[dict]:
     return [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_packed_run_resumed_at_data_parallel_2_trains_the_uninterrupted_steps(
-    tiny, mixed, tmp_path, main_forked
+def wait_for_records(proc: subprocess.Popen, save: Path, count: int) -> None:
+    """Until the run ``proc`` logged ``count`` steps in ``save`` (failing if it ends or stalls before)."""
+    log, deadline = save / "metrics.jsonl", time.monotonic() + 300
+    while not (log.exists() and len(log.read_text().splitlines()) >= count):
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            f"the run ended or stalled before step {count}"
+        )
+        time.sleep(0.02)
+
+
+def test_a_packed_run_killed_after_a_checkpoint_resumes_at_data_parallel_2_with_the_uninterrupted_losses(
+    tiny, mixed, tmp_path, main_forked, kill_job, capfd
 ):
-    """The mixed set, global batch 4 (2 steps an epoch): 4 steps on one rank, saved after step 2; the step-2
-    checkpoint resumed on 2 ranks (each its share of a step by tokens) trains steps 3 and 4
-    on the same samples with the same losses."""
-    run = [*mixed[:2], BUDGET, "training.global_batch_size=4", "training.micro_batch_size=2", "training.train_iters=4",
-           "training.log_sample_ids=true"]  # fmt: skip
-    whole = tmp_path / "whole"
-    train(main_forked, tiny, whole, *run, "training.save_interval=2")
-    reference = records_of(whole)
-    resumed = tmp_path / "resumed"
-    shutil.copytree(whole / "iter_0000002", resumed / "iter_0000002")
-    train(main_forked, tiny, resumed, *run, f"training.load={resumed}", "training.save_interval=100", nproc=2)
-    records = records_of(resumed)
-    assert [r["step"] for r in records] == [3, 4]
-    assert [r["sample_ids"] for r in records] == [r["sample_ids"] for r in reference[2:]]
-    assert [i for r in reference for i in r["sample_ids"]] == list(range(16))  # every sample once an epoch
-    for ours, theirs in zip(records, reference[2:], strict=True):
-        assert abs(ours["loss"] - theirs["loss"]) <= 1e-4 * abs(theirs["loss"])
+    """The mixed set, global batch 4 (2 steps an epoch) on one rank, a process of its own saving every 3 steps,
+    SIGKILLed once it logged step 5 (its step-3 checkpoint complete, step 6 not done); rerun on 2 ranks (data
+    parallel 2: each rank its share of a step by tokens) it resumes from step 3 and trains steps 4 and 5 on
+    the samples and with the losses the killed run logged for them."""
+    run = [*mixed[:2], BUDGET, "training.global_batch_size=4", "training.micro_batch_size=2",
+           "training.log_sample_ids=true", "training.save_interval=3"]  # fmt: skip
+    save = tmp_path / "run"
+    command = ["--config", str(config_path("tiny_t2v.yaml")), *tiny_overrides(tiny), f"training.save={save}",
+               "parallel.ulysses_parallel_size=1", "data.dataset.frame_offset=start", *run, "training.train_iters=8"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    python = [sys.executable, "-m", "wan22_train"]
+    proc = subprocess.Popen([*python, *command], env=env, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_records(proc, save, 5)
+    finally:
+        kill_job(proc)
+    killed = records_of(save)
+    assert [r["step"] for r in killed[:5]] == [1, 2, 3, 4, 5] and len(killed) < 8
+    assert [i for r in killed[:4] for i in r["sample_ids"]] == list(range(16))  # 2 epochs, each sample once
+    capfd.readouterr()
+    train(main_forked, tiny, save, *run, "training.train_iters=5", nproc=2)
+    assert f"resumed from {save} at iteration 3" in capfd.readouterr().err
+    records = records_of(save)
+    assert records[:3] == killed[:3]  # kept: the steps up to the checkpoint
+    assert [r["step"] for r in records[3:]] == [4, 5]  # the killed run's records past it: replaced
+    assert [r["sample_ids"] for r in records[3:]] == [r["sample_ids"] for r in killed[3:5]]
+    for ours, theirs in zip(records[3:], killed[3:5], strict=True):
+        assert abs(ours["loss"] - theirs["loss"]) <= 1e-5 * abs(theirs["loss"])

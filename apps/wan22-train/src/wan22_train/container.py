@@ -68,17 +68,13 @@ class Wan22Container(ModelContainer):
 
     def packing_tokens(self, dataset: Any) -> list[int]:
         """Each sample's predictor tokens, for ``data.packing`` (``mm_data.TokenBalancedSampler``): from
-        its bucket's frames and size, the VAE's compression and the predictor's patch.
+        its bucket's frames and size, the VAE's compression and the predictor's patch. Every task packs (i2v
+        and ti2v samples carry their own conditions: ``mm_pipelines.FlowMatchT2VPipeline``).
 
         Raises:
-            ValueError: a task other than t2v, a dataset that does not say its samples' shapes (``buckets``
-                and ``bucket_ids``, as ``video_text`` does), or no VAE sub-model (``ae``) for the latent size.
+            ValueError: a dataset that does not say its samples' shapes (``buckets`` and ``bucket_ids``, as
+                ``video_text`` does), or no VAE sub-model (``ae``) for the latent size.
         """
-        task = self.flow_pipeline.task
-        if task != "t2v":
-            raise ValueError(
-                f"data.packing: model.pipeline.task={task} is not packed (t2v only: per-shape conditions)"
-            )
         buckets, ids = getattr(dataset, "buckets", None), getattr(dataset, "bucket_ids", None)
         if buckets is None or ids is None:
             raise ValueError(
