@@ -407,14 +407,18 @@ def test_packing_refuses_training_phases_saying_why(load_error, problem_at):
     err = load_error(
         {
             "data": {"packing": {"token_budget": 4096}},
-            "training": {"phases": {"critic": {"submodels": ["critic"]}, "generator": {"submodels": ["model"]}}},
+            "training": {
+                "phases": {"critic": {"submodels": ["critic"]}, "generator": {"submodels": ["model"]}}
+            },
         }
     )
     assert "no per-sample packed path" in problem_at(err, "training.phases")
 
 
 def test_packing_with_compiled_blocks_is_accepted(load):
-    config = load({"data": {"packing": {"token_budget": 4096}}, "features": {"compile": {"apply_modules": ["model"]}}})
+    config = load(
+        {"data": {"packing": {"token_budget": 4096}}, "features": {"compile": {"apply_modules": ["model"]}}}
+    )
     assert config.features.compile.apply_modules == ["model"]
 
 
