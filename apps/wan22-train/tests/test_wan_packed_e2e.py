@@ -4,13 +4,17 @@ one sequence, spread over micro-steps by tokens) logs the losses of the unpacked
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 from mm_data import make_synthetic_dataset
 from mm_trainer.run.exit_codes import EXIT_CONFIG, EXIT_INPUT
 from wan22_train.cli import main as wan22_main
@@ -24,13 +28,17 @@ MIXED_SIZES = [(32, 32), (32, 48), (48, 32)]
 MIXED_BUCKETS = "data.dataset.buckets=[[32,32,1],[32,48,9],[48,32,9]]"
 
 
+def argv_of(tiny: Path, save: Path, *overrides: str, config: str = "tiny_t2v.yaml") -> list[str]:
+    """The tiny run's command line: one step, no checkpoint, ``overrides`` last."""
+    return ["--config", str(config_path(config)), *tiny_overrides(tiny), f"training.save={save}",
+            "training.train_iters=1", "training.save_interval=100", "parallel.ulysses_parallel_size=1",
+            "data.dataset.frame_offset=start", *overrides]  # fmt: skip
+
+
 def train(
     main_forked, tiny: Path, save: Path, *overrides: str, nproc: int = 1, config: str = "tiny_t2v.yaml"
 ) -> list[float]:
-    args = ["--config", str(config_path(config)), *tiny_overrides(tiny), f"training.save={save}",
-            "training.train_iters=1", "training.save_interval=100", "parallel.ulysses_parallel_size=1",
-            "data.dataset.frame_offset=start", *overrides]  # fmt: skip
-    main_forked(wan22_main, args, nproc=nproc)
+    main_forked(wan22_main, argv_of(tiny, save, *overrides, config=config), nproc=nproc)
     return [json.loads(line)["loss"] for line in (save / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -124,26 +132,52 @@ def records_of(save: Path) -> list[dict]:
     return [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_packed_run_resumed_at_data_parallel_2_trains_the_uninterrupted_steps(
-    tiny, mixed, tmp_path, main_forked
+def run_killed_after(fork, argv: list[str], save: Path, steps: int) -> int:
+    """``wan22_train``'s ``main(argv)`` in a forked child (one rank, as ``python -m wan22_train`` without a
+    fresh interpreter's imports), SIGKILLed once it logged ``steps`` steps in ``save``: its exit status."""
+    pid = fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            logging.root.handlers.clear()
+            torch.set_num_threads(1)  # the parent's OpenMP pool does not survive a fork
+            code = wan22_main(argv)
+        finally:
+            os._exit(code)
+    log, deadline = save / "metrics.jsonl", time.monotonic() + 300
+    while not (log.exists() and len(log.read_text().splitlines()) >= steps) and time.monotonic() < deadline:
+        ended, status = os.waitpid(pid, os.WNOHANG)
+        if ended:
+            return status  # it ended before it could be killed
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    return os.waitpid(pid, 0)[1]
+
+
+def test_a_packed_run_killed_after_a_checkpoint_resumes_at_data_parallel_2_with_the_uninterrupted_losses(
+    tiny, mixed, tmp_path, main_forked, fork, capfd
 ):
-    """The mixed set, global batch 4 (2 steps an epoch): 4 steps on one rank, saved after step 2; the step-2
-    checkpoint resumed on 2 ranks (each its share of a step by tokens) trains steps 3 and 4
-    on the same samples with the same losses."""
-    run = [*mixed[:2], BUDGET, "training.global_batch_size=4", "training.micro_batch_size=2", "training.train_iters=4",
-           "training.log_sample_ids=true"]  # fmt: skip
-    whole = tmp_path / "whole"
-    train(main_forked, tiny, whole, *run, "training.save_interval=2")
-    reference = records_of(whole)
-    resumed = tmp_path / "resumed"
-    shutil.copytree(whole / "iter_0000002", resumed / "iter_0000002")
-    train(main_forked, tiny, resumed, *run, f"training.load={resumed}", "training.save_interval=100", nproc=2)
-    records = records_of(resumed)
-    assert [r["step"] for r in records] == [3, 4]
-    assert [r["sample_ids"] for r in records] == [r["sample_ids"] for r in reference[2:]]
-    assert [i for r in reference for i in r["sample_ids"]] == list(range(16))  # every sample once an epoch
-    for ours, theirs in zip(records, reference[2:], strict=True):
-        assert abs(ours["loss"] - theirs["loss"]) <= 1e-4 * abs(theirs["loss"])
+    """The mixed set, global batch 4 (2 steps an epoch) on one rank saving every 3 steps, SIGKILLed once it
+    logged step 5 (its step-3 checkpoint complete, step 6 not done); rerun on 2 ranks (data parallel 2: each
+    rank its share of a step by tokens) it resumes from step 3 and trains steps 4 and 5 on the samples and
+    with the losses the killed run logged for them."""
+    run = [*mixed[:2], BUDGET, "training.global_batch_size=4", "training.micro_batch_size=2",
+           "training.log_sample_ids=true", "training.save_interval=3"]  # fmt: skip
+    save = tmp_path / "run"
+    status = run_killed_after(fork, argv_of(tiny, save, *run, "training.train_iters=8"), save, 5)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"not killed: status {status}"
+    killed = records_of(save)
+    assert [r["step"] for r in killed[:5]] == [1, 2, 3, 4, 5] and len(killed) < 8
+    assert [i for r in killed[:4] for i in r["sample_ids"]] == list(range(16))  # 2 epochs, each sample once
+    capfd.readouterr()
+    train(main_forked, tiny, save, *run, "training.train_iters=5", nproc=2)
+    assert f"resumed from {save} at iteration 3" in capfd.readouterr().err
+    records = records_of(save)
+    assert records[:3] == killed[:3]  # kept: the steps up to the checkpoint
+    assert [r["step"] for r in records[3:]] == [4, 5]  # the killed run's records past it: replaced
+    assert [r["sample_ids"] for r in records[3:]] == [r["sample_ids"] for r in killed[3:5]]
+    for ours, theirs in zip(records[3:], killed[3:5], strict=True):
+        assert abs(ours["loss"] - theirs["loss"]) <= 1e-5 * abs(theirs["loss"])
 
 
 @pytest.fixture(scope="module")

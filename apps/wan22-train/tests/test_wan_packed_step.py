@@ -8,9 +8,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 from mm_pipelines import SampleRNG
+from mm_trainer.model.features import apply_features
+from torch._dynamo.utils import counters
 from wan22_train.model import WanDiTConfig
 from wan22_train.pipeline import Wan22Pipeline
 from wan22_train.predictor import WanPredictor
+from wan22_train.tiny import tiny_vae
+from wan22_train.vae import WanVideoVAE
 
 CONFIG = dict(
     model_type="t2v", patch_size=(1, 2, 2), in_dim=16, dim=64, ffn_dim=96, freq_dim=32, text_dim=24,
@@ -76,8 +80,79 @@ def test_a_samples_draws_do_not_depend_on_its_packing():
         assert packed["indices"][i] == reordered["indices"][-1 - i]
 
 
-def test_packing_is_refused_for_tasks_with_per_shape_conditions():
-    pipeline = Wan22Pipeline.from_options({"task": "i2v", "expert": "high_noise"})
+#: Clips [F, H, W] through the tiny VAE (x2 in time and space): latents [3, 8, 12], [5, 6, 10], [3, 4, 6] and,
+#: for i2v only (ti2v leaves its one frame, the condition, out of the loss), an image's [1, 8, 12].
+CLIPS = [(5, 16, 24), (9, 12, 20), (5, 8, 12), (1, 16, 24)]
+CONDITIONED = {"i2v": {"in_dim": 3 * 4, "clips": CLIPS}, "ti2v": {"in_dim": 4, "clips": CLIPS[:3]}}
+
+
+def conditioned_container(in_dim: int) -> SimpleNamespace:
+    """The tiny VAE (4 latent channels) and a predictor of ``in_dim`` input channels (i2v: noise + mask + image
+    latents), every weight live."""
+    torch.manual_seed(0)
+    predictor = WanPredictor(WanDiTConfig(**{**CONFIG, "in_dim": in_dim, "out_dim": 4}))
+    with torch.no_grad():
+        for p in predictor.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return SimpleNamespace(predictor=predictor, ae=WanVideoVAE(tiny_vae()))
+
+
+@pytest.mark.parametrize("task", ["i2v", "ti2v"])
+def test_a_packed_step_gives_every_sample_of_a_conditioned_task_its_unpacked_loss(task):
+    """i2v: each sample's mask and first-frame latents (the VAE on its own first frame) on its channels;
+    ti2v: its clean first latent frame at timestep 0 on its tokens, left out of its loss."""
+    model = conditioned_container(CONDITIONED[task]["in_dim"])
+    pipeline = Wan22Pipeline.from_options({"task": task, "expert": "all"})
+    gen = torch.Generator().manual_seed(5)
+    clips = CONDITIONED[task]["clips"]
+    videos = [torch.rand(3, *shape, generator=gen) * 2 - 1 for shape in clips]
+    texts = [torch.randn(n, 24, generator=gen) for n in TEXT_LENS[: len(clips)]]
+    ids = SAMPLE_IDS[: len(clips)]
+    conditions = pipeline.prepare_conditions(model, {"video": videos, "prompt_embeds": texts})
+    noised = pipeline.noising(conditions, rng(ids))
+    packed = pipeline.per_sample_loss(pipeline.predict(model, noised), noised)
+    alone = torch.stack([
+        pipeline(model, rng([i]), video=v[None], prompt_embeds=t[None]).loss
+        for v, t, i in zip(videos, texts, ids, strict=True)
+    ])  # fmt: skip
+    assert len(set(noised["indices"].tolist())) == len(clips)
+    assert alone.min() > 1e-3
+    assert ((packed - alone).abs() / alone).max() <= 1e-5
+    output = pipeline(model, rng(ids), video=videos, prompt_embeds=texts)
+    torch.testing.assert_close(output.loss, alone.mean(), rtol=1e-5, atol=0)
+
+
+#: Three micro-batches of different mixes (87, 36 and 27 tokens; 11, 14 and 13 text tokens).
+PACKINGS = [(0, 1), (2, 3), (1, 2)]
+
+
+def test_compiled_blocks_train_packed_steps_as_eager_ones_compiling_twice_for_any_number_of_packings():
+    """``features.compile`` of the blocks (the trainer's ``apply_features``; ``aot_eager``: dynamo and AOT
+    autograd, what inductor compiles from) with packing: each packing's loss and gradients are the eager
+    ones, and after the second packing (the token counts turn dynamic) a new packing compiles nothing (the
+    packed attentions run outside the graphs)."""
+    torch._dynamo.reset()
+    counters.clear()
+    eager, compiled = container().predictor, container().predictor
+    apply_features(compiled, compile_modules=["blocks.{*}"], compile_backend="aot_eager")
+    pipeline = Wan22Pipeline.from_options({"task": "t2v", "expert": "all"})
     latents, texts = samples()
-    with pytest.raises(ValueError, match="task t2v only, this pipeline's task is 'i2v'"):
-        pipeline.noising({"latents": latents, "prompt_embeds": texts}, rng(SAMPLE_IDS))
+    graphs = []
+    for step, picked in enumerate(PACKINGS):
+        batch = {"latents": [latents[i] for i in picked], "prompt_embeds": [texts[i] for i in picked]}
+        ids = [SAMPLE_IDS[i] for i in picked]
+        results = []
+        for model in (eager, compiled):
+            model.zero_grad()
+            loss = pipeline(
+                SimpleNamespace(predictor=model), SampleRNG(seed=11, step=step, sample_ids=ids), **batch
+            ).loss
+            loss.backward()
+            results.append((loss.detach(), [p.grad for p in model.parameters()]))
+        (eager_loss, eager_grads), (compiled_loss, compiled_grads) = results
+        torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=0)
+        for got, want in zip(compiled_grads, eager_grads, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * want.abs().max().item())
+        graphs.append(counters["stats"]["unique_graphs"])
+    torch._dynamo.reset()
+    assert 0 < graphs[0] < graphs[1] == graphs[2]

@@ -398,15 +398,28 @@ def test_packing_needs_a_positive_token_budget(load_error, problem_at):
     assert "expected greater than or equal to 1" in problem_at(err, "data.packing.token_budget")
 
 
-def test_packing_refuses_conditions_encoded_ahead_and_compiled_blocks(load_error, problem_at):
+def test_packing_refuses_conditions_encoded_ahead(load_error, problem_at):
+    err = load_error({"data": {"packing": {"token_budget": 4096}}, "features": {"condition_micro_steps": 2}})
+    assert "must be 1 with data.packing" in problem_at(err, "features.condition_micro_steps")
+
+
+def test_packing_refuses_training_phases_saying_why(load_error, problem_at):
     err = load_error(
         {
             "data": {"packing": {"token_budget": 4096}},
-            "features": {"condition_micro_steps": 2, "compile": {"apply_modules": ["model.blocks.{*}"]}},
+            "training": {
+                "phases": {"critic": {"submodels": ["critic"]}, "generator": {"submodels": ["model"]}}
+            },
         }
     )
-    assert "must be 1 with data.packing" in problem_at(err, "features.condition_micro_steps")
-    assert "a compiled block would recompile" in problem_at(err, "features.compile.apply_modules")
+    assert "no per-sample packed path" in problem_at(err, "training.phases")
+
+
+def test_packing_with_compiled_blocks_is_accepted(load):
+    config = load(
+        {"data": {"packing": {"token_budget": 4096}}, "features": {"compile": {"apply_modules": ["model"]}}}
+    )
+    assert config.features.compile.apply_modules == ["model"]
 
 
 def test_packing_with_a_token_budget_is_accepted(load):

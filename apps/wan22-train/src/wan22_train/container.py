@@ -68,16 +68,12 @@ class Wan22Container(ModelContainer):
 
     def packing_tokens(self, dataset: Any) -> list[int]:
         """Each sample's predictor tokens, for ``data.packing`` (``mm_data.TokenBalancedSampler``): from
-        its latent shape (:meth:`sample_latent_shapes`) and the predictor's patch.
+        its latent shape (:meth:`sample_latent_shapes`) and the predictor's patch. Every task packs (i2v and
+        ti2v samples carry their own conditions: ``mm_pipelines.FlowMatchT2VPipeline``).
 
         Raises:
-            ValueError: a task other than t2v, or samples whose shapes are unknown (:meth:`sample_latent_shapes`).
+            ValueError: samples whose shapes are unknown (:meth:`sample_latent_shapes`).
         """
-        task = self.flow_pipeline.task
-        if task != "t2v":
-            raise ValueError(
-                f"data.packing: model.pipeline.task={task} is not packed (t2v only: per-shape conditions)"
-            )
         return [self.predictor.tokens_per_sample(shape) for shape in self.sample_latent_shapes(dataset)]
 
     def sample_latent_shapes(self, dataset: Any) -> list[tuple[int, int, int, int]]:

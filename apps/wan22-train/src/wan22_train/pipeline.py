@@ -77,16 +77,22 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
         finally:
             self.roles = roles
 
-    def _first_frame_clean_timesteps(self, container: Any, noised: dict[str, Any]) -> torch.Tensor:
-        # timestep [B] -> [B, S] over post-patch tokens (frame-major), 0 for the first latent frame's tokens
+    def _first_frame_clean_timesteps(
+        self, container: Any, noised: dict[str, Any]
+    ) -> torch.Tensor | list[torch.Tensor]:
+        # timestep [B] -> [B, S] over post-patch tokens (frame-major), 0 for the first latent frame's tokens;
+        # packed (one latent shape per sample): per sample its [S_i]
         pt, ph, pw = self.submodule(container, "predictor").config.patch_size
         if pt != 1:
             raise ValueError(f"ti2v needs a temporal patch size of 1 to keep the first frame clean, got {pt}")
-        _, _, t, h, w = noised["latent_shape"]
-        per_frame = (h // ph) * (w // pw)
-        timestep = noised["timestep"][:, None].repeat(1, t * per_frame)
-        timestep[:, :per_frame] = 0
-        return timestep
+        shapes = noised["latent_shape"]
+        if isinstance(shapes, list):
+            return [
+                _first_frame_clean(noised["timestep"][i : i + 1], t, (h // ph) * (w // pw))[0]
+                for i, (_, t, h, w) in enumerate(shapes)
+            ]
+        _, _, t, h, w = shapes
+        return _first_frame_clean(noised["timestep"], t, (h // ph) * (w // pw))
 
     def metrics(self, container: Any, noised: dict[str, Any]) -> dict[str, float]:
         """``num_samples``, ``num_tokens`` and the step's ``flops`` (for MFU)."""
@@ -112,6 +118,13 @@ class Wan22Pipeline(FlowMatchT2VPipeline):
             device = _device_of(batch)
             batch = {**batch, **encoder.tokenize(batch["prompt"], device)}
         return super().encode_prompt(container, batch)
+
+
+def _first_frame_clean(timestep: torch.Tensor, frames: int, per_frame: int) -> torch.Tensor:
+    """``[B]`` timesteps as ``[B, frames * per_frame]`` per token, 0 on the first frame's tokens."""
+    per_token = timestep[:, None].repeat(1, frames * per_frame)
+    per_token[:, :per_frame] = 0
+    return per_token
 
 
 def low_noise_role(role: str) -> str:

@@ -41,7 +41,8 @@ CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotun
 class CompilePlanConfig(ModulePlanConfig):
     """Regional ``torch.compile``: each matched module's forward compiled on its own, before FSDP
     wrapping; a recomputed module checkpoints its compiled forward. Ulysses attention compiles with the
-    block; ring attention calls stay eager (a deliberate graph break)."""
+    block; ring attention calls stay eager (a deliberate graph break), and so do the attentions of a packed
+    forward (``data.packing``: a new mix of samples then compiles nothing)."""
 
     backend: str = "inductor"
     """``torch.compile`` backend: a name registered with ``torch._dynamo`` (``inductor``,

@@ -48,12 +48,15 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
     ``"step"`` one for the whole optimizer step (every micro-batch and rank alike). Either is the
     same at any data-parallel / context-parallel / accumulation layout.
 
-    Packed micro-batches (``t2v``): ``latents`` (or ``video``) a list of per-sample ``[c, T_i, h_i, w_i]``
-    (``[C, F_i, H_i, W_i]``) of any shapes and ``prompt_embeds`` a list of ``[L_i, D]`` (or ``[B, L, D]``).
+    Packed micro-batches (every task): ``latents`` (or ``video``) a list of per-sample ``[c, T_i, h_i, w_i]``
+    (``[C, F_i, H_i, W_i]``) of any shapes and ``prompt_embeds`` a list of ``[L_i, D]`` (or ``[B, L, D]``);
+    i2v: ``image_latents`` a list too (or ``ae`` on each sample's first-frame-only video).
     Every sample draws its grid index and noise from its own key exactly as unpacked (the same
-    draws for the same sample id), the predictor gets the lists (``predictor([x_0, ...], timestep [B],
-    [text_0, ...])`` returning a list: a packed forward such as ``WanDiT``'s) and each sample's loss is
-    its own MSE times its weight, so a sample's loss does not depend on how it was packed.
+    draws for the same sample id) and carries its own conditions (i2v: its mask and image latents
+    concatenated on its channels; ti2v: its clean first latent frame, left out of its loss), the predictor
+    gets the lists (``predictor([x_0, ...], timestep [B], [text_0, ...])`` returning a list: a packed
+    forward such as ``WanDiT``'s) and each sample's loss is its own MSE times its weight, so a sample's
+    loss does not depend on how it was packed.
     """
 
     def __init__(
@@ -92,7 +95,13 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
         conditions = {"latents": latents, "prompt_embeds": self.encode_prompt(container, batch)}
         if self.task == "i2v":
             image_latents = self.encode_image_latents(container, batch)
-            conditions["image_condition"] = i2v_condition(latents, image_latents, self.mask_channels)
+            if _is_packed(latents):  # each sample's mask and image latents, of its own shape
+                conditions["image_condition"] = [
+                    i2v_condition(z[None], image[None], self.mask_channels)[0]
+                    for z, image in zip(latents, image_latents, strict=True)
+                ]
+            else:
+                conditions["image_condition"] = i2v_condition(latents, image_latents, self.mask_channels)
         return conditions
 
     def encode_latents(self, container: Any, batch: Mapping[str, Any]) -> torch.Tensor | list[torch.Tensor]:
@@ -106,11 +115,17 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
             return [self._encode_video(container, v[None])[0] for v in video]
         return self._encode_video(container, video)
 
-    def encode_image_latents(self, container: Any, batch: Mapping[str, Any]) -> torch.Tensor:
-        """``batch["image_latents"]`` or ``ae`` on the first-frame-only video (i2v)."""
+    def encode_image_latents(
+        self, container: Any, batch: Mapping[str, Any]
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """``batch["image_latents"]`` or ``ae`` on the first-frame-only video (i2v; packed: a list, each
+        sample encoded on its own)."""
         if "image_latents" in batch:
-            return batch["image_latents"].float()
+            image = batch["image_latents"]
+            return [z.float() for z in image] if _is_packed(image) else image.float()
         video = _require(batch, "video", "image_latents")
+        if _is_packed(video):
+            return [self._encode_video(container, first_frame_video(v[None]))[0] for v in video]
         return self._encode_video(container, first_frame_video(video))
 
     def encode_prompt(self, container: Any, batch: Mapping[str, Any]) -> torch.Tensor:
@@ -158,12 +173,8 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
     def _noising_packed(
         self, conditions: dict[str, Any], rng: SampleRNG | None, indices: torch.Tensor | None
     ) -> dict[str, Any]:
-        """:meth:`noising` of a packed micro-batch: per sample, the draws of the same sample unpacked."""
-        if self.task != "t2v":
-            raise ValueError(
-                f"packed micro-batches (a list of latents) are supported for task t2v only, this pipeline's "
-                f"task is {self.task!r} (its channel / first-frame conditions are per shape)"
-            )
+        """:meth:`noising` of a packed micro-batch: per sample, the draws and conditions of the same sample
+        unpacked."""
         latents = list(conditions["latents"])
         texts = conditions["prompt_embeds"]
         texts = list(texts.unbind(0)) if isinstance(texts, torch.Tensor) else list(texts)
@@ -177,11 +188,17 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
             torch.randn(tuple(x0.shape), generator=g, device=x0.device) for x0, g in zip(latents, generators)
         ]
         sigmas = sched.sigmas_for(idx)
+        images = conditions.get("image_condition") if self.task == "i2v" else None
+        hidden = []
+        for i, (x0, n) in enumerate(zip(latents, noise, strict=True)):
+            x_t = sched.add_noise(x0[None], n[None], sigmas[i : i + 1])
+            if self.task == "ti2v":
+                x_t = replace_first_frame(x_t, x0[None])
+            if images is not None:
+                x_t = torch.cat([x_t, images[i][None].to(x_t.dtype)], dim=1)
+            hidden.append(x_t[0])
         return {
-            "hidden_states": [
-                sched.add_noise(x0[None], n[None], sigmas[i : i + 1])[0]
-                for i, (x0, n) in enumerate(zip(latents, noise, strict=True))
-            ],
+            "hidden_states": hidden,
             "timestep": sched.timesteps_for(idx).to(latents[0].device),
             "encoder_hidden_states": texts,
             "target": [sched.training_target(x0, n) for x0, n in zip(latents, noise, strict=True)],
@@ -273,7 +290,10 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
                     f"packed predictor outputs {[tuple(p.shape) for p in prediction]} != targets "
                     f"{[tuple(t.shape) for t in target]}"
                 )
-            mse = [(p.float() - t).pow(2).mean() for p, t in zip(prediction, target, strict=True)]
+            pairs = [(p.float(), t) for p, t in zip(prediction, target, strict=True)]
+            if self.task == "ti2v":
+                pairs = [_after_first_frame(p[None], t[None]) for p, t in pairs]
+            mse = [(p - t).pow(2).mean() for p, t in pairs]
             return torch.stack(mse) * noised["weight"]
         if prediction.shape != target.shape:
             raise ValueError(
@@ -281,9 +301,7 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
             )
         pred = prediction.float()
         if self.task == "ti2v":
-            if target.shape[2] < 2:
-                raise ValueError("ti2v loss needs at least 2 latent frames (frame 0 is excluded)")
-            pred, target = pred[:, :, 1:], target[:, :, 1:]
+            pred, target = _after_first_frame(pred, target)
         per_sample = (pred - target).pow(2).flatten(1).mean(dim=1)
         return per_sample * noised["weight"]
 
@@ -322,6 +340,13 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
 def _is_packed(value: Any) -> bool:
     """A packed micro-batch holds per-sample tensors in a list (or tuple) instead of one stacked tensor."""
     return isinstance(value, (list, tuple))
+
+
+def _after_first_frame(prediction: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, c, T, h, w]`` prediction and target without latent frame 0 (ti2v: the clean condition)."""
+    if target.shape[2] < 2:
+        raise ValueError("ti2v loss needs at least 2 latent frames (frame 0 is excluded)")
+    return prediction[:, :, 1:], target[:, :, 1:]
 
 
 def _require(batch: Mapping[str, Any], key: str, alternative: str) -> Any:

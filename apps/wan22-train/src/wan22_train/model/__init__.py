@@ -1,7 +1,14 @@
 """Native Wan2.x DiT: config, model, 3-D RoPE, weights on disk."""
 
 from .config import WanDiTConfig, is_diffusers_config
-from .packing import PackedOps, PackingFn, context_parallel_ops, one_process_ops, packed_forward
+from .packing import (
+    PackedOps,
+    PackingFn,
+    context_parallel_ops,
+    one_process_ops,
+    outside_compile,
+    packed_forward,
+)
 from .rope import apply_rope, rope_axis_dims, rope_cos_sin
 from .wan_dit import (
     AttentionFn,
@@ -32,6 +39,7 @@ __all__ = [
     "is_diffusers_config",
     "load_wan_dit",
     "one_process_ops",
+    "outside_compile",
     "packed_forward",
     "rope_axis_dims",
     "rope_cos_sin",

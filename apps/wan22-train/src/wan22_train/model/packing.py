@@ -15,7 +15,8 @@ gathered and attended), built per forward by the model's packing seam: :func:`on
 default, :func:`context_parallel_ops` (Ulysses x Ring, each sample split on its own:
 :class:`mm_parallel.PackedLayout`) once ``WanPredictor.setup_context_parallel`` ran. The ops bind the
 forward's layout in closures instead of setting state on a shared plan, so a recomputed block (in the
-backward) runs with its own forward's packing.
+backward) runs with its own forward's packing. Their attentions stay out of a compiled block's graphs
+(:func:`outside_compile`), so ``features.compile`` does not recompile for every packing.
 """
 
 from __future__ import annotations
@@ -55,13 +56,23 @@ PackingFn = Callable[[PackedSequence, PackedSequence], PackedOps]
 """``(video packing, text packing) -> PackedOps`` of one forward."""
 
 
+def outside_compile(attention: AttentionFn) -> AttentionFn:
+    """``attention`` run eagerly inside a compiled block (``features.compile``): a deliberate graph break.
+
+    A packed attention's segments are Python ints of this forward's packing; traced, the block's graphs
+    would guard on them and recompile for every new mix of samples. Left out, the graphs see only the
+    token counts (dynamic from the second packing on), so a block compiles twice in all (measured:
+    ``tests/test_wan_packed_step.py``)."""
+    return torch.compiler.disable(attention)
+
+
 def one_process_ops(video: PackedSequence, text: PackedSequence) -> PackedOps:
     """The whole packed sequence on this process: block-diagonal attention, no split."""
     return PackedOps(
         split=lambda x, dim: x,
         gather=lambda x, dim, total: x,
-        self_attention=lambda q, k, v: packed_attention(q, k, v, video),
-        cross_attention=lambda q, k, v: packed_attention(q, k, v, video, text),
+        self_attention=outside_compile(lambda q, k, v: packed_attention(q, k, v, video)),
+        cross_attention=outside_compile(lambda q, k, v: packed_attention(q, k, v, video, text)),
     )
 
 
@@ -82,10 +93,12 @@ def context_parallel_ops(plan: SequenceParallelPlan) -> PackingFn:
         return PackedOps(
             split=lambda x, dim: split_packed(x, dim, layout, *groups, plan.layout),
             gather=lambda x, dim, total: gather_packed(x, dim, layout, *groups, plan.layout),
-            self_attention=lambda q, k, v: usp_attention(
-                q, k, v, *groups, False, plan.layout, packed=layout, overlap_heads=plan.overlap_heads
+            self_attention=outside_compile(
+                lambda q, k, v: usp_attention(
+                    q, k, v, *groups, False, plan.layout, packed=layout, overlap_heads=plan.overlap_heads
+                )
             ),
-            cross_attention=lambda q, k, v: packed_attention(q, k, v, local, text_segments),
+            cross_attention=outside_compile(lambda q, k, v: packed_attention(q, k, v, local, text_segments)),
         )
 
     return ops
