@@ -54,7 +54,9 @@ def _body(rank: int, world_size: int) -> dict[str, bool]:
         for name, (heads, projections) in OVERLAPS.items():
             overlap = UlyssesOverlap(heads=heads, projections=projections)
             model = _build()
-            model.setup_context_parallel(ParallelState(world_size=world_size, ulysses=2, ulysses_overlap=overlap))
+            model.setup_context_parallel(
+                ParallelState(world_size=world_size, ulysses=2, ulysses_overlap=overlap)
+            )
             results[name] = _forward_backward(model, packed)
         for name in OVERLAPS:
             same = all(torch.equal(a, b) for a, b in zip(results["off"], results[name], strict=True))

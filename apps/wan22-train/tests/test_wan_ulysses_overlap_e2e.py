@@ -43,7 +43,9 @@ def off(tiny, tmp_path_factory, main_forked) -> tuple[float, float]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("value", ["auto", "heads", "projections"])
-def test_each_ulysses_overlap_logs_the_loss_of_the_run_without_overlap(tiny, off, tmp_path, main_forked, value):
+def test_each_ulysses_overlap_logs_the_loss_of_the_run_without_overlap(
+    tiny, off, tmp_path, main_forked, value
+):
     assert _first_step(main_forked, tiny, tmp_path, VALUES[value]) == off
 
 

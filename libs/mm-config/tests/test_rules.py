@@ -151,7 +151,9 @@ def test_ulysses_must_divide_the_trainable_models_heads(load_error, problem_at, 
 
 
 def test_ulysses_overlap_head_groups_must_split_the_trainable_models_heads(load_error, problem_at, container):
-    err = load_error(container(parallel={"ulysses_parallel_size": 2, "ulysses_overlap": {"head_groups": 8}}), world_size=2)
+    err = load_error(
+        container(parallel={"ulysses_parallel_size": 2, "ulysses_overlap": {"head_groups": 8}}), world_size=2
+    )
     msg = problem_at(err, "parallel.ulysses_overlap.head_groups")
     assert "predictor's 8 attention heads (model.models.predictor.config.num_heads)" in msg
     assert "heads must divide by head_groups x ulysses_parallel_size = 16" in msg
@@ -175,7 +177,9 @@ def test_ulysses_overlap_takes_auto_off_or_its_two_knobs(load):
 
 
 def test_ulysses_overlap_projections_is_auto_or_a_bool(load_error, problem_at):
-    err = load_error({"parallel": {"ulysses_parallel_size": 2, "ulysses_overlap": {"projections": "yes"}}}, world_size=2)
+    err = load_error(
+        {"parallel": {"ulysses_parallel_size": 2, "ulysses_overlap": {"projections": "yes"}}}, world_size=2
+    )
     assert "expected 'auto', true or false" in problem_at(err, "parallel.ulysses_overlap.projections")
 
 

@@ -111,7 +111,12 @@ def _report(distributed) -> dict[str, tuple[float, int]]:  # noqa: ANN001
 
 @pytest.mark.parametrize(
     "name",
-    ["ulysses_attention", "ulysses_attention-overlap2", "plan.attention-padded", "ulysses_attention-projections"],
+    [
+        "ulysses_attention",
+        "ulysses_attention-overlap2",
+        "plan.attention-padded",
+        "ulysses_attention-projections",
+    ],
 )
 def test_a_block_with_ulysses_attention_has_no_graph_break_and_compiles_to_the_eager_result(
     distributed, name: str

@@ -46,7 +46,10 @@ def _run(case: str, groups: tuple, overlap: bool) -> list[torch.Tensor]:
     torch.manual_seed(0)
     layer = Projections()
     gen = torch.Generator().manual_seed(1)
-    x, dout = torch.randn(B, S, H * D, generator=gen, dtype=torch.float64), torch.randn(B, S, H, D, generator=gen, dtype=torch.float64)
+    x, dout = (
+        torch.randn(B, S, H * D, generator=gen, dtype=torch.float64),
+        torch.randn(B, S, H, D, generator=gen, dtype=torch.float64),
+    )
     angle = torch.arange(S, dtype=torch.float64)[:, None] / S
     if "packed" in case:
         split = lambda t, dim=1: split_packed(t, dim, PACKED, ulysses, ring, "contiguous")  # noqa: E731
@@ -107,7 +110,9 @@ def test_projection_overlap_at_usp_2x2_is_bitwise_the_synchronous_result_forward
     assert distributed(_usp_worker, 4) == [True] * 4
 
 
-def test_projection_overlap_defaults_to_the_device_default_and_never_runs_without_ulysses(monkeypatch) -> None:  # noqa: ANN001
+def test_projection_overlap_defaults_to_the_device_default_and_never_runs_without_ulysses(
+    monkeypatch,
+) -> None:  # noqa: ANN001
     monkeypatch.setitem(OVERLAP_PROJECTIONS_DEFAULT, "cpu", True)
     assert resolve_overlap_projections(None, world=2, device_type="cpu") is True
     assert resolve_overlap_projections(False, world=2, device_type="cpu") is False

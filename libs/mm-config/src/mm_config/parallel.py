@@ -154,7 +154,9 @@ class ParallelConfig(ConfigModel):
     memory-efficient one for masked blocks and fp32), ``efficient`` = torch's memory-efficient kernel,
     ``flash_attn`` = the flash_attn package, ``npu`` = torch_npu's fusion attention, ``math`` = the fp32
     reference (materializes [B, H, Sq, Sk] scores). Logged once per run; an unavailable one is an error."""
-    ulysses_overlap: Annotated[UlyssesOverlapConfig, BeforeValidator(_overlap_shorthand)] = UlyssesOverlapConfig()
+    ulysses_overlap: Annotated[UlyssesOverlapConfig, BeforeValidator(_overlap_shorthand)] = (
+        UlyssesOverlapConfig()
+    )
     """How the Ulysses all-to-alls overlap compute: ``auto`` (the device's measured defaults), ``off``, or
     ``{projections: true|false|auto, head_groups: N|auto}`` (:class:`UlyssesOverlapConfig`)."""
     fsdp_plan: FSDPPlanConfig = FSDPPlanConfig()

@@ -95,14 +95,20 @@ class SequenceParallelPlan:
 
     @classmethod
     def from_parallel_state(
-        cls, parallel_state: ParallelState, layout: Layout = "contiguous", *, overlap: UlyssesOverlap | None = None
+        cls,
+        parallel_state: ParallelState,
+        layout: Layout = "contiguous",
+        *,
+        overlap: UlyssesOverlap | None = None,
     ) -> SequenceParallelPlan:
         """The plan over ``parallel_state``'s Ulysses and Ring groups, overlapped as ``overlap`` says
         (default: the state's ``ulysses_overlap``)."""
         ulysses = parallel_state.ulysses_group if parallel_state.ulysses_size > 1 else None
         ring = parallel_state.ring_group if parallel_state.ring_size > 1 else None
         overlap = parallel_state.ulysses_overlap if overlap is None else overlap
-        return cls(ulysses, ring, layout, overlap_heads=overlap.heads, overlap_projections=overlap.projections)
+        return cls(
+            ulysses, ring, layout, overlap_heads=overlap.heads, overlap_projections=overlap.projections
+        )
 
     # ------------------------------------------------------------------ packing
     def pack(self, packed: PackedSequence | None, stream: str = TOKENS) -> None:

@@ -90,7 +90,9 @@ class UlyssesOverlap:
 
     def __post_init__(self) -> None:
         if self.heads is not None and (isinstance(self.heads, bool) or self.heads < 1):
-            raise ValueError(f"UlyssesOverlap.heads must be a positive number of head groups or None, got {self.heads}")
+            raise ValueError(
+                f"UlyssesOverlap.heads must be a positive number of head groups or None, got {self.heads}"
+            )
 
 
 def takes_projections(fn: F) -> F:

@@ -92,7 +92,14 @@ def context_parallel_ops(plan: SequenceParallelPlan) -> PackingFn:
             gather=lambda x, dim, total: gather_packed(x, dim, layout, *groups, plan.layout),
             self_attention=takes_projections(  # q, k, v: tensors or projections (mm_parallel.ulysses)
                 lambda q, k, v: usp_attention(
-                    q, k, v, *groups, False, plan.layout, packed=layout, overlap_heads=plan.overlap_heads,
+                    q,
+                    k,
+                    v,
+                    *groups,
+                    False,
+                    plan.layout,
+                    packed=layout,
+                    overlap_heads=plan.overlap_heads,
                     overlap_projections=plan.overlap_projections,
                 )  # fmt: skip
             ),
