@@ -21,7 +21,7 @@
 #     run(command="bash benchmarks/device_check.sh", carry=[".whl"], timeout_s=540)
 # Results come back in $OUT: cp_kernels.txt, cp_memory.txt, wan_step_bf16.txt, wan_step_fp32.txt, train.txt
 # (+ metrics.jsonl, sample.mp4), cp_overlap.txt, packed_step.txt, wan_mfu.txt. PYTHON and DEVICE override the interpreter and device; DEVICE=cpu is the dry
-# run: the same stages on the smallest shapes (bf16 step only, 2 training steps, no sampling; about 50 s of CPU on a loaded 2-core machine).
+# run: the same stages on the smallest shapes (bf16 step only, 2 training steps, no sampling; about 40 s of CPU on a 2-core machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

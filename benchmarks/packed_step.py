@@ -125,8 +125,8 @@ def main() -> None:
     print(f"packed vs padded on one {args.device} ({args.dtype}): WanDiT dim {args.dim}, {args.heads} heads, ffn "
           f"{args.ffn_dim}, {args.blocks} blocks; {len(shapes)} samples ({sum(s[0] == 1 for s in shapes)} images, "
           f"{min(tokens(s) for s in shapes)}-{max(tokens(s) for s in shapes)} tokens) in {len(batches)} micro-batches "
-          f"of {args.micro_batch}; packed attention kernel: {kernel.name} ({varlen}); {args.repeats} rounds after {args.warmup} "
-          f"warm-up")  # fmt: skip
+          f"of {args.micro_batch}; packed attention kernel: {kernel.name} ({varlen}); {args.repeats} rounds "
+          f"after {args.warmup} warm-up")  # fmt: skip
     print(
         f"{'mode':8} {'tokens':>8} {'padding':>8} {'min ' + unit:>11} {'med ' + unit:>11} {'samples/s':>10}"
     )

@@ -1,5 +1,7 @@
 """``parallel.ulysses_overlap``: the tiny Wan T2V run at Ulysses 2 logs the loss and gradient norm of the
-run without overlap, bitwise, with every value of the key (the overlaps change time, not results)."""
+run without overlap (``off``), bitwise, with ``auto`` (on the CPU: 2 head groups, the projections not
+overlapped) and with the projections overlapped; an explicit ``head_groups`` reaches the models the way
+``auto``'s does (the last test), so it gets no run of its own (CI time)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ from wan22_train.tiny import make_tiny, tiny_overrides
 VALUES = {
     "off": ["parallel.ulysses_overlap=off"],
     "auto": ["parallel.ulysses_overlap=auto"],
-    "heads": ["parallel.ulysses_overlap.head_groups=2", "parallel.ulysses_overlap.projections=false"],
     "projections": ["parallel.ulysses_overlap.projections=true", "parallel.ulysses_overlap.head_groups=1"],
 }
 
@@ -42,7 +43,7 @@ def off(tiny, tmp_path_factory, main_forked) -> tuple[float, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("value", ["auto", "heads", "projections"])
+@pytest.mark.parametrize("value", ["auto", "projections"])
 def test_each_ulysses_overlap_logs_the_loss_of_the_run_without_overlap(
     tiny, off, tmp_path, main_forked, value
 ):

@@ -171,7 +171,8 @@ def test_ulysses_overlap_takes_auto_off_or_its_two_knobs(load):
         parallel = {"ulysses_parallel_size": 2, "ulysses_overlap": value}
         return load({"parallel": parallel}, world_size=2).parallel.ulysses_overlap.model_dump()
 
-    assert overlap("auto") == {"projections": "auto", "head_groups": "auto"}
+    unset = load({"parallel": {"ulysses_parallel_size": 2}}, world_size=2).parallel.ulysses_overlap
+    assert overlap("auto") == unset.model_dump() == {"projections": "auto", "head_groups": "auto"}
     assert overlap("off") == {"projections": False, "head_groups": 1}
     assert overlap({"projections": True}) == {"projections": True, "head_groups": "auto"}
 

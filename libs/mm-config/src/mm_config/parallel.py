@@ -93,7 +93,7 @@ def _overlap_shorthand(value: Any) -> Any:
         return {}
     if value is False or value == "off":  # YAML reads a bare off as false
         return {"projections": False, "head_groups": 1}
-    if not isinstance(value, dict):
+    if not isinstance(value, (dict, UlyssesOverlapConfig)):
         raise ValueError("expected auto, off, or {projections: ..., head_groups: ...}")
     return value
 
@@ -115,8 +115,9 @@ class UlyssesOverlapConfig(ConfigModel):
     projections: Annotated[Literal["auto"] | bool, BeforeValidator(_auto_or_bool)] = "auto"
     """``true``: each of q, k, v is projected (with its per-token norm and RoPE) while the previous one's
     all-to-all is in flight; ``false``: the three are projected, then sent. ``auto`` = the device's measured
-    default (``mm_parallel.ulysses.OVERLAP_PROJECTIONS_DEFAULT``: cpu / cuda / npu off, see
-    benchmarks/README.md). Needs ``ulysses_parallel_size > 1``; with a ring, ``auto`` is off."""
+    default (``mm_parallel.ulysses.OVERLAP_PROJECTIONS_DEFAULT``: cpu off, no measured gain on the CPU,
+    benchmarks/README.md; cuda / npu off until ``benchmarks/device_check.sh`` measures them). Needs
+    ``ulysses_parallel_size > 1``; with a ring, ``auto`` is off."""
     head_groups: AutoInt = "auto"
     """Head groups whose all-to-alls overlap the other groups' attention (1 = off); the trainable
     sub-models' heads must divide by ``head_groups x ulysses_parallel_size``. ``auto`` = the device's

@@ -71,8 +71,10 @@ F = TypeVar("F", bound=Callable[..., Tensor])
 OVERLAP_HEADS_DEFAULT: dict[str, int] = {"cpu": 2, "cuda": 1, "npu": 1}
 
 #: ``overlap_projections`` when a call leaves it ``None``, per device type, measured like
-#: :data:`OVERLAP_HEADS_DEFAULT` (``benchmarks/cp_attention.py --overlap ... --projections``; GPU: not run
-#: yet, so off). Only Ulysses without a ring takes it by default.
+#: :data:`OVERLAP_HEADS_DEFAULT` (``benchmarks/cp_attention.py --overlap 1 2 p1 p2``; CPU,
+#: benchmarks/README.md: no consistent gain in 3 runs, within 1.5% of the same head groups without it in the
+#: steady one, so off; GPU: ``device_check.sh`` stage 5, not run yet, so off). Only Ulysses without a ring
+#: takes it by default.
 OVERLAP_PROJECTIONS_DEFAULT: dict[str, bool] = {"cpu": False, "cuda": False, "npu": False}
 
 

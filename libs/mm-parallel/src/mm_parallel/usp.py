@@ -12,7 +12,8 @@ Rank (ring r, ulysses u) holds piece ``u`` of ring rank ``r``'s share of the seq
 The steps are undone in exact reverse order, and every step is autograd-aware. Without a ring a
 compiled block traces all three (functional all-to-alls); with a ring, step 2 is a graph break
 (:data:`mm_parallel._comm.COMPILE_BREAK`). ``overlap_heads`` pipelines steps 1-3 over head groups,
-``overlap_projections`` starts step 1 of q while k is projected, then of k while v is (:mod:`mm_parallel.ulysses`). ``packed=`` runs packed sequences (:class:`mm_parallel.PackedLayout`).
+``overlap_projections`` starts step 1 of q while k is projected, then of k while v is
+(:mod:`mm_parallel.ulysses`). ``packed=`` runs packed sequences (:class:`mm_parallel.PackedLayout`).
 """
 
 from __future__ import annotations

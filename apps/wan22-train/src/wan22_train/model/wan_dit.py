@@ -6,9 +6,10 @@ positional order); state-dict keys follow the official release (`self_attn.q`, `
 
 Parallelism stays outside this file: self-attention goes through one seam, `WanDiT.attention_fn`
 (q, k, v in [B, S, H, D] -> [B, S, H, D]; one marked `takes_projections` gets the q, k, v projections as
-callables instead, to overlap its all-to-all with them: `mm_parallel.ulysses`), and `enable_context_parallel` installs the callables that split
-the token sequence after patch embedding (RoPE tables and per-token timesteps alike) and gather it
-before unpatchify. Cross-attention always sees the full text. Weights on disk: `weights.py`.
+callables instead, to overlap its all-to-all with them: `mm_parallel.ulysses`), and
+`enable_context_parallel` installs the callables that split the token sequence after patch embedding
+(RoPE tables and per-token timesteps alike) and gather it before unpatchify. Cross-attention always
+sees the full text. Weights on disk: `weights.py`.
 
 A list of latents (different shapes) is a packed forward (`packing.py`): one token sequence, each sample
 with its own timestep, RoPE grid and text, attention restricted to each sample; its split / attention
