@@ -1,5 +1,6 @@
 """LTX-2 transformer under sequence parallelism (real gloo groups: Ulysses 2, Ring 2, USP 2 x 2) equals the
-one-process transformer, forward and backward."""
+one-process transformer, forward and backward. Ulysses 2 runs with the all-to-alls overlapped with the
+q/k/v projections (``UlyssesOverlap(projections=True)``), USP 2 x 2 without (its default with a ring)."""
 
 from __future__ import annotations
 
@@ -49,9 +50,10 @@ def test_sequence_parallel_forward_and_backward_equal_one_process_for_video_and_
 
     def body(rank, world_size):
         import torch.distributed as dist
-        from mm_parallel import ParallelState
+        from mm_parallel import ParallelState, UlyssesOverlap
 
-        state = ParallelState(world_size=world_size, ulysses=ulysses, ring=ring)
+        overlap = UlyssesOverlap(projections=True) if ring == 1 else None
+        state = ParallelState(world_size=world_size, ulysses=ulysses, ring=ring, ulysses_overlap=overlap)
         model = build()
         model.setup_context_parallel(state)
         seen = []
