@@ -18,11 +18,18 @@ from wan22_train.distill import (
 )
 from wan22_train.dpo import dpo_problems, preference_pipeline
 from wan22_train.pipeline import LOW_NOISE_ROLE, OTHER_EXPERT_ROLE, Wan22Pipeline, low_noise_role
-from wan22_train.planning import planning_batch
+from wan22_train.planning import CACHED_DATASET, clip_shapes, latent_grid, planning_batch
 from wan22_train.sampling import sample_video
 
 VALIDATION_SHIFT = 5.0
 """The sampling time shift of validation clips when ``training.validation.shift`` is unset."""
+
+
+def _no_shapes(dataset: str) -> ValueError:
+    return ValueError(
+        f"data.packing: dataset {dataset} does not give its samples' shapes (buckets and bucket_ids, as "
+        "video_text does); packing needs each sample's token count before training"
+    )
 
 
 @model_register("wan2_2_container")
@@ -74,25 +81,43 @@ class Wan22Container(ModelContainer):
             ValueError: a task other than t2v, a dataset that does not say its samples' shapes (``buckets``
                 and ``bucket_ids``, as ``video_text`` does), or no VAE sub-model (``ae``) for the latent size.
         """
-        task = self.flow_pipeline.task
-        if task != "t2v":
-            raise ValueError(
-                f"data.packing: model.pipeline.task={task} is not packed (t2v only: per-shape conditions)"
-            )
         buckets, ids = getattr(dataset, "buckets", None), getattr(dataset, "bucket_ids", None)
         if buckets is None or ids is None:
-            raise ValueError(
-                f"data.packing: dataset {type(dataset).__name__} does not give its samples' shapes (buckets and "
-                "bucket_ids, as video_text does); packing needs each sample's token count before training"
-            )
+            self._check_packed_task()
+            raise _no_shapes(type(dataset).__name__)
+        per_bucket = self._clip_tokens([(b.num_frames, b.height, b.width) for b in buckets])
+        return [per_bucket[i] for i in ids]
+
+    def packing_shapes(self, data: Any) -> dict[tuple[int, int, int], int]:
+        """``{(frames, height, width): predictor tokens}`` of every clip shape ``data`` can yield (its
+        buckets), for ``mm-train plan``'s packed micro-batches (:mod:`mm_trainer.planner.packing`); the
+        same counts as :meth:`packing_tokens`, from the config instead of the dataset.
+
+        Raises:
+            ValueError: what :meth:`packing_tokens` refuses; a dataset other than ``video_text``.
+        """
+        if data.dataset_id == CACHED_DATASET:
+            self._check_packed_task()
+            raise _no_shapes(CACHED_DATASET)
+        shapes = clip_shapes(dict(data.dataset or {}))
+        return dict(zip(shapes, self._clip_tokens(shapes), strict=True))
+
+    def _clip_tokens(self, clips: list[tuple[int, int, int]]) -> list[int]:
+        """Predictor tokens of each clip ``(frames, height, width)``: the VAE's compression, the patch."""
+        self._check_packed_task()
         if "ae" not in self.sub_model_names:
             raise ValueError(
                 "data.packing: the token count of a clip needs the VAE sub-model `ae` (its compression)"
             )
         t, s = self.ae.temporal_compression, self.ae.spatial_compression
-        shapes = [(0, (b.num_frames - 1) // t + 1, b.height // s, b.width // s) for b in buckets]
-        per_bucket = [self.predictor.tokens_per_sample(shape) for shape in shapes]
-        return [per_bucket[i] for i in ids]
+        return [self.predictor.tokens_per_sample((0, *latent_grid(clip, t, s))) for clip in clips]
+
+    def _check_packed_task(self) -> None:
+        task = self.flow_pipeline.task
+        if task != "t2v":
+            raise ValueError(
+                f"data.packing: model.pipeline.task={task} is not packed (t2v only: per-shape conditions)"
+            )
 
     @classmethod
     def checks_sample_frames(cls, model_section: Any) -> bool:
@@ -123,9 +148,12 @@ class Wan22Container(ModelContainer):
             if b in short
         }
 
-    def planning_batch(self, data: Any, micro_batch_size: int) -> dict[str, Any]:
-        """A micro-batch of the run's real shapes for ``mm-train plan`` (:mod:`wan22_train.planning`)."""
-        return planning_batch(self, data, micro_batch_size)
+    def planning_batch(
+        self, data: Any, micro_batch_size: int, pack: Mapping[tuple[int, int, int], int] | None = None
+    ) -> dict[str, Any]:
+        """A micro-batch of the run's real shapes for ``mm-train plan`` (:mod:`wan22_train.planning`);
+        ``pack``: a packed one of that many samples of each clip shape (``data.packing``)."""
+        return planning_batch(self, data, micro_batch_size, pack)
 
     # ------------------------------------------------------ validation hooks (training.validation)
     @property
