@@ -8,6 +8,7 @@ import pytest
 import yaml
 from mm_config import load_config
 from mm_trainer.planner import render, summarize, trace_run
+from mm_trainer.planner.cli import header, plan_numbers
 from mm_trainer.planner.device_specs import device_spec
 
 PREDICTOR = {
@@ -75,6 +76,8 @@ def test_a_packed_plan_traces_the_unpacked_clips_packed_and_the_most_samples_bes
     assert planned.part_peaks["micro-step 1/1"] > planned_unpacked.part_peaks["micro-step 1/1"]
     assert planned.peak_bytes == max(planned.part_peaks.values())
     assert "smallest samples: micro-step 1/1" in planned.part_peaks
-    text = render(planned, run)
+    text = "\n".join([header("run.yaml", run), render(planned, run)])
+    assert "packed micro-batches of up to 960 tokens x 1 accumulation" in text, text
     assert "packed micro-batches (data.packing.token_budget=960)" in text
     assert "largest  2 x 9x32x48: 960 of 960 tokens" in text, text
+    assert [p["kind"] for p in plan_numbers(run)["packs"]] == ["largest", "smallest"]

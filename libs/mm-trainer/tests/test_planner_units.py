@@ -180,3 +180,25 @@ def test_the_trace_runs_the_target_device_types_overlap_default_not_the_cpus():
     traced = _traced_ulysses(None, "h200")["forward"]
     assert traced.comm_s["all-to-all"] > 0
     assert traced.overlapped_s.get("all-to-all", 0.0) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_an_all_to_all_holds_its_send_buffer_and_stalls_compute_only_at_the_first_read_of_its_result():
+    """The eager semantics the trace's timeline puts back: a view hands the result on without waiting."""
+    import weakref
+
+    from mm_trainer.planner.overlap import AsyncTimeline
+
+    aten = torch.ops.aten
+    timeline = AsyncTimeline()
+    send, result = torch.zeros(4), torch.zeros(4)
+    held = weakref.ref(send)
+    timeline.start("all-to-all", 1.0, send, result)
+    del send
+    timeline.compute(0.25)  # compute issued while it is in flight
+    view = aten.view.default(result, [2, 2])
+    assert timeline.before(aten.view.default, (result, [2, 2])) == []
+    timeline.after(aten.view.default, (result, [2, 2]), view)
+    assert held() is not None  # the collective still holds its send buffer
+    assert timeline.before(aten.add.Tensor, (view, view)) == [("all-to-all", 0.25)]  # 0.75 s stalled
+    assert timeline.clock == 1.0 and held() is None
+    assert timeline.before(aten.add.Tensor, (result, result)) == []  # read once
