@@ -175,7 +175,10 @@ def test_the_trace_runs_the_target_device_types_overlap_default_not_the_cpus():
 
     assert OVERLAP_HEADS_DEFAULT["cpu"] == 2 and OVERLAP_HEADS_DEFAULT["cuda"] == 1
     with target_overlap(device_spec("h200")) as chosen:
-        assert resolve_overlap_heads(None, 32, 8, "cpu") == 1 and chosen == {"ulysses overlap_heads": 1}
+        assert resolve_overlap_heads(None, 32, 8, "cpu") == 1 and chosen == {
+            "ulysses overlap_heads": 1,
+            "ulysses overlap_projections": False,
+        }
     assert resolve_overlap_heads(None, 32, 8, "cpu") == 2  # restored after the trace
     traced = _traced_ulysses(None, "h200")["forward"]
     assert traced.comm_s["all-to-all"] > 0

@@ -1,4 +1,5 @@
-"""Communication overlapped with compute in the traced step: the Ulysses all-to-all's head groups.
+"""Communication overlapped with compute in the traced step: the Ulysses all-to-all's head groups and
+projections (``parallel.ulysses_overlap``).
 
 mm-parallel's Ulysses all-to-alls are torch's functional collectives (``_c10d_functional.all_to_all_single``):
 in eager mode a call returns at once and the collective is waited for at the first use of its result,
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from mm_parallel.ulysses import OVERLAP_HEADS_DEFAULT
+from mm_parallel.ulysses import OVERLAP_HEADS_DEFAULT, OVERLAP_PROJECTIONS_DEFAULT
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -55,6 +56,7 @@ class OverlapDefault:
 
 OVERLAP_DEFAULTS: tuple[OverlapDefault, ...] = (
     OverlapDefault("ulysses overlap_heads", OVERLAP_HEADS_DEFAULT, 1),
+    OverlapDefault("ulysses overlap_projections", OVERLAP_PROJECTIONS_DEFAULT, False),
 )
 """Every overlap mode the trace runs at the target's default (module docstring): a new mode adds its table."""
 
