@@ -61,3 +61,10 @@ def test_direct_model_validation_raises_pydantic_error_with_the_rule_text():
 
     with pytest.raises(ValidationError, match=r"must divide the world size 3"):
         TrainConfig.model_validate({"parallel": {"ulysses_parallel_size": 2}}, context={"world_size": 3})
+
+
+def test_a_problem_shows_a_long_path_whole_and_cuts_a_long_list():
+    """A path is what the user must find (a deep temporary folder: 150+ characters); a long list is cut."""
+    path = "/tmp/" + "/".join(["a_rather_deep_folder"] * 9) + "/no_model_here"
+    assert f"model_path = '{path}': path not found" in str(Problem(("model_path",), "path not found", path))
+    assert str(Problem(("values",), "too long", list(range(100)))).endswith("...: too long")

@@ -204,6 +204,8 @@ def _expectation(msg: str) -> str:
     return msg
 
 
-def _short_repr(value: Any, limit: int = 80) -> str:
+def _short_repr(value: Any, limit: int = 80, text_limit: int = 400) -> str:
+    """``repr(value)`` cut to ``limit`` characters; a string (a path the user must find) to ``text_limit``."""
     text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    cut = text_limit if isinstance(value, str) else limit
+    return text if len(text) <= cut else text[: cut - 3] + "..."
