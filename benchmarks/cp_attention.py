@@ -20,16 +20,18 @@ A thread samples RSS every millisecond between baseline and the end of backward.
 is told (``mallopt``) to serve every allocation >= 64 KiB with ``mmap`` so freed tensors really
 leave the RSS instead of being cached by the heap.
 
-``--overlap G [G ...]`` measures the Ulysses all-to-all overlap instead (``overlap_heads``,
-:mod:`mm_parallel.ulysses`): Ulysses 2, one attention op and the layer stack (``--what``), with each
-number of head groups ``G`` (1 = off). The configurations run in the same two processes, one step of
+``--overlap G [G ...]`` measures the Ulysses all-to-all overlap instead (:mod:`mm_parallel.ulysses`):
+Ulysses 2, one attention op and the layer stack (``--what``), with each number of head groups ``G``
+(``overlap_heads``, 1 = off); ``pG`` also overlaps the all-to-alls with the q/k/v projections
+(``overlap_projections``: the layer hands its projections to the attention uncomputed; layer stack only,
+the op has no projections). The configurations run in the same two processes, one step of
 each in turn for ``--repeats`` rounds (after one warm-up step of each), forward alone and then forward +
 backward, so that they see the same machine load; each row gives the fastest and the median round (a
 round's time is the slower rank's), and ``vs first`` the fastest forward + backward over the first
 row's (on a machine other jobs load, the fastest round is the one they disturbed least).
 
 Usage: ``python benchmarks/cp_attention.py [--seq 16384 --heads 8 --dim 64 --layers 4]``,
-``python benchmarks/cp_attention.py --overlap 1 2 4 [--repeats 5] [--device cpu|cuda]``
+``python benchmarks/cp_attention.py --overlap 1 2 p1 p2 [--repeats 5] [--device cpu|cuda]``
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
-from mm_parallel import attention, ring_attention, ulysses_attention
+from mm_parallel import attention, ring_attention, takes_projections, ulysses_attention
 from torch import Tensor, nn
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -99,16 +101,33 @@ class _Layer(nn.Module):
         b, s, _ = x.shape
         # 1. Self-attention over the (split) sequence: q, k, v are batch, local_seq, heads, head_dim
         h = self.norm1(x)
-        q, k, v = (proj(h).view(b, s, self.heads, -1) for proj in (self.q, self.k, self.v))
+        q, k, v = (lambda p=p: p(h).view(b, s, self.heads, -1) for p in (self.q, self.k, self.v))
+        if not getattr(self.attn, "takes_projections", False):
+            q, k, v = q(), k(), v()
         x = x + self.out(self.attn(q, k, v).flatten(2))
         # 2. MLP
         return x + self.mlp(self.norm2(x))
 
 
-def _attn_fn(kind: str, group: dist.ProcessGroup | None, causal: bool, overlap: int = 1) -> AttnFn:
+def _overlap_config(text: str) -> tuple[int, bool]:
+    """``G`` -> (G head groups, projections not overlapped); ``pG`` -> (G, overlapped)."""
+    groups = int(text.removeprefix("p"))
+    if groups < 1:
+        raise argparse.ArgumentTypeError(f"{text}: expected G or pG with G >= 1 head groups")
+    return groups, text.startswith("p")
+
+
+def _attn_fn(
+    kind: str, group: dist.ProcessGroup | None, causal: bool, overlap: tuple[int, bool] = (1, False)
+) -> AttnFn:
+    heads, projections = overlap
     return {
         "p1": partial(attention, causal=causal),
-        "ulysses": partial(ulysses_attention, group=group, causal=causal, overlap_heads=overlap),
+        "ulysses": takes_projections(
+            lambda q, k, v: ulysses_attention(
+                q, k, v, group, causal=causal, overlap_heads=heads, overlap_projections=projections
+            )
+        ),
         "ring": partial(ring_attention, group=group, causal=causal, layout="zigzag"),
     }[kind]
 
@@ -194,7 +213,7 @@ def _overlap_rank_main(
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     make = {"op": _op_step, "stack": _stack_step}[what]
-    fns = [_attn_fn("ulysses", dist.group.WORLD, args.causal, overlap) for overlap in args.overlap]
+    fns = [_attn_fn("ulysses", dist.group.WORLD, args.causal, overlap) for overlap in _configs(args, what)]
     with torch.no_grad():
         forward = _interleaved(
             [make(fn, rank, world, args, backward=False) for fn in fns], args.repeats, args
@@ -204,8 +223,13 @@ def _overlap_rank_main(
     dist.destroy_process_group()
 
 
+def _configs(args: argparse.Namespace, what: str) -> list[tuple[int, bool]]:
+    """The overlap configurations of the ``what`` table (the op has no projections to overlap)."""
+    return [c for c in args.overlap if what == "stack" or not c[1]]
+
+
 def _overlap_table(args: argparse.Namespace) -> None:
-    """Ulysses 2 with each ``overlap_heads`` of ``args.overlap``: forward and forward + backward times."""
+    """Ulysses 2 with each overlap of ``args.overlap``: forward and forward + backward times."""
     print(
         f"Ulysses 2 all-to-all overlap ({args.device}, fp32, batch 1, seq {args.seq}, heads {args.heads}, dim "
         f"{args.dim}, {args.threads} thread(s) per rank): {args.repeats} rounds of every configuration in turn "
@@ -213,7 +237,7 @@ def _overlap_table(args: argparse.Namespace) -> None:
         "first row's",
         flush=True,
     )
-    head = ("what", "overlap_heads", "fwd_min", "fwd_med", "both_min", "both_med", "vs first")
+    head = ("what", "overlap", "fwd_min", "fwd_med", "both_min", "both_med", "vs first")
     print("{:<6} {:>13} {:>8} {:>8} {:>9} {:>9} {:>8}".format(*head), flush=True)
     for what in args.what:
         ctx = mp.get_context("spawn")
@@ -227,10 +251,11 @@ def _overlap_table(args: argparse.Namespace) -> None:
         for p in procs:
             p.join()
         base = None
-        for i, overlap in enumerate(args.overlap):
+        for i, (groups, projections) in enumerate(_configs(args, what)):
             # per round, the slower rank's time; then the fastest and the median round
             forward, both = ([max(r[k][i][j] for r in results) for j in range(args.repeats)] for k in (0, 1))
             base = base if base is not None else min(both)
+            overlap = f"{'p' if projections else ''}{groups}"
             print(
                 f"{what:<6} {overlap:>13} {min(forward):>8.3f} {statistics.median(forward):>8.3f} "
                 f"{min(both):>9.3f} {statistics.median(both):>9.3f} {min(both) / base:>8.3f}",
@@ -279,7 +304,10 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--overlap", type=int, nargs="+", help="measure Ulysses overlap_heads values instead")
+    parser.add_argument(
+        "--overlap", type=_overlap_config, nargs="+",
+        help="measure Ulysses overlaps instead: G head groups (1 = off), pG = G and the projections overlapped",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per overlap configuration")
     parser.add_argument(
         "--what", nargs="+", choices=("op", "stack"), default=["op", "stack"], help="overlap tables"

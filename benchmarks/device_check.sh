@@ -6,9 +6,13 @@
 # 2. the per-block memory model measured on the GPU (cp_memory.py --validate --device cuda);
 # 3. benchmarks/wan_step.py in bf16 and fp32 (its target, WanDiT <= 0.9x diffusers' step time, needs a GPU);
 # 4. the tiny Wan2.2 run on one GPU (the CUDA training path) and a sampled clip;
-# 5. the Ulysses all-to-all overlap, off vs on (cp_attention.py --overlap 1 2: two ranks sharing the one
-#    GPU over gloo, whose all-to-all is staged through host memory, so it times overlap with a slower link
-#    than NVLink; it decides mm_parallel.ulysses.OVERLAP_HEADS_DEFAULT["cuda"]).
+# 5. the Ulysses all-to-all overlap, off vs head groups vs projections (cp_attention.py --overlap 1 2 p1 p2:
+#    two ranks sharing the one GPU over gloo, whose all-to-all is staged through host memory, so it times
+#    overlap with a slower link than NVLink; it decides mm_parallel.ulysses.OVERLAP_HEADS_DEFAULT["cuda"]
+#    and OVERLAP_PROJECTIONS_DEFAULT["cuda"]);
+# 6. one GPU at Wan-14B width (dim 5120, 40 heads, ffn 13824): packed vs padded step time of a 2-block
+#    stack on the mixed set (packed_step.py: the packed attention's CUDA varlen kernel), and the MFU of
+#    2 blocks at 480p x 81 frames, 32760 tokens (wan_step.py's MFU line).
 # The exit status is 1 when a kernel row or the memory model is off (the later stages still run).
 #
 # Here, once (PyPI reachable; writes .whl/, ignored by git):
@@ -16,8 +20,8 @@
 # Then one device call from the repo root:
 #     run(command="bash benchmarks/device_check.sh", carry=[".whl"], timeout_s=540)
 # Results come back in $OUT: cp_kernels.txt, cp_memory.txt, wan_step_bf16.txt, wan_step_fp32.txt, train.txt
-# (+ metrics.jsonl, sample.mp4), cp_overlap.txt. PYTHON and DEVICE override the interpreter and device; DEVICE=cpu is the dry
-# run: the same stages on the smallest shapes (bf16 step only, 2 training steps, no sampling; about 50 s of CPU on a loaded 2-core machine).
+# (+ metrics.jsonl, sample.mp4), cp_overlap.txt, packed_step.txt, wan_mfu.txt. PYTHON and DEVICE override the interpreter and device; DEVICE=cpu is the dry
+# run: the same stages on the smallest shapes (bf16 step only, 2 training steps, no sampling; about 40 s of CPU on a 2-core machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -46,11 +50,15 @@ mkdir -p "$out"
 if [[ "$DEVICE" == cuda ]]; then
     size=(--grid 8 32 48 --repeats 10 --warmup 3); dtypes=(bfloat16 float32); kernels=(); memory=(--shape 8192 8192 4 128)
     steps=20
-    overlap=(--overlap 1 2 --seq 16384 --heads 16 --dim 64 --layers 2 --repeats 5)  # not yet timed on a GPU
+    overlap=(--overlap 1 2 p1 p2 --seq 16384 --heads 16 --dim 64 --layers 2 --repeats 5)  # not yet timed on a GPU
+    wide=(--dim 5120 --heads 40 --ffn-dim 13824 --blocks 2 --text-dim 4096 --text-len 512 --dtype bfloat16)
+    packed=(--samples 16 --micro-batch 4 --scale 2 --repeats 2); mfu=(--grid 21 30 52 --repeats 3 --warmup 1)
 else
     size=(--grid 1 4 4 --blocks 1 --dim 64 --heads 2 --ffn-dim 128 --text-dim 32 --text-len 8 --repeats 1 --warmup 0)
     dtypes=(bfloat16); kernels=(--small); memory=(--shape 1024 1024 2 64); steps=2
-    overlap=(--overlap 1 2 --seq 256 --heads 4 --dim 16 --layers 1 --repeats 1 --what op)
+    overlap=(--overlap 1 2 p2 --seq 256 --heads 4 --dim 16 --layers 1 --repeats 1 --what stack)
+    wide=(--dim 64 --heads 2 --ffn-dim 128 --blocks 1 --text-dim 32 --text-len 8 --dtype bfloat16)
+    packed=(--samples 4 --micro-batch 2 --repeats 1); mfu=(--grid 1 4 4 --repeats 1 --warmup 0)
 fi
 status=0
 # 1. Ring-attention block kernels and the ring merge vs math (one table; a FAIL row fails the script at the end)
@@ -82,6 +90,10 @@ if [[ "$DEVICE" == cuda ]]; then
         | tee -a "$out/train.txt"
 fi
 
-# 5. Ulysses all-to-all overlap off (1) vs on (2 head groups): forward, and forward + backward
+# 5. Ulysses all-to-all overlap off (1) vs 2 head groups vs the projections (p1, p2): forward, and forward + backward
 "$PYTHON" benchmarks/cp_attention.py --device "$DEVICE" "${overlap[@]}" | tee "$out/cp_overlap.txt"
+
+# 6. One GPU, Wan-14B-width blocks: packed vs padded step time on the mixed set, then the MFU at 32760 tokens
+"$PYTHON" benchmarks/packed_step.py --device "$DEVICE" "${wide[@]}" "${packed[@]}" | tee "$out/packed_step.txt"
+"$PYTHON" benchmarks/wan_step.py --device "$DEVICE" "${wide[@]}" "${mfu[@]}" | tee "$out/wan_mfu.txt"
 exit $status

@@ -1,13 +1,16 @@
 """How close ``mm-train plan`` comes to the memory a real run allocates: predicted vs measured peak per rank.
 
-Six runs of 2 gloo ranks on CPU, each planned (``mm_trainer.planner.trace_run`` with ``--device cpu``:
+Seven runs of 2 gloo ranks on CPU, each planned (``mm_trainer.planner.trace_run`` with ``--device cpu``:
 CPU kernels' memory models, the optimizer as on CPU) and then trained for 2 steps by the real
 ``Trainer`` (real tensors, random-initialized scaled models, real clips / latents):
 
-- five scaled Wan2.2 runs (online: the tiny VAE and UMT5 of ``wan22-train make-tiny``, a 117 M-parameter
+- six scaled Wan2.2 runs (online: the tiny VAE and UMT5 of ``wan22-train make-tiny``, a 117 M-parameter
   predictor: 12 blocks of 768, 12 heads, ffn 3072): ``fsdp`` (FSDP only), ``ulysses2``, ``lora``
   (rank-32 adapters on every projection of a frozen predictor), ``selective`` (selective recompute of
-  the blocks), ``ema`` (``training.ema``);
+  the blocks), ``ema`` (``training.ema``), ``packed`` (``data.packing``: 8 clips of four shapes, one
+  of them trained as one-frame images, 80 / 384 / 640 / 720 tokens, in packed micro-batches of up to
+  1824 tokens, one per rank and step; the plan traces the worst cases of that budget,
+  ``mm_trainer.planner.packing``);
 - one LTX-2 run (``ltx2``): a 10-block, 640-wide ``LTX2VideoTransformer3DModel`` on latents written
   by ``ltx2-train preprocess`` from the tiny LTX-2 set.
 
@@ -17,7 +20,7 @@ the ``Trainer`` is built); the measured peak is the largest total during ``Train
 steps). Each rank's process RSS (``ru_maxrss``: Python, libraries, everything) is printed beside it
 as an upper bound. Exit 1 when a prediction is off by more than 10%.
 
-    hatch run python benchmarks/plan_accuracy.py                  # all six (~10 min on 2 free cores)
+    hatch run python benchmarks/plan_accuracy.py                  # all seven (~10 min on 2 free cores)
     hatch run python benchmarks/plan_accuracy.py --runs fsdp ltx2  # some
 """
 
@@ -50,7 +53,10 @@ LTX2_TRANSFORMER = {
     "audio_num_attention_heads": 4, "audio_attention_head_dim": 16, "audio_cross_attention_dim": 64,
     "vae_scale_factors": [2, 4, 4], "base_height": 64, "base_width": 64,
 }  # fmt: skip
-RUNS = ("fsdp", "ulysses2", "lora", "selective", "ema", "ltx2")
+PACKED_CLIPS = [(40, 32), (32, 64), (64, 32), (48, 48)]  # source clip sizes, cycled; 9 frames each
+PACKED_BUCKETS = [[40, 32, 1], [32, 64, 9], [64, 32, 5], [48, 48, 9]]  # the 40x32 clips train as images
+PACKED_BUDGET = 1824  # tokens 80 + 640 + 384 + 720: each rank's half of the 8 samples, balanced
+RUNS = ("fsdp", "ulysses2", "lora", "selective", "ema", "packed", "ltx2")
 
 
 # ------------------------------------------------------------------------------------------ configs
@@ -92,7 +98,21 @@ def wan_config(name: str, tiny: Path) -> dict[str, Any]:
         }
     elif name == "ema":
         cfg["training"]["ema"] = {"decay": 0.99}
+    elif name == "packed":
+        cfg["data"]["data_path"] = str(_mixed_clips(tiny.parent / "mixed_clips") / "metadata.json")
+        cfg["data"]["dataset"]["buckets"] = PACKED_BUCKETS
+        cfg["data"]["packing"] = {"token_budget": PACKED_BUDGET}
+        cfg["training"] |= {"global_batch_size": 8, "micro_batch_size": 4}
     return cfg
+
+
+def _mixed_clips(out: Path) -> Path:
+    """8 clips of 9 frames cycling :data:`PACKED_CLIPS` (the packed run's mixed set)."""
+    if not (out / "metadata.json").is_file():
+        from mm_data import make_synthetic_dataset
+
+        make_synthetic_dataset(out, num_clips=8, sizes=PACKED_CLIPS, num_frames=(9,), fps=(8,), seed=0)
+    return out
 
 
 def _scaled_predictor(out: Path) -> Path:

@@ -14,11 +14,15 @@ and attention kernels is faster than the skeleton, so `skeleton / diffusers` is 
 reachable here; if it is above the target, the target needs other hardware, precision or kernels,
 not a different model definition. The GFLOP/s column is the
 step's matmul + attention arithmetic (counted from the shapes; flash-attention backward recomputes
-the scores, so attention counts 7 GEMMs: 2 forward, 5 backward) over the median time.
+the scores, so attention counts 7 GEMMs: 2 forward, 5 backward) over the median time; on a GPU whose
+dense peak is known (``PEAK_TFLOPS``, or ``--peak-tflops``) a last line gives each model's MFU, that
+rate over the peak (at Wan-14B width: ``--dim 5120 --heads 40 --ffn-dim 13824``).
 
     hatch run python benchmarks/wan_step.py                        # dim 512, 8 heads, 4 blocks, 4096 tokens
     hatch run python benchmarks/wan_step.py --dtype bfloat16
     hatch run python benchmarks/wan_step.py --device cuda --dtype bfloat16 --grid 8 48 64   # a GPU
+    python benchmarks/wan_step.py --device cuda --dtype bfloat16 --dim 5120 --heads 40 --ffn-dim 13824 \
+        --blocks 2 --grid 21 30 52            # MFU of Wan-14B-width blocks at 480p x 81 frames (32760 tokens)
 """
 
 from __future__ import annotations
@@ -62,8 +66,36 @@ def _parser(doc: str | None = __doc__) -> argparse.ArgumentParser:
     return parser
 
 
+#: Dense (no sparsity) peak TFLOP/s by (device name part, dtype), from the vendors' data sheets; the first
+#: part found in ``torch.cuda.get_device_name()`` wins (the PCIe H100 before the SXM one).
+PEAK_TFLOPS = {
+    ("H100 PCIe", "bfloat16"): 756.0,
+    ("H100", "bfloat16"): 989.4,
+    ("H200", "bfloat16"): 989.4,
+    ("A100", "bfloat16"): 312.0,
+}
+
+
 def _parse() -> argparse.Namespace:
-    return _parser().parse_args()
+    parser = _parser()
+    parser.add_argument(
+        "--peak-tflops", type=float, default=None, help="the device's dense peak for the MFU line "
+        "(default: PEAK_TFLOPS by the CUDA device's name; no MFU line when unknown)",
+    )  # fmt: skip
+    return parser.parse_args()
+
+
+def peak_tflops(device: torch.device, dtype: str, given: float | None) -> tuple[float, str] | None:
+    """The peak the MFU line divides by and where it comes from, or None when unknown."""
+    if given is not None:
+        return given, "--peak-tflops"
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for (part, peak_dtype), peak in PEAK_TFLOPS.items():
+        if part in name and peak_dtype == dtype:
+            return peak, f"{name} {dtype} dense"
+    return None
 
 
 @dataclass(frozen=True)
@@ -252,6 +284,10 @@ def main() -> None:
         f"ratio ours / diffusers: {ratio:.3f}  (target <= 0.9; the same kernels cannot beat the skeleton's "
         f"{floor:.3f} here)"
     )
+    peak = peak_tflops(device, args.dtype, args.peak_tflops)
+    if peak is not None:
+        mfu = ", ".join(f"{name} {flops / medians[name] / 1e12 / peak[0]:.1%}" for name in medians)
+        print(f"MFU (of {peak[0]:g} TFLOP/s, {peak[1]}): {mfu}")
 
 
 if __name__ == "__main__":

@@ -21,12 +21,14 @@ def _run(script: str, *args: str) -> str:
     ).stdout
 
 
-def test_wan_step_prints_the_three_models_and_the_ratio():
+def test_wan_step_prints_the_three_models_the_ratio_and_the_mfu_of_a_given_peak():
     small = ["--grid", "1", "4", "4", "--blocks", "1", "--dim", "64", "--heads", "2", "--ffn-dim", "128"]
-    out = _run("benchmarks/wan_step.py", *small, "--text-dim", "32", "--text-len", "8", "--repeats", "1")
+    out = _run("benchmarks/wan_step.py", *small, "--text-dim", "32", "--text-len", "8", "--repeats", "1",
+               "--peak-tflops", "0.5")  # fmt: skip
     for row in ("diffusers WanTransformer3DModel", "wan22_train WanDiT", "matmul skeleton (floor)"):
         assert re.search(rf"^{re.escape(row)}\s+\d+\.\d+", out, re.MULTILINE), out
     assert re.search(r"^ratio ours / diffusers: \d+\.\d{3}", out, re.MULTILINE), out
+    assert re.search(r"^MFU \(of 0.5 TFLOP/s, --peak-tflops\): .*wan22_train WanDiT \d+\.\d%", out, re.M), out
 
 
 def test_cli_start_prints_a_row_per_script_beside_python_c_pass():
@@ -58,12 +60,33 @@ def test_cp_kernel_check_dry_run_prints_one_table_of_ok_rows():
 
 
 @pytest.mark.slow  # two spawned gloo ranks
-def test_cp_attention_overlap_table_prints_a_row_per_head_group_count():
-    # the configurations share one pair of spawned ranks: off (1) and on (2) cost one start
-    small = ["--seq", "64", "--heads", "4", "--dim", "8", "--repeats", "1"]
-    out = _run("benchmarks/cp_attention.py", "--overlap", "1", "2", "--what", "op", *small)
-    rows = re.findall(r"^op\s+(\d+)(?:\s+\d+\.\d{3}){5}$", out, re.MULTILINE)
-    assert rows == ["1", "2"], out
+def test_cp_attention_overlap_table_prints_a_row_per_overlap_configuration():
+    # the configurations share one pair of spawned ranks: off (1), 2 head groups, the projections (p1, p2)
+    small = ["--seq", "64", "--heads", "4", "--dim", "8", "--layers", "1", "--repeats", "1"]
+    out = _run("benchmarks/cp_attention.py", "--overlap", "1", "2", "p1", "p2", "--what", "stack", *small)
+    rows = re.findall(r"^stack\s+(p?\d+)(?:\s+\d+\.\d{3}){5}$", out, re.MULTILINE)
+    assert rows == ["1", "2", "p1", "p2"], out
+
+
+def test_packed_step_prints_packed_and_padded_rows_and_their_ratio(monkeypatch, capsys):
+    # in this process (the script imports packed_training beside it): no interpreter start
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("packed_step", REPO / "benchmarks" / "packed_step.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    small = ["--dim", "32", "--heads", "2", "--ffn-dim", "64", "--text-dim", "16", "--text-len", "4",
+             "--blocks", "1", "--samples", "4", "--micro-batch", "2", "--repeats", "1", "--warmup", "0"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["packed_step.py", *small])
+    threads = torch.get_num_threads()
+    try:
+        bench.main()
+    finally:
+        torch.set_num_threads(threads)
+    out = capsys.readouterr().out
+    rows = dict(re.findall(r"^(padded|packed)\s+\d+\s+([\d.]+)%(?:\s+\d+\.\d{3}){2}\s+\d+\.\d\d$", out, re.M))
+    assert float(rows["packed"]) == 0.0 < float(rows["padded"]), out  # the mixed shapes padded to the largest
+    assert re.search(r"packed attention kernel: cpu_flash \(one dense call per sample\)", out), out
+    assert re.search(r"^packed / padded samples/s: \d+\.\d\d$", out, re.M), out
 
 
 def test_lora_step_reports_full_and_lora_rows_of_one_config():

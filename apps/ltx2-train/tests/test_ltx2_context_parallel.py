@@ -3,7 +3,9 @@ transformer on one process, forward and backward, for each release (2.0, 2.3, 2.
 prompt-modulated cross-attention, perturbed-attention processors, 2.5's fixed prompt table and bias-free
 video feed-forward) and each mode's inputs: the app's forward (``LTX2Pipeline.predict`` on the
 sequence-parallel predictor) against ``LTX2VideoTransformer3DModel`` given the inputs as diffusers' LTX-2
-pipelines form them. One launch per layout checks every (release, mode)."""
+pipelines form them. One launch per layout checks every (release, mode). Ulysses 2 runs with the
+all-to-alls overlapped with the q/k/v projections (``UlyssesOverlap(projections=True)``), USP 2 x 2
+without (its default with a ring)."""
 
 from __future__ import annotations
 
@@ -149,9 +151,10 @@ def test_sequence_parallel_forward_and_backward_equal_diffusers_for_each_release
 
     def body(rank, world_size):
         import torch.distributed as dist
-        from mm_parallel import ParallelState
+        from mm_parallel import ParallelState, UlyssesOverlap
 
-        state = ParallelState(world_size=world_size, ulysses=ulysses, ring=ring)
+        overlap = UlyssesOverlap(projections=True) if ring == 1 else None
+        state = ParallelState(world_size=world_size, ulysses=ulysses, ring=ring, ulysses_overlap=overlap)
         out = {}
         for release in RELEASES:
             model = tiny_predictor(0, release)

@@ -150,6 +150,40 @@ def test_ulysses_must_divide_the_trainable_models_heads(load_error, problem_at, 
     )
 
 
+def test_ulysses_overlap_head_groups_must_split_the_trainable_models_heads(load_error, problem_at, container):
+    err = load_error(
+        container(parallel={"ulysses_parallel_size": 2, "ulysses_overlap": {"head_groups": 8}}), world_size=2
+    )
+    msg = problem_at(err, "parallel.ulysses_overlap.head_groups")
+    assert "predictor's 8 attention heads (model.models.predictor.config.num_heads)" in msg
+    assert "heads must divide by head_groups x ulysses_parallel_size = 16" in msg
+
+
+def test_ulysses_overlap_without_ulysses_is_refused(load_error, problem_at):
+    for overlap in ({"projections": True}, {"head_groups": 2}):
+        err = load_error({"parallel": {"ring_attention_size": 2, "ulysses_overlap": overlap}}, world_size=2)
+        msg = problem_at(err, "parallel.ulysses_overlap")
+        assert "ulysses_parallel_size is 1 (nothing to overlap); expected auto or off" in msg
+
+
+def test_ulysses_overlap_takes_auto_off_or_its_two_knobs(load):
+    def overlap(value):  # noqa: ANN001, ANN202
+        parallel = {"ulysses_parallel_size": 2, "ulysses_overlap": value}
+        return load({"parallel": parallel}, world_size=2).parallel.ulysses_overlap.model_dump()
+
+    unset = load({"parallel": {"ulysses_parallel_size": 2}}, world_size=2).parallel.ulysses_overlap
+    assert overlap("auto") == unset.model_dump() == {"projections": "auto", "head_groups": "auto"}
+    assert overlap("off") == {"projections": False, "head_groups": 1}
+    assert overlap({"projections": True}) == {"projections": True, "head_groups": "auto"}
+
+
+def test_ulysses_overlap_projections_is_auto_or_a_bool(load_error, problem_at):
+    err = load_error(
+        {"parallel": {"ulysses_parallel_size": 2, "ulysses_overlap": {"projections": "yes"}}}, world_size=2
+    )
+    assert "expected 'auto', true or false" in problem_at(err, "parallel.ulysses_overlap.projections")
+
+
 def test_ulysses_heads_rule_in_single_form_points_at_model_config(load_error, problem_at):
     err = load_error(
         {

@@ -2,7 +2,8 @@
 
 The Ulysses all-to-alls are torch's functional collectives, which dynamo traces, so a pre-norm block
 (LayerNorm -> q/k/v Linear -> Ulysses 2 attention -> out Linear -> residual) shows zero graph breaks in
-``torch._dynamo.explain`` and compiles with ``fullgraph=True``; the compiled block gives the eager
+``torch._dynamo.explain`` and compiles with ``fullgraph=True`` (also with the all-to-alls overlapped with
+the attention's head groups or with the q/k/v projections, handed over as callables); the compiled block gives the eager
 outputs and parameter / input gradients. Ring attention's point-to-point exchange stays a deliberate
 break (one, at the ring call). Two gloo ranks, one launch; the compile uses the ``aot_eager`` backend
 (dynamo's graph capture and AOTAutograd's joint graph, without inductor's C++ build, which would take
@@ -33,6 +34,15 @@ class Block(nn.Module):
         return x + self.out(self.attend(q, k, v).flatten(2))
 
 
+class ProjectionsBlock(Block):
+    """The block handing its q, k, v projections to the attention uncomputed (``overlap_projections``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        q, k, v = (lambda i=i: self.qkv(h).chunk(3, -1)[i].unflatten(-1, (HEADS, -1)) for i in range(3))
+        return x + self.out(self.attend(q, k, v).flatten(2))
+
+
 def _padded_plan(group: dist.ProcessGroup) -> SequenceParallelPlan:
     """A plan whose last split padded 2S - 3 tokens to 2S: its attention cuts the padded keys."""
     plan = SequenceParallelPlan(group, None)
@@ -46,15 +56,18 @@ def _attends(group: dist.ProcessGroup) -> dict:
         "ulysses_attention": lambda q, k, v: ulysses_attention(q, k, v, group),
         "ulysses_attention-overlap2": lambda q, k, v: ulysses_attention(q, k, v, group, overlap_heads=2),
         "plan.attention-padded": _padded_plan(group).attention,
+        "ulysses_attention-projections": lambda q, k, v: ulysses_attention(
+            q, k, v, group, overlap_projections=True
+        ),
         "ring_attention": lambda q, k, v: ring_attention(q, k, v, group),
     }
 
 
-def _eager_and_compiled(attend, rank: int) -> tuple[float, float]:  # noqa: ANN001
+def _eager_and_compiled(name: str, attend, rank: int) -> tuple[float, float]:  # noqa: ANN001
     """Max abs difference of compiled vs eager (outputs; parameter and input gradients), and the graph
     break count of ``torch._dynamo.explain``."""
     torch.manual_seed(0)
-    block = Block(attend)
+    block = (ProjectionsBlock if name.endswith("projections") else Block)(attend)
     gen = torch.Generator().manual_seed(1 + rank)
     x, dout = torch.randn(2, S, DIM, generator=gen), torch.randn(2, S, DIM, generator=gen)
     results = []
@@ -81,7 +94,7 @@ def _worker(rank: int, world: int) -> dict[str, tuple[float, int]]:
             report[name] = (0.0, torch._dynamo.explain(Block(attend))(x).graph_break_count)
             torch._dynamo.reset()
         else:
-            report[name] = _eager_and_compiled(attend, rank)
+            report[name] = _eager_and_compiled(name, attend, rank)
     return report
 
 
@@ -96,7 +109,15 @@ def _report(distributed) -> dict[str, tuple[float, int]]:  # noqa: ANN001
     return _REPORT
 
 
-@pytest.mark.parametrize("name", ["ulysses_attention", "ulysses_attention-overlap2", "plan.attention-padded"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ulysses_attention",
+        "ulysses_attention-overlap2",
+        "plan.attention-padded",
+        "ulysses_attention-projections",
+    ],
+)
 def test_a_block_with_ulysses_attention_has_no_graph_break_and_compiles_to_the_eager_result(
     distributed, name: str
 ) -> None:  # noqa: ANN001

@@ -122,3 +122,86 @@ def test_the_cost_model_times_ulysses_attentions_functional_all_to_alls():
     assert [kind for kind, _, _ in moved] == ["all-to-all"] * 4  # q, k, v in; the output back
     assert moved[0][1] == pytest.approx(q.numel() * 2 * 7 / 8)  # all but this rank's own share
     assert all(seconds > 0 for _, _, seconds in moved)
+
+
+class _UlyssesAttention(torch.nn.Module):
+    def __init__(self, groups: int | None) -> None:
+        super().__init__()
+        self.groups = groups
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+        from mm_parallel import ulysses_attention
+
+        return ulysses_attention(q, q, q, dist.group.WORLD, overlap_heads=self.groups)
+
+
+def _traced_ulysses(groups: int | None, device: str = "h200") -> dict:
+    """One Ulysses 8 attention, forward and backward, under the planner's tracker: its parts' costs."""
+    from mm_trainer.planner.fake_world import fake_world
+    from mm_trainer.planner.overlap import target_overlap
+    from mm_trainer.planner.tracker import PlanTracker
+
+    spec = device_spec(device)
+    with fake_world(8) as mode, mode:
+        model = _UlyssesAttention(groups)
+        q = torch.empty(1, 4096, 32, 128, dtype=torch.bfloat16, requires_grad=True)
+        tracker = PlanTracker(model, None, device=spec, cost=CostModel(spec, 8), views=[])
+        with tracker, target_overlap(spec):
+            tracker.part = "forward"
+            out = model(q)
+            tracker.part = "backward"
+            out.sum().backward()
+    return tracker.parts
+
+
+def test_head_groups_all_to_alls_hide_behind_the_other_groups_attention_and_one_group_hides_none():
+    """``overlap_heads``: the trace's timeline waits for an all-to-all at the first read of its result
+    (``mm_trainer.planner.overlap``); the backward's transposed all-to-alls are read at once."""
+    one, two = _traced_ulysses(1), _traced_ulysses(2)
+    for parts in (one, two):
+        assert parts["backward"].overlapped_s.get("all-to-all", 0.0) == pytest.approx(0.0, abs=1e-12)
+    assert one["forward"].overlapped_s.get("all-to-all", 0.0) == pytest.approx(0.0, abs=1e-12)
+    sent = two["forward"].comm_s["all-to-all"]
+    assert sent == pytest.approx(one["forward"].comm_s["all-to-all"])  # the same bytes, in groups
+    assert 0.5 * sent < two["forward"].overlapped_s["all-to-all"] < sent  # the first group's stay exposed
+    assert two["forward"].exposed_comm_s() < one["forward"].exposed_comm_s()
+
+
+def test_the_trace_runs_the_target_device_types_overlap_default_not_the_cpus():
+    """A GPU target plans its own default (off until measured), not the CPU trace's 2 head groups."""
+    from mm_parallel.ulysses import OVERLAP_HEADS_DEFAULT, resolve_overlap_heads
+    from mm_trainer.planner.overlap import target_overlap
+
+    assert OVERLAP_HEADS_DEFAULT["cpu"] == 2 and OVERLAP_HEADS_DEFAULT["cuda"] == 1
+    with target_overlap(device_spec("h200")) as chosen:
+        assert resolve_overlap_heads(None, 32, 8, "cpu") == 1 and chosen == {
+            "ulysses overlap_heads": 1,
+            "ulysses overlap_projections": False,
+        }
+    assert resolve_overlap_heads(None, 32, 8, "cpu") == 2  # restored after the trace
+    traced = _traced_ulysses(None, "h200")["forward"]
+    assert traced.comm_s["all-to-all"] > 0
+    assert traced.overlapped_s.get("all-to-all", 0.0) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_an_all_to_all_holds_its_send_buffer_and_stalls_compute_only_at_the_first_read_of_its_result():
+    """The eager semantics the trace's timeline puts back: a view hands the result on without waiting."""
+    import weakref
+
+    from mm_trainer.planner.overlap import AsyncTimeline
+
+    aten = torch.ops.aten
+    timeline = AsyncTimeline()
+    send, result = torch.zeros(4), torch.zeros(4)
+    held = weakref.ref(send)
+    timeline.start("all-to-all", 1.0, send, result)
+    del send
+    timeline.compute(0.25)  # compute issued while it is in flight
+    view = aten.view.default(result, [2, 2])
+    assert timeline.before(aten.view.default, (result, [2, 2])) == []
+    timeline.after(aten.view.default, (result, [2, 2]), view)
+    assert held() is not None  # the collective still holds its send buffer
+    assert timeline.before(aten.add.Tensor, (view, view)) == [("all-to-all", 0.25)]  # 0.75 s stalled
+    assert timeline.clock == 1.0 and held() is None
+    assert timeline.before(aten.add.Tensor, (result, result)) == []  # read once

@@ -26,8 +26,9 @@ tokens; their perturbed-attention processors (``perturbed_attn``) are replaced l
 perturbation is refused, training never asks for one); the prompt modulation (``sigma`` / ``audio_sigma``:
 one value per sample, never split) and 2.5's fixed prompt table act on the text, which every rank holds
 whole. (2.5's keyframe marker ``video_keyframes_mask``, per video token, is split with the video when
-given; the training pipeline gives none, as diffusers' text/image-to-video pipelines do not.) Splits and gathers are mm-parallel's autograd-correct adjoints, so the
-mean of the per-rank gradients over the group equals the one-process gradient.
+given; the training pipeline gives none, as diffusers' text/image-to-video pipelines do not.) Splits and
+gathers are mm-parallel's autograd-correct adjoints, so the mean of the per-rank gradients over the group
+equals the one-process gradient.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ class SequenceParallelAttnProcessor:
     """``LTX2AudioVideoAttnProcessor`` with its attention computed by :func:`mm_parallel.usp_attention`.
 
     Projections, RMS norms, RoPE and the optional per-head gate are the upstream steps on local
-    tokens; only the attention itself communicates.
+    tokens; only the attention itself communicates. The projections go to the plan's attention
+    uncomputed, so its Ulysses all-to-alls may overlap them (``parallel.ulysses_overlap``).
     """
 
     def __init__(self, plan: SequenceParallelPlan, key_stream: str) -> None:
@@ -89,20 +91,27 @@ class SequenceParallelAttnProcessor:
             )
         kv_input = hidden_states if encoder_hidden_states is None else encoder_hidden_states
         gate_logits = attn.to_gate_logits(hidden_states) if attn.to_gate_logits is not None else None
-        # 1. Projections + RMS norm over all heads (local tokens): [B, S_local, H*D]
-        query = attn.norm_q(attn.to_q(hidden_states))
-        key = attn.norm_k(attn.to_k(kv_input))
-        value = attn.to_v(kv_input)
-        # 2. RoPE with this rank's positions
-        if query_rotary_emb is not None:
-            rotate = (
-                apply_interleaved_rotary_emb if attn.rope_type == "interleaved" else apply_split_rotary_emb
-            )
-            query = rotate(query, query_rotary_emb)
-            key = rotate(key, key_rotary_emb if key_rotary_emb is not None else query_rotary_emb)
+        rotate = apply_interleaved_rotary_emb if attn.rope_type == "interleaved" else apply_split_rotary_emb
+
+        # 1. Projections + RMS norm over all heads, 2. RoPE with this rank's positions (local tokens):
+        #    [B, S_local, H, D], each projected when the plan's attention asks (its all-to-all may overlap
+        #    the next projection)
+        def project_q() -> Tensor:
+            query = attn.norm_q(attn.to_q(hidden_states))
+            query = query if query_rotary_emb is None else rotate(query, query_rotary_emb)
+            return query.unflatten(2, (attn.heads, -1))
+
+        def project_k() -> Tensor:
+            key = attn.norm_k(attn.to_k(kv_input))
+            if query_rotary_emb is not None:
+                key = rotate(key, key_rotary_emb if key_rotary_emb is not None else query_rotary_emb)
+            return key.unflatten(2, (attn.heads, -1))
+
+        def project_v() -> Tensor:
+            return attn.to_v(kv_input).unflatten(2, (attn.heads, -1))
+
         # 3. USP attention (Ulysses all-to-all, then the ring): [B, S_local, H, D] in and out
-        query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
-        out = self.plan.attention(query, key, value, key_stream=self.key_stream).to(query.dtype)
+        out = self.plan.attention(project_q, project_k, project_v, key_stream=self.key_stream)  # in q's dtype
         # 4. Optional per-head gate, output projection
         if gate_logits is not None:
             out = out * (2.0 * torch.sigmoid(gate_logits)).unsqueeze(-1)

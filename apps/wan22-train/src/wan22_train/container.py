@@ -18,11 +18,18 @@ from wan22_train.distill import (
 )
 from wan22_train.dpo import dpo_problems, preference_pipeline
 from wan22_train.pipeline import LOW_NOISE_ROLE, OTHER_EXPERT_ROLE, Wan22Pipeline, low_noise_role
-from wan22_train.planning import planning_batch
+from wan22_train.planning import CACHED_DATASET, clip_shapes, latent_grid, planning_batch
 from wan22_train.sampling import sample_video
 
 VALIDATION_SHIFT = 5.0
 """The sampling time shift of validation clips when ``training.validation.shift`` is unset."""
+
+
+def _no_shapes(dataset: str) -> ValueError:
+    return ValueError(
+        f"data.packing: dataset {dataset} does not give its samples' shapes (latent_shapes as the caches do, "
+        "or buckets and bucket_ids as video_text does); packing needs each sample's token count before training"
+    )
 
 
 @model_register("wan2_2_container")
@@ -95,18 +102,40 @@ class Wan22Container(ModelContainer):
             return [(0, *shape[1:]) for shape in cached]
         buckets, ids = getattr(dataset, "buckets", None), getattr(dataset, "bucket_ids", None)
         if buckets is None or ids is None:
+            raise _no_shapes(type(dataset).__name__)
+        grids = self._latent_grids([(b.num_frames, b.height, b.width) for b in buckets])
+        return [grids[i] for i in ids]
+
+    def packing_shapes(self, data: Any) -> dict[tuple[int, int, int], int]:
+        """``{(frames, height, width): predictor tokens}`` of every clip shape ``data`` can yield (its
+        buckets), for ``mm-train plan``'s packed micro-batches (:mod:`mm_trainer.planner.packing`); the
+        same counts as :meth:`packing_tokens`, from the config instead of the dataset.
+
+        Raises:
+            ValueError: a task other than t2v or the encoder cache (the planner's packed micro-batch is t2v
+                clips of the buckets' shapes), or no VAE sub-model (``ae``).
+        """
+        task = self.flow_pipeline.task
+        if task != "t2v" or data.dataset_id == CACHED_DATASET:
+            what = f"model.pipeline.task={task}" if task != "t2v" else f"the encoder cache ({CACHED_DATASET})"
             raise ValueError(
-                f"data.packing: dataset {type(dataset).__name__} does not give its samples' shapes (latent_shapes "
-                "as the caches do, or buckets and bucket_ids as video_text does); packing needs each sample's "
-                "token count before training"
+                f"mm-train plan: a packed run of {what} is not planned (the planner packs t2v clips of the "
+                "buckets' shapes); plan it without data.packing for an estimate"
             )
+        shapes = clip_shapes(dict(data.dataset or {}))
+        return {
+            clip: self.predictor.tokens_per_sample(grid)
+            for clip, grid in zip(shapes, self._latent_grids(shapes), strict=True)
+        }
+
+    def _latent_grids(self, clips: list[tuple[int, int, int]]) -> list[tuple[int, int, int, int]]:
+        """Latent shape ``(0, T, h, w)`` of each clip ``(frames, height, width)``: the VAE's compression."""
         if "ae" not in self.sub_model_names:
             raise ValueError(
                 "data.packing: the token count of a clip needs the VAE sub-model `ae` (its compression)"
             )
         t, s = self.ae.temporal_compression, self.ae.spatial_compression
-        shapes = [(0, (b.num_frames - 1) // t + 1, b.height // s, b.width // s) for b in buckets]
-        return [shapes[i] for i in ids]
+        return [(0, *latent_grid(clip, t, s)) for clip in clips]
 
     @classmethod
     def checks_sample_frames(cls, model_section: Any) -> bool:
@@ -137,9 +166,12 @@ class Wan22Container(ModelContainer):
             if b in short
         }
 
-    def planning_batch(self, data: Any, micro_batch_size: int) -> dict[str, Any]:
-        """A micro-batch of the run's real shapes for ``mm-train plan`` (:mod:`wan22_train.planning`)."""
-        return planning_batch(self, data, micro_batch_size)
+    def planning_batch(
+        self, data: Any, micro_batch_size: int, pack: Mapping[tuple[int, int, int], int] | None = None
+    ) -> dict[str, Any]:
+        """A micro-batch of the run's real shapes for ``mm-train plan`` (:mod:`wan22_train.planning`);
+        ``pack``: a packed one of that many samples of each clip shape (``data.packing``)."""
+        return planning_batch(self, data, micro_batch_size, pack)
 
     # ------------------------------------------------------ validation hooks (training.validation)
     @property

@@ -7,11 +7,14 @@ of placeholder paths does not have). From the encoder cache (``wan22_cached``): 
 h, w]`` float32 (z = the predictor's ``out_dim``; T, h, w from the clip size and the VAE's
 compression in the ``preprocess.ae`` config, Wan's 4 x 8 x 8 by default) and ``prompt_embeds [B,
 text_len, text_dim]`` in the text encoder's dtype; I2V adds ``image_latents``. A Diffusion-DPO run's pairs
-add the rejected member's clip (``rejected_video``).
+add the rejected member's clip (``rejected_video``). A packed run (``data.packing``, t2v, online): the
+packed micro-batch the planner asks for (``pack``: clips per bucket shape), one ``video [3, F, H, W]``
+per sample in a list, as the packed loader collates them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -24,14 +27,18 @@ CLIP_KEYS = ("video", "latents", "image_latents")
 """A sample's own keys (the rest, the prompt, a Diffusion-DPO pair's members share)."""
 
 
-def largest_clip(options: dict[str, Any]) -> tuple[int, int, int]:
-    """``(frames, height, width)`` of the largest bucket of a ``video_text`` section (by pixels)."""
+def clip_shapes(options: dict[str, Any]) -> list[tuple[int, int, int]]:
+    """``(frames, height, width)`` of every bucket of a ``video_text`` section (one without buckets: its clip)."""
     frames, height, width = int(options["num_frames"]), int(options["height"]), int(options["width"])
     buckets = options.get("buckets")
     if buckets is None:
-        return frames, height, width
-    sizes = [(b.num_frames, b.height, b.width) for b in parse_buckets(buckets, frames)]
-    return max(sizes, key=lambda s: s[0] * s[1] * s[2])
+        return [(frames, height, width)]
+    return list(dict.fromkeys((b.num_frames, b.height, b.width) for b in parse_buckets(buckets, frames)))
+
+
+def largest_clip(options: dict[str, Any]) -> tuple[int, int, int]:
+    """``(frames, height, width)`` of the largest bucket of a ``video_text`` section (by pixels)."""
+    return max(clip_shapes(options), key=lambda s: s[0] * s[1] * s[2])
 
 
 def latent_grid(clip: tuple[int, int, int], temporal: int, spatial: int) -> tuple[int, int, int]:
@@ -42,10 +49,20 @@ def latent_grid(clip: tuple[int, int, int], temporal: int, spatial: int) -> tupl
 
 def online_batch(container: Any, options: dict[str, Any], size: int) -> dict[str, Any]:
     """``video`` + tokenized prompt, as ``video_text`` yields them."""
-    frames, height, width = largest_clip(options)
+    return {"video": torch.zeros(size, 3, *largest_clip(options)), **_prompt_ids(container, size)}
+
+
+def packed_batch(container: Any, pack: Mapping[tuple[int, int, int], int]) -> dict[str, Any]:
+    """A packed micro-batch (``data.packing``) of ``pack[shape]`` clips of each ``(frames, height, width)``,
+    as the packed loader collates it (``mm_data.collate_packed``): one ``video [3, F, H, W]`` per sample
+    in a list; the prompts tokenized to ``[N, text_len]``, as the pipeline tokenizes the samples' prompts."""
+    videos = [torch.zeros(3, *shape) for shape, count in pack.items() for _ in range(count)]
+    return {"video": videos, **_prompt_ids(container, len(videos))}
+
+
+def _prompt_ids(container: Any, size: int) -> dict[str, torch.Tensor]:
     text_len = int(getattr(container.text_encoder, "text_len", 512))
     return {
-        "video": torch.zeros(size, 3, frames, height, width),
         "input_ids": torch.ones(size, text_len, dtype=torch.long),
         "attention_mask": torch.ones(size, text_len, dtype=torch.long),
     }
@@ -74,9 +91,16 @@ def cached_batch(container: Any, options: dict[str, Any], size: int) -> dict[str
     return batch
 
 
-def planning_batch(container: Any, data: Any, micro_batch_size: int) -> dict[str, Any]:
-    """One micro-batch of ``data``'s real shapes with ``sample_ids`` (see the module docstring)."""
+def planning_batch(
+    container: Any, data: Any, micro_batch_size: int, pack: Mapping[tuple[int, int, int], int] | None = None
+) -> dict[str, Any]:
+    """One micro-batch of ``data``'s real shapes with ``sample_ids`` (see the module docstring); with
+    ``pack`` (``data.packing``: clips per shape, the container's ``packing_shapes``) a packed one."""
     options = dict(data.dataset or {})
+    if pack is not None:
+        batch = packed_batch(container, pack)
+        batch["sample_ids"] = list(range(len(batch["video"])))
+        return batch
     if data.dataset_id == CACHED_DATASET:
         batch = cached_batch(container, options, micro_batch_size)
     else:

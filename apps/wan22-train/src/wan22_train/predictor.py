@@ -93,7 +93,8 @@ class WanPredictor(BaseModel, WanDiT):
 
         A token count that does not split evenly is zero-padded at the end; self-attention is told
         the real token count (ring blocks are cut to their real keys) and the gather drops the
-        padded outputs (:class:`mm_parallel.SequenceParallelPlan`, zigzag ring layout).
+        padded outputs (:class:`mm_parallel.SequenceParallelPlan`, zigzag ring layout). The Ulysses
+        all-to-all overlaps the projections / head groups as ``parallel_state.ulysses_overlap`` says.
         """
         plan = SequenceParallelPlan.from_parallel_state(parallel_state, layout="zigzag")
         self.enable_context_parallel(plan.split, plan.gather, plan.attention)

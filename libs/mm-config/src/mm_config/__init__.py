@@ -52,7 +52,7 @@ from .loader import (  # noqa: E402
 from .lora import LoraConfig  # noqa: E402
 from .model import LoadFormat, ModelConfig, SubModelConfig  # noqa: E402
 from .model_checks import CHECKS_ENTRY_POINT_GROUP, run_model_checks  # noqa: E402
-from .parallel import FSDPPlanConfig, ParallelConfig, SubPlanConfig  # noqa: E402
+from .parallel import FSDPPlanConfig, ParallelConfig, SubPlanConfig, UlyssesOverlapConfig  # noqa: E402
 from .phases import PhaseConfig  # noqa: E402
 from .preprocess import PreprocessRunConfig  # noqa: E402
 from .registry import (  # noqa: E402
@@ -147,6 +147,7 @@ __all__ = [
     "RuleViolations",
     "SubModelConfig",
     "SubPlanConfig",
+    "UlyssesOverlapConfig",
     "ToolsConfig",
     "ValidationConfig",
     "TrainConfig",

@@ -88,6 +88,48 @@ class FSDPPlanConfig(ConfigModel):
         return order
 
 
+def _overlap_shorthand(value: Any) -> Any:
+    if value == "auto" or value is None:
+        return {}
+    if value is False or value == "off":  # YAML reads a bare off as false
+        return {"projections": False, "head_groups": 1}
+    if not isinstance(value, (dict, UlyssesOverlapConfig)):
+        raise ValueError("expected auto, off, or {projections: ..., head_groups: ...}")
+    return value
+
+
+def _auto_or_bool(value: Any) -> Any:
+    if value == "auto" or value is None:
+        return "auto"
+    if not isinstance(value, bool):
+        raise ValueError("expected 'auto', true or false")
+    return value
+
+
+class UlyssesOverlapConfig(ConfigModel):
+    """How the Ulysses all-to-alls overlap compute (``parallel.ulysses_overlap``; mm-parallel's
+    ``UlyssesOverlap``, :mod:`mm_parallel.ulysses`). Either knob changes time only: the results are
+    bitwise those without overlap. The section may be written ``auto`` (both ``auto``) or ``off`` (no
+    overlap)."""
+
+    projections: Annotated[Literal["auto"] | bool, BeforeValidator(_auto_or_bool)] = "auto"
+    """``true``: each of q, k, v is projected (with its per-token norm and RoPE) while the previous one's
+    all-to-all is in flight; ``false``: the three are projected, then sent. ``auto`` = the device's measured
+    default (``mm_parallel.ulysses.OVERLAP_PROJECTIONS_DEFAULT``: cpu off, no measured gain on the CPU,
+    benchmarks/README.md; cuda / npu off until ``benchmarks/device_check.sh`` measures them). Needs
+    ``ulysses_parallel_size > 1``; with a ring, ``auto`` is off."""
+    head_groups: AutoInt = "auto"
+    """Head groups whose all-to-alls overlap the other groups' attention (1 = off); the trainable
+    sub-models' heads must divide by ``head_groups x ulysses_parallel_size``. ``auto`` = the device's
+    measured default where the heads divide (``mm_parallel.ulysses.OVERLAP_HEADS_DEFAULT``: cpu 2, cuda /
+    npu 1). Above 1 needs ``ulysses_parallel_size > 1``; with a ring, ``auto`` is 1."""
+
+    @property
+    def chosen(self) -> bool:
+        """Whether either knob is set to overlap (not ``auto``, not off)."""
+        return self.projections is True or (self.head_groups != "auto" and int(self.head_groups) > 1)
+
+
 class ParallelConfig(ConfigModel):
     """The ``parallel`` section. After validation every size is resolved to an integer."""
 
@@ -113,6 +155,11 @@ class ParallelConfig(ConfigModel):
     memory-efficient one for masked blocks and fp32), ``efficient`` = torch's memory-efficient kernel,
     ``flash_attn`` = the flash_attn package, ``npu`` = torch_npu's fusion attention, ``math`` = the fp32
     reference (materializes [B, H, Sq, Sk] scores). Logged once per run; an unavailable one is an error."""
+    ulysses_overlap: Annotated[UlyssesOverlapConfig, BeforeValidator(_overlap_shorthand)] = (
+        UlyssesOverlapConfig()
+    )
+    """How the Ulysses all-to-alls overlap compute: ``auto`` (the device's measured defaults), ``off``, or
+    ``{projections: true|false|auto, head_groups: N|auto}`` (:class:`UlyssesOverlapConfig`)."""
     fsdp_plan: FSDPPlanConfig = FSDPPlanConfig()
     """The FSDP2 plan."""
 
@@ -151,4 +198,4 @@ class ParallelConfig(ConfigModel):
         return int(self.fully_shard_parallel_size)
 
 
-__all__ = ["FSDPPlanConfig", "ParallelConfig", "SubPlanConfig"]
+__all__ = ["FSDPPlanConfig", "ParallelConfig", "SubPlanConfig", "UlyssesOverlapConfig"]

@@ -32,6 +32,7 @@ _RING: Loc = ("parallel", "ring_attention_size")
 _DP: Loc = ("parallel", "replicate_parallel_size")
 _SHARD: Loc = ("parallel", "fully_shard_parallel_size")
 _KERNEL: Loc = ("parallel", "attention_backend")
+_OVERLAP: Loc = ("parallel", "ulysses_overlap")
 
 
 class TrainConfig(ConfigModel):
@@ -166,6 +167,16 @@ def _layout_problems(p: ParallelConfig, world: int) -> list[Problem]:
                 "runs torch SDPA, which picks its fused kernel itself); expected auto",
                 p.attention_backend,
                 deps=(_RING,),
+            )
+        )
+    if p.ulysses_overlap.chosen and p.ulysses_parallel_size == 1:
+        out.append(
+            Problem(
+                _OVERLAP,
+                "overlaps the Ulysses all-to-all, and ulysses_parallel_size is 1 (nothing to overlap); expected "
+                "auto or off",
+                p.ulysses_overlap.model_dump(),
+                deps=(_ULYSSES,),
             )
         )
     for name, sub in p.fsdp_plan.sub_plans.items():
@@ -501,6 +512,19 @@ def _batch_and_heads_problems(cfg: TrainConfig, world: int) -> list[Problem]:
                         f"({p.ulysses_parallel_size}): Ulysses splits attention heads across ranks",
                         heads,
                         deps=(_ULYSSES, ("training", "trainable_submodels")),
+                    )
+                )
+            groups = p.ulysses_overlap.head_groups
+            split = 0 if groups == "auto" else int(groups) * p.ulysses_parallel_size
+            if isinstance(heads, int) and split > 1 and not heads % p.ulysses_parallel_size and heads % split:
+                out.append(
+                    Problem(
+                        _OVERLAP + ("head_groups",),
+                        f"{name}'s {heads} attention heads ({'.'.join(base + ('config', key))}) do not split into "
+                        f"{groups} head groups over ulysses {p.ulysses_parallel_size}: heads must divide by "
+                        f"head_groups x ulysses_parallel_size = {split}",
+                        groups,
+                        deps=(_ULYSSES, base + ("config", key)),
                     )
                 )
     return out

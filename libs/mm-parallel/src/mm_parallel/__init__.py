@@ -69,6 +69,8 @@ _EXPORTS: dict[str, str] = {
     "SequenceParallelPlan": "sequence_plan",
     "new_long_wait_group": "timeouts",
     "set_collective_timeout": "timeouts",
+    "UlyssesOverlap": "ulysses",
+    "takes_projections": "ulysses",
     "ulysses_attention": "ulysses",
     "SKIP_ROOT_WRAP_ATTR": "unit_layout",
     "plan_units": "unit_layout",

@@ -24,6 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from mm_parallel.devices import get_device_type
 from mm_parallel.node_layout import MESH_DIMS, mesh_rank_groups
 from mm_parallel.timeouts import set_collective_timeout
+from mm_parallel.ulysses import UlyssesOverlap
 
 
 def _check_positive(name: str, value: int) -> None:
@@ -77,6 +78,8 @@ class ParallelState:
         timeout_s: seconds a collective on any of its groups may wait for the other ranks before
             it fails (the groups a mesh creates do not inherit the default group's timeout);
             None keeps the backend's default.
+        ulysses_overlap: how the Ulysses all-to-alls overlap compute (:class:`mm_parallel.UlyssesOverlap`);
+            the models' :class:`mm_parallel.SequenceParallelPlan` reads it. Default: the device's.
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class ParallelState:
         ring: int = 1,
         device_type: str | None = None,
         timeout_s: float | None = None,
+        ulysses_overlap: UlyssesOverlap | None = None,
     ) -> None:
         if world_size is None:
             world_size = dist.get_world_size() if dist.is_initialized() else 1
@@ -98,6 +102,7 @@ class ParallelState:
         self.ring = ring
         self.device_type = get_device_type(device_type)
         self.timeout_s = timeout_s
+        self.ulysses_overlap = UlyssesOverlap() if ulysses_overlap is None else ulysses_overlap
         self._meshes: dict[str, DeviceMesh] = {}
         self._sub_meshes: dict[int, DeviceMesh] = {}
         if dist.is_initialized():

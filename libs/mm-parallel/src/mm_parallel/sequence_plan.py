@@ -45,6 +45,7 @@ from mm_parallel.sequence import (
     split_for_usp,
     usp_padded_length,
 )
+from mm_parallel.ulysses import Project, UlyssesOverlap, takes_projections
 from mm_parallel.usp import usp_attention
 
 #: The stream name of a model with one token sequence.
@@ -61,6 +62,8 @@ class SequenceParallelPlan:
             rank's tokens in one piece).
         overlap_heads: Ulysses head groups whose all-to-alls overlap the other groups' attention
             (:mod:`mm_parallel.ulysses`): 1 = off, ``None`` = the device's measured default.
+        overlap_projections: start each projection's Ulysses all-to-all before the next projection
+            (``attention`` given projections, :mod:`mm_parallel.ulysses`); ``None`` = the device's default.
 
     With both groups off every method is the identity / plain attention, so a model can always
     call the plan.
@@ -73,12 +76,14 @@ class SequenceParallelPlan:
         layout: Layout = "contiguous",
         *,
         overlap_heads: int | None = None,
+        overlap_projections: bool | None = None,
     ) -> None:
         _check_layout(layout)
         if overlap_heads is not None and overlap_heads < 1:
             raise ValueError(
                 f"overlap_heads must be a positive number of head groups or None, got {overlap_heads}"
             )
+        self.overlap_projections = overlap_projections
         self.ulysses_group = ulysses_group if group_size(ulysses_group) > 1 else None
         self.ring_group = ring_group if group_size(ring_group) > 1 else None
         self.layout: Layout = layout
@@ -90,12 +95,20 @@ class SequenceParallelPlan:
 
     @classmethod
     def from_parallel_state(
-        cls, parallel_state: ParallelState, layout: Layout = "contiguous", *, overlap_heads: int | None = None
+        cls,
+        parallel_state: ParallelState,
+        layout: Layout = "contiguous",
+        *,
+        overlap: UlyssesOverlap | None = None,
     ) -> SequenceParallelPlan:
-        """The plan over ``parallel_state``'s Ulysses and Ring groups."""
+        """The plan over ``parallel_state``'s Ulysses and Ring groups, overlapped as ``overlap`` says
+        (default: the state's ``ulysses_overlap``)."""
         ulysses = parallel_state.ulysses_group if parallel_state.ulysses_size > 1 else None
         ring = parallel_state.ring_group if parallel_state.ring_size > 1 else None
-        return cls(ulysses, ring, layout, overlap_heads=overlap_heads)
+        overlap = parallel_state.ulysses_overlap if overlap is None else overlap
+        return cls(
+            ulysses, ring, layout, overlap_heads=overlap.heads, overlap_projections=overlap.projections
+        )
 
     # ------------------------------------------------------------------ packing
     def pack(self, packed: PackedSequence | None, stream: str = TOKENS) -> None:
@@ -215,14 +228,17 @@ class SequenceParallelPlan:
         return torch.arange(local, device=device) < counts[group_rank(self.ulysses_group)]
 
     # ---------------------------------------------------------------- attention
+    @takes_projections
     def attention(
-        self, q: Tensor, k: Tensor, v: Tensor, *, key_stream: str = TOKENS, causal: bool = False,
-        query_stream: str | None = None,
+        self, q: Tensor | Project, k: Tensor | Project, v: Tensor | Project, *, key_stream: str = TOKENS,
+        causal: bool = False, query_stream: str | None = None,
     ) -> Tensor:  # fmt: skip
         """USP attention of local ``[B, S_local, H, D]`` queries over the split ``key_stream``.
 
-        A packed ``key_stream`` keeps every sample to itself; its queries are packed like the keys, or
-        like ``query_stream`` when given (cross-attention between two packed streams of the same samples).
+        q, k, v may be projections returning them (their all-to-alls overlap the next projection when
+        ``overlap_projections`` says so). A packed ``key_stream`` keeps every sample to itself; its queries
+        are packed like the keys, or like ``query_stream`` when given (cross-attention between two packed
+        streams of the same samples).
         """
         packed = self._packing.get(key_stream)
         query_packed = None if query_stream is None else self._packing.get(query_stream)
@@ -238,10 +254,12 @@ class SequenceParallelPlan:
             packed=packed,
             query_packed=query_packed if packed is not None else None,
             overlap_heads=self.overlap_heads,
+            overlap_projections=self.overlap_projections,
         )
 
     def __repr__(self) -> str:
         return (
             f"SequenceParallelPlan(ulysses={self.ulysses_size}, ring={self.ring_size}, "
-            f"layout={self.layout!r}, overlap_heads={self.overlap_heads})"
+            f"layout={self.layout!r}, overlap_heads={self.overlap_heads}, "
+            f"overlap_projections={self.overlap_projections})"
         )

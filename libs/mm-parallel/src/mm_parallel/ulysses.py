@@ -10,14 +10,24 @@ independent, so any layout works).
 The all-to-alls are torch's functional collectives (:mod:`mm_parallel._comm`), so a compiled block
 traces Ulysses attention whole: no graph break.
 
-Overlap (``overlap_heads=G``): the heads are cut into ``G`` groups; every group's three all-to-alls
-are started at once, and group ``g``'s attention runs while the all-to-alls of groups ``g+1, ...`` are in
-flight, its output's all-to-all back while the next group computes. Each head's attention is the
-same computation as without groups (heads are independent), so the result is bitwise the same; the
-backward runs the transposed all-to-alls without overlap (the functional collective's backward waits
-at once). The model has projected q, k and v before the call; overlapping with the projections
-themselves is not possible in general (Wan2.2 normalises q and k over all heads together). ``None``
-takes the device's measured default (:data:`OVERLAP_HEADS_DEFAULT`) where the heads divide.
+Overlap with the attention (``overlap_heads=G``): the heads are cut into ``G`` groups; every group's
+three all-to-alls are started at once, and group ``g``'s attention runs while the all-to-alls of groups
+``g+1, ...`` are in flight, its output's all-to-all back while the next group computes.
+
+Overlap with the projections (``overlap_projections=True``): q, k and v may be given as projections,
+zero-argument callables returning ``[B, S/P, H, D]`` (:data:`Project`; :func:`takes_projections` marks the
+attention functions that accept them). q is projected and its all-to-all started, k is projected while
+q's is in flight, then v; attention waits for the three. A projection needs only this rank's tokens
+with all their heads, which every rank holds before the all-to-all: Wan2.2's and LTX-2's RMSNorm of q
+and k over all heads together and RoPE are per token, so they are part of the projection. With
+``G > 1`` as well, each projection's all-to-all is started in ``G`` head groups and the attention runs
+group by group as above.
+
+Both keep every operation of the synchronous path (heads are independent; the order in which
+independent tensors are computed changes no value), so the result is bitwise the same forward and
+backward; the backward runs the transposed all-to-alls without overlap (the functional collective's
+backward waits at once). ``None`` takes the device's measured default (:data:`OVERLAP_HEADS_DEFAULT`
+where the heads divide, :data:`OVERLAP_PROJECTIONS_DEFAULT`).
 
 Packed sequences (``packed=``): the ring-local sequence after the all-to-all is the whole packed
 sequence (:class:`mm_parallel.PackedLayout`, no ring), and attention stays inside each sample.
@@ -25,7 +35,9 @@ sequence (:class:`mm_parallel.PackedLayout`, no ring), and attention stays insid
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -34,6 +46,7 @@ from torch.distributed import ProcessGroup
 from mm_parallel._comm import (
     all_gather_no_grad,
     all_to_all,
+    check_all_to_all,
     finish_all_to_all,
     group_rank,
     group_size,
@@ -45,6 +58,9 @@ from mm_parallel.ring import packed_ring_attention
 
 AttnFn = Callable[..., Tensor]
 Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
+Project = Callable[[], Tensor]
+"""A projection of this rank's tokens: called once, returns ``[B, S/P, H, D]`` with all heads."""
+F = TypeVar("F", bound=Callable[..., Tensor])
 
 #: ``overlap_heads`` when a call leaves it ``None``, per device type: the faster of off (1) and on, measured
 #: with ``benchmarks/cp_attention.py --overlap`` (CPU, benchmarks/README.md: the layer stack's fastest
@@ -53,6 +69,52 @@ Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
 #: stage 5 (GPU: not run yet, so off); a device type not listed runs without overlap. Only Ulysses without a
 #: ring takes it (USP with a ring was not measured: off unless asked).
 OVERLAP_HEADS_DEFAULT: dict[str, int] = {"cpu": 2, "cuda": 1, "npu": 1}
+
+#: ``overlap_projections`` when a call leaves it ``None``, per device type, measured like
+#: :data:`OVERLAP_HEADS_DEFAULT` (``benchmarks/cp_attention.py --overlap 1 2 p1 p2``; CPU,
+#: benchmarks/README.md: no consistent gain in 3 runs, within 1.5% of the same head groups without it in the
+#: steady one, so off; GPU: ``device_check.sh`` stage 5, not run yet, so off). Only Ulysses without a ring
+#: takes it by default.
+OVERLAP_PROJECTIONS_DEFAULT: dict[str, bool] = {"cpu": False, "cuda": False, "npu": False}
+
+
+@dataclass(frozen=True)
+class UlyssesOverlap:
+    """How a run's Ulysses all-to-alls overlap compute (module doc); ``None`` = the device's default.
+
+    Attributes:
+        heads: head groups pipelined against the attention (``overlap_heads``; 1 = off).
+        projections: each projection's all-to-all started before the next projection (``overlap_projections``).
+    """
+
+    heads: int | None = None
+    projections: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.heads is not None and (isinstance(self.heads, bool) or self.heads < 1):
+            raise ValueError(
+                f"UlyssesOverlap.heads must be a positive number of head groups or None, got {self.heads}"
+            )
+
+
+def takes_projections(fn: F) -> F:
+    """Mark ``fn`` as an attention function whose q, k and v may be projections (:data:`Project`): a model
+    that finds ``fn.takes_projections`` passes them uncomputed, so their all-to-alls overlap the next one."""
+    fn.takes_projections = True  # type: ignore[attr-defined]
+    return fn
+
+
+def resolve_overlap_projections(requested: bool | None, world: int, device_type: str) -> bool:
+    """Whether a Ulysses call starts each projection's all-to-all before the next projection (module
+    doc): ``None`` = the device's default (:data:`OVERLAP_PROJECTIONS_DEFAULT`); never without Ulysses."""
+    if world == 1:
+        return False
+    return OVERLAP_PROJECTIONS_DEFAULT.get(device_type, False) if requested is None else requested
+
+
+def projected(q: Tensor | Project, k: Tensor | Project, v: Tensor | Project) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k and v computed, in that order (projections called, tensors kept)."""
+    return tuple(t() if callable(t) else t for t in (q, k, v))  # type: ignore[return-value]
 
 
 def check_heads_divisible(heads: int, world: int, what: str = "ulysses") -> None:
@@ -108,6 +170,13 @@ def resolve_overlap_heads(
     return requested
 
 
+def _attend_groups(started: Iterable[Sequence[Tensor]], group: ProcessGroup | None, attend: Attend) -> Tensor:
+    """Each head group's attention as soon as its q, k, v all-to-alls arrive, its output's all-to-all back
+    started while the next group computes; the groups' outputs concatenated over the heads."""
+    back = [start_all_to_all(attend(*(finish_all_to_all(t, 1) for t in trio)), 1, group) for trio in started]  # type: ignore[arg-type]
+    return torch.cat([finish_all_to_all(t, 2) for t in back], dim=2)
+
+
 def heads_pipeline(
     q: Tensor, k: Tensor, v: Tensor, group: ProcessGroup | None, attend: Attend, groups: int
 ) -> Tensor:
@@ -121,8 +190,37 @@ def heads_pipeline(
         [start_all_to_all(t, 2, group) for t in trio]  # type: ignore[arg-type]
         for trio in zip(q.chunk(groups, 2), k.chunk(groups, 2), v.chunk(groups, 2), strict=True)
     ]
-    back = [start_all_to_all(attend(*(finish_all_to_all(t, 1) for t in trio)), 1, group) for trio in started]  # type: ignore[arg-type]
-    return torch.cat([finish_all_to_all(t, 2) for t in back], dim=2)
+    return _attend_groups(started, group, attend)
+
+
+def projections_pipeline(
+    q: Tensor | Project, k: Tensor | Project, v: Tensor | Project, group: ProcessGroup, attend: Attend,
+    groups: int,
+) -> Tensor:  # fmt: skip
+    """:func:`heads_pipeline` whose q, k, v are projected one after the other, each one's all-to-all (in
+    ``groups`` head groups) started before the next is projected (module doc)."""
+    per_projection = []
+    for project in (q, k, v):
+        x = project() if callable(project) else project
+        check_all_to_all(x, 2, group)
+        per_projection.append([start_all_to_all(c, 2, group) for c in x.chunk(groups, 2)])
+    return _attend_groups(zip(*per_projection, strict=True), group, attend)
+
+
+def ulysses_pipeline(
+    q: Tensor | Project, k: Tensor | Project, v: Tensor | Project, group: ProcessGroup | None,
+    attend: Callable[[int], Attend], overlap_heads: int | None, overlap_projections: bool | None,
+    per_head_mask: bool = False,
+) -> Tensor:  # fmt: skip
+    """The Ulysses all-to-alls around ``attend(heads)`` (``heads``: the full head count), overlapped as
+    asked (module doc): q, k, v tensors or projections; ``[B, S/P, H, D]`` in and out."""
+    world = group_size(group)
+    q = q() if callable(q) else q  # the head count and device come from q
+    check_heads_divisible(q.size(2), world)
+    groups = resolve_overlap_heads(overlap_heads, q.size(2), world, q.device.type, per_head_mask)
+    if resolve_overlap_projections(overlap_projections, world, q.device.type):
+        return projections_pipeline(q, k, v, group, attend(q.size(2)), groups)  # type: ignore[arg-type]
+    return heads_pipeline(*projected(q, k, v), group, attend(q.size(2)), groups)
 
 
 def _local_heads_mask(attn_mask: Tensor | None, heads: int, group: ProcessGroup | None) -> Tensor | None:
@@ -137,10 +235,11 @@ def _local_heads_mask(attn_mask: Tensor | None, heads: int, group: ProcessGroup 
     return attn_mask.chunk(world, dim=-3)[group_rank(group)]
 
 
+@takes_projections
 def ulysses_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    q: Tensor | Project,
+    k: Tensor | Project,
+    v: Tensor | Project,
     group: ProcessGroup | None,
     attn_fn: AttnFn | None = None,
     attn_mask: Tensor | None = None,
@@ -148,12 +247,14 @@ def ulysses_attention(
     key_padding_mask: Tensor | None = None,
     packed: Packing | None = None,
     overlap_heads: int | None = None,
+    overlap_projections: bool | None = None,
     **kw: object,
 ) -> Tensor:
     """Attention over the full sequence held as ``[B, S/P, H, D]`` shards on ``group``.
 
     Args:
-        q, k, v: local ``[batch, local_seq, heads, head_dim]``; ``heads`` divisible by the group size.
+        q, k, v: local ``[batch, local_seq, heads, head_dim]``; ``heads`` divisible by the group size; or
+            projections returning them (:data:`Project`, called once each, q first).
         group: the ulysses process group; ``None`` or size 1 = plain attention.
         attn_fn: ``attn_fn(q, k, v, attn_mask=..., **kw)`` on ``[B, S, H/P, D]``; default
             :func:`mm_parallel.attention` (torch SDPA), which takes ``causal=`` and ``scale=``.
@@ -166,15 +267,15 @@ def ulysses_attention(
             mask or causal; ``scale=`` is taken).
         overlap_heads: head groups whose all-to-alls overlap the other groups' attention (module doc);
             1 = off, ``None`` = the device's default.
+        overlap_projections: start each projection's all-to-all before the next projection (module doc);
+            ``None`` = the device's default.
         **kw: passed to ``attn_fn`` (e.g. ``causal=True``, ``scale=0.1``).
 
     Returns:
         ``[batch, local_seq, heads, head_dim]``.
     """
     world = group_size(group)
-    check_heads_divisible(q.size(2), world)
     per_head = attn_mask is not None and attn_mask.dim() >= 3 and attn_mask.size(-3) > 1
-    groups = resolve_overlap_heads(overlap_heads, q.size(2), world, q.device.type, per_head)
     if packed is not None:
         if attn_fn is not None or attn_mask is not None or key_padding_mask is not None or kw.get("causal"):
             raise ValueError(
@@ -183,14 +284,18 @@ def ulysses_attention(
         lay = packed_layout(packed, 1, world, "contiguous")
         scale = kw.get("scale")
 
-        def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-            return packed_ring_attention(q, k, v, None, lay, lay, scale=scale)  # type: ignore[arg-type]
+        def packed_attend(heads: int) -> Attend:
+            return lambda q, k, v: packed_ring_attention(q, k, v, None, lay, lay, scale=scale)  # type: ignore[arg-type]
 
-        return heads_pipeline(q, k, v, group, attend, groups)
+        return ulysses_pipeline(q, k, v, group, packed_attend, overlap_heads, overlap_projections)
     fn = attn_fn or attention
     kpm = gather_key_padding_mask(key_padding_mask, group)
-    mask = _local_heads_mask(attn_mask, q.size(2) // world, group)
-    if kpm is not None:
-        mask = combine_masks(mask, key_padding_to_attn_mask(kpm))
+
+    def attend(heads: int) -> Attend:  # attention over the full sequence for this rank's heads
+        mask = _local_heads_mask(attn_mask, heads // world, group)
+        if kpm is not None:
+            mask = combine_masks(mask, key_padding_to_attn_mask(kpm))
+        return lambda q, k, v: fn(q, k, v, attn_mask=mask, **kw)
+
     # [B, S/P, H, D] -> [B, S, H/P, D]; attention over the full sequence for this rank's heads; back
-    return heads_pipeline(q, k, v, group, lambda q, k, v: fn(q, k, v, attn_mask=mask, **kw), groups)
+    return ulysses_pipeline(q, k, v, group, attend, overlap_heads, overlap_projections, per_head)

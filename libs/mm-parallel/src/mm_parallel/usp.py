@@ -11,7 +11,8 @@ Rank (ring r, ulysses u) holds piece ``u`` of ring rank ``r``'s share of the seq
 
 The steps are undone in exact reverse order, and every step is autograd-aware. Without a ring a
 compiled block traces all three (functional all-to-alls); with a ring, step 2 is a graph break
-(:data:`mm_parallel._comm.COMPILE_BREAK`). ``overlap_heads`` pipelines steps 1-3 over head groups
+(:data:`mm_parallel._comm.COMPILE_BREAK`). ``overlap_heads`` pipelines steps 1-3 over head groups,
+``overlap_projections`` starts step 1 of q while k is projected, then of k while v is
 (:mod:`mm_parallel.ulysses`). ``packed=`` runs packed sequences (:class:`mm_parallel.PackedLayout`).
 """
 
@@ -26,17 +27,19 @@ from mm_parallel.ring import _check_packed_call, local_attention, packed_ring_at
 from mm_parallel.sequence import Layout
 from mm_parallel.ulysses import (
     Attend,
+    Project,
     check_heads_divisible,
     gather_key_padding_mask,
-    heads_pipeline,
-    resolve_overlap_heads,
+    takes_projections,
+    ulysses_pipeline,
 )
 
 
+@takes_projections
 def usp_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
+    q: Tensor | Project,
+    k: Tensor | Project,
+    v: Tensor | Project,
     ulysses_group: ProcessGroup | None,
     ring_group: ProcessGroup | None,
     causal: bool = False,
@@ -49,11 +52,13 @@ def usp_attention(
     packed: Packing | None = None,
     query_packed: Packing | None = None,
     overlap_heads: int | None = None,
+    overlap_projections: bool | None = None,
 ) -> Tensor:
     """Attention over a sequence split with :func:`split_for_usp` (``[B, S/(RU), H, D]`` per rank).
 
     Args:
-        q, k, v: local ``[batch, local_seq, heads, head_dim]``; heads divisible by the ulysses size.
+        q, k, v: local ``[batch, local_seq, heads, head_dim]``; heads divisible by the ulysses size; or
+            projections returning them (:data:`mm_parallel.ulysses.Project`, called once each, q first).
         ulysses_group, ring_group: the two CP groups (``None`` or size 1 disables that dimension;
             both ``None`` = plain attention).
         causal: causal over global positions.
@@ -71,15 +76,19 @@ def usp_attention(
         overlap_heads: Ulysses head groups whose all-to-alls overlap the other groups' attention
             (:mod:`mm_parallel.ulysses`); 1 = off, ``None`` = the device's default without a ring, off
             with one.
+        overlap_projections: start each projection's Ulysses all-to-all before the next projection
+            (:mod:`mm_parallel.ulysses`); ``None`` = the device's default without a ring, off with one.
 
     Returns:
         ``[batch, local_seq, heads, head_dim]``.
     """
     ulysses, ring = group_size(ulysses_group), group_size(ring_group)
+    q = q() if callable(q) else q
     check_heads_divisible(q.size(2), ulysses, "usp_attention")
-    # the device default is measured for Ulysses alone: with a ring, overlap only when asked
-    requested = overlap_heads if overlap_heads is not None or ring == 1 else 1
-    groups = resolve_overlap_heads(requested, q.size(2), ulysses, q.device.type)
+    # the device defaults are measured for Ulysses alone: with a ring, overlap only when asked
+    if ring > 1:
+        overlap_heads = 1 if overlap_heads is None else overlap_heads
+        overlap_projections = bool(overlap_projections)
     attend: Attend
     if packed is not None or query_packed is not None:
         _check_packed_call(packed, causal, key_padding_mask, key_len, "usp_attention")
@@ -103,4 +112,4 @@ def usp_attention(
             )  # fmt: skip
 
     # 1. ulysses: [B, S/(RU), H, D] -> [B, S/R, H/U, D]; 2. ring (or local) attention; 3. back
-    return heads_pipeline(q, k, v, ulysses_group, attend, groups)
+    return ulysses_pipeline(q, k, v, ulysses_group, lambda heads: attend, overlap_heads, overlap_projections)

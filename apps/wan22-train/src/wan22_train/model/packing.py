@@ -27,7 +27,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from mm_parallel import PackedSequence, gather_packed, packed_attention, split_packed, usp_attention
+from mm_parallel import (
+    PackedSequence,
+    gather_packed,
+    packed_attention,
+    split_packed,
+    takes_projections,
+    usp_attention,
+)
 
 from .rope import rope_cos_sin
 
@@ -42,7 +49,8 @@ class PackedOps:
     """How one packed forward's token stream is split, gathered and attended.
 
     ``split(x, dim)`` / ``gather(x, dim, total)`` as ``WanDiT.enable_context_parallel``'s;
-    ``self_attention(q, k, v)`` over the split tokens ([B, S_local, H, D]); ``cross_attention(q, k, v)``
+    ``self_attention(q, k, v)`` over the split tokens ([B, S_local, H, D]; marked ``takes_projections`` under
+    context parallelism: q, k, v may be their projections); ``cross_attention(q, k, v)``
     of the local tokens to the packed texts (every text whole on every rank).
     """
 
@@ -93,9 +101,21 @@ def context_parallel_ops(plan: SequenceParallelPlan) -> PackingFn:
         return PackedOps(
             split=lambda x, dim: split_packed(x, dim, layout, *groups, plan.layout),
             gather=lambda x, dim, total: gather_packed(x, dim, layout, *groups, plan.layout),
-            self_attention=outside_compile(
-                lambda q, k, v: usp_attention(
-                    q, k, v, *groups, False, plan.layout, packed=layout, overlap_heads=plan.overlap_heads
+            # q, k, v: tensors or projections (mm_parallel.ulysses); under features.compile the projections
+            # handed over run with the attention, outside the compiled block
+            self_attention=takes_projections(
+                outside_compile(
+                    lambda q, k, v: usp_attention(
+                        q,
+                        k,
+                        v,
+                        *groups,
+                        False,
+                        plan.layout,
+                        packed=layout,
+                        overlap_heads=plan.overlap_heads,
+                        overlap_projections=plan.overlap_projections,
+                    )  # fmt: skip
                 )
             ),
             cross_attention=outside_compile(lambda q, k, v: packed_attention(q, k, v, local, text_segments)),

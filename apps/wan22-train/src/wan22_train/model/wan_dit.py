@@ -5,9 +5,11 @@ positional order); state-dict keys follow the official release (`self_attn.q`, `
 `head.head`, ...), mapped to diffusers by mm-checkpoint's `wan2_2` key map (`wan22_train.key_maps`).
 
 Parallelism stays outside this file: self-attention goes through one seam, `WanDiT.attention_fn`
-(q, k, v in [B, S, H, D] -> [B, S, H, D]), and `enable_context_parallel` installs the callables that split
-the token sequence after patch embedding (RoPE tables and per-token timesteps alike) and gather it
-before unpatchify. Cross-attention always sees the full text. Weights on disk: `weights.py`.
+(q, k, v in [B, S, H, D] -> [B, S, H, D]; one marked `takes_projections` gets the q, k, v projections as
+callables instead, to overlap its all-to-all with them: `mm_parallel.ulysses`), and
+`enable_context_parallel` installs the callables that split the token sequence after patch embedding
+(RoPE tables and per-token timesteps alike) and gather it before unpatchify. Cross-attention always
+sees the full text. Weights on disk: `weights.py`.
 
 A list of latents (different shapes) is a packed forward (`packing.py`): one token sequence, each sample
 with its own timestep, RoPE grid and text, attention restricted to each sample; its split / attention
@@ -98,12 +100,28 @@ class WanAttention(nn.Module):
     ) -> torch.Tensor:
         """x: [B, S, dim]; context: [B, L, dim] for cross-attention (None = self); returns [B, S, dim]."""
         kv = x if context is None else context
-        q = self.norm_q(self.q(x)).unflatten(-1, (self.num_heads, -1))  # q: B, S, H, D
-        k = self.norm_k(self.k(kv)).unflatten(-1, (self.num_heads, -1))  # k: B, S|L, H, D
-        v = self.v(kv).unflatten(-1, (self.num_heads, -1))
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        return self.o(attention_fn(q, k, v).flatten(2))
+
+        # q, k, v: B, S|L, H, D; q and k normalised over all heads, then rotated (per token, local tokens)
+        def project_q() -> torch.Tensor:
+            q = self.norm_q(self.q(x)).unflatten(-1, (self.num_heads, -1))
+            return q if rope is None else apply_rope(q, *rope)
+
+        def project_k() -> torch.Tensor:
+            k = self.norm_k(self.k(kv)).unflatten(-1, (self.num_heads, -1))
+            return k if rope is None else apply_rope(k, *rope)
+
+        def project_v() -> torch.Tensor:
+            return self.v(kv).unflatten(-1, (self.num_heads, -1))
+
+        return self.o(_attend(attention_fn, project_q, project_k, project_v).flatten(2))
+
+
+def _attend(attention_fn: AttentionFn, *projections: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``attention_fn`` of the projected q, k, v; one marked ``takes_projections`` (mm_parallel's Ulysses
+    attention) gets the projections themselves, so it can overlap its communication with them."""
+    if getattr(attention_fn, "takes_projections", False):
+        return attention_fn(*projections)
+    return attention_fn(*(project() for project in projections))
 
 
 class WanBlock(nn.Module):

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from mm_checkpoint import materialize_meta
 from mm_config import TrainConfig
-from mm_parallel import FSDPPlanReport, ParallelState, apply_fsdp_plan
+from mm_parallel import FSDPPlanReport, ParallelState, UlyssesOverlap, apply_fsdp_plan
 from torch import nn
 
 from mm_trainer.model.container import ModelContainer, ModelContainerHub
@@ -46,6 +46,7 @@ def parallel_state_for(
     group exists: every rank must call this at the same point). Without ``timeouts`` the groups keep
     their backend's (the planner's fake groups have none to set)."""
     parallel = config.parallel
+    overlap = parallel.ulysses_overlap
     return ParallelState(
         world_size=world_size,
         dp_replicate=parallel.replicate_parallel_size,
@@ -53,6 +54,10 @@ def parallel_state_for(
         ring=parallel.ring_attention_size,
         device_type=device_type,
         timeout_s=config.training.collective_timeout_s if timeouts else None,
+        ulysses_overlap=UlyssesOverlap(  # "auto" = the device's measured default
+            heads=None if overlap.head_groups == "auto" else int(overlap.head_groups),
+            projections=None if overlap.projections == "auto" else overlap.projections,
+        ),
     )
 
 

@@ -145,12 +145,19 @@ def header(path: str, run: TracedRun) -> str:
     return "\n".join([
         f"plan of {path}: world size {run.world_size} ({nodes} node(s) x {run.ranks_per_node}), {run.device.label}",
         f"layout: replicate {p.replicate_parallel_size} x shard {p.fully_shard_parallel_size} (ulysses "
-        f"{p.ulysses_parallel_size} x ring {p.ring_attention_size}), micro-batch {t.micro_batch_size} x "
+        f"{p.ulysses_parallel_size} x ring {p.ring_attention_size}), {_micro_batch(run)} x "
         f"{t.gradient_accumulation_steps} accumulation, {what}, cpu offload {'on' if p.fsdp_plan.cpu_offload else 'off'}, "
         f"reshard after forward {'on' if p.fsdp_plan.reshard_after_forward else 'off'}",
         f"rank 0 of {run.world_size} traced (FSDP2 pads every rank's shards to one size and context parallelism "
         "splits evenly: every rank holds the same shapes)",
     ])  # fmt: skip
+
+
+def _micro_batch(run: TracedRun) -> str:
+    packing = getattr(run.config.data, "packing", None)
+    if packing is None:
+        return f"micro-batch {run.config.training.micro_batch_size}"
+    return f"packed micro-batches of up to {packing.token_budget} tokens"
 
 
 def plan_numbers(run: TracedRun, margin: float = DEFAULT_MARGIN) -> dict[str, Any]:
@@ -164,6 +171,7 @@ def plan_numbers(run: TracedRun, margin: float = DEFAULT_MARGIN) -> dict[str, An
         "peak_part": s.peak_part, "categories": {k: int(v) for k, v in s.categories.items()},
         "host": {k: int(v) for k, v in s.host.items()}, "fits": s.fits, "usable_bytes": int(s.usable_bytes),
         "step_seconds": s.step_seconds, "mfu": s.mfu, "trace_seconds": run.seconds,
+        "packs": [{"kind": p.kind, "samples": p.samples, "tokens": p.tokens, "describe": p.describe()} for p in run.packs],
     }  # fmt: skip
 
 

@@ -2,7 +2,8 @@
 
 Compute: each op takes ``max(FLOPs / peak, bytes / HBM bandwidth)`` on the target device (the
 roofline torch's ``RuntimeEstimator`` uses; torch's own FLOP formulas, ``torch.utils.flop_counter``;
-bytes = what the op reads and writes, broadcast dimensions counted once; views move nothing).
+bytes = what the op reads and writes, broadcast dimensions counted once; views and metadata queries
+move nothing).
 Peaks are the table's dense ones (:mod:`mm_trainer.planner.device_specs`): a real kernel reaches some
 fraction of them, so the estimate is a lower bound on step time and an upper bound on MFU.
 
@@ -77,6 +78,8 @@ class StepCost:
     recompute_flops: float = 0.0
     comm_s: dict[str, float] = field(default_factory=dict)
     comm_bytes: dict[str, float] = field(default_factory=dict)
+    overlapped_s: dict[str, float] = field(default_factory=dict)
+    """Seconds of each kind's asynchronous communication that ran behind compute (:mod:`.overlap`)."""
 
     def add_comm(self, kind: str, nbytes: float, seconds: float) -> None:
         self.comm_s[kind] = self.comm_s.get(kind, 0.0) + seconds
@@ -87,6 +90,7 @@ class StepCost:
         fsdp = sum(self.comm_s.get(k, 0.0) for k in FSDP_KINDS)
         ring = self.comm_s.get("send/recv", 0.0)
         serial = sum(v for k, v in self.comm_s.items() if k not in (*FSDP_KINDS, "send/recv"))
+        serial -= sum(v for k, v in self.overlapped_s.items() if k not in (*FSDP_KINDS, "send/recv"))
         return serial + max(0.0, ring - self.attention_s) + max(0.0, fsdp - self.compute_s)
 
     def step_seconds(self) -> float:
@@ -97,7 +101,7 @@ class StepCost:
         return StepCost(
             self.compute_s * factor, self.attention_s * factor, self.flops * factor,
             self.recompute_flops * factor, {k: v * factor for k, v in self.comm_s.items()},
-            {k: v * factor for k, v in self.comm_bytes.items()},
+            {k: v * factor for k, v in self.comm_bytes.items()}, {k: v * factor for k, v in self.overlapped_s.items()},
         )  # fmt: skip
 
     def __add__(self, other: StepCost) -> StepCost:
@@ -108,6 +112,8 @@ class StepCost:
         out.recompute_flops += other.recompute_flops
         for kind, seconds in other.comm_s.items():
             out.add_comm(kind, other.comm_bytes.get(kind, 0.0), seconds)
+        for kind, seconds in other.overlapped_s.items():
+            out.overlapped_s[kind] = out.overlapped_s.get(kind, 0.0) + seconds
         return out
 
 
@@ -128,8 +134,8 @@ class CostModel:
 
     def op_seconds(self, func: object, flops: int, args: tuple, kwargs: dict, out: object) -> float:
         """Roofline seconds of one aten op."""
-        if not self.timed or getattr(func, "is_view", False):
-            return 0.0
+        if not self.timed or getattr(func, "is_view", False) or getattr(func, "namespace", "") == "prim":
+            return 0.0  # views and metadata queries (``prim.device``) move nothing
         moved = sum(_bytes(t) for t in _tensors((args, kwargs))) + sum(_bytes(t) for t in _tensors(out))
         memory_s = moved / (self.device.hbm_tbps * 1e12)
         if not flops:

@@ -30,6 +30,7 @@ from mm_trainer.planner.categories import (
 from mm_trainer.planner.cost_model import BACKWARD_GATHER, StepCost
 from mm_trainer.planner.device_specs import DEFAULT_MARGIN, DeviceSpec
 from mm_trainer.planner.layouts import CONFIGURED
+from mm_trainer.planner.packing import part_prefix
 from mm_trainer.planner.trace import TracedRun
 from mm_trainer.planner.tracker import View
 
@@ -214,6 +215,7 @@ def render(summary: PlanSummary, run: TracedRun, *, header: str = "") -> str:
     """The plan as ``mm-train plan`` prints it."""
     lines = [header] if header else []
     lines += _memory_lines(summary, run)
+    lines += _packing_lines(summary, run)
     lines += _fit_lines(summary)
     lines += _module_table(summary)
     lines += _time_lines(summary, run)
@@ -233,6 +235,31 @@ def _memory_lines(s: PlanSummary, run: TracedRun) -> list[str]:
     for name in offloaded:
         out.append(f"  {name:<28} {gib(s.host[name]):>11}")
     return out
+
+
+def _packing_lines(s: PlanSummary, run: TracedRun) -> list[str]:
+    """``data.packing``: the packed micro-batches planned, each with its peak; the planned one."""
+    if not run.packs:
+        return []
+    budget = run.packs[0].budget
+    peaks = [
+        max((b for name, b in s.part_peaks.items() if _pack_part(name, part_prefix(pack, i))), default=0.0)
+        for i, pack in enumerate(run.packs)
+    ]
+    worst = max(range(len(peaks)), key=peaks.__getitem__)
+    out = [
+        f"packed micro-batches (data.packing.token_budget={budget}): the worst cases for the data's shapes, "
+        f"{len(run.packs)} traced, the larger peak planned (mm_trainer.planner.packing)"
+    ]
+    for i, (pack, peak) in enumerate(zip(run.packs, peaks, strict=True)):
+        role = "planned" if i == worst else "traced"
+        timed = ", timed" if i == 0 else ""
+        out.append(f"  {pack.kind:<8} {pack.describe()}: peak {gib(peak)} ({role}{timed})")
+    return out
+
+
+def _pack_part(name: str, prefix: str) -> bool:
+    return name.startswith(f"{prefix}micro-step")
 
 
 def _fit_lines(s: PlanSummary) -> list[str]:
@@ -274,6 +301,13 @@ def _time_lines(s: PlanSummary, run: TracedRun) -> list[str]:
         f"  compute {c.compute_s:.2f} s (attention {c.attention_s:.2f} s, recomputation {_share(c.recompute_flops, c.flops)} of FLOPs), "
         f"communication exposed {c.exposed_comm_s():.2f} s of {comm or 'none'}",
     ]
+    hidden = ", ".join(
+        f"{kind} {seconds:.3f} s" for kind, seconds in sorted(c.overlapped_s.items()) if seconds > 1e-9
+    )
+    modes = ", ".join(f"{name} {value}" for name, value in sorted(run.overlap.items()))
+    out.append(
+        f"  hidden behind compute: {hidden or 'none'} (overlap defaults on {device.device_type}: {modes or 'none'})"
+    )
     mfu = f"{s.mfu:.1%}" if s.mfu is not None else "n/a (the pipeline reports no FLOPs)"
     hfu = f"{s.hfu:.1%}" if s.hfu is not None else "n/a"
     out.append(

@@ -17,7 +17,13 @@
    (frozen encoders; traced once, its N conditions then held), as ``ConditionStream`` does.
    Then ``clip_grad_norm_``, the optimizer step, the EMA update, ``zero_grad``. With
    ``training.phases``: the step at which every phase updates, each phase's micro-steps and optimizer
-   step in turn (as ``TrainEngine`` runs them), then the EMA.
+   step in turn (as ``TrainEngine`` runs them), then the EMA. With ``data.packing``: the worst-case
+   packed micro-batches of the token budget (:mod:`.packing`); when there are two, the ``smallest`` one's
+   micro-steps first (parts ``smallest samples: micro-step ...``, their gradients then dropped), then the
+   ``largest`` one's as the step's micro-steps (the timed ones): the peak is the larger of the two.
+3. The Ulysses all-to-alls run with the target device type's overlap default, not the CPU one
+   (:func:`.overlap.target_overlap`); their time hidden behind compute is read off the trace's order of
+   collectives, waits and compute (:class:`.overlap.AsyncTimeline`).
 
 What is not the trainer's code path: weights are not loaded (nothing is read), compile plans are
 left out (the trace is eager: an upper bound for the compiled blocks' activations), and the
@@ -53,6 +59,8 @@ from mm_trainer.planner.device_specs import DeviceSpec
 from mm_trainer.planner.fake_world import fake_world
 from mm_trainer.planner.inputs import check_world
 from mm_trainer.planner.layouts import CONFIGURED, ParamShard, layout_view, param_shards
+from mm_trainer.planner.overlap import target_overlap
+from mm_trainer.planner.packing import PackedMicroBatch, part_prefix, planned_packs
 from mm_trainer.planner.tracker import ModuleStats, PlanTracker, View, ViewPeak
 from mm_trainer.registry.plugins import import_plugins
 from mm_trainer.tools.progress import Progress as UnitProgress
@@ -86,6 +94,10 @@ class TracedRun:
     seconds: float = 0.0
     max_rss_bytes: int = 0
     notes: list[str] = field(default_factory=list)
+    packs: list[PackedMicroBatch] = field(default_factory=list)
+    """``data.packing``: the packed micro-batches traced (the first one timed); empty: unpacked."""
+    overlap: dict[str, int] = field(default_factory=dict)
+    """The overlap defaults the trace ran with (the target device type's, :func:`.overlap.target_overlap`)."""
 
     def step_cost(self) -> StepCost:
         """The whole optimizer step: the first micro-step ``accumulation - 1`` times, the last once,
@@ -145,9 +157,10 @@ def trace_run(
             tracker = PlanTracker(
                 model, optimizer, device=device, cost=CostModel(device, per_node), views=views, ema=ema
             )
+            packs = planned_packs(model, config, parallel_state.dp_size)
             progress(f"tracing one step at world size {world_size} ({len(sharded.fsdp.units)} FSDP units)")
-            with tracker:
-                flops = _step(model, shards, optimizer, ema, config, tracker, progress)
+            with tracker, target_overlap(device) as overlap:
+                flops = _step(model, shards, optimizer, ema, config, tracker, progress, packs)
             tracker.on_unit = None
     progress(f"step traced ({clock(time.perf_counter() - started)} since the build started)")
     notes = [f"compile not traced: {line}" for line in sharded.features.lines() if line.startswith("compile")]
@@ -158,7 +171,8 @@ def trace_run(
         modules=list(tracker.modules.values()), kernels=tracker.kernels, placeholders=tracker.placeholders,
         shards=facts, features=sharded.features.lines(), units=len(sharded.fsdp.units), pipeline_flops=flops,
         seconds=time.perf_counter() - started,
-        max_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, notes=notes,
+        max_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, notes=notes, packs=packs,
+        overlap=overlap,
     )  # fmt: skip
 
 
@@ -207,18 +221,22 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 def _step(
     model: Any, shards: LocalShards, optimizer: torch.optim.Optimizer, ema: Any, config: TrainConfig,
-    tracker: PlanTracker, progress: Progress,
+    tracker: PlanTracker, progress: Progress, packs: list[PackedMicroBatch],
 ) -> float | None:  # fmt: skip
     """The traced optimizer step (the module docstring); returns the pipeline's FLOPs per micro-batch.
     With ``training.phases``, the step at which every phase updates (step 0), phase by phase as the
     engine runs them: each phase's micro-steps (``model(**batch, phase=name)``), its clipping and its
     optimizer step (the optimizer holds every phase's states; only the phase's parameters have
-    gradients), then the EMA once."""
+    gradients), then the EMA once. With ``packs`` (``data.packing``, no phases), every packed
+    micro-batch but the first is traced first and its gradients dropped; the first is the step's."""
     training = config.training
     flops = None
     model.train()
+    for index in range(len(packs) - 1, 0, -1):
+        _micro_steps(model, config, tracker, progress, None, packs[index], part_prefix(packs[index], index))
+        model.zero_grad(set_to_none=True)  # the step's own micro-steps start without gradients
     for phase in list(training.phases) or [None]:
-        flops = _micro_steps(model, config, tracker, progress, phase) or flops
+        flops = _micro_steps(model, config, tracker, progress, phase, packs[0] if packs else None) or flops
         suffix = "" if phase is None else f" ({phase})"
         tracker.part = f"optimizer{suffix}"
         progress(f"optimizer step{suffix}")
@@ -234,15 +252,20 @@ def _step(
 
 
 def _micro_steps(
-    model: Any, config: TrainConfig, tracker: PlanTracker, progress: Progress, phase: str | None
-) -> float | None:
-    """The traced micro-steps of one optimizer step (of ``phase``); the pipeline's FLOPs if it reports them."""
+    model: Any, config: TrainConfig, tracker: PlanTracker, progress: Progress, phase: str | None,
+    pack: PackedMicroBatch | None = None, prefix: str = "",
+) -> float | None:  # fmt: skip
+    """The traced micro-steps of one optimizer step (of ``phase``; of packed micro-batches ``pack``, their
+    parts named with ``prefix``); the pipeline's FLOPs if it reports them."""
     training = config.training
     accum = training.gradient_accumulation_steps
     flops = None
     for micro in [0] if accum == 1 else [0, accum - 1]:
-        label = f"micro-step {micro + 1}/{accum}" + ("" if phase is None else f" ({phase})")
-        batch = model.planning_batch(config.data, training.micro_batch_size)
+        label = f"{prefix}micro-step {micro + 1}/{accum}" + ("" if phase is None else f" ({phase})")
+        if pack is None:
+            batch = model.planning_batch(config.data, training.micro_batch_size)
+        else:
+            batch = model.planning_batch(config.data, training.micro_batch_size, pack=dict(pack.counts))
         rng = SampleRNG(seed=training.seed, step=0, sample_ids=batch.pop("sample_ids"), device=CPU)
         set_gradient_sync(model, micro == accum - 1)
         forward_units = _fsdp_units(model, trainable=False)

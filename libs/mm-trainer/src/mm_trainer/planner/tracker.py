@@ -11,6 +11,8 @@ trainer's run:
   collectives (all-to-all, ring send / receive) get their own tags (:mod:`.categories`);
 - the target's attention kernel stands in for torch's CPU kernel (:mod:`.attention_standin`);
 - every op is timed (:mod:`.cost_model`) into the current part of the step, recomputation apart;
+  the asynchronous all-to-alls on a timeline of their own, waited for at the first read of their
+  result, their send buffers held until then (:mod:`.overlap`);
 - :class:`View` s read other layouts off the same trace: per tag, the factor its bytes take on the
   device and on the host (another shard degree, CPU offload), each with its own running peak;
 - per module: parameter bytes per rank, the activations its forward leaves for backward, time;
@@ -42,6 +44,7 @@ from mm_trainer.planner.attention_standin import attention_call
 from mm_trainer.planner.categories import HOST_TAGS, Tag
 from mm_trainer.planner.cost_model import BACKWARD_GATHER, CostModel, StepCost, is_collective
 from mm_trainer.planner.device_specs import DeviceSpec
+from mm_trainer.planner.overlap import ASYNC_COLLECTIVES, AsyncTimeline
 
 aten = torch.ops.aten
 c10d = torch.ops.c10d
@@ -132,6 +135,7 @@ class PlanTracker(FSDPMemTracker):
         self.views = {view.name: view for view in views}
         self.view_peaks = {name: ViewPeak() for name in self.views}
         self.parts: dict[str, StepCost] = {}
+        self.timeline = AsyncTimeline()
         self.part = "setup"
         self.placeholders = 0
         self.kernels: dict[str, int] = {}
@@ -250,10 +254,13 @@ class PlanTracker(FSDPMemTracker):
             self._track(Tag.TEMP if self._mod_tracker.is_bw and not self._in_ac else Tag.ACT, made)
             self._update_peak_stats(None)
             return made
+        part = self.parts.setdefault(self.part, StepCost())
+        for kind, hidden in self.timeline.before(func, (args, kwargs)):
+            part.overlapped_s[kind] = part.overlapped_s.get(kind, 0.0) + hidden
         res = super().__torch_dispatch__(func, types, args, kwargs)
         if res is NotImplemented:
             return res
-        part = self.parts.setdefault(self.part, StepCost())
+        self.timeline.after(func, (args, kwargs), res)
         if is_collective(func):
             self._collective(func, args, kwargs, res, part)
             return res
@@ -265,6 +272,7 @@ class PlanTracker(FSDPMemTracker):
         else:
             flops = self.cost.op_flops(func, args, kwargs, res)
         seconds = self.cost.op_seconds(func, flops, args, kwargs, res)
+        self.timeline.compute(seconds)
         part.compute_s += seconds
         part.flops += flops
         if call is not None:
@@ -307,6 +315,8 @@ class PlanTracker(FSDPMemTracker):
             if kind == "all-gather" and self._mod_tracker.is_bw:
                 kind = BACKWARD_GATHER  # what reshard_after_forward: false saves
             part.add_comm(kind, nbytes, seconds)
+            if func in ASYNC_COLLECTIVES:  # in flight until its result is read (.overlap)
+                self.timeline.start(kind, seconds, args[0], res)
 
     def _workspace(self, nbytes: int) -> None:
         """Allocate and free the target kernel's workspace, so that the peak sees it beside the outputs."""
