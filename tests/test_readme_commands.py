@@ -212,6 +212,9 @@ COMMANDS: dict[tuple[str, str], How] = {
     (LTX2, "pip install --find-links dist ltx2-train"): PACKAGING,
     (LTX2, "ltx2-train --help"): RUN,
     (LTX2, "ltx2-train make-tiny runs/ltx2_tiny"): covered("apps/ltx2-train/tests/test_ltx2_preprocess.py"),
+    (LTX2, "ltx2-train make-tiny runs/ltx2_tiny_23 --release 2.3"): covered(
+        "apps/ltx2-train/tests/test_ltx2_release_e2e.py"
+    ),
     (LTX2, "ltx2-train preprocess --config apps/ltx2-train/configs/tiny_t2av.yaml"): excused(
         "its code path (ltx2_train.preprocess.run_preprocess, as 2 ranks) builds the tests' tiny cache "
         "(apps/ltx2-train/tests/conftest.py tiny_cache), not from this argv"

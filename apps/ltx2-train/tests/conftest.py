@@ -17,7 +17,6 @@ VIDEO_FHW = (3, 4, 4)  # 48 video tokens at patch size 1; the tiny clips' latent
 ONE_TOKEN_TRANSFORMER = TINY_TRANSFORMER | one_token_patch()
 AUDIO_LEN = 7  # odd: exercises the padded split under Ulysses 2
 TEXT_LEN = 6
-CAPTION = TINY_TRANSFORMER["caption_channels"]
 
 
 def perturbed(model: torch.nn.Module, seed: int = 0, scale: float = 0.1) -> torch.nn.Module:
@@ -33,8 +32,11 @@ def transformer_inputs(
     batch: int = 2, seed: int = 1, per_token_timestep: bool = True, config: dict = TINY_TRANSFORMER
 ) -> dict:
     """Keyword inputs of ``LTX2VideoTransformer3DModel.forward`` for ``config`` (default ``TINY_TRANSFORMER``)
-    on the latent grid ``VIDEO_FHW``."""
+    on the latent grid ``VIDEO_FHW``; text embeddings as wide as the config's release takes them."""
+    from ltx2_train.release_inputs import text_widths
+
     g = torch.Generator().manual_seed(seed)
+    video_text, audio_text = text_widths(TINY_TRANSFORMER | config)
     f, h, w = VIDEO_FHW
     patch, patch_t = config.get("patch_size", 1), config.get("patch_size_t", 1)
     video_len = (f // patch_t) * (h // patch) * (w // patch)
@@ -48,8 +50,8 @@ def transformer_inputs(
     return dict(
         hidden_states=torch.randn(batch, video_len, config["in_channels"], generator=g),
         audio_hidden_states=torch.randn(batch, AUDIO_LEN, TINY_TRANSFORMER["audio_in_channels"], generator=g),
-        encoder_hidden_states=torch.randn(batch, TEXT_LEN, CAPTION, generator=g),
-        audio_encoder_hidden_states=torch.randn(batch, TEXT_LEN, CAPTION, generator=g),
+        encoder_hidden_states=torch.randn(batch, TEXT_LEN, video_text, generator=g),
+        audio_encoder_hidden_states=torch.randn(batch, TEXT_LEN, audio_text, generator=g),
         timestep=timestep,
         audio_timestep=torch.tensor([700.0, 30.0][:batch]),
         encoder_attention_mask=mask,
@@ -58,24 +60,26 @@ def transformer_inputs(
     )  # fmt: skip
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def tiny_predictor():
-    """Factory ``(seed=0) -> LTX2Predictor`` with ``TINY_TRANSFORMER`` and perturbed weights."""
+    """Factory ``(seed=0, release="2.0") -> LTX2Predictor`` with ``TINY_TRANSFORMER`` and the LTX-2 release's
+    options (``ltx2_train.tiny.RELEASE_OPTIONS``), perturbed weights."""
     from types import SimpleNamespace
 
     from ltx2_train.predictor import LTX2Predictor
+    from ltx2_train.tiny import RELEASE_OPTIONS
 
-    def make(seed: int = 0) -> torch.nn.Module:
+    def make(seed: int = 0, release: str = "2.0") -> torch.nn.Module:
         torch.manual_seed(seed)
         model = LTX2Predictor.build_from_config(
-            SimpleNamespace(config=dict(TINY_TRANSFORMER), from_pretrained=None)
+            SimpleNamespace(config=TINY_TRANSFORMER | RELEASE_OPTIONS[release], from_pretrained=None)
         )
         return perturbed(model, seed)
 
     return make
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def ltx2_inputs():
     """``transformer_inputs`` as a fixture."""
     return transformer_inputs

@@ -1,13 +1,36 @@
-"""LTX-2 transformer under sequence parallelism (real gloo groups: Ulysses 2, Ring 2, USP 2 x 2) equals the
-one-process transformer, forward and backward. Ulysses 2 runs with the all-to-alls overlapped with the
-q/k/v projections (``UlyssesOverlap(projections=True)``), USP 2 x 2 without (its default with a ring)."""
+"""LTX-2 under sequence parallelism (real gloo groups: Ulysses 2, Ring 2, USP 2 x 2) equals diffusers'
+transformer on one process, forward and backward, for each release (2.0, 2.3, 2.5: gated attention,
+prompt-modulated cross-attention, perturbed-attention processors, 2.5's fixed prompt table and bias-free
+video feed-forward) and each mode's inputs: the app's forward (``LTX2Pipeline.predict`` on the
+sequence-parallel predictor) against ``LTX2VideoTransformer3DModel`` given the inputs as diffusers' LTX-2
+pipelines form them. One launch per layout checks every (release, mode). Ulysses 2 runs with the
+all-to-alls overlapped with the q/k/v projections (``UlyssesOverlap(projections=True)``), USP 2 x 2
+without (its default with a ring)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
+from ltx2_train.tiny import RELEASE_OPTIONS
 
 pytestmark = pytest.mark.slow
+
+RELEASES = sorted(RELEASE_OPTIONS)
+#: ``t2av_conditioned``: audio on, sample 0's first latent frame given clean (per-token video timestep,
+#: I2V / extension) and the audio at its own sigma (``audio_timesteps: independent``); ``t2v``: audio off
+#: (placeholder audio tokens, modalities isolated), per-sample timestep.
+MODES = ("t2av_conditioned", "t2v")
+SIGMA, AUDIO_SIGMA = torch.tensor([0.7, 0.03]), torch.tensor([0.4, 0.9])
+PLACEHOLDER_TOKENS = 8  # LTX2Pipeline's audio_placeholder_tokens
+
+
+def unused(name: str, mode: str) -> bool:
+    """Whether parameter ``name`` is outside the forward of ``mode``: 2.5's keyframe embedding (no keyframe
+    tokens) and, with the modalities isolated (``t2v``), the audio<->video cross-attention and its modulation."""
+    cross_modal = ("audio_to_video_attn", "video_to_audio_attn", "a2v_cross_attn", "av_cross_attn")
+    return "keyframes_abs_pos_embedding" in name or (mode == "t2v" and any(k in name for k in cross_modal))
 
 
 def assert_close(got, want, name=""):
@@ -16,18 +39,98 @@ def assert_close(got, want, name=""):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=atol, msg=lambda m: f"{name}: {m}")
 
 
-def forward_backward(model, inputs):
-    for key in ("hidden_states", "audio_hidden_states", "encoder_hidden_states"):
-        inputs[key].requires_grad_(True)
-    video, audio = model(**inputs, return_dict=False)
+def case(release: str, mode: str, transformer_inputs) -> SimpleNamespace:
+    """The pipeline, its ``noised`` input and the diffusers forward's keywords of one (release, mode)."""
+    from ltx2_train.pipeline import LTX2Pipeline
+    from ltx2_train.tiny import TINY_TRANSFORMER
+
+    x = transformer_inputs(config=TINY_TRANSFORMER | RELEASE_OPTIONS[release])
+    audio = mode == "t2av_conditioned"
+    video_timestep = SIGMA  # per sample
+    if audio:
+        conditioned = torch.zeros(x["hidden_states"].shape[:2], dtype=torch.bool)
+        conditioned[0, :16] = True  # sample 0's first latent frame (4 x 4 tokens)
+        video_timestep = SIGMA[:, None] * (~conditioned)
+    noised = {
+        "noisy_video": x["hidden_states"], "noisy_audio": x["audio_hidden_states"] if audio else None,
+        "grid": (x["num_frames"], x["height"], x["width"]), "text": x["encoder_hidden_states"],
+        "audio_text": x["audio_encoder_hidden_states"], "text_mask": x["encoder_attention_mask"],
+        "frame_rate": x["fps"], "sigma": SIGMA, "video_timestep": video_timestep,
+        **({"audio_sigma": AUDIO_SIGMA} if audio else {}),
+    }  # fmt: skip
+    audio_sigma = AUDIO_SIGMA if audio else SIGMA
+    audio_tokens = x["audio_hidden_states"] if audio else torch.zeros(2, PLACEHOLDER_TOKENS, 16)
+    reference = {
+        **x, "audio_hidden_states": audio_tokens, "audio_num_frames": audio_tokens.shape[1],
+        "timestep": 1000 * video_timestep, "audio_timestep": 1000 * audio_sigma, "isolate_modalities": not audio,
+    }  # fmt: skip
+    if release != "2.0":  # diffusers' pipelines: sigma=timestep (per sample), audio_sigma, cross timestep
+        reference |= {"sigma": 1000 * SIGMA, "audio_sigma": 1000 * audio_sigma, "use_cross_timestep": True}
+    return SimpleNamespace(
+        pipeline=LTX2Pipeline(audio=audio), noised=noised, reference=reference, audio=audio
+    )
+
+
+def block_input_lengths(model) -> list[tuple[int, int]]:
+    """The (video, audio) token counts the first block of ``model`` sees, one entry per forward."""
+    seen: list[tuple[int, int]] = []
+    model.transformer_blocks[0].register_forward_pre_hook(
+        lambda mod, args, kwargs: seen.append(
+            (kwargs["hidden_states"].shape[1], kwargs["audio_hidden_states"].shape[1])
+        ),
+        with_kwargs=True,
+    )
+    return seen
+
+
+def backward(model, video, audio, inputs):
+    """Backward of a fixed linear loss; the outputs, the inputs' and the parameters' gradients."""
     loss = (video * torch.linspace(-1, 1, video.numel()).view_as(video)).sum()
     loss = loss + (audio * torch.linspace(1, -2, audio.numel()).view_as(audio)).sum()
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    input_grads = [
-        inputs[k].grad.clone() for k in ("hidden_states", "audio_hidden_states", "encoder_hidden_states")
-    ]
-    return video.detach(), audio.detach(), input_grads, grads
+    return video.detach(), audio.detach(), [t.grad.clone() for t in inputs], grads
+
+
+def app_forward_backward(model, c: SimpleNamespace):
+    """``LTX2Pipeline.predict`` on ``model`` (the app's forward), then :func:`backward`."""
+    keys = ["noisy_video", "text", "audio_text", *(["noisy_audio"] if c.audio else [])]
+    noised = {**c.noised, **{k: c.noised[k].clone().requires_grad_(True) for k in keys}}
+    model.zero_grad(set_to_none=True)
+    video, audio = c.pipeline.predict(SimpleNamespace(model=model), noised)
+    return backward(model, video, audio, [noised[k] for k in keys])
+
+
+def diffusers_forward_backward(predictor, c: SimpleNamespace):
+    """``LTX2VideoTransformer3DModel`` (the predictor's weights) on ``c.reference``, then :func:`backward`."""
+    from diffusers import LTX2VideoTransformer3DModel
+
+    model = LTX2VideoTransformer3DModel.from_config(predictor.config)
+    model.load_state_dict(predictor.state_dict())
+    keys = ["hidden_states", "encoder_hidden_states", "audio_encoder_hidden_states",
+            *(["audio_hidden_states"] if c.audio else [])]  # fmt: skip
+    inputs = {**c.reference, **{k: c.reference[k].clone().requires_grad_(True) for k in keys}}
+    video, audio = model(**inputs, return_dict=False)
+    return backward(model, video, audio, [inputs[k] for k in keys])
+
+
+@pytest.fixture(scope="module")
+def cases(ltx2_inputs) -> dict[tuple[str, str], SimpleNamespace]:
+    """:func:`case` of every (release, mode)."""
+    return {(r, m): case(r, m, ltx2_inputs) for r in RELEASES for m in MODES}
+
+
+@pytest.fixture(scope="module")
+def diffusers_results(cases, tiny_predictor) -> dict[tuple[str, str], tuple]:
+    """:func:`diffusers_forward_backward` of every case (checked to exercise every parameter in use)."""
+    want = {key: diffusers_forward_backward(tiny_predictor(0, key[0]), c) for key, c in cases.items()}
+    names = {r: {n for n, _ in tiny_predictor(0, r).named_parameters()} for r in RELEASES}
+    for (release, mode), (_, _, _, grads) in want.items():
+        assert names[release] - grads.keys() == {n for n in names[release] if unused(n, mode)}, (
+            release,
+            mode,
+        )
+    return want
 
 
 @pytest.mark.parametrize(
@@ -41,12 +144,10 @@ def forward_backward(model, inputs):
     ],
     ids=["ulysses2", "ring2", "usp2x2"],
 )
-def test_sequence_parallel_forward_and_backward_equal_one_process_for_video_and_audio(
-    distributed, tiny_predictor, ltx2_inputs, world, ulysses, ring, local_lengths
+def test_sequence_parallel_forward_and_backward_equal_diffusers_for_each_release_and_mode(
+    distributed, cases, diffusers_results, tiny_predictor, world, ulysses, ring, local_lengths
 ):
-    build = tiny_predictor
-    ref_video, ref_audio, ref_input_grads, ref_grads = forward_backward(build(), ltx2_inputs())
-    assert len(ref_grads) == len(list(build().parameters()))
+    want = diffusers_results
 
     def body(rank, world_size):
         import torch.distributed as dist
@@ -54,26 +155,30 @@ def test_sequence_parallel_forward_and_backward_equal_one_process_for_video_and_
 
         overlap = UlyssesOverlap(projections=True) if ring == 1 else None
         state = ParallelState(world_size=world_size, ulysses=ulysses, ring=ring, ulysses_overlap=overlap)
-        model = build()
-        model.setup_context_parallel(state)
-        seen = []
-        model.transformer_blocks[0].register_forward_pre_hook(
-            lambda mod, args, kwargs: seen.append(
-                (kwargs["hidden_states"].shape[1], kwargs["audio_hidden_states"].shape[1])
-            ),
-            with_kwargs=True,
-        )
-        video, audio, input_grads, grads = forward_backward(model, ltx2_inputs())
-        assert seen == [local_lengths], seen
-        for t in [*input_grads, *grads.values()]:
-            dist.all_reduce(t, op=dist.ReduceOp.AVG, group=state.cp_group)
-        return video, audio, input_grads, grads
+        out = {}
+        for release in RELEASES:
+            model = tiny_predictor(0, release)
+            model.setup_context_parallel(state)
+            seen = block_input_lengths(model)
+            for mode in MODES:
+                video, audio, input_grads, grads = app_forward_backward(model, cases[release, mode])
+                tensors = [*input_grads, *grads.values()]
+                flat = torch.cat([t.flatten() for t in tensors])  # one all-reduce per case
+                dist.all_reduce(flat, op=dist.ReduceOp.AVG, group=state.cp_group)
+                for t, mean in zip(tensors, flat.split([t.numel() for t in tensors]), strict=True):
+                    t.copy_(mean.view_as(t))
+                out[release, mode] = (video, audio, input_grads, grads)
+            assert seen[0] == local_lengths, seen
+        return out
 
-    for video, audio, input_grads, grads in distributed(body, world):
-        assert_close(video, ref_video, "video")
-        assert_close(audio, ref_audio, "audio")
-        for got, want in zip(input_grads, ref_input_grads, strict=True):
-            assert_close(got, want, "input grad")
-        assert grads.keys() == ref_grads.keys()
-        for name, grad in grads.items():
-            assert_close(grad, ref_grads[name], name)
+    for got in distributed(body, world):
+        assert got.keys() == want.keys()
+        for key, (video, audio, input_grads, grads) in got.items():
+            ref_video, ref_audio, ref_input_grads, ref_grads = want[key]
+            assert_close(video, ref_video, f"{key} video")
+            assert_close(audio, ref_audio, f"{key} audio")
+            for got_grad, want_grad in zip(input_grads, ref_input_grads, strict=True):
+                assert_close(got_grad, want_grad, f"{key} input grad")
+            assert grads.keys() == ref_grads.keys(), key
+            for name, grad in grads.items():
+                assert_close(grad, ref_grads[name], f"{key} {name}")

@@ -363,3 +363,52 @@ def test_training_flops_match_torch_flop_counter_of_forward_and_backward(cross_m
     assert attention > 0.15 * counted  # the attention term carries weight in this shape
     estimate = model.training_flops(f * h * w, audio, text, cross_modal=cross_modal)
     assert estimate == pytest.approx(counted, rel=0.03)  # patchify, embeddings, modulation, heads left out
+
+
+def release_batch(release: str, size: int = 2) -> dict:
+    """:func:`held_out_batch` with the text embeddings as wide as the tiny transformer of ``release`` takes them
+    (2.3 / 2.5: its cross-attention widths, the connectors projecting per modality)."""
+    from ltx2_train.release_inputs import text_widths
+    from ltx2_train.tiny import RELEASE_OPTIONS, TINY_TRANSFORMER
+
+    video, audio = text_widths(TINY_TRANSFORMER | RELEASE_OPTIONS[release])
+    g = torch.Generator().manual_seed(2)
+    return {**held_out_batch(size), "prompt_embeds": torch.randn(size, 6, video, generator=g),
+            "audio_prompt_embeds": torch.randn(size, 6, audio, generator=g)}  # fmt: skip
+
+
+@pytest.mark.parametrize("release", ["2.0", "2.3", "2.5"])
+def test_a_23_or_25_transformer_gets_each_samples_sigma_and_audio_sigma_and_the_cross_timestep(
+    tiny_predictor, release
+):
+    """As diffusers' LTX-2 pipelines call it: ``sigma`` = the sample's timestep (1000 sigma, not zeroed on
+    conditioning tokens), ``audio_sigma`` = the audio timestep, ``use_cross_timestep``; 2.0 gets none."""
+    model = tiny_predictor(0, release)
+    seen = {}
+    model.register_forward_pre_hook(lambda _, args, kwargs: seen.update(kwargs), with_kwargs=True)
+    pipe = LTX2Pipeline.from_options(
+        {"audio": True, "audio_timesteps": "independent", "first_frame_conditioning_p": 1.0}
+    )
+    batch, container = release_batch(release), SimpleNamespace(model=model)
+    loss = pipe.forward(container, SampleRNG.for_batch(2, seed=3), **batch).loss
+    noised = pipe.noising(pipe.prepare_conditions(container, batch), SampleRNG.for_batch(2, seed=3))
+    assert torch.isfinite(loss) and noised["conditioned"].any()
+    torch.testing.assert_close(seen["timestep"], 1000 * noised["video_timestep"])  # per token
+    if release == "2.0":
+        assert {"sigma", "audio_sigma", "use_cross_timestep"}.isdisjoint(seen)
+        return
+    torch.testing.assert_close(seen["sigma"], 1000 * noised["sigma"])
+    torch.testing.assert_close(seen["audio_sigma"], 1000 * noised["audio_sigma"])
+    assert seen["use_cross_timestep"] is True
+
+
+@pytest.mark.parametrize(("release", "audio_width"), [("2.3", 32), ("2.0", 16)])
+def test_text_embeddings_of_another_releases_width_are_refused_naming_both_widths(
+    tiny_predictor, release, audio_width
+):
+    batch = release_batch(release)
+    batch["audio_prompt_embeds"] = batch["audio_prompt_embeds"][..., :1].expand(-1, -1, audio_width)
+    want = "32 and 32" if release == "2.0" else "32 and 16"
+    with pytest.raises(ValueError, match=rf"\(video, audio\) 32 and {audio_width} wide; the LTX-{release} "
+                                         rf"transformer takes {want}: preprocess"):  # fmt: skip
+        LTX2Pipeline(audio=True).prepare_conditions(SimpleNamespace(model=tiny_predictor(0, release)), batch)

@@ -46,3 +46,18 @@ def test_the_t2v_config_plans_121_frames_at_512x768_as_16x16x24_latents_and_1024
         and batch["prompt_embeds"].dtype == torch.bfloat16
     )
     assert "audio_latents" not in batch and batch["sample_ids"] == [0]
+
+
+def test_a_23_or_25_transformer_plans_text_at_its_cross_attention_widths_for_both_streams():
+    """No caption projection in the transformer (the connectors project per modality): video text
+    ``cross_attention_dim`` wide, audio text ``audio_cross_attention_dim``, the audio's planned without audio too
+    (the audio stream's placeholder tokens read it)."""
+    config = load_config(CONFIGS / "t2v.yaml", world_size=8)
+    release = SimpleNamespace(config=SimpleNamespace(
+        **vars(TRANSFORMER.config), use_prompt_embeddings=False, cross_attention_dim=4096,
+        audio_cross_attention_dim=2048,
+    ))  # fmt: skip
+    with torch.device("meta"):
+        batch = planning_batch(SimpleNamespace(model=release), config.data, 1, audio=False, frame_rate=24.0)
+    assert tuple(batch["prompt_embeds"].shape) == (1, 1024, 4096)
+    assert tuple(batch["audio_prompt_embeds"].shape) == (1, 1024, 2048)

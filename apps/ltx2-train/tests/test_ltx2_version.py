@@ -9,19 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 from ltx2_train.predictor import LTX2Predictor
-from ltx2_train.tiny import TINY_TRANSFORMER, tiny_transformer
+from ltx2_train.tiny import RELEASE_OPTIONS, TINY_TRANSFORMER, make_tiny, tiny_transformer
 from ltx2_train.version import checkpoint_version, config_version, folder_version, single_file_version
 from safetensors.torch import save_file
-
-#: Each release's transformer options (diffusers' arguments), on the tiny shape.
-RELEASES = {
-    "2.0": {},
-    "2.3": dict(gated_attn=True, cross_attn_mod=True, audio_gated_attn=True, audio_cross_attn_mod=True,
-                use_prompt_embeddings=False, perturbed_attn=True),
-    "2.5": dict(gated_attn=True, cross_attn_mod=True, audio_gated_attn=True, audio_cross_attn_mod=True,
-                use_prompt_embeddings=False, perturbed_attn=True, ff_bias=False, use_prompt_adaln_single=False,
-                use_keyframes_abs_pos_embedding=True),
-}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +19,13 @@ def folders(tmp_path_factory) -> dict[str, object]:
     """A ``save_pretrained`` transformer folder per release."""
     root = tmp_path_factory.mktemp("releases")
     out = {}
-    for version, options in RELEASES.items():
+    for version, options in RELEASE_OPTIONS.items():
         out[version] = root / version
         tiny_transformer(**options).save_pretrained(out[version])
     return out
 
 
-@pytest.mark.parametrize("version", sorted(RELEASES))
+@pytest.mark.parametrize("version", sorted(RELEASE_OPTIONS))
 def test_a_diffusers_folder_is_recognised_from_its_config(folders, version):
     assert folder_version(folders[version]) == version
     assert checkpoint_version(folders[version]) == version
@@ -100,7 +90,7 @@ def test_a_single_file_without_the_config_metadata_is_refused(tmp_path):
         single_file_version(path)
 
 
-@pytest.mark.parametrize("version", sorted(RELEASES))
+@pytest.mark.parametrize("version", sorted(RELEASE_OPTIONS))
 def test_the_build_recognises_the_release_and_logs_it(folders, version, caplog):
     model = LTX2Predictor.build_from_config(
         SimpleNamespace(from_pretrained=str(folders[version]), config=None)
@@ -122,14 +112,17 @@ def test_the_build_of_a_shape_without_a_checkpoint_refuses_an_unknown_release():
         LTX2Predictor.build_from_config(args)
 
 
-@pytest.mark.parametrize("version", ["2.3", "2.5"])
-def test_the_pipeline_refuses_a_release_whose_forward_it_does_not_feed_yet(folders, version):
-    from ltx2_train.pipeline import LTX2Pipeline
+def test_make_tiny_refuses_25_whose_gemma4_text_side_it_does_not_build(tmp_path):
+    with pytest.raises(
+        ValueError, match=r"make-tiny --release 2.5: expected one of \['2.0', '2.3'\].*Gemma-4"
+    ):
+        make_tiny(tmp_path, release="2.5")
+    assert not any(tmp_path.iterdir())  # refused before anything is written
 
-    model = LTX2Predictor.build_from_config(
-        SimpleNamespace(from_pretrained=str(folders[version]), config=None)
-    )
-    batch = {"latents": torch.randn(1, 8, 2, 4, 4), "prompt_embeds": torch.randn(1, 6, 32),
-             "prompt_attention_mask": torch.ones(1, 6, dtype=torch.long)}  # fmt: skip
-    with pytest.raises(ValueError, match=f"the transformer is LTX-{version} .* trains LTX-2.0 only"):
-        LTX2Pipeline(audio=False).prepare_conditions(SimpleNamespace(model=model), batch)
+
+def test_make_tiny_refuses_a_folder_holding_another_releases_transformer(folders, tmp_path):
+    import shutil
+
+    shutil.copytree(folders["2.3"], tmp_path / "transformer")
+    with pytest.raises(ValueError, match="an LTX-2.3 transformer is already there, not 2.0"):
+        make_tiny(tmp_path)

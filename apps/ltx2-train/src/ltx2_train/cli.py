@@ -1,6 +1,7 @@
 """``ltx2-train``: mm-train with the LTX-2 plugin loaded, plus make-tiny, preprocess, export and sample.
 
 ltx2-train make-tiny runs/ltx2_tiny                                  # tiny model set + clips (VAE fitted)
+ltx2-train make-tiny runs/ltx2_tiny_23 --release 2.3                 # the same with an LTX-2.3 transformer
 ltx2-train preprocess --config configs/tiny_t2av.yaml                # clips -> cached latents
 torchrun --nproc-per-node 2 -m ltx2_train --config configs/tiny_t2av.yaml   # train
 ltx2-train --config configs/t2av.yaml --dry-run --world-size 8       # FSDP plan on meta
@@ -60,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="steps of the tiny video VAE's fit to the clips (0: random VAE)",
     )
+    tiny.add_argument(
+        "--release",
+        default="2.0",
+        help="the transformer's LTX-2 release: 2.0 (default) or 2.3, with that release's text connectors "
+        "(2.5, whose text side is Gemma-4, is not built)",
+    )
     pre = sub.add_parser("preprocess", help=COMMANDS["preprocess"])
     pre.add_argument("--config", required=True)
     pre.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.data_path=/tmp/cache")
@@ -113,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ltx2_train.tiny import VAE_FIT_STEPS, make_tiny
 
         steps = VAE_FIT_STEPS if args.vae_fit_steps is None else args.vae_fit_steps
-        print(make_tiny(args.out, seed=args.seed, vae_fit_steps=steps))
+        print(make_tiny(args.out, seed=args.seed, vae_fit_steps=steps, release=args.release))
         print(fit_summary(Path(args.out) / "vae"))
     elif args.command == "preprocess":
         from ltx2_train.preprocess import run_preprocess

@@ -20,8 +20,15 @@ parallel over the context-parallel group (``ring x ulysses`` ranks), both driven
    gather.
 
 Everything between (norms, modulation, feed-forward, projections) is per token and runs on the
-local shard unchanged. Splits and gathers are mm-parallel's autograd-correct adjoints, so the
-mean of the per-rank gradients over the group equals the one-process gradient.
+local shard unchanged. That holds for every release's variant (2.0, 2.3, 2.5): the per-head output gate
+of 2.3 / 2.5's gated attention (``to_gate_logits``, from each query token) is applied on the local query
+tokens; their perturbed-attention processors (``perturbed_attn``) are replaced like the plain ones (an STG
+perturbation is refused, training never asks for one); the prompt modulation (``sigma`` / ``audio_sigma``:
+one value per sample, never split) and 2.5's fixed prompt table act on the text, which every rank holds
+whole. (2.5's keyframe marker ``video_keyframes_mask``, per video token, is split with the video when
+given; the training pipeline gives none, as diffusers' text/image-to-video pipelines do not.) Splits and
+gathers are mm-parallel's autograd-correct adjoints, so the mean of the per-rank gradients over the group
+equals the one-process gradient.
 """
 
 from __future__ import annotations

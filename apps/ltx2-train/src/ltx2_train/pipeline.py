@@ -15,7 +15,10 @@ the micro-batch's :class:`mm_pipelines.SampleRNG` (purposes ``sigma``, ``first_f
    video-only run) is never conditioned (its only frame would leave nothing to generate): it trains as
    text to image, and is refused only when ``first_frame_conditioning_p`` is 1;
 3. ``x_sigma = (1 - sigma) x0 + sigma eps``; the predictor gets ``timestep = 1000 sigma`` (per
-   token for video when any token is conditioned, else per sample);
+   token for video when any token is conditioned, else per sample) and ``audio_timestep = 1000
+   audio_sigma``; an LTX-2.3 / 2.5 transformer also gets the per-sample ``1000 sigma`` / ``1000
+   audio_sigma`` as its prompt modulation's ``sigma`` / ``audio_sigma`` and the cross timestep, as
+   diffusers' pipelines give them (:mod:`ltx2_train.release_inputs`);
 4. target ``eps - x0``; loss = MSE over the video tokens that are not conditioning tokens
    + ``audio_loss_weight`` x audio MSE (fp32), less the stream of ``frozen_modality`` (``audio``: video
    loss alone, the audio branch frozen; ``video``: the audio loss alone, T2A). Both streams' MSEs are
@@ -41,8 +44,8 @@ from mm_pipelines import FlowMatchScheduler, GenerativePipelineBase, SampleRNG
 
 from ltx2_train.config_schema import PIPELINE_KEYS, SAMPLER_KEYS, AudioTimesteps, FrozenModality
 from ltx2_train.planning import planning_batch
+from ltx2_train.release_inputs import release_of, sigma_inputs, text_width_problem
 from ltx2_train.timesteps import SigmaSampler
-from ltx2_train.version import config_version
 
 
 def patch_grid_problem(grid: tuple[int, ...], patch_size: int = 1, patch_size_t: int = 1) -> str | None:
@@ -231,7 +234,7 @@ class LTX2Pipeline(GenerativePipelineBase):
         if latents.dim() != 5:
             raise ValueError(f"batch['latents']: expected [B, C, F, H, W], got shape {tuple(latents.shape)}")
         model = self.submodule(container, "predictor")
-        _check_release(model)
+        release = release_of(model)
         patch_size, patch_size_t = video_patch(model)
         if patch_size_t > 1 and self.first_frame_conditioning_p > 0:
             raise ValueError(
@@ -241,12 +244,16 @@ class LTX2Pipeline(GenerativePipelineBase):
         problem = self.frame_count_problem(latents.shape[2])
         if problem is not None:
             raise ValueError(f"batch['latents']: {problem}")
+        text, audio_text = batch["prompt_embeds"], batch.get("audio_prompt_embeds", batch["prompt_embeds"])
+        problem = text_width_problem(model.config, release, text.shape[-1], audio_text.shape[-1])
+        if problem is not None:
+            raise ValueError(f"batch['prompt_embeds'] / ['audio_prompt_embeds']: {problem}")
         out = {
             "video": pack_video(latents, patch_size, patch_size_t),
             "grid": tuple(latents.shape[2:]),
             "patch": patch_size,
-            "text": batch["prompt_embeds"],
-            "audio_text": batch.get("audio_prompt_embeds", batch["prompt_embeds"]),
+            "text": text,
+            "audio_text": audio_text,
             "text_mask": batch["prompt_attention_mask"],
             "frame_rate": _frame_rate(batch.get("frame_rate"), self.frame_rate),
         }
@@ -318,9 +325,16 @@ class LTX2Pipeline(GenerativePipelineBase):
         return noised
 
     def predict(self, container: Any, noised: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the transformer; returns (video, audio) velocity predictions as token sequences."""
+        """Run the transformer; returns (video, audio) velocity predictions as token sequences.
+
+        Timesteps are ``timestep_scale_multiplier`` (1000) x sigma: the video's per token (0 on conditioning
+        tokens) or per sample, the audio's per sample; an LTX-2.3 / 2.5 transformer also gets each stream's
+        per-sample timestep as its prompt-modulation ``sigma`` / ``audio_sigma`` and the cross timestep
+        (:mod:`ltx2_train.release_inputs`)."""
         model = self.submodule(container, "predictor")
         scale = float(model.config.timestep_scale_multiplier)
+        sigma = noised["sigma"] * scale
+        audio_sigma = noised.get("audio_sigma", noised["sigma"]) * scale
         video = noised["noisy_video"]
         frames, height, width = noised["grid"]
         if self.audio:
@@ -334,13 +348,14 @@ class LTX2Pipeline(GenerativePipelineBase):
             encoder_hidden_states=noised["text"],
             audio_encoder_hidden_states=noised["audio_text"],
             timestep=noised["video_timestep"] * scale,
-            audio_timestep=noised.get("audio_sigma", noised["sigma"]) * scale,
+            audio_timestep=audio_sigma,
             encoder_attention_mask=noised["text_mask"],
             audio_encoder_attention_mask=noised["text_mask"],
             num_frames=frames, height=height, width=width, fps=noised["frame_rate"],
             audio_num_frames=audio.size(1),
             isolate_modalities=not self.audio,
             return_dict=False,
+            **sigma_inputs(release_of(model), sigma, audio_sigma),
         )  # fmt: skip
 
     # ------------------------------------------------------------------ flow state
@@ -434,17 +449,6 @@ class LTX2Pipeline(GenerativePipelineBase):
             text_tokens = noised["text"].shape[1]
             out["flops"] = batch * counter(video_tokens, computed_audio, text_tokens, cross_modal=self.audio)
         return out
-
-
-def _check_release(model: Any) -> None:
-    """Refuse a transformer of a release whose forward inputs this pipeline does not give (2.3's and 2.5's
-    prompt-modulation sigmas, ``sigma`` / ``audio_sigma``), naming it, instead of failing inside upstream."""
-    version = config_version(model.config, "the transformer's config")
-    if version != "2.0":
-        raise ValueError(
-            f"the transformer is LTX-{version} (ltx2_train.version); this pipeline trains LTX-2.0 only: the "
-            f"{version} forward's prompt-modulation timesteps (sigma, audio_sigma) are not given yet"
-        )
 
 
 def _frame_rate(value: Any, default: float) -> float:

@@ -4,7 +4,9 @@ What ``ltx2_precomputed`` yields for ``data.dataset.preprocess``'s clips: ``late
 (F' = 1 + (F - 1) / t, H' = H / s, W' = W / s, with the video VAE's compression from
 ``model_root/vae/config.json`` when it is there, else the transformer's ``vae_scale_factors``: 8 x 32 x 32; C = the
 transformer's ``in_channels`` over its patch volume), ``prompt_embeds`` (and, with audio,
-``audio_prompt_embeds``) ``[B, max_sequence_length, caption_channels]`` in the preprocess dtype,
+``audio_prompt_embeds``) ``[B, max_sequence_length, D]`` in the preprocess dtype (D: the widths
+the transformer's release takes, :func:`ltx2_train.release_inputs.text_widths`: ``caption_channels`` for
+2.0; ``cross_attention_dim`` / ``audio_cross_attention_dim`` for 2.3 and 2.5),
 ``prompt_attention_mask [B, max_sequence_length]``, and with audio ``audio_latents [B, C_a, L, M]``
 (L = the clip's seconds x sample rate / hop / 4, as upstream's pipeline counts them; ``C_a x M`` =
 the transformer's ``audio_in_channels``, M = mel bins / 4).
@@ -22,6 +24,7 @@ from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video
 from mm_parallel import parse_dtype
 
 from ltx2_train.config_schema import PreprocessOptions
+from ltx2_train.release_inputs import text_widths
 
 AUDIO_LATENT_DOWNSAMPLE = 4
 """Upstream's audio VAE compresses time and mel bins by 4 (``LATENT_DOWNSAMPLE_FACTOR``)."""
@@ -69,11 +72,8 @@ def planning_batch(
     patch = int(transformer.config.patch_size) ** 2 * int(transformer.config.patch_size_t)
     channels = int(transformer.config.in_channels) // patch
     grid = (1 + (options.num_frames - 1) // temporal, options.height // spatial, options.width // spatial)
-    size, length, width = (
-        micro_batch_size,
-        options.max_sequence_length,
-        int(transformer.config.caption_channels),
-    )
+    size, length = micro_batch_size, options.max_sequence_length
+    width, audio_width = text_widths(transformer.config)
     dtype = parse_dtype(options.dtype, key="data.dataset.preprocess.dtype") or torch.float32
     batch: dict[str, Any] = {
         "latents": torch.zeros(size, channels, *grid, dtype=dtype),
@@ -81,8 +81,11 @@ def planning_batch(
         "prompt_attention_mask": torch.ones(size, length, dtype=torch.long),
         "sample_ids": list(range(size)),
     }
+    if (
+        audio or audio_width != width
+    ):  # preprocess writes both; the audio stream reads its own without audio too
+        batch["audio_prompt_embeds"] = torch.zeros(size, length, audio_width, dtype=dtype)
     if audio:
-        batch["audio_prompt_embeds"] = torch.zeros(size, length, width, dtype=dtype)
         rate = float(options.fps or frame_rate)
         batch["audio_latents"] = torch.zeros(size, *audio_shape(options, transformer, rate), dtype=dtype)
     return batch

@@ -8,7 +8,9 @@ logit of a shifted sigma is the logit of the plain one plus ``mu``). A distilled
 (``model.pipeline.distill``) samples its student on the sigmas it trained on instead: ``steps`` Euler
 steps of its schedule (``student_sigmas``: ``distill.shift`` or ``student_shift``, from
 ``student_sigma_max`` times the noise). The predictor sees timestep ``1000 sigma`` for both streams, as
-in training. Latents are de-normalised with the VAEs'
+in training (:meth:`LTX2Pipeline.predict`; an LTX-2.3 / 2.5 transformer also as its prompt modulation's
+``sigma`` / ``audio_sigma``, with the cross timestep). The text side is the run's model set's: a 2.3 set's
+connectors give the per-modality widths that transformer takes. Latents are de-normalised with the VAEs'
 statistics and decoded: video to ``[3, F, H, W]`` in ``[-1, 1]``, audio to a log-mel spectrogram,
 which :func:`write_sample` turns into a waveform by Griffin-Lim (no vocoder is used, the tiny model
 set has none).

@@ -7,6 +7,12 @@ Layout (what a real ``Lightricks/LTX-2`` diffusers folder looks like, minus the 
 ``connectors/`` (``LTX2TextConnectors``) and ``data/`` (silent mp4 clips + ``metadata.json``).
 Fixed seeds: the same call writes the same weights.
 
+``release`` (:data:`RELEASE_OPTIONS`) picks the transformer's LTX-2 release: ``2.0`` (the default), or
+``2.3`` (gated attention, prompt-modulated cross-attention, no caption projection in the transformer) with
+2.3's connectors (``per_modality_projections``: the video and audio text embeddings come out at the
+transformer's ``cross_attention_dim`` / ``audio_cross_attention_dim``). Both keep the Gemma-3 text encoder.
+``2.5`` is refused: its text side is Gemma-4, which this tiny set does not build.
+
 The clips are :data:`DEMO_SHAPES`: four circles, one colour per direction, 5 frames of 16 x 16
 (:data:`CLIP`). With ``vae_fit_steps`` > 0 (the CLI's default, :data:`VAE_FIT_STEPS`) the video VAE
 is fitted to them (``mm_trainer.fit_or_reuse_autoencoder``; whole clips, as the VAE compresses time
@@ -36,6 +42,8 @@ from mm_checkpoint import write_pipeline_folder
 from mm_data import load_clip_tensors, make_synthetic_dataset, write_caption_tokenizer
 from mm_trainer import fit_or_reuse_autoencoder
 from transformers import Gemma3TextConfig, Gemma3TextModel
+
+from ltx2_train.version import folder_version
 
 TEXT_DIM = 32  # Gemma hidden size = caption channels
 TEXT_LAYERS = 2  # -> 3 hidden states (embeddings + 2 layers) stacked for the connectors
@@ -69,6 +77,22 @@ TINY_TRANSFORMER = dict(
     audio_cross_attention_dim=16, num_layers=2, caption_channels=TEXT_DIM, vae_scale_factors=(2, 4, 4),
     base_height=64, base_width=64, audio_sampling_rate=AUDIO["sample_rate"], audio_hop_length=AUDIO["hop_length"],
 )  # fmt: skip
+
+
+#: Each release's transformer options (diffusers' ``LTX2VideoTransformer3DModel`` arguments) on top of a
+#: shape: the options that tell the releases apart (:mod:`ltx2_train.version`) and the ones each release's
+#: checkpoints set besides (the audio side's gates and prompt modulation, perturbed attention, 2.5's
+#: keyframe embedding). Tiny stand-ins for tests and ``make-tiny``, not the released configs.
+RELEASE_OPTIONS: dict[str, dict[str, Any]] = {
+    "2.0": {},
+    "2.3": dict(gated_attn=True, cross_attn_mod=True, audio_gated_attn=True, audio_cross_attn_mod=True,
+                use_prompt_embeddings=False, perturbed_attn=True),
+    "2.5": dict(gated_attn=True, cross_attn_mod=True, audio_gated_attn=True, audio_cross_attn_mod=True,
+                use_prompt_embeddings=False, perturbed_attn=True, ff_bias=False, use_prompt_adaln_single=False,
+                use_keyframes_abs_pos_embedding=True),
+}  # fmt: skip
+#: The releases ``make-tiny`` writes a whole model set for (2.5's Gemma-4 text side is not built).
+MAKE_TINY_RELEASES = ("2.0", "2.3")
 
 
 def write_tokenizer(out: Path):
@@ -105,11 +129,13 @@ def one_token_patch(clip: Mapping[str, int] = CLIP) -> dict[str, int]:
     }  # fmt: skip
 
 
-def one_token_transformer(clip: Mapping[str, int] = CLIP) -> LTX2VideoTransformer3DModel:
-    """The tiny transformer of :func:`one_token_patch`, its ``proj_in`` / ``proj_out`` starting as the
-    identity: the velocity's ``x_sigma / sigma`` part is then there from the first step instead of a
-    map that random projections take hundreds of steps to learn."""
-    model = tiny_transformer(**one_token_patch(clip))
+def one_token_transformer(
+    clip: Mapping[str, int] = CLIP, release: str = "2.0"
+) -> LTX2VideoTransformer3DModel:
+    """The tiny transformer of :func:`one_token_patch` with ``release``'s options (:data:`RELEASE_OPTIONS`),
+    its ``proj_in`` / ``proj_out`` starting as the identity: the velocity's ``x_sigma / sigma`` part is then
+    there from the first step instead of a map that random projections take hundreds of steps to learn."""
+    model = tiny_transformer(**one_token_patch(clip), **RELEASE_OPTIONS[release])
     with torch.no_grad():
         for proj in (model.proj_in, model.proj_out):
             proj.weight.copy_(torch.eye(*proj.weight.shape))
@@ -148,11 +174,27 @@ def tiny_text_encoder(vocab_size: int) -> Gemma3TextModel:
 
 
 def tiny_connectors() -> LTX2TextConnectors:
+    """LTX-2.0's connectors: one projection of Gemma's stacked layers to ``TEXT_DIM`` for both streams (the
+    transformer's caption projections take it from there)."""
     return LTX2TextConnectors(
         caption_channels=TEXT_DIM, text_proj_in_factor=TEXT_LAYERS + 1,
         video_connector_num_attention_heads=2, video_connector_attention_head_dim=16,
         video_connector_num_layers=1, video_connector_num_learnable_registers=8,
         audio_connector_num_attention_heads=2, audio_connector_attention_head_dim=16,
+        audio_connector_num_layers=1, audio_connector_num_learnable_registers=8, connector_rope_base_seq_len=64,
+    )  # fmt: skip
+
+
+def tiny_release_connectors(video_dim: int, audio_dim: int) -> LTX2TextConnectors:
+    """LTX-2.3's connectors (``per_modality_projections``, gated attention): the video and audio text
+    embeddings at ``video_dim`` / ``audio_dim`` wide, the widths of a transformer without caption projections
+    (its ``cross_attention_dim`` / ``audio_cross_attention_dim``); two heads each."""
+    return LTX2TextConnectors(
+        caption_channels=TEXT_DIM, text_proj_in_factor=TEXT_LAYERS + 1, per_modality_projections=True,
+        video_hidden_dim=video_dim, audio_hidden_dim=audio_dim, video_gated_attn=True, audio_gated_attn=True,
+        video_connector_num_attention_heads=2, video_connector_attention_head_dim=video_dim // 2,
+        video_connector_num_layers=1, video_connector_num_learnable_registers=8,
+        audio_connector_num_attention_heads=2, audio_connector_attention_head_dim=audio_dim // 2,
         audio_connector_num_layers=1, audio_connector_num_learnable_registers=8, connector_rope_base_seq_len=64,
     )  # fmt: skip
 
@@ -163,10 +205,13 @@ def make_tiny(
     seed: int = 0,
     vae_fit_steps: int = VAE_FIT_STEPS,
     shapes: Sequence[tuple[str, str, str]] = DEMO_SHAPES,
+    release: str = "2.0",
 ) -> Path:
-    """Write the tiny model set and the clips of ``shapes`` into ``out`` (skipping what is already
-    complete); with ``vae_fit_steps`` > 0 the video VAE is fitted to the clips (module docstring)."""
+    """Write the tiny model set of LTX-2 ``release`` and the clips of ``shapes`` into ``out`` (skipping what
+    is already complete; a transformer of another release there is refused); with ``vae_fit_steps`` > 0 the
+    video VAE is fitted to the clips (module docstring)."""
     out = Path(out)
+    check_release(out, release)
     out.mkdir(parents=True, exist_ok=True)
     metadata = out / "data" / "metadata.json"
     if not metadata.is_file():
@@ -178,18 +223,42 @@ def make_tiny(
         write_fitted_vae(out / "vae", metadata, steps=vae_fit_steps, seed=seed)
     torch.manual_seed(seed)
     tokenizer = write_tokenizer(out / "tokenizer")
+    shape = TINY_TRANSFORMER | one_token_patch()
+    connectors = tiny_connectors if release == "2.0" else (
+        lambda: tiny_release_connectors(shape["cross_attention_dim"], shape["audio_cross_attention_dim"])
+    )  # fmt: skip
     components = {
-        "transformer": ("diffusers", "LTX2VideoTransformer3DModel", one_token_transformer),
+        "transformer": (
+            "diffusers",
+            "LTX2VideoTransformer3DModel",
+            lambda: one_token_transformer(release=release),
+        ),
         "vae": ("diffusers", "AutoencoderKLLTX2Video", tiny_vae),
         "audio_vae": ("diffusers", "AutoencoderKLLTX2Audio", tiny_audio_vae),
         "text_encoder": ("transformers", "Gemma3TextModel", lambda: tiny_text_encoder(len(tokenizer))),
-        "connectors": ("ltx2", "LTX2TextConnectors", tiny_connectors),
+        "connectors": ("ltx2", "LTX2TextConnectors", connectors),
     }
     write_pipeline_folder(
         out, "LTX2Pipeline", components, diffusers_version="0.42.1",
         extra_index={"tokenizer": ["transformers", "PreTrainedTokenizerFast"]},
     )  # fmt: skip
     return out
+
+
+def check_release(out: Path, release: str) -> None:
+    """Refuse a ``release`` :func:`make_tiny` does not build, or an ``out`` whose transformer is another's."""
+    if release not in MAKE_TINY_RELEASES:
+        raise ValueError(
+            f"make-tiny --release {release}: expected one of {list(MAKE_TINY_RELEASES)} (LTX-2.5's text side "
+            "is Gemma-4, which the tiny model set does not build)"
+        )
+    if (out / "transformer" / "config.json").is_file():
+        found = folder_version(out / "transformer")
+        if found != release:
+            raise ValueError(
+                f"{out / 'transformer'}: an LTX-{found} transformer is already there, not {release}; "
+                "write the tiny set of another release into another folder"
+            )
 
 
 def load_clips(metadata: str | Path) -> torch.Tensor:
