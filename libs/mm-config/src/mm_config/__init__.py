@@ -19,6 +19,7 @@ from .datasets import (  # noqa: E402
 )
 from .distill import DistillOptions  # noqa: E402
 from .dpo import DPOOptions  # noqa: E402
+from .grpo import GRPOOptions  # noqa: E402
 from .errors import ConfigError, MissingDependencyError, Problem, RuleViolations  # noqa: E402
 from .features import (  # noqa: E402
     CompileMode,
@@ -114,6 +115,7 @@ __all__ = [
     "SourceConfig",
     "DistillOptions",
     "DPOOptions",
+    "GRPOOptions",
     "EMAConfig",
     "ENTRY_POINT_GROUP",
     "FSDPPlanConfig",
