@@ -37,8 +37,16 @@ def test_the_shipped_config_passes_and_a_full_weight_policy_needs_a_reference_on
     ("overrides", "path", "words"),
     [
         (["training.rewards=[]"], "model.pipeline.grpo", "training.rewards lists none"),
-        (["model.pipeline.grpo.group_size=1"], "model.pipeline.grpo.group_size", "greater than or equal to 2"),
-        (["model.pipeline.grpo.timestep_fraction=0"], "model.pipeline.grpo.timestep_fraction", "greater than 0"),
+        (
+            ["model.pipeline.grpo.group_size=1"],
+            "model.pipeline.grpo.group_size",
+            "greater than or equal to 2",
+        ),
+        (
+            ["model.pipeline.grpo.timestep_fraction=0"],
+            "model.pipeline.grpo.timestep_fraction",
+            "greater than 0",
+        ),
         (["model.pipeline.grpo.noise_level=0"], "model.pipeline.grpo.noise_level", "greater than 0"),
         (["model.pipeline.grpo.group=4"], "model.pipeline.grpo.group", "group_size"),
         (["model.pipeline.expert=high_noise"], "model.pipeline.grpo", "expected expert `all` or `both`"),

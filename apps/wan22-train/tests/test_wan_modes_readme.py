@@ -104,7 +104,14 @@ def test_grpo_logs_a_finite_loss_and_the_reward_statistics_alike_at_2_ranks_with
     keyed by (step, prompt, group index), so both score the same clips and take the same loss."""
     monkeypatch.chdir(session)
     train(readme, main_forked, GRPO)
-    train(readme, main_forked, GRPO, "parallel.ulysses_parallel_size=1", "training.save=runs/tiny/ckpt_grpo_1", nproc=1)
+    train(
+        readme,
+        main_forked,
+        GRPO,
+        "parallel.ulysses_parallel_size=1",
+        "training.save=runs/tiny/ckpt_grpo_1",
+        nproc=1,
+    )
     two, one = ([json.loads(line) for line in (session / "runs/tiny" / name / "metrics.jsonl").read_text().splitlines()]
                 for name in ("ckpt_grpo", "ckpt_grpo_1"))  # fmt: skip
     assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2]

@@ -39,7 +39,9 @@ def test_a_transitions_mean_std_and_log_prob_equal_a_hand_computation(k):
     mean, got_std = sde_transition(torch.tensor([x]), torch.tensor([v]), SIGMAS, k, a)
     torch.testing.assert_close(mean, torch.tensor([means]), rtol=1e-6, atol=1e-6)
     assert got_std == pytest.approx(std, rel=1e-12)
-    assert float(transition_log_prob(torch.tensor([x_next]), mean, got_std)) == pytest.approx(by_hand, rel=1e-5)
+    assert float(transition_log_prob(torch.tensor([x_next]), mean, got_std)) == pytest.approx(
+        by_hand, rel=1e-5
+    )
 
 
 def test_group_advantages_normalise_within_each_prompt_and_clip():
@@ -75,7 +77,10 @@ def _grpo(toys, **options) -> tuple[FlowGRPO, torch.nn.Module]:
     with torch.no_grad():  # the policy a little away from its reference: a KL term above 0
         container.predictor.conv.weight.add_(0.05)
     grpo = FlowGRPO(FlowMatchT2VPipeline(FlowMatchScheduler()), group_size=3, sampling_steps=4, **options)
-    grpo.scorer = lambda latents, prompts, groups, names: (latents.double().flatten(1).mean(1), {"reward": 0.0})
+    grpo.scorer = lambda latents, prompts, groups, names: (
+        latents.double().flatten(1).mean(1),
+        {"reward": 0.0},
+    )
     return grpo, container
 
 
@@ -100,7 +105,9 @@ def test_rollouts_and_loss_are_the_same_whatever_micro_batches_the_prompts_are_s
     both = rollout([5, 9], slice(0, 6))
     halves = [rollout([5], slice(0, 3)), rollout([9], slice(3, 6))]
     torch.testing.assert_close(both.states, torch.cat([h.states for h in halves], dim=1), rtol=0, atol=1e-6)
-    torch.testing.assert_close(both.log_probs, torch.cat([h.log_probs for h in halves], dim=1), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        both.log_probs, torch.cat([h.log_probs for h in halves], dim=1), rtol=0, atol=1e-6
+    )
     assert not torch.allclose(both.samples[0], both.samples[1])  # group index 0 and 1 of a prompt differ
     assert not torch.allclose(rollout([5, 9], slice(0, 6), step=4).samples, both.samples)
 
@@ -109,7 +116,9 @@ def test_rollouts_and_loss_are_the_same_whatever_micro_batches_the_prompts_are_s
         return grpo(container, rng=rng, phase="grpo", **_prompts(toys, rows))
 
     joint, parts = loss([5, 9], [0, 1]), [loss([5], [0]), loss([9], [1])]
-    assert joint.loss.item() == pytest.approx((parts[0].loss.item() + parts[1].loss.item()) / 2, abs=1e-7)  # fp32
+    assert joint.loss.item() == pytest.approx(
+        (parts[0].loss.item() + parts[1].loss.item()) / 2, abs=1e-7
+    )  # fp32
     assert joint.logged["grpo_kl"] > 0
 
 
@@ -117,14 +126,20 @@ def test_each_optimizer_step_trains_the_keyed_fraction_of_the_sampler_steps(toys
     grpo, _ = _grpo(toys, timestep_fraction=0.6)
     assert grpo.trained_steps == 2  # floor(0.6 * 4)
     steps = grpo.train_steps(SampleRNG(seed=1, step=3, sample_ids=[5, 9]))
-    assert steps == grpo.train_steps(SampleRNG(seed=1, step=3, sample_ids=[0]))  # the step's, not the samples'
+    assert steps == grpo.train_steps(
+        SampleRNG(seed=1, step=3, sample_ids=[0])
+    )  # the step's, not the samples'
     assert len(steps) == 2 and all(0 <= k < 4 for k in steps)
-    assert {tuple(grpo.train_steps(SampleRNG(seed=1, step=s, sample_ids=[0]))) for s in range(8)} != {tuple(steps)}
+    assert {tuple(grpo.train_steps(SampleRNG(seed=1, step=s, sample_ids=[0]))) for s in range(8)} != {
+        tuple(steps)
+    }
 
 
 def test_bad_options_and_a_call_outside_the_phase_are_refused(toys):
     base = FlowMatchT2VPipeline(FlowMatchScheduler())
-    with pytest.raises(ValueError, match=r"group_size must be >= 2 .*; timestep_fraction must lie in \(0, 1\]"):
+    with pytest.raises(
+        ValueError, match=r"group_size must be >= 2 .*; timestep_fraction must lie in \(0, 1\]"
+    ):
         FlowGRPO(base, group_size=1, timestep_fraction=0)
     with pytest.raises(ValueError, match="text-to-video only"):
         FlowGRPO(FlowMatchT2VPipeline(FlowMatchScheduler(), task="i2v"))

@@ -267,3 +267,25 @@ def test_validation_refuses_a_reward_on_latents_before_training(tmp_path):
     with pytest.raises(ValueError, match=r"the rewards \['test_latent_mean'\] need \['latents'\]"):
         Validator(Colours(), section, data=None, seed=0, out_dir=tmp_path, device=torch.device("cpu"),
                   rewards=Rewards.from_config([_entry("test_latent_mean")]))  # fmt: skip
+
+
+def test_the_rollout_scorer_decodes_only_for_rewards_on_frames_and_gives_nan_for_a_skipped_clip():
+    from mm_trainer import RolloutScorer
+
+    decoded = []
+
+    def decode(latents):
+        decoded.append(latents.shape[0])
+        return torch.zeros(latents.shape[0], 3, 1, 2, 2)
+
+    latents = torch.arange(3.0).view(3, 1, 1, 1, 1)
+    on_latents = RolloutScorer(Rewards.from_config([_entry("test_latent_mean", scale=2.0)]), decode)
+    rewards, logged = on_latents(latents, ["a", "a", "b"], groups=[0, 0, 1], names=["x", "y", "z"])
+    assert decoded == [] and rewards.tolist() == [0.0, 2.0, 4.0]
+    assert logged == pytest.approx(
+        {"reward": 2.0, "reward_std": math.sqrt(8 / 3), "reward_test_latent_mean": 2.0}
+    )
+    on_frames = RolloutScorer(Rewards.from_config([_entry("test_nan_on_second")], on_failure="skip"), decode)
+    rewards, logged = on_frames(latents, ["a", "a", "b"], groups=[0, 0, 1], names=["x", "y", "z"])
+    assert decoded == [3] and math.isnan(rewards[1]) and rewards[[0, 2]].tolist() == [0.0, 1.0]
+    assert logged["reward_skipped"] == 1.0 and logged["reward"] == 0.5

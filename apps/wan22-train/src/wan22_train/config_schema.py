@@ -125,7 +125,6 @@ class WanPipelineOptions(PartialConfigModel):
             raise RuleViolations(problems)
         return self
 
-
     def _grpo_problems(self) -> list[Problem]:
         """Flow-GRPO rolls out the whole text-to-video sampler, alone among the training modes."""
         if self.grpo is None:
@@ -133,7 +132,9 @@ class WanPipelineOptions(PartialConfigModel):
         problems = []
         if self.task != "t2v":
             problems.append(
-                Problem(("grpo",), "rolls out text-to-video only: expected task t2v", self.task, deps=(("task",),))
+                Problem(
+                    ("grpo",), "rolls out text-to-video only: expected task t2v", self.task, deps=(("task",),)
+                )
             )
         if self.expert in ("high_noise", "low_noise"):
             problems.append(

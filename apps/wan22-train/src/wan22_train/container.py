@@ -50,7 +50,9 @@ class Wan22Container(ModelContainer):
         (:func:`wan22_train.distill.architecture_problems`), a Diffusion-DPO or Flow-GRPO run without a
         reference (:func:`wan22_train.dpo.dpo_problems`, :func:`wan22_train.grpo.grpo_problems`), before
         anything is built."""
-        return architecture_problems(model_section) | dpo_problems(model_section) | grpo_problems(model_section)
+        return (
+            architecture_problems(model_section) | dpo_problems(model_section) | grpo_problems(model_section)
+        )
 
     @classmethod
     def build_pipeline(

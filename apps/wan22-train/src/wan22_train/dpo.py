@@ -40,7 +40,9 @@ def dpo_problems(model_section: Any) -> dict[str, str]:
     return policy_reference_problems(model_section, options.get("expert", "all"), "Diffusion-DPO")
 
 
-def policy_reference_problems(model_section: Any, expert: str, mode: str, *, needs_reference: bool = True) -> dict[str, str]:
+def policy_reference_problems(
+    model_section: Any, expert: str, mode: str, *, needs_reference: bool = True
+) -> dict[str, str]:
     """Why the sub-models cannot train the policy of a fine-tuning ``mode`` against a reference, by sub-model
     name: a policy sub-model missing, a reference that trains, or (``needs_reference``) neither a reference
     nor a LoRA policy (whose base with the adapters off is the reference)."""
@@ -48,7 +50,9 @@ def policy_reference_problems(model_section: Any, expert: str, mode: str, *, nee
     problems: dict[str, str] = {}
     for role in policy_roles(expert):
         if role not in subs:
-            problems[role] = f"{mode} (expert: {expert}) trains the policy `{role}`: add it under model.models"
+            problems[role] = (
+                f"{mode} (expert: {expert}) trains the policy `{role}`: add it under model.models"
+            )
     references = reference_roles(expert)
     if any(r in subs for r in references):
         for role in references:

@@ -19,7 +19,6 @@ from .datasets import (  # noqa: E402
 )
 from .distill import DistillOptions  # noqa: E402
 from .dpo import DPOOptions  # noqa: E402
-from .grpo import GRPOOptions  # noqa: E402
 from .errors import ConfigError, MissingDependencyError, Problem, RuleViolations  # noqa: E402
 from .features import (  # noqa: E402
     CompileMode,
@@ -28,6 +27,7 @@ from .features import (  # noqa: E402
     ModulePlanConfig,
     RecomputePlanConfig,
 )
+from .grpo import GRPOOptions  # noqa: E402
 from .hf_model import ATTN_IMPLEMENTATIONS, GENERIC_TRANSFORMERS_ID, HFModelConfig  # noqa: E402
 from .known_ids import (  # noqa: E402
     ID_KINDS,

@@ -18,12 +18,6 @@ from .distribution_matching import (
     distillation_architecture_problems,
     with_distillation,
 )
-from .flow_match_scheduler import (
-    DEFAULT_SIGMA_MIN,
-    FlowMatchScheduler,
-    boundary_index,
-    shift_sigmas,
-)
 from .flow_grpo import (
     ADVANTAGE_EPS,
     FlowGRPO,
@@ -31,6 +25,12 @@ from .flow_grpo import (
     clipped_policy_loss,
     group_advantages,
     transition_kl,
+)
+from .flow_match_scheduler import (
+    DEFAULT_SIGMA_MIN,
+    FlowMatchScheduler,
+    boundary_index,
+    shift_sigmas,
 )
 from .flow_match_t2v import FlowMatchT2VPipeline
 from .keyed_random import SampleRNG, key_seed

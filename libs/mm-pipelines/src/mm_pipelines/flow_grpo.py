@@ -117,11 +117,17 @@ class FlowGRPO:
         shift: float | None = None,
         phase: str = "grpo",
     ) -> None:
-        _check(group_size, noise_level, clip_range, advantage_clip, kl_weight, timestep_fraction, sampling_steps)
+        _check(
+            group_size, noise_level, clip_range, advantage_clip, kl_weight, timestep_fraction, sampling_steps
+        )
         if getattr(base, "task", "t2v") != "t2v":
             raise ValueError(f"grpo: rollouts are text-to-video only (task t2v), got task {base.task!r}")
         self.base, self.phase, self.group_size = base, phase, int(group_size)
-        self.noise_level, self.clip_range, self.advantage_clip = float(noise_level), float(clip_range), float(advantage_clip)
+        self.noise_level, self.clip_range, self.advantage_clip = (
+            float(noise_level),
+            float(clip_range),
+            float(advantage_clip),
+        )
         self.kl_weight, self.timestep_fraction = float(kl_weight), float(timestep_fraction)
         self.sampling_steps = int(sampling_steps)
         grid: FlowMatchScheduler = base.scheduler
@@ -159,7 +165,9 @@ class FlowGRPO:
                 f"{{{self.phase}: {{submodels: [<the policy's sub-models>]}}}} (got phase {phase!r})"
             )
         if self.scorer is None:
-            raise ValueError("Flow-GRPO scores its rollouts with training.rewards: none were attached (scorer)")
+            raise ValueError(
+                "Flow-GRPO scores its rollouts with training.rewards: none were attached (scorer)"
+            )
         conditions = self.base.prepare_conditions(container, batch)
         latents = conditions["latents"]
         if isinstance(latents, (list, tuple)):
@@ -218,7 +226,9 @@ class FlowGRPO:
             mean, std = sde_transition(x, self._velocity(container, x, sigma, conditions), self.sigmas, k,
                                        self.noise_level)  # fmt: skip
             log_prob = transition_log_prob(x_next, mean, std)
-            policy, out = clipped_policy_loss(log_prob, rollout.log_probs[k], advantages.to(x.device), self.clip_range)
+            policy, out = clipped_policy_loss(
+                log_prob, rollout.log_probs[k], advantages.to(x.device), self.clip_range
+            )
             step_loss = policy
             if self.kl_weight > 0:
                 with torch.no_grad(), as_reference(self.base, container, "Flow-GRPO"):
@@ -253,7 +263,9 @@ def _check(
 ) -> None:  # fmt: skip
     problems = []
     if group_size < 2:
-        problems.append(f"group_size must be >= 2 (advantages compare the clips of a prompt), got {group_size}")
+        problems.append(
+            f"group_size must be >= 2 (advantages compare the clips of a prompt), got {group_size}"
+        )
     if not noise_level > 0:
         problems.append(f"noise_level must be > 0 (the SDE's transitions need a density), got {noise_level}")
     if not clip_range > 0:
@@ -270,4 +282,11 @@ def _check(
         raise ValueError("grpo: " + "; ".join(problems))
 
 
-__all__ = ["ADVANTAGE_EPS", "FlowGRPO", "SampleScorer", "clipped_policy_loss", "group_advantages", "transition_kl"]
+__all__ = [
+    "ADVANTAGE_EPS",
+    "FlowGRPO",
+    "SampleScorer",
+    "clipped_policy_loss",
+    "group_advantages",
+    "transition_kl",
+]

@@ -64,7 +64,9 @@ def sde_coefficient(sigmas: torch.Tensor, k: int, noise_level: float) -> float:
     s = float(sigmas[k])
     gap = 1.0 - s if s < 1.0 else 1.0 - float(sigmas[1])
     if gap <= 0:
-        raise ValueError(f"the SDE step needs a sigma below 1 after the first, got the schedule {sigmas.tolist()}")
+        raise ValueError(
+            f"the SDE step needs a sigma below 1 after the first, got the schedule {sigmas.tolist()}"
+        )
     return noise_level * math.sqrt(s / gap)
 
 

@@ -75,6 +75,8 @@ _EXPORTS: dict[str, str] = {
     "RewardScores": "mm_trainer.modes.rewards",
     "RewardTerm": "mm_trainer.modes.rewards",
     "Rewards": "mm_trainer.modes.rewards",
+    "RolloutScorer": "mm_trainer.modes.rollout_scoring",
+    "attach_rollout_scorer": "mm_trainer.modes.rollout_scoring",
     "REWARD_REGISTRY": "mm_trainer.registry.registries",
     "reward_register": "mm_trainer.registry.registries",
     "import_plugins": "mm_trainer.registry.plugins",
