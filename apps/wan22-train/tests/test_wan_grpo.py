@@ -4,6 +4,7 @@ run that could not train it is refused by the config check before any weight is 
 from __future__ import annotations
 
 import pytest
+import torch
 from mm_config import ConfigError, check_config
 from wan22_train.configs import config_path
 from wan22_train.tiny import make_tiny, tiny_overrides
@@ -57,3 +58,55 @@ def test_a_grpo_run_that_cannot_train_is_refused_naming_the_key(tiny, overrides,
     err = _refused(tiny, *overrides)
     assert path in err.paths, str(err)
     assert words in str(err)
+
+
+class _Expert(torch.nn.Module):
+    """A velocity of latents and text that records the timesteps it is called at."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv3d(4, 4, kernel_size=1)
+        self.timesteps: list[float] = []
+
+    def forward(self, hidden, timestep, text):
+        self.timesteps += timestep.tolist()
+        return self.conv(hidden) + text.mean(dim=(1, 2))[:, None, None, None, None]
+
+
+def test_with_both_experts_each_rollout_step_and_each_trained_step_runs_the_expert_of_its_timestep():
+    """Wan2.2 A14B: the rollout's transitions (their log-probabilities) and the trained steps' gradients
+    come from the high-noise expert at timesteps at or above the boundary and from the low-noise one below."""
+    from mm_pipelines import FlowGRPO, SampleRNG
+    from wan22_train.pipeline import Wan22Pipeline
+
+    torch.manual_seed(0)
+    container = torch.nn.Module()
+    container.predictor, container.predictor_low = _Expert(), _Expert()
+    base = Wan22Pipeline.from_options({"expert": "both"})
+    grpo = FlowGRPO(base, group_size=2, sampling_steps=4, timestep_fraction=0.25, kl_weight=0)
+    grpo.scorer = lambda latents, prompts, groups, names: (latents.double().flatten(1).mean(1), {})
+    boundary = base.boundary_timestep()
+    high = [k for k in range(4) if float(grpo.sigmas[k]) * 1000 >= boundary]
+    assert 0 < len(high) < 4, "the schedule has steps of both experts"
+    batch = {"latents": torch.zeros(1, 4, 2, 2, 2), "prompt_embeds": torch.randn(1, 3, 5)}
+    seen = set()
+    for step in range(6):
+        rng = SampleRNG(seed=0, step=step, sample_ids=[0])
+        (k,) = grpo.train_steps(rng)
+        for expert in (container.predictor, container.predictor_low):
+            expert.timesteps.clear()
+        grpo(container, rng=rng, phase="grpo", **batch).loss.backward()
+        trained, other = (
+            (container.predictor, container.predictor_low)
+            if k in high
+            else (container.predictor_low, container.predictor)
+        )
+        assert trained.conv.weight.grad is not None and other.conv.weight.grad is None, f"step {k}"
+        assert all(t >= boundary for t in container.predictor.timesteps)
+        assert all(t < boundary for t in container.predictor_low.timesteps)
+        assert len(container.predictor.timesteps) == 2 * len(high) + (
+            2 if k in high else 0
+        )  # rollout + trained
+        container.zero_grad(set_to_none=True)
+        seen.add(k in high)
+    assert seen == {True, False}
