@@ -77,6 +77,7 @@ _EXPORTS: dict[str, str] = {
     "Rewards": "mm_trainer.modes.rewards",
     "RolloutScorer": "mm_trainer.modes.rollout_scoring",
     "attach_rollout_scorer": "mm_trainer.modes.rollout_scoring",
+    "raise_on_every_rank": "mm_trainer.modes.rollout_scoring",
     "REWARD_REGISTRY": "mm_trainer.registry.registries",
     "reward_register": "mm_trainer.registry.registries",
     "import_plugins": "mm_trainer.registry.plugins",
