@@ -175,6 +175,10 @@ COMMANDS: dict[tuple[str, str], How] = {
         WAN,
         "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_dpo.yaml",
     ): covered("apps/wan22-train/tests/test_wan_modes_readme.py"),
+    (
+        WAN,
+        "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_grpo.yaml",
+    ): covered("apps/wan22-train/tests/test_wan_modes_readme.py"),
     (WAN, "wan22-train preprocess --config apps/wan22-train/configs/tiny_t2v_cached.yaml"): covered(
         "apps/wan22-train/tests/test_wan_conditions_e2e.py"
     ),

@@ -14,7 +14,7 @@ from wan22_train.configs import config_path
 SHIPPED = [
     "tiny_t2v.yaml", "tiny_t2v_both.yaml", "tiny_t2v_lora.yaml", "tiny_t2v_cached.yaml", "t2v_a14b_high.yaml",
     "t2v_a14b_low.yaml", "t2v_a14b_both.yaml", "t2v_a14b_high_cached.yaml", "i2v_a14b.yaml", "ti2v_5b.yaml",
-    "tiny_t2v_distill.yaml", "tiny_t2v_both_distill.yaml", "tiny_dpo.yaml",
+    "tiny_t2v_distill.yaml", "tiny_t2v_both_distill.yaml", "tiny_dpo.yaml", "tiny_grpo.yaml",
 ]  # fmt: skip
 
 

@@ -1,14 +1,17 @@
 """The README's commands of the training modes beyond plain fine-tuning, as a user types them from
 the repository root (each line taken from the README by its text): both experts in one job, DMD2
-distillation (train, export the student, sample it on its 4 steps), the two-expert distillation, and
-Diffusion-DPO (its pairs from make-pairs, then training).
+distillation (train, export the student, sample it on its 4 steps), the two-expert distillation,
+Diffusion-DPO (its pairs from make-pairs, then training) and Flow-GRPO (the same at 1 rank as at 2 ranks +
+Ulysses 2).
 Shortened as the README says: each training to 2 steps, make-tiny without the VAE fit. What the modes
 compute is tested elsewhere (test_wan_both_experts_e2e.py, test_wan_distill_e2e.py,
-test_wan_distill_pipeline.py, test_wan_dpo_e2e.py); here, that the documented commands run as written."""
+test_wan_distill_pipeline.py, test_wan_dpo_e2e.py, libs/mm-pipelines/tests/test_flow_grpo.py); here, that the
+documented commands run as written."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from wan22_train.cli import main as wan22_main
@@ -25,6 +28,7 @@ EXPORT_STUDENT = "wan22-train export --checkpoint runs/tiny/ckpt_distill --out r
 SAMPLE_STUDENT = 'wan22-train sample --checkpoint runs/tiny/ckpt_distill --steps 4 --prompt "a red circle moving up" --out runs/tiny/student.mp4'
 MAKE_PAIRS = "wan22-train make-pairs runs/tiny --target 1 0 0"
 DPO = "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_dpo.yaml"
+GRPO = "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_grpo.yaml"
 DISTILL_BOTH = (
     "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_t2v_both_distill.yaml"
 )
@@ -40,12 +44,13 @@ def session(tmp_path_factory, readme):
     return cwd
 
 
-def train(readme, main_forked, line: str) -> None:
-    """The README's torchrun ``line``, 2 steps, on 2 forked ranks (the command's code path)."""
+def train(readme, main_forked, line: str, *extra: str, nproc: int = 2) -> None:
+    """The README's torchrun ``line``, 2 steps, on 2 forked ranks (the command's code path); ``extra``
+    overrides, on ``nproc`` ranks."""
     paths = {"apps/wan22-train/configs": CONFIGS}
-    argv = readme.command(WAN_README, line, paths=paths, extra=("training.train_iters=2",))
-    module, nproc, args = readme.launched(argv)
-    assert (module, nproc) == ("wan22_train", 2)
+    argv = readme.command(WAN_README, line, paths=paths, extra=("training.train_iters=2", *extra))
+    module, launched, args = readme.launched(argv)
+    assert (module, launched) == ("wan22_train", 2)
     main_forked(wan22_main, args, nproc=nproc)
 
 
@@ -87,3 +92,38 @@ def test_dpo_trains_on_the_pairs_make_pairs_writes_as_the_readme_says(
     assert set(saved(session / "runs/tiny/ckpt_dpo")["submodels"]) == {"predictor"}
     last = json.loads((session / "runs/tiny/ckpt_dpo/metrics.jsonl").read_text().splitlines()[-1])
     assert {"loss_dpo", "dpo_margin", "dpo_accuracy"} <= set(last)
+
+
+GRPO_LOGGED = ("loss_grpo", "reward", "reward_std", "reward_colour_target", "grpo_kl", "grpo_clip_fraction")
+
+
+def test_grpo_logs_a_finite_loss_and_the_reward_statistics_alike_at_2_ranks_with_ulysses_2_and_1_rank(
+    session, readme, main_forked, monkeypatch
+):
+    """``tiny_grpo.yaml`` as the README runs it (2 ranks + Ulysses 2), and at 1 rank: the rollouts' noise is
+    keyed by (step, prompt, group index), so both score the same clips and take the same loss."""
+    monkeypatch.chdir(session)
+    train(readme, main_forked, GRPO)
+    train(
+        readme,
+        main_forked,
+        GRPO,
+        "parallel.ulysses_parallel_size=1",
+        "training.save=runs/tiny/ckpt_grpo_1",
+        nproc=1,
+    )
+    two, one = ([json.loads(line) for line in (session / "runs/tiny" / name / "metrics.jsonl").read_text().splitlines()]
+                for name in ("ckpt_grpo", "ckpt_grpo_1"))  # fmt: skip
+    assert [r["step"] for r in two] == [r["step"] for r in one] == [1, 2]
+    for record in two:
+        assert all(math.isfinite(record[key]) for key in GRPO_LOGGED), record
+        assert -math.sqrt(3) <= record["reward"] <= 0  # minus a distance in the RGB unit cube
+        assert record["reward_std"] > 0  # the 4 clips of a prompt differ: the advantages are not all 0
+        assert record["reward"] == pytest.approx(record["reward_colour_target"])  # the one reward, weight 1
+    assert two[0]["grpo_kl"] == 0  # the policy starts as its reference (LoRA B = 0)
+    assert two[1]["grpo_kl"] > 0  # the first update moved the policy away from its reference
+    # Ulysses sums attention in another order: the rewards (of clips decoded after 4 SDE steps) agree to
+    # ~1e-7 (seen: 2e-8), the loss, a small difference of terms of order 1e-5, to ~1e-7 (seen: 3e-8)
+    for key in GRPO_LOGGED:
+        for have, want in zip(two, one):
+            assert have[key] == pytest.approx(want[key], rel=1e-3, abs=1e-7), key

@@ -267,3 +267,53 @@ def test_validation_refuses_a_reward_on_latents_before_training(tmp_path):
     with pytest.raises(ValueError, match=r"the rewards \['test_latent_mean'\] need \['latents'\]"):
         Validator(Colours(), section, data=None, seed=0, out_dir=tmp_path, device=torch.device("cpu"),
                   rewards=Rewards.from_config([_entry("test_latent_mean")]))  # fmt: skip
+
+
+def test_the_rollout_scorer_decodes_only_for_rewards_on_frames_and_gives_nan_for_a_skipped_clip():
+    from mm_trainer import RolloutScorer
+
+    decoded = []
+
+    def decode(latents):
+        decoded.append(latents.shape[0])
+        return torch.zeros(latents.shape[0], 3, 1, 2, 2)
+
+    latents = torch.arange(3.0).view(3, 1, 1, 1, 1)
+    on_latents = RolloutScorer(Rewards.from_config([_entry("test_latent_mean", scale=2.0)]), decode)
+    rewards, logged = on_latents(latents, ["a", "a", "b"], groups=[0, 0, 1], names=["x", "y", "z"])
+    assert decoded == [] and rewards.tolist() == [0.0, 2.0, 4.0]
+    assert logged == pytest.approx(
+        {"reward": 2.0, "reward_std": math.sqrt(8 / 3), "reward_test_latent_mean": 2.0}
+    )
+    on_frames = RolloutScorer(Rewards.from_config([_entry("test_nan_on_second")], on_failure="skip"), decode)
+    rewards, logged = on_frames(latents, ["a", "a", "b"], groups=[0, 0, 1], names=["x", "y", "z"])
+    assert decoded == [3] and math.isnan(rewards[1]) and rewards[[0, 2]].tolist() == [0.0, 1.0]
+    assert logged["reward_skipped"] == 1.0 and logged["reward"] == 0.5
+
+
+def _score_blue_on_rank_1(rank: int, world_size: int) -> str:
+    from mm_trainer import RolloutScorer
+
+    scorer = RolloutScorer(
+        Rewards.from_config([_entry("test_fails_on_blue")]), lambda z: torch.zeros(2, 3, 1, 2, 2)
+    )
+    prompts = ["a blue square", "a blue square"] if rank == 1 else ["a red circle", "a red circle"]
+    try:
+        scorer(
+            torch.zeros(2, 1, 1, 1, 1),
+            prompts,
+            groups=[0, 0],
+            names=[f"rank {rank} clip 0", f"rank {rank} clip 1"],
+        )
+    except RewardError as error:
+        return str(error)
+    return "no error"
+
+
+@pytest.mark.slow  # two forked gloo ranks
+def test_a_reward_failing_on_one_ranks_rollouts_raises_the_same_error_on_every_rank(distributed):
+    """Each rank scores its own prompts' rollouts: the rank whose reward failed and the others all stop, with
+    the message naming the reward and the clip (no rank left waiting in the step's collectives)."""
+    messages = distributed(_score_blue_on_rank_1, 2)
+    assert "reward 'test_fails_on_blue' (training.rewards[0]) failed on rank 1 clip 0" in messages[1]
+    assert messages[0] == f"{messages[1]} (on rank 1; every rank stops)"

@@ -17,6 +17,7 @@ from mm_config import (
     DistillOptions,
     DPOOptions,
     DType,
+    GRPOOptions,
     InputPath,
     PartialConfigModel,
     PreprocessRunConfig,
@@ -73,6 +74,9 @@ class WanPipelineOptions(PartialConfigModel):
     dpo: DPOOptions | None = None
     """Diffusion-DPO of the ``predictor`` on preference pairs (the ``video_pairs`` dataset) against a frozen
     reference, in the phase ``dpo``; None: ordinary training."""
+    grpo: GRPOOptions | None = None
+    """Flow-GRPO of the ``predictor`` on its own SDE rollouts scored by ``training.rewards``, in the phase
+    ``grpo`` (t2v, expert ``all`` or ``both``); None: ordinary training."""
 
     input_dtype_key: ClassVar[str] = "predict_dtype"
     """The option that casts the predictor's inputs (mm-config's dtype rules then leave the sub-models'
@@ -107,6 +111,7 @@ class WanPipelineOptions(PartialConfigModel):
             problems.append(
                 Problem(("dpo",), "one training mode at a time: not with distill", deps=(("distill",),))
             )
+        problems += self._grpo_problems()
         if self.sigma_min >= self.sigma_max:
             problems.append(
                 Problem(
@@ -119,6 +124,33 @@ class WanPipelineOptions(PartialConfigModel):
         if problems:
             raise RuleViolations(problems)
         return self
+
+    def _grpo_problems(self) -> list[Problem]:
+        """Flow-GRPO rolls out the whole text-to-video sampler, alone among the training modes."""
+        if self.grpo is None:
+            return []
+        problems = []
+        if self.task != "t2v":
+            problems.append(
+                Problem(
+                    ("grpo",), "rolls out text-to-video only: expected task t2v", self.task, deps=(("task",),)
+                )
+            )
+        if self.expert in ("high_noise", "low_noise"):
+            problems.append(
+                Problem(
+                    ("grpo",),
+                    "samples the whole schedule: expected expert `all` or `both` (both A14B experts in one run)",
+                    self.expert,
+                    deps=(("expert",),),
+                )
+            )
+        for other in ("distill", "dpo"):
+            if getattr(self, other) is not None:
+                problems.append(
+                    Problem(("grpo",), f"one training mode at a time: not with {other}", deps=((other,),))
+                )
+        return problems
 
 
 class WanPredictorConfig(PartialConfigModel):

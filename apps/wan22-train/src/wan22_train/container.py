@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from mm_pipelines import DiffusionDPO, DistributionMatchingDistillation, with_distillation
+from mm_pipelines import DiffusionDPO, DistributionMatchingDistillation, FlowGRPO, with_distillation
 from mm_trainer import ModelContainer, model_register
 
 from wan22_train.distill import (
@@ -17,6 +17,7 @@ from wan22_train.distill import (
     distillation_pipeline,
 )
 from wan22_train.dpo import dpo_problems, preference_pipeline
+from wan22_train.grpo import grpo_pipeline, grpo_problems
 from wan22_train.pipeline import LOW_NOISE_ROLE, OTHER_EXPERT_ROLE, Wan22Pipeline, low_noise_role
 from wan22_train.planning import CACHED_DATASET, clip_shapes, latent_grid, planning_batch
 from wan22_train.sampling import sample_video
@@ -53,25 +54,36 @@ class Wan22Container(ModelContainer):
     @classmethod
     def sub_model_problems(cls, model_section: Any) -> dict[str, str]:
         """A distillation's students and critics whose architecture is not their teacher's
-        (:func:`wan22_train.distill.architecture_problems`), a Diffusion-DPO run without a reference
-        (:func:`wan22_train.dpo.dpo_problems`), before anything is built."""
-        return architecture_problems(model_section) | dpo_problems(model_section)
+        (:func:`wan22_train.distill.architecture_problems`), a Diffusion-DPO or Flow-GRPO run without a
+        reference (:func:`wan22_train.dpo.dpo_problems`, :func:`wan22_train.grpo.grpo_problems`), before
+        anything is built."""
+        return (
+            architecture_problems(model_section) | dpo_problems(model_section) | grpo_problems(model_section)
+        )
 
     @classmethod
     def build_pipeline(
         cls, options: Mapping[str, Any]
-    ) -> Wan22Pipeline | DistributionMatchingDistillation | DiffusionDPO:
+    ) -> Wan22Pipeline | DistributionMatchingDistillation | DiffusionDPO | FlowGRPO:
         """``Wan22Pipeline``; with ``distill``, DMD2 around it (:mod:`wan22_train.distill`); with ``dpo``,
-        Diffusion-DPO around it (:mod:`wan22_train.dpo`)."""
+        Diffusion-DPO around it (:mod:`wan22_train.dpo`); with ``grpo``, Flow-GRPO (:mod:`wan22_train.grpo`)."""
         options = dict(options)
-        dpo = options.pop("dpo", None)
+        dpo, grpo = options.pop("dpo", None), options.pop("grpo", None)
         pipeline = with_distillation(options, Wan22Pipeline.from_options, distillation_pipeline)
+        if grpo is not None:
+            return grpo_pipeline(pipeline, grpo)
         return pipeline if dpo is None else preference_pipeline(pipeline, dpo)
 
     @property
     def flow_pipeline(self) -> Wan22Pipeline:
-        """The flow-match pipeline (under a distillation's or Diffusion-DPO's, the one it wraps)."""
+        """The flow-match pipeline (under a distillation's, Diffusion-DPO's or Flow-GRPO's, the one it wraps)."""
         return getattr(self.pipeline, "base", self.pipeline)
+
+    @torch.no_grad()
+    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """Clips ``[N, 3, F, H, W]`` in [-1, 1] of normalised latents ``[N, C, T, h, w]`` (the ``ae``): a reward
+        fine-tuning's rollouts, for the rewards that score frames."""
+        return self.ae.decode(latents)
 
     def packing_tokens(self, dataset: Any) -> list[int]:
         """Each sample's predictor tokens, for ``data.packing`` (``mm_data.TokenBalancedSampler``): from

@@ -37,13 +37,21 @@ def dpo_problems(model_section: Any) -> dict[str, str]:
     options = dict(getattr(model_section, "pipeline", None) or {})
     if options.get("dpo") is None:
         return {}
-    expert = options.get("expert", "all")
+    return policy_reference_problems(model_section, options.get("expert", "all"), "Diffusion-DPO")
+
+
+def policy_reference_problems(
+    model_section: Any, expert: str, mode: str, *, needs_reference: bool = True
+) -> dict[str, str]:
+    """Why the sub-models cannot train the policy of a fine-tuning ``mode`` against a reference, by sub-model
+    name: a policy sub-model missing, a reference that trains, or (``needs_reference``) neither a reference
+    nor a LoRA policy (whose base with the adapters off is the reference)."""
     subs = model_section.sub_models()
     problems: dict[str, str] = {}
     for role in policy_roles(expert):
         if role not in subs:
             problems[role] = (
-                f"Diffusion-DPO (expert: {expert}) trains the policy `{role}`: add it under model.models"
+                f"{mode} (expert: {expert}) trains the policy `{role}`: add it under model.models"
             )
     references = reference_roles(expert)
     if any(r in subs for r in references):
@@ -51,12 +59,14 @@ def dpo_problems(model_section: Any) -> dict[str, str]:
             if role not in subs:
                 problems[role] = f"the reference needs `{role}` too (expert: {expert}): add it, frozen"
             elif not subs[role].freeze:
-                problems[role] = f"`{role}` is Diffusion-DPO's frozen reference: set freeze: true"
+                problems[role] = f"`{role}` is {mode}'s frozen reference: set freeze: true"
+        return problems
+    if not needs_reference:
         return problems
     for role in policy_roles(expert):
         if role in subs and subs[role].lora is None:
             problems[role] = (
-                f"Diffusion-DPO needs a reference: add the frozen sub-model `{REFERENCE_ROLE}` (the policy's "
+                f"{mode} needs a reference: add the frozen sub-model `{REFERENCE_ROLE}` (the policy's "
                 f"starting weights, freeze: true), or train `{role}` as LoRA (a `lora` section), whose base with "
                 "the adapters off is the reference"
             )

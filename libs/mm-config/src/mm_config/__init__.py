@@ -27,6 +27,7 @@ from .features import (  # noqa: E402
     ModulePlanConfig,
     RecomputePlanConfig,
 )
+from .grpo import GRPOOptions  # noqa: E402
 from .hf_model import ATTN_IMPLEMENTATIONS, GENERIC_TRANSFORMERS_ID, HFModelConfig  # noqa: E402
 from .known_ids import (  # noqa: E402
     ID_KINDS,
@@ -114,6 +115,7 @@ __all__ = [
     "SourceConfig",
     "DistillOptions",
     "DPOOptions",
+    "GRPOOptions",
     "EMAConfig",
     "ENTRY_POINT_GROUP",
     "FSDPPlanConfig",

@@ -66,6 +66,7 @@ class TrainConfig(ConfigModel):
         problems = _layout_problems(self.parallel, world)
         problems += _submodel_problems(self)
         problems += _packing_problems(self)
+        problems += _reward_problems(self)
         if not problems:
             problems += _batch_and_heads_problems(self, world)
         if problems:
@@ -277,6 +278,32 @@ def _phase_problems(cfg: TrainConfig) -> list[Problem]:
             )
         )
     return out
+
+
+def _reward_problems(cfg: TrainConfig) -> list[Problem]:
+    """``training.rewards`` score something: validation's clips or a reward fine-tuning's rollouts
+    (``model.pipeline.grpo``), which needs them."""
+    rewards, validation = cfg.training.rewards, cfg.training.validation
+    trains_on_rewards = isinstance(cfg.model.pipeline, dict) and cfg.model.pipeline.get("grpo") is not None
+    if rewards and not trains_on_rewards and not (validation is not None and validation.prompts):
+        return [
+            Problem(
+                ("training", "rewards"),
+                "scores the clips that training.validation samples, or the rollouts of model.pipeline.grpo: set "
+                "training.validation.prompts",
+                deps=(("training", "validation"),),
+            )
+        ]
+    if trains_on_rewards and not rewards:
+        return [
+            Problem(
+                ("model", "pipeline", "grpo"),
+                "trains the policy on its rollouts' rewards, and training.rewards lists none: add one (e.g. "
+                "{id: colour_target, options: {target: [1, 0, 0]}})",
+                deps=(("training", "rewards"),),
+            )
+        ]
+    return []
 
 
 def _packing_problems(cfg: TrainConfig) -> list[Problem]:

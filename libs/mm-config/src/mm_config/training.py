@@ -180,7 +180,9 @@ class TrainingConfig(ConfigModel):
     rewards: list[RewardConfig] = []
     """Rewards, each a registered scorer with a weight and options (docs/DESIGN.md "Rewards"): every clip
     ``validation`` samples is scored by each (``val_reward_<id>``, the mean over the prompts) and by their
-    weighted sum (``val_reward``); needs ``validation.prompts``. Empty (default): none."""
+    weighted sum (``val_reward``); a reward fine-tuning run (``model.pipeline.grpo``) trains on the weighted
+    sum of its rollouts' scores. Needs ``validation.prompts`` or ``model.pipeline.grpo``. Empty (default):
+    none."""
     reward_failure: Literal["stop", "skip"] = "stop"
     """What a reward that raises or scores NaN / inf on a sample does: ``stop`` (default) ends the run
     with a ``RewardError`` naming the reward and the sample (exit code 65, no traceback); ``skip`` drops
@@ -231,14 +233,6 @@ class TrainingConfig(ConfigModel):
                 )
             )
         problems += [p.prefixed(("rewards",)) for p in duplicate_reward_problems(self.rewards)]
-        if self.rewards and not (self.validation is not None and self.validation.prompts):
-            problems.append(
-                Problem(
-                    ("rewards",),
-                    "scores the clips that training.validation samples: set training.validation.prompts",
-                    deps=(("validation",),),
-                )
-            )
         if self.reward_failure != "stop" and not self.rewards:
             problems.append(
                 Problem(

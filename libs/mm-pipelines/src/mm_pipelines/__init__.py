@@ -1,5 +1,6 @@
 """Generative training pipelines: the pipeline base, keyed per-sample randomness, the flow-match scheduler,
-T2V/I2V pipelines, distillation (DMD2) and preference training (Diffusion-DPO)."""
+T2V/I2V pipelines, distillation (DMD2), preference training (Diffusion-DPO), SDE rollouts and reward
+fine-tuning (Flow-GRPO)."""
 
 from .conditioning import (
     as_tensor_output,
@@ -17,6 +18,14 @@ from .distribution_matching import (
     distillation_architecture_problems,
     with_distillation,
 )
+from .flow_grpo import (
+    ADVANTAGE_EPS,
+    FlowGRPO,
+    SampleScorer,
+    clipped_policy_loss,
+    group_advantages,
+    transition_kl,
+)
 from .flow_match_scheduler import (
     DEFAULT_SIGMA_MIN,
     FlowMatchScheduler,
@@ -26,12 +35,25 @@ from .flow_match_scheduler import (
 from .flow_match_t2v import FlowMatchT2VPipeline
 from .keyed_random import SampleRNG, key_seed
 from .pipeline_base import GenerativePipelineBase, PipelineOutput
-from .preference import REFERENCE_ROLE, REJECTED_PREFIX, DiffusionDPO, dpo_loss, split_pair
+from .preference import REFERENCE_ROLE, REJECTED_PREFIX, DiffusionDPO, as_reference, dpo_loss, split_pair
+from .rollout import Rollout, sde_coefficient, sde_rollout, sde_transition, transition_log_prob
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ADVANTAGE_EPS",
     "DEFAULT_SIGMA_MIN",
+    "FlowGRPO",
+    "Rollout",
+    "SampleScorer",
+    "as_reference",
+    "clipped_policy_loss",
+    "group_advantages",
+    "sde_coefficient",
+    "sde_rollout",
+    "sde_transition",
+    "transition_kl",
+    "transition_log_prob",
     "DistributionMatchingDistillation",
     "DiffusionDPO",
     "REFERENCE_ROLE",

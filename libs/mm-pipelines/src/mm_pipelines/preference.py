@@ -124,22 +124,27 @@ class DiffusionDPO:
             prediction = self.base.predict(container, noised)
         return self.base.per_sample_loss(prediction, noised)
 
-    @contextlib.contextmanager
-    def _as_reference(self, container: Any) -> Iterator[None]:
-        """The reference: the sub-model ``reference`` through the predictor's code path, else the policy
-        with its adapters off."""
-        if getattr(container, REFERENCE_ROLE, None) is not None:
-            with self.base.acting_as(REFERENCE_ROLE):
-                yield
-            return
-        disable = getattr(container, "adapters_disabled", None)
-        if not callable(disable):
-            raise TypeError(
-                f"Diffusion-DPO needs a reference: the sub-model {REFERENCE_ROLE!r} (frozen), or a LoRA policy in "
-                f"a container with adapters_disabled() ({type(container).__name__} has neither)"
-            )
-        with disable():
+    def _as_reference(self, container: Any) -> contextlib.AbstractContextManager[None]:
+        return as_reference(self.base, container, "Diffusion-DPO")
+
+
+@contextlib.contextmanager
+def as_reference(base: Any, container: Any, mode: str) -> Iterator[None]:
+    """Inside, ``base``'s predictor is the reference of a reward / preference fine-tuning ``mode``: the
+    sub-model ``reference`` through the predictor's code path when the container has one, else the policy
+    with its LoRA adapters off (``container.adapters_disabled()``: no further copy of the weights)."""
+    if getattr(container, REFERENCE_ROLE, None) is not None:
+        with base.acting_as(REFERENCE_ROLE):
             yield
+        return
+    disable = getattr(container, "adapters_disabled", None)
+    if not callable(disable):
+        raise TypeError(
+            f"{mode} needs a reference: the sub-model {REFERENCE_ROLE!r} (frozen), or a LoRA policy in "
+            f"a container with adapters_disabled() ({type(container).__name__} has neither)"
+        )
+    with disable():
+        yield
 
 
 def split_pair(batch: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -156,4 +161,4 @@ def split_pair(batch: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     return preferred, rejected
 
 
-__all__ = ["REFERENCE_ROLE", "REJECTED_PREFIX", "DiffusionDPO", "dpo_loss", "split_pair"]
+__all__ = ["REFERENCE_ROLE", "REJECTED_PREFIX", "DiffusionDPO", "as_reference", "dpo_loss", "split_pair"]

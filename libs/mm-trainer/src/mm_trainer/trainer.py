@@ -9,6 +9,7 @@ config (the config check, paths included) -> init distributed + ParallelState ->
  -> random init only for sub-models that loaded nothing; LoRA adapters initialized (B = 0)
  -> EMA of the trainable parameters (training.ema; on their shards)
  -> optimizer, lr scheduler, batches (+ conditions ahead: features.condition_micro_steps), checkpointer (resume)
+ -> rewards (training.rewards): the scorer of a reward fine-tuning's rollouts, validation's
  -> validator (training.validation: the model's sample / validation_loss hooks, held-out data)
  -> TrainEngine.train
 """
@@ -57,6 +58,7 @@ from mm_trainer.model.regional_compile import check_compile
 from mm_trainer.model.weight_staging import stage_model_weights
 from mm_trainer.modes.phases import PhaseSchedulers, build_phases, keep_configured_phase_hyperparameters
 from mm_trainer.modes.rewards import Rewards
+from mm_trainer.modes.rollout_scoring import attach_rollout_scorer
 from mm_trainer.registry.plugins import import_plugins
 from mm_trainer.run.checkpoint_saves import CheckpointSaves
 from mm_trainer.run.directory import open_run_directory
@@ -146,6 +148,10 @@ class Trainer:
             )
         self.saves = self._saves() if config.training.save else None
         self.start_iteration = self._resume() if self.run_dir.resume_from else 0
+        self.rewards = Rewards.from_config(
+            config.training.rewards, on_failure=config.training.reward_failure, device=self.device
+        )
+        attach_rollout_scorer(self.model, self.rewards)  # model.pipeline.grpo: its rollouts' rewards
         self.validator = self._validator() if config.training.validation else None
 
     # ------------------------------------------------------------ building
@@ -187,9 +193,7 @@ class Trainer:
             dp_size=ps.dp_size,
             dp_group=ps.dp_group,
             write=self.rank == 0,
-            rewards=Rewards.from_config(
-                cfg.training.rewards, on_failure=cfg.training.reward_failure, device=self.device
-            ),
+            rewards=self.rewards,
         )
 
     def _materialize_and_load(self, name: str, module: nn.Module, args: Any, restored: bool) -> None:

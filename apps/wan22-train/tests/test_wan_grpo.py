@@ -1,0 +1,112 @@
+"""Wan2.2 Flow-GRPO's set-up (``model.pipeline.grpo``, ``tiny_grpo.yaml``): the shipped config passes, and a
+run that could not train it is refused by the config check before any weight is read, naming the key."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mm_config import ConfigError, check_config
+from wan22_train.configs import config_path
+from wan22_train.tiny import make_tiny, tiny_overrides
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny(tmp_path_factory.mktemp("tiny"), num_clips=2)
+
+
+def _check(tiny, *overrides):
+    return check_config(config_path("tiny_grpo.yaml"), [*tiny_overrides(tiny), *overrides], world_size=2,
+                        check_paths=False)  # fmt: skip
+
+
+def _refused(tiny, *overrides) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        _check(tiny, *overrides)
+    return info.value
+
+
+def test_the_shipped_config_passes_and_a_full_weight_policy_needs_a_reference_only_with_a_kl_term(tiny):
+    _check(tiny)
+    _check(tiny, "model.models.predictor.lora=null", "model.pipeline.grpo.kl_weight=0")
+    err = _refused(tiny, "model.models.predictor.lora=null")
+    assert err.paths == ["model.models.predictor"], str(err)
+    assert "Flow-GRPO needs a reference: add the frozen sub-model `reference`" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "path", "words"),
+    [
+        (["training.rewards=[]"], "model.pipeline.grpo", "training.rewards lists none"),
+        (
+            ["model.pipeline.grpo.group_size=1"],
+            "model.pipeline.grpo.group_size",
+            "greater than or equal to 2",
+        ),
+        (
+            ["model.pipeline.grpo.timestep_fraction=0"],
+            "model.pipeline.grpo.timestep_fraction",
+            "greater than 0",
+        ),
+        (["model.pipeline.grpo.noise_level=0"], "model.pipeline.grpo.noise_level", "greater than 0"),
+        (["model.pipeline.grpo.group=4"], "model.pipeline.grpo.group", "group_size"),
+        (["model.pipeline.expert=high_noise"], "model.pipeline.grpo", "expected expert `all` or `both`"),
+        (["model.pipeline.dpo={beta: 100}"], "model.pipeline.grpo", "not with dpo"),
+    ],
+)
+def test_a_grpo_run_that_cannot_train_is_refused_naming_the_key(tiny, overrides, path, words):
+    err = _refused(tiny, *overrides)
+    assert path in err.paths, str(err)
+    assert words in str(err)
+
+
+class _Expert(torch.nn.Module):
+    """A velocity of latents and text that records the timesteps it is called at."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv3d(4, 4, kernel_size=1)
+        self.timesteps: list[float] = []
+
+    def forward(self, hidden, timestep, text):
+        self.timesteps += timestep.tolist()
+        return self.conv(hidden) + text.mean(dim=(1, 2))[:, None, None, None, None]
+
+
+def test_with_both_experts_each_rollout_step_and_each_trained_step_runs_the_expert_of_its_timestep():
+    """Wan2.2 A14B: the rollout's transitions (their log-probabilities) and the trained steps' gradients
+    come from the high-noise expert at timesteps at or above the boundary and from the low-noise one below."""
+    from mm_pipelines import FlowGRPO, SampleRNG
+    from wan22_train.pipeline import Wan22Pipeline
+
+    torch.manual_seed(0)
+    container = torch.nn.Module()
+    container.predictor, container.predictor_low = _Expert(), _Expert()
+    base = Wan22Pipeline.from_options({"expert": "both"})
+    grpo = FlowGRPO(base, group_size=2, sampling_steps=4, timestep_fraction=0.25, kl_weight=0)
+    grpo.scorer = lambda latents, prompts, groups, names: (latents.double().flatten(1).mean(1), {})
+    boundary = base.boundary_timestep()
+    high = [k for k in range(4) if float(grpo.sigmas[k]) * 1000 >= boundary]
+    assert 0 < len(high) < 4, "the schedule has steps of both experts"
+    batch = {"latents": torch.zeros(1, 4, 2, 2, 2), "prompt_embeds": torch.randn(1, 3, 5)}
+    seen = set()
+    for step in range(6):
+        rng = SampleRNG(seed=0, step=step, sample_ids=[0])
+        (k,) = grpo.train_steps(rng)
+        for expert in (container.predictor, container.predictor_low):
+            expert.timesteps.clear()
+        grpo(container, rng=rng, phase="grpo", **batch).loss.backward()
+        trained, other = (
+            (container.predictor, container.predictor_low)
+            if k in high
+            else (container.predictor_low, container.predictor)
+        )
+        assert trained.conv.weight.grad is not None and other.conv.weight.grad is None, f"step {k}"
+        assert all(t >= boundary for t in container.predictor.timesteps)
+        assert all(t < boundary for t in container.predictor_low.timesteps)
+        assert len(container.predictor.timesteps) == 2 * len(high) + (
+            2 if k in high else 0
+        )  # rollout + trained
+        container.zero_grad(set_to_none=True)
+        seen.add(k in high)
+    assert seen == {True, False}

@@ -1,0 +1,36 @@
+"""``model.pipeline.grpo``: the options of Flow-GRPO, shared by the models that train on their own rewarded
+rollouts (their pipeline schemas hold it as ``grpo``; docs/DESIGN.md "Flow-GRPO")."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from .base import ConfigModel
+
+
+class GRPOOptions(ConfigModel):
+    """``model.pipeline.grpo``: Flow-GRPO (``mm_pipelines.FlowGRPO``). Per prompt of the data, the policy (the
+    trainable ``predictor``; with ``expert: both`` also ``predictor_low``) samples ``group_size`` clips as an
+    SDE, ``training.rewards`` scores them, and the policy trains in the phase ``grpo`` (``training.phases``)
+    on their group-normalised rewards with a clipped importance ratio and a KL term to the reference (the
+    frozen sub-model ``reference``, or, for a LoRA policy without one, the policy with its adapters off)."""
+
+    group_size: int = Field(default=8, ge=2)
+    """Clips sampled per prompt; each clip's advantage is its reward normalised within its prompt's group."""
+    noise_level: float = Field(default=0.7, gt=0)
+    """``a`` of the SDE sampler's diffusion coefficient ``a * sqrt(s / (1 - s))``: how far the rollouts
+    explore around the ODE sampler (0 would be the ODE itself, which has no transition density)."""
+    clip_range: float = Field(default=1e-4, gt=0)
+    """The importance ratio of the policy to the rollout's policy is clipped to ``[1 - clip_range,
+    1 + clip_range]`` (one update per rollout: the ratio is 1 up to the numerics of the two forwards)."""
+    advantage_clip: float = Field(default=5.0, gt=0)
+    """Advantages are clipped to ``[-advantage_clip, advantage_clip]``."""
+    kl_weight: float = Field(default=0.04, ge=0)
+    """Weight of the KL of the policy's transitions from the reference's (0: no KL, no reference forward)."""
+    timestep_fraction: float = Field(default=0.5, gt=0, le=1)
+    """Share of the sampler's steps trained on at each optimizer step (``max(1, floor(fraction x steps))``
+    of them, one subset per step, keyed by the step)."""
+    sampling_steps: int = Field(default=10, ge=2)
+    """Steps of the rollouts' SDE sampler."""
+    shift: float | None = Field(default=None, gt=0)
+    """Time shift of the rollouts' sigma schedule; None: the pipeline's ``shift``."""

@@ -1,0 +1,292 @@
+"""Flow-GRPO (Liu et al. 2025, "Flow-GRPO: Training Flow Matching Models via Online RL") around a flow-match
+pipeline: the trainable policy (``predictor``) samples ``G`` clips per prompt as an SDE (:mod:`.rollout`),
+a reward scores them, and the policy learns from the group-normalised rewards in the training phase ``grpo``.
+
+One optimizer step of the phase, per micro-batch of ``B`` prompts (each rank its own prompts: the data
+loader spreads a step's prompts over the data-parallel ranks):
+
+1. **Rollout** (no gradients): ``G`` clips per prompt, ``N = B * G``, with the SDE sampler on
+   ``sampling_steps`` sigmas at the time ``shift`` and noise level ``a``. Each clip's start noise and each
+   step's noise are keyed by (seed, optimizer step, the prompt's global sample index, group index ``g``,
+   sampler step ``k``) through ``SampleRNG`` (purposes ``grpo_start_<g>``, ``grpo_step_<k>_<g>``): the
+   same clips at any data-parallel / context-parallel / accumulation layout. The clip's shape is that of
+   the prompt's training sample (its clean latents: a clip of the dataset, or its cache); their content is
+   not used.
+2. **Rewards**: the scorer the trainer attaches (:attr:`FlowGRPO.scorer`: ``training.rewards``, decoding
+   with the VAE only when a reward needs frames) gives each clip's reward ``r`` (NaN for a clip dropped by
+   ``reward_failure: skip``) and the statistics to log.
+3. **Advantages**, per group (the ``G`` clips of one prompt): ``A = (r - mean_g r) / (std_g r + 1e-4)``
+   (population std over the group's scored clips; a dropped clip gets ``A = 0``), clipped to
+   ``[-advantage_clip, advantage_clip]``.
+4. **Loss**, on a fraction of the sampler's steps: ``max(1, floor(timestep_fraction * K))`` step indices,
+   one subset per optimizer step (keyed by the step: every clip, micro-batch and rank of the step trains
+   the same steps; with both A14B experts each step runs the expert of its sigma). At each chosen step
+   ``k`` the policy's velocity at the rollout's ``x_k`` gives its transition mean and the log-probability
+   ``log p`` of the rollout's ``x_{k+1}``; with ``ratio = exp(log p - log p_old)`` (``log p_old``: the
+   rollout's),
+
+       policy loss = mean_clips max(-A * ratio, -A * clip(ratio, 1 - clip_range, 1 + clip_range))
+       KL          = mean_clips mean_elements (mean_policy - mean_reference)^2 / (2 std^2)
+
+   (the KL of the two Gaussian transitions of the step, per element), and the loss is the mean over the
+   chosen steps of ``policy loss + kl_weight * KL``. The reference is the frozen sub-model ``reference``
+   when the container has one, else the policy with its LoRA adapters off (no copy of the weights).
+
+One update per rollout: the rollout's policy is the policy updated, so ``ratio`` is 1 in value up to the
+numerics of the two forwards, and the clip bounds the update only where they differ; the gradient is the
+advantage-weighted score ``-A * grad log p``. Logged per step: the scorer's reward statistics
+(``reward``, ``reward_std``, ``reward_<id>`` ...), ``grpo_kl`` and ``grpo_clip_fraction`` (the share of
+clips and steps whose ratio left the clip range).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from .flow_match_scheduler import FlowMatchScheduler
+from .keyed_random import SampleRNG
+from .pipeline_base import PipelineOutput
+from .preference import as_reference
+from .rollout import Rollout, sde_rollout, sde_transition, transition_log_prob
+
+ADVANTAGE_EPS = 1e-4
+"""Added to a group's reward std before dividing by it (a group of equal rewards: advantages 0)."""
+
+
+class SampleScorer(Protocol):
+    """What scores the rollouts (attached by the trainer from ``training.rewards``)."""
+
+    def __call__(
+        self, latents: torch.Tensor, prompts: Sequence[str], *, groups: Sequence[int], names: Sequence[str]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Each clip's reward ``[N]`` (float64; NaN for a dropped clip) from its latents ``[N, ...]`` and
+        prompt, and the statistics to log."""
+        ...
+
+
+def group_advantages(rewards: torch.Tensor, clip: float) -> torch.Tensor:
+    """``[B, G]`` advantages of the rewards ``[B, G]`` of ``B`` groups of ``G`` clips (module docstring, 3.):
+    normalised within each group over its finite rewards, 0 where the reward is NaN, clipped to ``+-clip``."""
+    rewards = rewards.double()
+    kept = rewards.isfinite()
+    count = kept.sum(dim=1, keepdim=True).clamp(min=1)
+    filled = torch.where(kept, rewards, torch.zeros_like(rewards))
+    mean = filled.sum(dim=1, keepdim=True) / count
+    spread = torch.where(kept, (rewards - mean) ** 2, torch.zeros_like(rewards))
+    std = (spread.sum(dim=1, keepdim=True) / count).sqrt()
+    advantages = torch.where(kept, (rewards - mean) / (std + ADVANTAGE_EPS), torch.zeros_like(rewards))
+    return advantages.clamp(-clip, clip)
+
+
+def clipped_policy_loss(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor, clip_range: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The clipped surrogate (module docstring, 4.): its mean over the clips (a scalar) and, per clip
+    ``[N]``, whether its ratio lies outside ``[1 - clip_range, 1 + clip_range]``."""
+    ratio = torch.exp(log_prob - old_log_prob.detach())
+    advantages = advantages.to(ratio.dtype)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - clip_range, 1 + clip_range)
+    outside = (ratio.detach() - 1).abs() > clip_range
+    return torch.maximum(unclipped, clipped).mean(), outside
+
+
+def transition_kl(mean: torch.Tensor, reference_mean: torch.Tensor, std: float) -> torch.Tensor:
+    """``[N]``: the KL of ``N(mean, std^2)`` from ``N(reference_mean, std^2)``, per element, averaged."""
+    return ((mean - reference_mean.detach()) ** 2).flatten(1).mean(dim=1) / (2 * std * std)
+
+
+class FlowGRPO:
+    """Flow-GRPO in the phase ``grpo`` on a flow-match pipeline ``base`` with ``prepare_conditions`` and
+    ``state_velocity`` (:class:`~mm_pipelines.FlowMatchT2VPipeline`, text-to-video)."""
+
+    def __init__(
+        self,
+        base: Any,
+        *,
+        group_size: int = 8,
+        noise_level: float = 0.7,
+        clip_range: float = 1e-4,
+        advantage_clip: float = 5.0,
+        kl_weight: float = 0.04,
+        timestep_fraction: float = 0.5,
+        sampling_steps: int = 10,
+        shift: float | None = None,
+        phase: str = "grpo",
+    ) -> None:
+        _check(
+            group_size, noise_level, clip_range, advantage_clip, kl_weight, timestep_fraction, sampling_steps
+        )
+        if getattr(base, "task", "t2v") != "t2v":
+            raise ValueError(f"grpo: rollouts are text-to-video only (task t2v), got task {base.task!r}")
+        self.base, self.phase, self.group_size = base, phase, int(group_size)
+        self.noise_level, self.clip_range, self.advantage_clip = (
+            float(noise_level),
+            float(clip_range),
+            float(advantage_clip),
+        )
+        self.kl_weight, self.timestep_fraction = float(kl_weight), float(timestep_fraction)
+        self.sampling_steps = int(sampling_steps)
+        grid: FlowMatchScheduler = base.scheduler
+        schedule = FlowMatchScheduler(
+            num_train_timesteps=grid.num_train_timesteps, shift=grid.shift, sigma_min=grid.sigma_min,
+            sigma_max=grid.sigma_max, extra_one_step=grid.extra_one_step,
+        )  # fmt: skip
+        schedule.set_inference_timesteps(self.sampling_steps, shift=shift)
+        assert schedule.inference_sigmas is not None
+        self.sigmas = schedule.inference_sigmas.double()
+        self.scorer: SampleScorer | None = None
+
+    @classmethod
+    def from_options(cls, base: Any, options: Mapping[str, Any]) -> FlowGRPO:
+        """From the keys of ``model.pipeline.grpo`` (``mm_config.GRPOOptions``) around ``base``."""
+        return cls(base, **dict(options))
+
+    @property
+    def scheduler(self) -> FlowMatchScheduler:
+        return self.base.scheduler
+
+    @property
+    def trained_steps(self) -> int:
+        """How many of the sampler's steps each optimizer step trains on."""
+        return max(1, int(self.timestep_fraction * self.sampling_steps))
+
+    # ------------------------------------------------------------------ one step
+    def forward(
+        self, container: Any, rng: SampleRNG | None = None, phase: str | None = None, **batch: Any
+    ) -> PipelineOutput:
+        """The Flow-GRPO loss of one micro-batch of prompts, in the phase ``grpo`` (module docstring)."""
+        if phase != self.phase:
+            raise ValueError(
+                f"Flow-GRPO: model(**batch, phase=...) runs in the phase {self.phase!r}; set training.phases: "
+                f"{{{self.phase}: {{submodels: [<the policy's sub-models>]}}}} (got phase {phase!r})"
+            )
+        if self.scorer is None:
+            raise ValueError(
+                "Flow-GRPO scores its rollouts with training.rewards: none were attached (scorer)"
+            )
+        conditions = self.base.prepare_conditions(container, batch)
+        latents = conditions["latents"]
+        if isinstance(latents, (list, tuple)):
+            raise ValueError("Flow-GRPO rolls out stacked micro-batches of one shape, not packed ones")
+        size, groups = latents.shape[0], self.group_size
+        rng = self.base.require_rng(rng, size)
+        texts = conditions["prompt_embeds"].repeat_interleave(groups, dim=0)
+        clip_conditions = {"prompt_embeds": texts}
+        rollout = self.rollout(container, clip_conditions, rng, tuple(latents.shape[1:]))
+        prompts = _prompts(batch, rng, groups)
+        names = [f"step {rng.step} sample {i} clip {g}" for i in rng.sample_ids for g in range(groups)]
+        rewards, logged = self.scorer(
+            rollout.samples, prompts, groups=[i for i in range(size) for _ in range(groups)], names=names
+        )
+        advantages = group_advantages(rewards.reshape(size, groups), self.advantage_clip).reshape(-1)
+        loss, kl, outside = self._loss(container, clip_conditions, rollout, advantages, self.train_steps(rng))
+        logged = {**logged, "grpo_kl": kl, "grpo_clip_fraction": outside}
+        return PipelineOutput(loss=loss, metrics={"num_samples": float(size * groups)}, logged=logged)
+
+    def __call__(self, container: Any, rng: SampleRNG | None = None, **batch: Any) -> PipelineOutput:
+        return self.forward(container, rng, **batch)
+
+    # ------------------------------------------------------------------ pieces
+    def rollout(
+        self, container: Any, conditions: Mapping[str, Any], rng: SampleRNG, shape: tuple[int, ...]
+    ) -> Rollout:
+        """``G`` clips per prompt of ``rng``'s samples (clip ``b * G + g``: prompt ``b``, group index ``g``),
+        of latent ``shape``, by the policy; the noise keyed by (step, prompt, group index, sampler step)."""
+        groups, device = self.group_size, conditions["prompt_embeds"].device
+
+        def keyed(purpose: str) -> torch.Tensor:  # [B * G, ...]: clip b * G + g from (sample b, g)'s key
+            draws = [rng.randn(f"{purpose}_{g}", shape, device=device) for g in range(groups)]
+            return torch.stack(draws, dim=1).flatten(0, 1)
+
+        def velocity(x: torch.Tensor, sigma: torch.Tensor, k: int) -> torch.Tensor:
+            return self._velocity(container, x, sigma, conditions)
+
+        return sde_rollout(velocity, keyed("grpo_start"), lambda k: keyed(f"grpo_step_{k}"), self.sigmas,
+                           self.noise_level)  # fmt: skip
+
+    def train_steps(self, rng: SampleRNG) -> list[int]:
+        """The sampler steps this optimizer step trains on: :attr:`trained_steps` of them, keyed by the step."""
+        order = torch.randperm(self.sampling_steps, generator=rng.step_generator("grpo_timesteps", "cpu"))
+        return sorted(order[: self.trained_steps].tolist())
+
+    def _loss(
+        self, container: Any, conditions: Mapping[str, Any], rollout: Rollout, advantages: torch.Tensor,
+        steps: list[int],
+    ) -> tuple[torch.Tensor, float, float]:  # fmt: skip
+        """The mean over ``steps`` of the clipped policy loss plus ``kl_weight`` times the KL; the mean KL and
+        the share of ratios outside the clip range."""
+        total, kls, outside = 0.0, [], []
+        for k in steps:
+            x, x_next = rollout.states[k], rollout.states[k + 1]
+            sigma = torch.full((x.shape[0],), float(self.sigmas[k]), dtype=torch.float32)
+            mean, std = sde_transition(x, self._velocity(container, x, sigma, conditions), self.sigmas, k,
+                                       self.noise_level)  # fmt: skip
+            log_prob = transition_log_prob(x_next, mean, std)
+            policy, out = clipped_policy_loss(
+                log_prob, rollout.log_probs[k], advantages.to(x.device), self.clip_range
+            )
+            step_loss = policy
+            if self.kl_weight > 0:
+                with torch.no_grad(), as_reference(self.base, container, "Flow-GRPO"):
+                    reference_velocity = self._velocity(container, x, sigma, conditions)
+                reference_mean, _ = sde_transition(x, reference_velocity, self.sigmas, k, self.noise_level)
+                kl = transition_kl(mean, reference_mean, std).mean()
+                step_loss = step_loss + self.kl_weight * kl
+                kls.append(float(kl.detach()))
+            total = total + step_loss
+            outside.append(float(out.float().mean()))
+        loss = total / len(steps)
+        return loss, (sum(kls) / len(kls) if kls else 0.0), sum(outside) / len(outside)
+
+    def _velocity(
+        self, container: Any, x: torch.Tensor, sigma: torch.Tensor, conditions: Mapping[str, Any]
+    ) -> torch.Tensor:
+        """The predictor's velocity at ``x`` and per-clip ``sigma`` (the base's code path: expert routing)."""
+        return self.base.state_velocity(container, "predictor", {"latents": x}, sigma, conditions)["latents"]
+
+
+def _prompts(batch: Mapping[str, Any], rng: SampleRNG, groups: int) -> list[str]:
+    """Each clip's prompt text: the batch's ``prompt`` when it has one, else ``sample <global index>``."""
+    texts = batch.get("prompt")
+    if not isinstance(texts, (list, tuple)) or len(texts) != len(rng):
+        texts = [f"sample {i}" for i in rng.sample_ids]
+    return [str(t) for t in texts for _ in range(groups)]
+
+
+def _check(
+    group_size: int, noise_level: float, clip_range: float, advantage_clip: float, kl_weight: float,
+    timestep_fraction: float, sampling_steps: int,
+) -> None:  # fmt: skip
+    problems = []
+    if group_size < 2:
+        problems.append(
+            f"group_size must be >= 2 (advantages compare the clips of a prompt), got {group_size}"
+        )
+    if not noise_level > 0:
+        problems.append(f"noise_level must be > 0 (the SDE's transitions need a density), got {noise_level}")
+    if not clip_range > 0:
+        problems.append(f"clip_range must be > 0, got {clip_range}")
+    if not advantage_clip > 0:
+        problems.append(f"advantage_clip must be > 0, got {advantage_clip}")
+    if not kl_weight >= 0:
+        problems.append(f"kl_weight must be >= 0, got {kl_weight}")
+    if not 0 < timestep_fraction <= 1:
+        problems.append(f"timestep_fraction must lie in (0, 1], got {timestep_fraction}")
+    if sampling_steps < 2:
+        problems.append(f"sampling_steps must be >= 2, got {sampling_steps}")
+    if problems:
+        raise ValueError("grpo: " + "; ".join(problems))
+
+
+__all__ = [
+    "ADVANTAGE_EPS",
+    "FlowGRPO",
+    "SampleScorer",
+    "clipped_policy_loss",
+    "group_advantages",
+    "transition_kl",
+]

@@ -1,0 +1,93 @@
+"""Scoring a reward fine-tuning's rollouts (``model.pipeline.grpo``) with ``training.rewards``: the trainer
+gives the pipeline a :class:`RolloutScorer` (:func:`attach_rollout_scorer`), which decodes the rollouts'
+latents with the container's VAE only when a reward scores frames, scores each group of clips of one prompt
+together (groupwise rewards) and returns each clip's weighted-sum reward and the step's statistics.
+
+Logged per step (averaged over the micro-batches and data-parallel ranks): ``reward`` (the mean weighted-sum
+reward of the rollouts), ``reward_std`` (its spread within a micro-batch), ``reward_<id>`` (each reward's
+mean) and, with ``training.reward_failure: skip``, ``reward_skipped`` (clips dropped in a micro-batch).
+
+A reward that fails with ``reward_failure: stop`` on one rank's clips (each data-parallel rank scores its own
+prompts' rollouts) ends the step on every rank alike: the ranks agree after scoring (one all-reduce of a flag
+per call; every rank calls the scorer once per micro-batch) and each raises the same ``RewardError``, the
+failing rank's message naming the reward and the clip, so that no rank waits for the failed one in the
+step's later collectives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mm_trainer.modes.rewards import RewardError, Rewards
+
+Decode = Callable[[torch.Tensor], torch.Tensor]
+"""``decode(latents [N, C, T, h, w]) -> frames [N, 3, F, H, W]`` in [-1, 1] (the container's VAE)."""
+
+
+class RolloutScorer:
+    """``scorer(latents, prompts, groups=..., names=...) -> (rewards [N], statistics)`` over ``rewards``
+    (``mm_pipelines.SampleScorer``); ``decode`` runs only when a reward needs frames."""
+
+    def __init__(self, rewards: Rewards, decode: Decode | None) -> None:
+        if "frames" in rewards.needs and decode is None:
+            raise ValueError(
+                f"training.rewards {rewards.ids} score decoded frames, and the model has no decode_latents "
+                "(its VAE) to decode the rollouts with"
+            )
+        self.rewards, self.decode = rewards, decode
+
+    @torch.no_grad()
+    def __call__(
+        self, latents: torch.Tensor, prompts: Sequence[str], *, groups: Sequence[int], names: Sequence[str]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        frames = self.decode(latents) if "frames" in self.rewards.needs and self.decode else None
+        try:
+            scores = self.rewards.score(prompts, frames=frames, latents=latents, names=names, groups=groups)
+        except RewardError as error:
+            raise_on_every_rank(error, latents.device)
+            raise
+        raise_on_every_rank(None, latents.device)
+        kept = scores.kept
+        total = scores.total[kept]
+        logged = {
+            "reward": float(total.mean()) if len(total) else float("nan"),
+            "reward_std": float(total.std(unbiased=False)) if len(total) else float("nan"),
+        }
+        logged |= {f"reward_{rid}": float(v[kept].mean()) if len(total) else float("nan")
+                   for rid, v in scores.each.items()}  # fmt: skip
+        if self.rewards.on_failure == "skip":
+            logged["reward_skipped"] = float((~kept).sum())
+        return torch.where(kept, scores.total, torch.full_like(scores.total, torch.nan)), logged
+
+
+def raise_on_every_rank(error: RewardError | None, device: torch.device) -> None:
+    """Collective (every rank calls it once per scoring): when some rank's rewards failed, raise on every other
+    rank a ``RewardError`` with the first failing rank's message (the failing rank raises its own after)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    failed = torch.tensor([1.0 if error is not None else 0.0], device=device)
+    dist.all_reduce(failed)
+    if not failed.item():
+        return
+    messages: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(messages, str(error) if error is not None else None)
+    if error is None:
+        rank, message = next((r, m) for r, m in enumerate(messages) if m is not None)
+        raise RewardError(f"{message} (on rank {rank}; every rank stops)")
+
+
+def attach_rollout_scorer(model: Any, rewards: Rewards) -> bool:
+    """Give ``model``'s pipeline a :class:`RolloutScorer` over ``rewards`` when it scores its own rollouts
+    (a pipeline with a ``scorer`` slot: ``mm_pipelines.FlowGRPO``); whether it does."""
+    pipeline = getattr(model, "pipeline", None)
+    if pipeline is None or not hasattr(pipeline, "scorer"):
+        return False
+    pipeline.scorer = RolloutScorer(rewards, getattr(model, "decode_latents", None))
+    return True
+
+
+__all__ = ["Decode", "RolloutScorer", "attach_rollout_scorer", "raise_on_every_rank"]
