@@ -118,6 +118,22 @@ class TracedRun:
         return total
 
 
+def refuse_rollouts(model: Any) -> None:
+    """Refuse a pipeline that samples and scores its own rollouts in the step (a ``scorer`` slot: Flow-GRPO):
+    its sampler's schedule and the rewards read values a traced step does not have.
+
+    Raises:
+        ValueError: naming the pipeline.
+    """
+    pipeline = getattr(model, "pipeline", None)
+    if pipeline is not None and hasattr(pipeline, "scorer"):
+        raise ValueError(
+            f"a {type(pipeline).__name__} step (rollouts sampled and scored by training.rewards inside the step) "
+            "is not planned yet: plan the same config without its reward fine-tuning phase for the update's "
+            "memory, and add the rollout's (sampling_steps forwards of the policy without gradients)"
+        )
+
+
 def trace_run(
     config: TrainConfig,
     *,
@@ -144,6 +160,7 @@ def trace_run(
             config, parallel_state, CPU, meta_init=True, compile_modules=False, log=progress
         )
         model = sharded.model
+        refuse_rollouts(model)
         with fake:  # materialized into fake tensors: shapes, dtypes and storage sizes, no data
             for name, module in model.sub_models().items():
                 materialize(name, module, CPU)
