@@ -72,6 +72,16 @@ def shuffle_rewards() -> None:
     rollout_scoring.RolloutScorer.__call__ = permuted  # type: ignore[method-assign]
 
 
+def validation_override(every: int) -> str:
+    """``training.validation``: every ``every`` steps, 4-step ODE samples of the held-out prompts x seeds."""
+    prompts = [p for p in HELD_OUT for _ in SEEDS]
+    seeds = [s for _ in HELD_OUT for s in SEEDS]
+    return (
+        f"training.validation={{interval: {every}, prompts: [{', '.join(prompts)}], seeds: {seeds}, num_frames: 9,"
+        " height: 32, width: 32, fps: 8, sampling_steps: 4}"
+    )
+
+
 def train(
     tiny: Path, metadata: Path, run: Path, args: argparse.Namespace, *, steps: int, every: int, lr: float
 ) -> list[dict]:
@@ -80,16 +90,13 @@ def train(
     from wan22_train.configs import config_path
     from wan22_train.tiny import tiny_overrides
 
-    prompts = [p for p in HELD_OUT for _ in SEEDS]
-    seeds = [s for _ in HELD_OUT for s in SEEDS]
     reward = "[{id: colour_target, options: {target: [" + ", ".join(str(v) for v in args.target) + "]}}]"
     overrides = [
         *tiny_overrides(tiny), f"data.data_path={metadata}", f"training.save={run}", f"training.train_iters={steps}",
         f"training.save_interval={steps}", f"training.lr={lr}", "training.tensorboard=false",
         "parallel.ulysses_parallel_size=1", f"training.rewards={reward}",
         f"model.pipeline.grpo.noise_level={args.noise_level}", f"model.pipeline.grpo.kl_weight={args.kl_weight}",
-        f"training.validation={{interval: {every}, prompts: [{', '.join(prompts)}], seeds: {seeds}, num_frames: 9,"
-        " height: 32, width: 32, fps: 8, sampling_steps: 4}",
+        validation_override(every),
     ]  # fmt: skip
     assert wan22_main(["--config", str(config_path("tiny_grpo.yaml")), *overrides]) == 0
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

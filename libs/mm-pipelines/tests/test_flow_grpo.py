@@ -70,13 +70,24 @@ def test_the_clipped_policy_loss_and_its_gradient_equal_a_hand_computation():
     torch.testing.assert_close(log_prob.grad, torch.tensor([0.0, -0.5, 1.5, 0.0], dtype=torch.float64) / 4)
 
 
+class _Prompted(FlowMatchT2VPipeline):
+    """The toy pipeline with a text encoder of prompt strings (as Wan's tokenizer gives): each word's
+    letters as token ids, for ``negative_prompt``."""
+
+    def encode_prompt(self, container, batch):
+        if "prompt" not in batch:
+            return super().encode_prompt(container, batch)
+        ids = torch.tensor([[ord(c) % 32 for c in (p + "     ")[:5]] for p in batch["prompt"]])
+        return super().encode_prompt(container, {"input_ids": ids})
+
+
 def _grpo(toys, **options) -> tuple[FlowGRPO, torch.nn.Module]:
     torch.manual_seed(0)  # the toy modules initialise from the global generator: not from earlier tests'
     container = toys.DeclaredContainer(trainable=("predictor",))
     container.reference = copy.deepcopy(container.predictor)
     with torch.no_grad():  # the policy a little away from its reference: a KL term above 0
         container.predictor.conv.weight.add_(0.05)
-    grpo = FlowGRPO(FlowMatchT2VPipeline(FlowMatchScheduler()), group_size=3, sampling_steps=4, **options)
+    grpo = FlowGRPO(_Prompted(FlowMatchScheduler()), **{"group_size": 3, "sampling_steps": 4, **options})
     grpo.scorer = lambda latents, prompts, groups, names: (
         latents.double().flatten(1).mean(1),
         {"reward": 0.0},
@@ -141,8 +152,67 @@ def test_bad_options_and_a_call_outside_the_phase_are_refused(toys):
         ValueError, match=r"group_size must be >= 2 .*; timestep_fraction must lie in \(0, 1\]"
     ):
         FlowGRPO(base, group_size=1, timestep_fraction=0)
-    with pytest.raises(ValueError, match="text-to-video only"):
-        FlowGRPO(FlowMatchT2VPipeline(FlowMatchScheduler(), task="i2v"))
     grpo, container = _grpo(toys)
     with pytest.raises(ValueError, match="runs in the phase 'grpo'"):
         grpo(container, rng=SampleRNG.for_batch(2), phase="dpo", **_prompts(toys, [0, 1]))
+
+
+def _observe(toys, **options) -> dict[str, torch.Tensor]:
+    """One ``grpo`` step of prompts 5 and 9 (step 3) with ``options``: the clips the scorer got, the loss and
+    the policy's gradient. The scorer nudges the policy after the rollout (as a later update of the same
+    rollout would): the importance ratio leaves 1, so the clip range binds."""
+    grpo, container = _grpo(toys, **options)
+    seen = []
+
+    def scorer(latents, prompts, groups, names):
+        seen.append(latents.clone())
+        with torch.no_grad():
+            container.predictor.conv.bias.add_(0.02)
+        return latents.double().flatten(1).mean(1), {}
+
+    grpo.scorer = scorer
+    batch = {**_prompts(toys, [0, 1]), "negative_prompt_embeds": torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(7))}
+    if options.get("negative_prompt") is not None:
+        batch.pop("negative_prompt_embeds")  # encoded from the key, through the text encoder
+    out = grpo(container, rng=SampleRNG(seed=1, step=3, sample_ids=[5, 9]), phase="grpo", **batch)
+    out.loss.backward()
+    return {"clips": seen[0], "loss": out.loss.detach(), "gradient": container.predictor.conv.weight.grad.clone()}
+
+
+# Each key of model.pipeline.grpo, a changed value, and what it acts on: the rollout's clips (their number
+# or content) or only the update (the loss, its gradient), which then leaves the clips as they were.
+KEYS = [
+    ("group_size", 2, "clips"),
+    ("noise_level", 1.2, "clips"),
+    ("sampling_steps", 6, "clips"),
+    ("shift", 1.0, "clips"),
+    ("guidance_scale", 3.0, "clips"),
+    ("clip_range", 0.5, "gradient"),
+    ("advantage_clip", 0.5, "gradient"),
+    ("kl_weight", 0.5, "loss"),
+    ("timestep_fraction", 1.0, "loss"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "acts_on"), KEYS, ids=[k for k, _, _ in KEYS])
+def test_each_grpo_key_changes_what_it_acts_on(toys, key, value, acts_on):
+    default, again, changed = _observe(toys), _observe(toys), _observe(toys, **{key: value})
+    for name in ("clips", "loss", "gradient"):  # the same options: the same step, exactly
+        torch.testing.assert_close(again[name], default[name], rtol=0, atol=0)
+    if acts_on == "clips":
+        assert changed["clips"].shape != default["clips"].shape or not torch.allclose(
+            changed["clips"], default["clips"], atol=1e-4
+        ), key
+    else:
+        torch.testing.assert_close(changed["clips"], default["clips"], rtol=0, atol=0)  # the rollout as it was
+        assert not torch.allclose(changed[acts_on], default[acts_on], rtol=1e-3, atol=1e-7), key
+    if key == "group_size":
+        assert changed["clips"].shape[0] == 2 * value  # 2 prompts x group_size clips
+
+
+def test_the_negative_prompt_is_the_unconditional_text_of_the_guidance(toys):
+    """Without ``negative_prompt_embeds`` in the batch the text encoder encodes ``negative_prompt``: another
+    prompt, other guided clips."""
+    guided = [_observe(toys, guidance_scale=3.0, negative_prompt=p)["clips"] for p in ("", "blurry", "")]
+    torch.testing.assert_close(guided[2], guided[0], rtol=0, atol=0)
+    assert not torch.allclose(guided[1], guided[0], atol=1e-4)

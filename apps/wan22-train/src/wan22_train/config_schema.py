@@ -76,7 +76,8 @@ class WanPipelineOptions(PartialConfigModel):
     reference, in the phase ``dpo``; None: ordinary training."""
     grpo: GRPOOptions | None = None
     """Flow-GRPO of the ``predictor`` on its own SDE rollouts scored by ``training.rewards``, in the phase
-    ``grpo`` (t2v, expert ``all`` or ``both``); None: ordinary training."""
+    ``grpo`` (any task: i2v / ti2v rollouts keep each prompt's first-frame condition; expert ``all`` or
+    ``both``); None: ordinary training."""
 
     input_dtype_key: ClassVar[str] = "predict_dtype"
     """The option that casts the predictor's inputs (mm-config's dtype rules then leave the sub-models'
@@ -126,16 +127,10 @@ class WanPipelineOptions(PartialConfigModel):
         return self
 
     def _grpo_problems(self) -> list[Problem]:
-        """Flow-GRPO rolls out the whole text-to-video sampler, alone among the training modes."""
+        """Flow-GRPO rolls out the whole sampler, alone among the training modes."""
         if self.grpo is None:
             return []
         problems = []
-        if self.task != "t2v":
-            problems.append(
-                Problem(
-                    ("grpo",), "rolls out text-to-video only: expected task t2v", self.task, deps=(("task",),)
-                )
-            )
         if self.expert in ("high_noise", "low_noise"):
             problems.append(
                 Problem(

@@ -34,3 +34,9 @@ class GRPOOptions(ConfigModel):
     """Steps of the rollouts' SDE sampler."""
     shift: float | None = Field(default=None, gt=0)
     """Time shift of the rollouts' sigma schedule; None: the pipeline's ``shift``."""
+    guidance_scale: float = Field(default=1.0, ge=0)
+    """Classifier-free guidance of the rollouts' velocity, ``v_u + g (v_c - v_u)``, and so of the trained
+    steps' log-probabilities (the same guided velocity); != 1 needs ``negative_prompt_embeds`` in the batch
+    or a text encoder (``negative_prompt``)."""
+    negative_prompt: str = ""
+    """The unconditional prompt of the rollouts' guidance, encoded by the text encoder."""

@@ -6,7 +6,13 @@ One optimizer step of the phase, per micro-batch of ``B`` prompts (each rank its
 loader spreads a step's prompts over the data-parallel ranks):
 
 1. **Rollout** (no gradients): ``G`` clips per prompt, ``N = B * G``, with the SDE sampler on
-   ``sampling_steps`` sigmas at the time ``shift`` and noise level ``a``. Each clip's start noise and each
+   ``sampling_steps`` sigmas at the time ``shift`` and noise level ``a``, each clip under its prompt's
+   conditions as the pipeline trains on them (the text; i2v: the mask and first-frame latents on the
+   predictor's channels; ti2v: the clean first latent frame, fixed at every state, only the later frames
+   sampled and scored by the log-probabilities), and with ``guidance_scale`` ``g != 1`` the classifier-free
+   guided velocity ``v_u + g (v_c - v_u)`` (``v_u`` at the negative prompt's embeddings: the batch's
+   ``negative_prompt_embeds``, else ``negative_prompt`` through the text encoder), as the Wan sampler takes
+   it. Each clip's start noise and each
    step's noise are keyed by (seed, optimizer step, the prompt's global sample index, group index ``g``,
    sampler step ``k``) through ``SampleRNG`` (purposes ``grpo_start_<g>``, ``grpo_step_<k>_<g>``): the
    same clips at any data-parallel / context-parallel / accumulation layout. The clip's shape is that of
@@ -21,7 +27,7 @@ loader spreads a step's prompts over the data-parallel ranks):
 4. **Loss**, on a fraction of the sampler's steps: ``max(1, floor(timestep_fraction * K))`` step indices,
    one subset per optimizer step (keyed by the step: every clip, micro-batch and rank of the step trains
    the same steps; with both A14B experts each step runs the expert of its sigma). At each chosen step
-   ``k`` the policy's velocity at the rollout's ``x_k`` gives its transition mean and the log-probability
+   ``k`` the policy's velocity at the rollout's ``x_k`` (the rollout's: same conditions, same guidance) gives its transition mean and the log-probability
    ``log p`` of the rollout's ``x_{k+1}``; with ``ratio = exp(log p - log p_old)`` (``log p_old``: the
    rollout's),
 
@@ -101,7 +107,8 @@ def transition_kl(mean: torch.Tensor, reference_mean: torch.Tensor, std: float) 
 
 class FlowGRPO:
     """Flow-GRPO in the phase ``grpo`` on a flow-match pipeline ``base`` with ``prepare_conditions`` and
-    ``state_velocity`` (:class:`~mm_pipelines.FlowMatchT2VPipeline`, text-to-video)."""
+    ``state_velocity`` (:class:`~mm_pipelines.FlowMatchT2VPipeline`: t2v, i2v, ti2v); guidance needs its
+    ``unconditional``."""
 
     def __init__(
         self,
@@ -115,13 +122,19 @@ class FlowGRPO:
         timestep_fraction: float = 0.5,
         sampling_steps: int = 10,
         shift: float | None = None,
+        guidance_scale: float = 1.0,
+        negative_prompt: str = "",
         phase: str = "grpo",
     ) -> None:
         _check(
             group_size, noise_level, clip_range, advantage_clip, kl_weight, timestep_fraction, sampling_steps
         )
-        if getattr(base, "task", "t2v") != "t2v":
-            raise ValueError(f"grpo: rollouts are text-to-video only (task t2v), got task {base.task!r}")
+        if guidance_scale != 1.0 and not callable(getattr(base, "unconditional", None)):
+            raise ValueError(
+                f"grpo.guidance_scale={guidance_scale}: {type(base).__name__} has no unconditional conditions "
+                "for classifier-free guidance; set guidance_scale: 1"
+            )
+        self.guidance_scale, self.negative_prompt = float(guidance_scale), negative_prompt
         self.base, self.phase, self.group_size = base, phase, int(group_size)
         self.noise_level, self.clip_range, self.advantage_clip = (
             float(noise_level),
@@ -174,14 +187,14 @@ class FlowGRPO:
             raise ValueError("Flow-GRPO rolls out stacked micro-batches of one shape, not packed ones")
         size, groups = latents.shape[0], self.group_size
         rng = self.base.require_rng(rng, size)
-        texts = conditions["prompt_embeds"].repeat_interleave(groups, dim=0)
-        clip_conditions = {"prompt_embeds": texts}
+        clip_conditions = self.clip_conditions(container, batch, conditions)
         rollout = self.rollout(container, clip_conditions, rng, tuple(latents.shape[1:]))
         prompts = _prompts(batch, rng, groups)
         names = [f"step {rng.step} sample {i} clip {g}" for i in rng.sample_ids for g in range(groups)]
         rewards, logged = self.scorer(
-            rollout.samples, prompts, groups=[i for i in range(size) for _ in range(groups)], names=names
-        )
+            self.clips(rollout.samples, clip_conditions), prompts,
+            groups=[i for i in range(size) for _ in range(groups)], names=names,
+        )  # fmt: skip
         advantages = group_advantages(rewards.reshape(size, groups), self.advantage_clip).reshape(-1)
         loss, kl, outside = self._loss(container, clip_conditions, rollout, advantages, self.train_steps(rng))
         logged = {**logged, "grpo_kl": kl, "grpo_clip_fraction": outside}
@@ -191,16 +204,44 @@ class FlowGRPO:
         return self.forward(container, rng, **batch)
 
     # ------------------------------------------------------------------ pieces
+    def clip_conditions(
+        self, container: Any, batch: Mapping[str, Any], conditions: Mapping[str, Any]
+    ) -> dict[str, torch.Tensor]:
+        """Each clip's conditions ``[B * G, ...]`` (clip ``b * G + g``: prompt ``b``'s) from the prompts'
+        ``conditions`` (``prepare_conditions``): ``prompt_embeds``; i2v: ``image_condition`` (mask and
+        first-frame latents); ti2v: ``first_frame`` (the clean first latent frame); with guidance:
+        ``negative_prompt_embeds`` (the base's ``unconditional`` text)."""
+        groups = self.group_size
+        out = {"prompt_embeds": conditions["prompt_embeds"].repeat_interleave(groups, dim=0)}
+        if "image_condition" in conditions:
+            out["image_condition"] = conditions["image_condition"].repeat_interleave(groups, dim=0)
+        if self.base.task == "ti2v":
+            out["first_frame"] = conditions["latents"][:, :, :1].repeat_interleave(groups, dim=0)
+        if self.guidance_scale != 1.0:
+            negative = self.base.unconditional(container, batch, conditions, self.negative_prompt)
+            out["negative_prompt_embeds"] = negative["prompt_embeds"].repeat_interleave(groups, dim=0)
+        return out
+
+    @staticmethod
+    def clips(generated: torch.Tensor, conditions: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Whole clips ``[N, c, T, h, w]`` from the sampled latents: ti2v's clean first frame before its
+        generated frames; the latents themselves otherwise."""
+        first = conditions.get("first_frame")
+        return generated if first is None else torch.cat([first.to(generated), generated], dim=2)
+
     def rollout(
         self, container: Any, conditions: Mapping[str, Any], rng: SampleRNG, shape: tuple[int, ...]
     ) -> Rollout:
         """``G`` clips per prompt of ``rng``'s samples (clip ``b * G + g``: prompt ``b``, group index ``g``),
-        of latent ``shape``, by the policy; the noise keyed by (step, prompt, group index, sampler step)."""
+        of latent ``shape``, by the policy under each clip's ``conditions`` (:meth:`clip_conditions`); the
+        noise keyed by (step, prompt, group index, sampler step). With a ``first_frame`` (ti2v) the rollout's
+        states are the frames after it (:meth:`clips` puts it back)."""
         groups, device = self.group_size, conditions["prompt_embeds"].device
+        skip = 1 if "first_frame" in conditions else 0
 
         def keyed(purpose: str) -> torch.Tensor:  # [B * G, ...]: clip b * G + g from (sample b, g)'s key
             draws = [rng.randn(f"{purpose}_{g}", shape, device=device) for g in range(groups)]
-            return torch.stack(draws, dim=1).flatten(0, 1)
+            return torch.stack(draws, dim=1).flatten(0, 1)[:, :, skip:]
 
         def velocity(x: torch.Tensor, sigma: torch.Tensor, k: int) -> torch.Tensor:
             return self._velocity(container, x, sigma, conditions)
@@ -245,8 +286,21 @@ class FlowGRPO:
     def _velocity(
         self, container: Any, x: torch.Tensor, sigma: torch.Tensor, conditions: Mapping[str, Any]
     ) -> torch.Tensor:
-        """The predictor's velocity at ``x`` and per-clip ``sigma`` (the base's code path: expert routing)."""
-        return self.base.state_velocity(container, "predictor", {"latents": x}, sigma, conditions)["latents"]
+        """The predictor's velocity at the sampled latents ``x`` and per-clip ``sigma`` under the clips'
+        ``conditions`` (the base's code path: i2v channels, expert routing), guided when ``guidance_scale``
+        != 1; with a ``first_frame`` (ti2v) ``x`` and the velocity are the frames after it."""
+        whole = self.clips(x, conditions)
+
+        def velocity(text: torch.Tensor) -> torch.Tensor:
+            given = {**conditions, "prompt_embeds": text}
+            v = self.base.state_velocity(container, "predictor", {"latents": whole}, sigma, given)["latents"]
+            return v[:, :, whole.shape[2] - x.shape[2] :]
+
+        v = velocity(conditions["prompt_embeds"])
+        if self.guidance_scale == 1.0:
+            return v
+        v_u = velocity(conditions["negative_prompt_embeds"])
+        return v_u + self.guidance_scale * (v - v_u)
 
 
 def _prompts(batch: Mapping[str, Any], rng: SampleRNG, groups: int) -> list[str]:

@@ -265,8 +265,8 @@ class FlowMatchT2VPipeline(GenerativePipelineBase):
             negative = batch["negative_prompt_embeds"]
         elif "prompt_embeds" in batch:
             raise KeyError(
-                "distill.guidance_scale != 1 with pre-encoded prompts (prompt_embeds) needs the batch's "
-                "negative_prompt_embeds too: the unconditional text of the teacher's guidance"
+                "guidance_scale != 1 (model.pipeline.distill or grpo) with pre-encoded prompts (prompt_embeds) "
+                "needs the batch's negative_prompt_embeds too: the unconditional text of the guidance"
             )
         else:
             size = conditions["latents"].shape[0]

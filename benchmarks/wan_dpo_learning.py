@@ -1,0 +1,111 @@
+"""Does Diffusion-DPO on pairs ranked by a colour move the tiny Wan2.2 model toward the preferred colour?
+(Not a test.)
+
+Issue 47 measurement, one CPU process, through the trainer (``tiny_dpo.yaml`` at 1 rank): ``make-tiny``'s
+model set (VAE not fitted unless ``--vae-fit-steps``) and ``make-pairs``' pairs of its clips: of two clips the
+one whose mean colour is closer to ``--target`` is preferred, both captions stripped of their colour word
+(``wan22_train.pairs``). A LoRA policy trains on ``train.json`` against its base (adapters off). Every
+``--every`` steps, validation gives:
+
+- ``val_loss``: the DPO loss of the held-out pairs (``held_out.json``, never trained on): ``log 2`` for the
+  reference itself; below it the held-out mean implicit reward margin is > 0 (the loss is convex and
+  decreasing in the margin);
+- ``val_reward``: the mean ``colour_target`` reward of 8 held-out colourless prompts x 4 seeds (4-step ODE
+  samples decoded by the VAE), ``val_reward_colour_target_std`` their spread: do samples move toward the
+  preferred colour?
+
+The reference is the same prompts and seeds before training (the policy as built, one step at lr 0). With
+``--control`` each training pair's preferred and rejected clips are swapped with probability 1/2 (seeded):
+pairs that carry no preference, which should move neither number.
+
+Usage: python benchmarks/wan_dpo_learning.py --out /tmp/dpo_bench [--steps 100] [--every 25]
+       [--target 1 0 0] [--lr 1e-3] [--beta 500] [--vae-fit-steps 0] [--control]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+from wan_grpo_learning import HELD_OUT, SEEDS, validation_override
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="a folder for the tiny set and the run")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--every", type=int, default=25, help="validate every this many steps")
+    parser.add_argument("--target", type=float, nargs=3, default=[1.0, 0.0, 0.0])
+    parser.add_argument("--lr", type=float, default=None, help="training.lr (default: the config's)")
+    parser.add_argument("--beta", type=float, default=None, help="model.pipeline.dpo.beta (default: the config's)")
+    parser.add_argument("--vae-fit-steps", type=int, default=0)
+    parser.add_argument("--control", action="store_true", help="preferred / rejected swapped at random")
+    return parser.parse_args()
+
+
+def swap_at_random(pairs: Path, seed: int = 0) -> Path:
+    """``pairs`` with each pair's roles swapped with probability 1/2 (``train_control.json`` beside it)."""
+    rows, draw = json.loads(pairs.read_text()), random.Random(seed)
+    for row in rows:
+        if draw.random() < 0.5:
+            row["preferred"], row["rejected"] = row["rejected"], row["preferred"]
+    path = pairs.with_name("train_control.json")
+    path.write_text(json.dumps(rows, indent=1))
+    return path
+
+
+def train(tiny: Path, pairs: Path, run: Path, args: argparse.Namespace, *, steps: int, every: int, lr: float | None) -> list[dict]:
+    """One run of ``tiny_dpo.yaml`` at 1 rank; its metrics records."""
+    from wan22_train.cli import main as wan22_main
+    from wan22_train.configs import config_path
+    from wan22_train.tiny import tiny_overrides
+
+    reward = "[{id: colour_target, options: {target: [" + ", ".join(str(v) for v in args.target) + "]}}]"
+    overrides = [
+        *tiny_overrides(tiny), f"data.data_path={pairs}", f"training.save={run}", f"training.train_iters={steps}",
+        f"training.save_interval={steps}", "training.tensorboard=false", "parallel.ulysses_parallel_size=1",
+        f"training.rewards={reward}", validation_override(every),
+        f"training.validation.data_path={tiny / 'pairs' / 'held_out.json'}",
+        *([f"training.lr={lr}"] if lr is not None else []),
+        *([f"model.pipeline.dpo.beta={args.beta}"] if args.beta is not None else []),
+    ]  # fmt: skip
+    assert wan22_main(["--config", str(config_path("tiny_dpo.yaml")), *overrides]) == 0
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def main() -> None:
+    args = parse_args()
+    from wan22_train.pairs import make_colour_pairs
+    from wan22_train.tiny import make_tiny
+
+    tiny = make_tiny(args.out / "tiny", vae_fit_steps=args.vae_fit_steps)
+    pairs, held_out = make_colour_pairs(tiny, args.target)
+    if args.control:
+        pairs = swap_at_random(pairs)
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29733")
+    first = train(tiny, pairs, args.out / "start", args, steps=1, every=1, lr=0.0)[0]
+    run = args.out / ("run_control" if args.control else "run")
+    start = time.time()
+    records = train(tiny, pairs, run, args, steps=args.steps, every=args.every, lr=args.lr)
+    count = (len(json.loads(pairs.read_text())), len(json.loads(held_out.read_text())))
+    print(f"{time.time() - start:.0f} s for {args.steps} steps{' (control: roles swapped at random)' if args.control else ''}; "
+          f"{count[0]} training rows, {count[1]} held-out rows; {len(HELD_OUT)} prompts x {len(SEEDS)} seeds")  # fmt: skip
+    print("step  held-out DPO loss (log 2 = 0.69315)  val_reward  val_std  | train dpo_margin  dpo_accuracy")
+    print(f"{0:4d}  {first['val_loss']:.5f}  {first['val_reward']:.5f}  {first['val_reward_colour_target_std']:.5f}  |")
+    last = 0
+    for r in records:
+        if "val_reward" in r:
+            window = [x for x in records if last < x["step"] <= r["step"]]
+            margin = sum(x["dpo_margin"] for x in window) / len(window)
+            accuracy = sum(x["dpo_accuracy"] for x in window) / len(window)
+            print(f"{r['step']:4d}  {r['val_loss']:.5f}  {r['val_reward']:.5f}  {r['val_reward_colour_target_std']:.5f}  | "
+                  f"{margin:.4f}  {accuracy:.3f}")  # fmt: skip
+            last = r["step"]
+
+
+if __name__ == "__main__":
+    main()
