@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from contextlib import suppress
@@ -141,6 +142,37 @@ def fork_frozen() -> int:
 def fork() -> Callable[[], int]:
     """:func:`fork_frozen`: for tests that fork a child of their own (the conftest is not importable)."""
     return fork_frozen
+
+
+def run_killed_after(main: Callable[[list[str]], int], argv: list[str], save: Path, steps: int) -> int:
+    """``main(argv)`` (an app's ``cli.main``) in a forked child (one rank, as ``python -m <app>`` without a
+    fresh interpreter's imports), SIGKILLed once it logged ``steps`` steps in ``save/metrics.jsonl``: its
+    exit status (``os.waitpid``'s; a run that ended before it could be killed: its own)."""
+    pid = fork_frozen()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            logging.root.handlers.clear()
+            import torch
+
+            torch.set_num_threads(1)  # the parent's OpenMP pool does not survive a fork
+            code = main(argv)
+        finally:
+            os._exit(code)
+    log, deadline = save / "metrics.jsonl", time.monotonic() + 300
+    while not (log.exists() and len(log.read_text().splitlines()) >= steps) and time.monotonic() < deadline:
+        ended, status = os.waitpid(pid, os.WNOHANG)
+        if ended:
+            return status  # it ended before it could be killed
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    return os.waitpid(pid, 0)[1]
+
+
+@pytest.fixture(scope="session")
+def killed_after() -> Callable[..., int]:
+    """``killed_after(main, argv, save, steps)``: :func:`run_killed_after` (test files cannot import conftest)."""
+    return run_killed_after
 
 
 # ---------------------------------------------------------------- killing a launched job

@@ -41,7 +41,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--every", type=int, default=25, help="validate every this many steps")
     parser.add_argument("--target", type=float, nargs=3, default=[1.0, 0.0, 0.0])
     parser.add_argument("--lr", type=float, default=None, help="training.lr (default: the config's)")
-    parser.add_argument("--beta", type=float, default=None, help="model.pipeline.dpo.beta (default: the config's)")
+    parser.add_argument(
+        "--beta", type=float, default=None, help="model.pipeline.dpo.beta (default: the config's)"
+    )
     parser.add_argument("--vae-fit-steps", type=int, default=0)
     parser.add_argument("--control", action="store_true", help="preferred / rejected swapped at random")
     return parser.parse_args()
@@ -58,7 +60,9 @@ def swap_at_random(pairs: Path, seed: int = 0) -> Path:
     return path
 
 
-def train(tiny: Path, pairs: Path, run: Path, args: argparse.Namespace, *, steps: int, every: int, lr: float | None) -> list[dict]:
+def train(
+    tiny: Path, pairs: Path, run: Path, args: argparse.Namespace, *, steps: int, every: int, lr: float | None
+) -> list[dict]:
     """One run of ``tiny_dpo.yaml`` at 1 rank; its metrics records."""
     from wan22_train.cli import main as wan22_main
     from wan22_train.configs import config_path
@@ -95,7 +99,9 @@ def main() -> None:
     print(f"{time.time() - start:.0f} s for {args.steps} steps{' (control: roles swapped at random)' if args.control else ''}; "
           f"{count[0]} training rows, {count[1]} held-out rows; {len(HELD_OUT)} prompts x {len(SEEDS)} seeds")  # fmt: skip
     print("step  held-out DPO loss (log 2 = 0.69315)  val_reward  val_std  | train dpo_margin  dpo_accuracy")
-    print(f"{0:4d}  {first['val_loss']:.5f}  {first['val_reward']:.5f}  {first['val_reward_colour_target_std']:.5f}  |")
+    print(
+        f"{0:4d}  {first['val_loss']:.5f}  {first['val_reward']:.5f}  {first['val_reward_colour_target_std']:.5f}  |"
+    )
     last = 0
     for r in records:
         if "val_reward" in r:

@@ -4,17 +4,14 @@ one sequence, spread over micro-steps by tokens) logs the losses of the unpacked
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
 from mm_data import make_synthetic_dataset
 from mm_trainer.run.exit_codes import EXIT_CONFIG, EXIT_INPUT
 from wan22_train.cli import main as wan22_main
@@ -132,30 +129,8 @@ def records_of(save: Path) -> list[dict]:
     return [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
 
 
-def run_killed_after(fork, argv: list[str], save: Path, steps: int) -> int:
-    """``wan22_train``'s ``main(argv)`` in a forked child (one rank, as ``python -m wan22_train`` without a
-    fresh interpreter's imports), SIGKILLed once it logged ``steps`` steps in ``save``: its exit status."""
-    pid = fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 1
-        try:
-            logging.root.handlers.clear()
-            torch.set_num_threads(1)  # the parent's OpenMP pool does not survive a fork
-            code = wan22_main(argv)
-        finally:
-            os._exit(code)
-    log, deadline = save / "metrics.jsonl", time.monotonic() + 300
-    while not (log.exists() and len(log.read_text().splitlines()) >= steps) and time.monotonic() < deadline:
-        ended, status = os.waitpid(pid, os.WNOHANG)
-        if ended:
-            return status  # it ended before it could be killed
-        time.sleep(0.02)
-    os.kill(pid, signal.SIGKILL)
-    return os.waitpid(pid, 0)[1]
-
-
 def test_a_packed_run_killed_after_a_checkpoint_resumes_at_data_parallel_2_with_the_uninterrupted_losses(
-    tiny, mixed, tmp_path, main_forked, fork, capfd
+    tiny, mixed, tmp_path, main_forked, killed_after, capfd
 ):
     """The mixed set, global batch 4 (2 steps an epoch) on one rank saving every 3 steps, SIGKILLed once it
     logged step 5 (its step-3 checkpoint complete, step 6 not done); rerun on 2 ranks (data parallel 2: each
@@ -164,7 +139,7 @@ def test_a_packed_run_killed_after_a_checkpoint_resumes_at_data_parallel_2_with_
     run = [*mixed[:2], BUDGET, "training.global_batch_size=4", "training.micro_batch_size=2",
            "training.log_sample_ids=true", "training.save_interval=3"]  # fmt: skip
     save = tmp_path / "run"
-    status = run_killed_after(fork, argv_of(tiny, save, *run, "training.train_iters=8"), save, 5)
+    status = killed_after(wan22_main, argv_of(tiny, save, *run, "training.train_iters=8"), save, 5)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"not killed: status {status}"
     killed = records_of(save)
     assert [r["step"] for r in killed[:5]] == [1, 2, 3, 4, 5] and len(killed) < 8

@@ -171,12 +171,19 @@ def _observe(toys, **options) -> dict[str, torch.Tensor]:
         return latents.double().flatten(1).mean(1), {}
 
     grpo.scorer = scorer
-    batch = {**_prompts(toys, [0, 1]), "negative_prompt_embeds": torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(7))}
+    batch = {
+        **_prompts(toys, [0, 1]),
+        "negative_prompt_embeds": torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(7)),
+    }
     if options.get("negative_prompt") is not None:
         batch.pop("negative_prompt_embeds")  # encoded from the key, through the text encoder
     out = grpo(container, rng=SampleRNG(seed=1, step=3, sample_ids=[5, 9]), phase="grpo", **batch)
     out.loss.backward()
-    return {"clips": seen[0], "loss": out.loss.detach(), "gradient": container.predictor.conv.weight.grad.clone()}
+    return {
+        "clips": seen[0],
+        "loss": out.loss.detach(),
+        "gradient": container.predictor.conv.weight.grad.clone(),
+    }
 
 
 # Each key of model.pipeline.grpo, a changed value, and what it acts on: the rollout's clips (their number
@@ -204,7 +211,9 @@ def test_each_grpo_key_changes_what_it_acts_on(toys, key, value, acts_on):
             changed["clips"], default["clips"], atol=1e-4
         ), key
     else:
-        torch.testing.assert_close(changed["clips"], default["clips"], rtol=0, atol=0)  # the rollout as it was
+        torch.testing.assert_close(
+            changed["clips"], default["clips"], rtol=0, atol=0
+        )  # the rollout as it was
         assert not torch.allclose(changed[acts_on], default[acts_on], rtol=1e-3, atol=1e-7), key
     if key == "group_size":
         assert changed["clips"].shape[0] == 2 * value  # 2 prompts x group_size clips

@@ -111,6 +111,9 @@ def test_a_ti2v_rollout_keeps_each_prompts_clean_first_frame_at_every_state_and_
     for hidden in inputs:  # the predictor sees the clean frame first at every state, rollout and update
         torch.testing.assert_close(hidden[:, :, :1], first, rtol=0, atol=0)
     rollout = grpo.rollout(
-        container, grpo.clip_conditions(container, batch, conditions), RNG, tuple(conditions["latents"].shape[1:])
+        container,
+        grpo.clip_conditions(container, batch, conditions),
+        RNG,
+        tuple(conditions["latents"].shape[1:]),
     )
     assert rollout.states.shape[3] == frames - 1  # [K + 1, N, c, T - 1, h, w]: the sampled frames only
