@@ -1,5 +1,6 @@
-"""Does Diffusion-DPO on pairs ranked by a colour move the tiny Wan2.2 model toward the preferred colour?
-(Not a test.)
+"""Does Diffusion-DPO on colour-ranked pairs move the tiny Wan2.2 model toward the preferred colour?
+
+Not a test.
 
 Issue 47 measurement, one CPU process, through the trainer (``tiny_dpo.yaml`` at 1 rank): ``make-tiny``'s
 model set (VAE not fitted unless ``--vae-fit-steps``) and ``make-pairs``' pairs of its clips: of two clips the
@@ -26,25 +27,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import time
+from functools import partial
 from pathlib import Path
 
-from wan_grpo_learning import HELD_OUT, SEEDS, validation_override
+from wan_grpo_learning import HELD_OUT, SEEDS, run_on_tiny, start_and_run, tiny_run_parser
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="a folder for the tiny set and the run")
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--every", type=int, default=25, help="validate every this many steps")
-    parser.add_argument("--target", type=float, nargs=3, default=[1.0, 0.0, 0.0])
+    parser = tiny_run_parser(__doc__.split("\n")[0], steps=100)
     parser.add_argument("--lr", type=float, default=None, help="training.lr (default: the config's)")
     parser.add_argument(
         "--beta", type=float, default=None, help="model.pipeline.dpo.beta (default: the config's)"
     )
-    parser.add_argument("--vae-fit-steps", type=int, default=0)
     parser.add_argument("--control", action="store_true", help="preferred / rejected swapped at random")
     return parser.parse_args()
 
@@ -61,24 +56,17 @@ def swap_at_random(pairs: Path, seed: int = 0) -> Path:
 
 
 def train(
-    tiny: Path, pairs: Path, run: Path, args: argparse.Namespace, *, steps: int, every: int, lr: float | None
+    tiny: Path, pairs: Path, run: Path, *, args: argparse.Namespace, steps: int, every: int, lr: float | None
 ) -> list[dict]:
-    """One run of ``tiny_dpo.yaml`` at 1 rank; its metrics records."""
-    from wan22_train.cli import main as wan22_main
-    from wan22_train.configs import config_path
-    from wan22_train.tiny import tiny_overrides
-
-    reward = "[{id: colour_target, options: {target: [" + ", ".join(str(v) for v in args.target) + "]}}]"
+    """One run of ``tiny_dpo.yaml`` at 1 rank on ``pairs``, validated on the held-out pairs too."""
     overrides = [
-        *tiny_overrides(tiny), f"data.data_path={pairs}", f"training.save={run}", f"training.train_iters={steps}",
-        f"training.save_interval={steps}", "training.tensorboard=false", "parallel.ulysses_parallel_size=1",
-        f"training.rewards={reward}", validation_override(every),
-        f"training.validation.data_path={tiny / 'pairs' / 'held_out.json'}",
+        f"data.data_path={pairs}", f"training.validation.data_path={tiny / 'pairs' / 'held_out.json'}",
         *([f"training.lr={lr}"] if lr is not None else []),
         *([f"model.pipeline.dpo.beta={args.beta}"] if args.beta is not None else []),
     ]  # fmt: skip
-    assert wan22_main(["--config", str(config_path("tiny_dpo.yaml")), *overrides]) == 0
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return run_on_tiny(
+        "tiny_dpo.yaml", tiny, run, steps=steps, every=every, target=args.target, overrides=overrides
+    )
 
 
 def main() -> None:
@@ -90,13 +78,12 @@ def main() -> None:
     pairs, held_out = make_colour_pairs(tiny, args.target)
     if args.control:
         pairs = swap_at_random(pairs)
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29733")
-    first = train(tiny, pairs, args.out / "start", args, steps=1, every=1, lr=0.0)[0]
-    run = args.out / ("run_control" if args.control else "run")
-    start = time.time()
-    records = train(tiny, pairs, run, args, steps=args.steps, every=args.every, lr=args.lr)
+    first, records, seconds = start_and_run(
+        partial(train, tiny, pairs, args=args), args.out, "run_control" if args.control else "run",
+        steps=args.steps, every=args.every, lr=args.lr, port=29733,
+    )  # fmt: skip
     count = (len(json.loads(pairs.read_text())), len(json.loads(held_out.read_text())))
-    print(f"{time.time() - start:.0f} s for {args.steps} steps{' (control: roles swapped at random)' if args.control else ''}; "
+    print(f"{seconds:.0f} s for {args.steps} steps{' (control: roles swapped at random)' if args.control else ''}; "
           f"{count[0]} training rows, {count[1]} held-out rows; {len(HELD_OUT)} prompts x {len(SEEDS)} seeds")  # fmt: skip
     print("step  held-out DPO loss (log 2 = 0.69315)  val_reward  val_std  | train dpo_margin  dpo_accuracy")
     print(

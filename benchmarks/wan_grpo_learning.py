@@ -19,6 +19,8 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -29,14 +31,21 @@ HELD_OUT = [
 SEEDS = (0, 1, 2, 3)
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def tiny_run_parser(description: str, *, steps: int) -> argparse.ArgumentParser:
+    """The options of a learning run on the tiny set: ``--out``, ``--steps``, ``--every``, ``--target``,
+    ``--vae-fit-steps``."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", type=Path, required=True, help="a folder for the tiny set and the run")
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--every", type=int, default=25, help="validate every this many steps")
     parser.add_argument("--target", type=float, nargs=3, default=[1.0, 0.0, 0.0])
-    parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--vae-fit-steps", type=int, default=0)
+    return parser
+
+
+def parse_args() -> argparse.Namespace:
+    parser = tiny_run_parser(__doc__.split("\n")[0], steps=200)
+    parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--noise-level", type=float, default=0.7, help="model.pipeline.grpo.noise_level")
     parser.add_argument("--kl-weight", type=float, default=0.04, help="model.pipeline.grpo.kl_weight")
     parser.add_argument("--shuffle", action="store_true", help="the control: rewards permuted across clips")
@@ -82,24 +91,59 @@ def validation_override(every: int) -> str:
     )
 
 
-def train(
-    tiny: Path, metadata: Path, run: Path, args: argparse.Namespace, *, steps: int, every: int, lr: float
+def run_on_tiny(
+    config: str, tiny: Path, run: Path, *, steps: int, every: int, target: list[float], overrides: list[str]
 ) -> list[dict]:
-    """One run of ``tiny_grpo.yaml`` at 1 rank; its metrics records."""
+    """One run of the shipped ``config`` at 1 rank on the tiny set, ``steps`` steps, scored by the
+    ``colour_target`` reward toward ``target`` and validated every ``every`` steps
+    (:func:`validation_override`), with further ``overrides``; its metrics records."""
     from wan22_train.cli import main as wan22_main
     from wan22_train.configs import config_path
     from wan22_train.tiny import tiny_overrides
 
-    reward = "[{id: colour_target, options: {target: [" + ", ".join(str(v) for v in args.target) + "]}}]"
-    overrides = [
-        *tiny_overrides(tiny), f"data.data_path={metadata}", f"training.save={run}", f"training.train_iters={steps}",
-        f"training.save_interval={steps}", f"training.lr={lr}", "training.tensorboard=false",
-        "parallel.ulysses_parallel_size=1", f"training.rewards={reward}",
-        f"model.pipeline.grpo.noise_level={args.noise_level}", f"model.pipeline.grpo.kl_weight={args.kl_weight}",
+    reward = "[{id: colour_target, options: {target: [" + ", ".join(str(v) for v in target) + "]}}]"
+    common = [
+        *tiny_overrides(tiny), f"training.save={run}", f"training.train_iters={steps}", f"training.save_interval={steps}",
+        "training.tensorboard=false", "parallel.ulysses_parallel_size=1", f"training.rewards={reward}",
         validation_override(every),
     ]  # fmt: skip
-    assert wan22_main(["--config", str(config_path("tiny_grpo.yaml")), *overrides]) == 0
+    assert wan22_main(["--config", str(config_path(config)), *common, *overrides]) == 0
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def train(
+    tiny: Path, metadata: Path, run: Path, *, args: argparse.Namespace, steps: int, every: int, lr: float
+) -> list[dict]:
+    """One run of ``tiny_grpo.yaml`` at 1 rank; its metrics records."""
+    overrides = [
+        f"data.data_path={metadata}", f"training.lr={lr}", f"model.pipeline.grpo.noise_level={args.noise_level}",
+        f"model.pipeline.grpo.kl_weight={args.kl_weight}",
+    ]  # fmt: skip
+    return run_on_tiny(
+        "tiny_grpo.yaml", tiny, run, steps=steps, every=every, target=args.target, overrides=overrides
+    )
+
+
+def start_and_run(
+    train: Callable[..., list[dict]],
+    out: Path,
+    name: str,
+    *,
+    steps: int,
+    every: int,
+    lr: float | None,
+    port: int,
+) -> tuple[dict, list[dict], float]:
+    """At 1 rank: the start (``train`` one step at learning rate 0: the policy as built, LoRA B = 0,
+    validated) in ``out/start``, then ``steps`` steps in ``out/name``; the start's record, the run's
+    records and its seconds."""
+    os.environ.update(
+        RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    first = train(out / "start", steps=1, every=1, lr=0.0)[0]
+    start = time.time()
+    records = train(out / name, steps=steps, every=every, lr=lr)
+    return first, records, time.time() - start
 
 
 def main() -> None:
@@ -108,17 +152,13 @@ def main() -> None:
 
     tiny = make_tiny(args.out / "tiny", vae_fit_steps=args.vae_fit_steps)
     metadata = colourless_captions(tiny)
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29731")
-    # the start: the policy as built (LoRA B = 0), validated after one step at learning rate 0
-    first = train(tiny, metadata, args.out / "start", args, steps=1, every=1, lr=0.0)[0]
-    if args.shuffle:
+    if args.shuffle:  # the start trains at learning rate 0: shuffled or not, the same start
         shuffle_rewards()
-    run = args.out / ("run_shuffled" if args.shuffle else "run")
-    start = time.time()
-    records = train(tiny, metadata, run, args, steps=args.steps, every=args.every, lr=args.lr)
-    print(
-        f"{time.time() - start:.0f} s for {args.steps} steps{' (rewards shuffled)' if args.shuffle else ''}"
-    )
+    first, records, seconds = start_and_run(
+        partial(train, tiny, metadata, args=args), args.out, "run_shuffled" if args.shuffle else "run",
+        steps=args.steps, every=args.every, lr=args.lr, port=29731,
+    )  # fmt: skip
+    print(f"{seconds:.0f} s for {args.steps} steps{' (rewards shuffled)' if args.shuffle else ''}")
     print("step  val_reward  val_std  | train reward (mean since the last line)  grpo_kl")
     print(f"{0:4d}  {first['val_reward']:.5f}  {first['val_reward_colour_target_std']:.5f}  |")
     last = 0

@@ -29,6 +29,8 @@ def _refused(tiny, *overrides) -> ConfigError:
 def test_the_shipped_config_passes_and_a_full_weight_policy_needs_a_reference_only_with_a_kl_term(tiny):
     _check(tiny)
     _check(tiny, "model.models.predictor.lora=null", "model.pipeline.grpo.kl_weight=0")
+    for task in ("i2v", "ti2v"):  # every task rolls out (its first-frame condition kept), guided or not
+        _check(tiny, f"model.pipeline.task={task}", "model.pipeline.grpo.guidance_scale=3")
     err = _refused(tiny, "model.models.predictor.lora=null")
     assert err.paths == ["model.models.predictor"], str(err)
     assert "Flow-GRPO needs a reference: add the frozen sub-model `reference`" in str(err)
