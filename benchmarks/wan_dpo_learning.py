@@ -16,8 +16,8 @@ one whose mean colour is closer to ``--target`` is preferred, both captions stri
   preferred colour?
 
 The reference is the same prompts and seeds before training (the policy as built, one step at lr 0). With
-``--control`` each training pair's preferred and rejected clips are swapped with probability 1/2 (seeded):
-pairs that carry no preference, which should move neither number.
+``--control`` each training row's preferred and rejected clips are swapped with probability 1/2 (seeded):
+rows that carry no preference, which should move neither number.
 
 Usage: python benchmarks/wan_dpo_learning.py --out /tmp/dpo_bench [--steps 100] [--every 25]
        [--target 1 0 0] [--lr 1e-3] [--beta 500] [--vae-fit-steps 0] [--control]
