@@ -112,3 +112,35 @@ def test_with_both_experts_each_rollout_step_and_each_trained_step_runs_the_expe
         container.zero_grad(set_to_none=True)
         seen.add(k in high)
     assert seen == {True, False}
+
+
+def test_a_ti2v_grpo_step_gives_the_wan_predictor_the_clean_first_frame_at_timestep_0_at_every_call():
+    """Wan2.2 TI2V-5B through ``Wan22Pipeline``: each rollout and trained step's forward sees the prompt's
+    clean first latent frame with per-token timestep 0 on its tokens (the rest at the step's sigma), and the
+    loss trains the predictor."""
+    from mm_pipelines import FlowGRPO, SampleRNG
+    from wan22_train.model import WanDiT, WanDiTConfig
+    from wan22_train.pipeline import Wan22Pipeline
+
+    torch.manual_seed(0)
+    container = torch.nn.Module()
+    container.predictor = WanDiT(WanDiTConfig(model_type="ti2v", in_dim=4, out_dim=4, dim=32, ffn_dim=64,
+                                              num_heads=2, num_layers=1, text_dim=8, freq_dim=16))  # fmt: skip
+    grpo = FlowGRPO(Wan22Pipeline.from_options({"task": "ti2v"}), group_size=2, sampling_steps=3, kl_weight=0)
+    grpo.scorer = lambda latents, prompts, groups, names: (latents.double().flatten(1).mean(1), {})
+    calls = []
+    container.predictor.register_forward_pre_hook(
+        lambda _, args: calls.append((args[0].clone(), args[1].clone()))
+    )
+    latents = torch.randn(1, 4, 3, 4, 6)
+    out = grpo(container, rng=SampleRNG(seed=0, step=0, sample_ids=[0]), phase="grpo", latents=latents,
+               prompt_embeds=torch.randn(1, 3, 8))  # fmt: skip
+    out.loss.backward()
+    per_frame = (4 // 2) * (6 // 2)
+    assert len(calls) == 3 + grpo.trained_steps
+    for hidden, timestep in calls:
+        torch.testing.assert_close(
+            hidden[:, :, :1], latents[:, :, :1].expand(2, -1, -1, -1, -1), rtol=0, atol=0
+        )
+        assert torch.all(timestep[:, :per_frame] == 0) and torch.all(timestep[:, per_frame:] > 0)
+    assert container.predictor.blocks[0].self_attn.q.weight.grad.abs().sum() > 0
