@@ -54,6 +54,11 @@ def test_the_shipped_config_passes_and_a_full_weight_policy_needs_a_reference_on
         (["model.pipeline.grpo.group=4"], "model.pipeline.grpo.group", "group_size"),
         (["model.pipeline.expert=high_noise"], "model.pipeline.grpo", "expected expert `all` or `both`"),
         (["model.pipeline.dpo={beta: 100}"], "model.pipeline.grpo", "not with dpo"),
+        (
+            ["data.dataset_id=wan22_cached", "data.dataset={}", "model.pipeline.grpo.guidance_scale=3"],
+            "model.pipeline.grpo.guidance_scale",
+            "gives pre-encoded prompts without them",
+        ),
     ],
 )
 def test_a_grpo_run_that_cannot_train_is_refused_naming_the_key(tiny, overrides, path, words):

@@ -325,6 +325,9 @@ class WanCachedSchema(ConfigModel):
 
     needs_data_path: ClassVar[bool] = True
     reads_data_root: ClassVar[bool] = False
+    gives_prompt_embeds: ClassVar[bool] = True
+    """Batches hold the cached ``prompt_embeds`` and no negative prompt's (no classifier-free guidance in
+    training: ``mm_config`` refuses ``distill`` / ``grpo`` ``guidance_scale`` != 1)."""
     one_source_keys: ClassVar[dict[str, str]] = {
         "preprocess": "describes the one cache of data.data_path, which wan22-train preprocess writes and a run checks; "
         "preprocess each source with its own data.data_path and leave the section out of the run"

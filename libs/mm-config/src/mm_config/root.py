@@ -22,7 +22,7 @@ from .errors import Loc, Problem, RuleViolations, suggest
 from .features import FeaturesConfig
 from .model import ModelConfig
 from .parallel import ParallelConfig
-from .registry import pipeline_schema
+from .registry import dataset_schema, pipeline_schema
 from .tools import ToolsConfig
 from .training import TrainingConfig
 
@@ -67,6 +67,7 @@ class TrainConfig(ConfigModel):
         problems += _submodel_problems(self)
         problems += _packing_problems(self)
         problems += _reward_problems(self)
+        problems += _guidance_problems(self)
         if not problems:
             problems += _batch_and_heads_problems(self, world)
         if problems:
@@ -304,6 +305,26 @@ def _reward_problems(cfg: TrainConfig) -> list[Problem]:
             )
         ]
     return []
+
+
+def _guidance_problems(cfg: TrainConfig) -> list[Problem]:
+    """Classifier-free guidance of a distillation's teacher or of GRPO's rollouts needs the negative prompt's
+    embeddings, which a dataset of pre-encoded prompts (its schema's ``gives_prompt_embeds``) does not give."""
+    pipeline = cfg.model.pipeline if isinstance(cfg.model.pipeline, dict) else {}
+    schema = dataset_schema(cfg.data.dataset_id) if cfg.data.dataset_id else None
+    if not getattr(schema, "gives_prompt_embeds", False):
+        return []
+    return [
+        Problem(
+            ("model", "pipeline", mode, "guidance_scale"),
+            f"needs the negative prompt's embeddings, and data.dataset_id `{cfg.data.dataset_id}` gives pre-encoded "
+            "prompts without them: train on the videos and captions, or set guidance_scale: 1",
+            pipeline[mode]["guidance_scale"],
+            deps=(("data", "dataset_id"),),
+        )
+        for mode in ("distill", "grpo")
+        if isinstance(pipeline.get(mode), dict) and pipeline[mode].get("guidance_scale", 1.0) != 1.0
+    ]
 
 
 def _packing_problems(cfg: TrainConfig) -> list[Problem]:
