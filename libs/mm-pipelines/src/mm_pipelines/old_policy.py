@@ -13,7 +13,8 @@ The schedule, per optimizer step ``n`` (counted over the run; ``w_n`` the weight
     old_n     = decay_n * old_{n-1} + (1 - decay_n) * w_n,   decay_n = min(decay_ramp * n, decay_max)
 
 (DiffusionNFT's public schedule: the old policy follows the policy closely at first and lags more as the run
-goes on). The update runs once per optimizer step, at its first micro-batch (:meth:`OldPolicyEMA.advance`),
+goes on). The average is not in the trainer's checkpoints yet: a run resumed at step ``n`` starts it as
+``w_n`` (with a warning), so the resumed steps' old policy differs from the uninterrupted run's. The update runs once per optimizer step, at its first micro-batch (:meth:`OldPolicyEMA.advance`),
 so every micro-batch, rank and layout of a step sees the same old policy.
 
 Under FSDP2 a parameter's registered tensor is its sharded DTensor only while resharded; before reading
@@ -25,12 +26,15 @@ before the swap), and again after writing, so that the next forward gathers the 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
+
+logger = logging.getLogger(__name__)
 
 
 class OldPolicyEMA:
@@ -61,6 +65,12 @@ class OldPolicyEMA:
         if self.average is None:
             self.average = [s.detach().to(torch.float32, copy=True) for s in shards]
             self.step = step
+            if step > 0 and self.decay(step) > 0:
+                logger.warning(
+                    "DiffusionNFT: the old policy starts as the weights of step %d (it is not in checkpoints: a "
+                    "resumed run's old policy differs from the uninterrupted run's until the EMA forgets it)",
+                    step,
+                )
             return 0.0
         _check_shapes(self.average, shards)
         decay = self.decay(step)

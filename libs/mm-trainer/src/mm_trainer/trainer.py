@@ -151,7 +151,7 @@ class Trainer:
         self.rewards = Rewards.from_config(
             config.training.rewards, on_failure=config.training.reward_failure, device=self.device
         )
-        attach_rollout_scorer(self.model, self.rewards)  # model.pipeline.grpo: its rollouts' rewards
+        attach_rollout_scorer(self.model, self.rewards)  # model.pipeline.grpo / nft: rollouts' rewards
         self.validator = self._validator() if config.training.validation else None
 
     # ------------------------------------------------------------ building
