@@ -188,6 +188,10 @@ class DiffusionNFT:
         return self.forward(container, rng, **batch)
 
     # ------------------------------------------------------------------ checkpoints (per data-parallel rank)
+    optional_rank_state = True
+    """A checkpoint without the old policy (saved by another mode, read by ``training.load``) loads: the old
+    policy then starts as the first step's weights, with a warning (:class:`OldPolicyEMA`)."""
+
     def state_dict(self) -> dict[str, Any]:
         """The old policy (:meth:`OldPolicyEMA.state_dict`): the trainer's per-rank checkpoint entry."""
         return self.old_policy.state_dict()

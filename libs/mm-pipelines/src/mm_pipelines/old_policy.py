@@ -13,11 +13,13 @@ The schedule, per optimizer step ``n`` (counted over the run; ``w_n`` the weight
     old_n     = decay_n * old_{n-1} + (1 - decay_n) * w_n,   decay_n = min(decay_ramp * n, decay_max)
 
 (DiffusionNFT's public schedule: the old policy follows the policy closely at first and lags more as the run
-goes on). Checkpoints hold it per data-parallel rank (the trainer's ``pipeline`` entry: :meth:`state_dict`);
+goes on). The update runs once per optimizer step, at its first micro-batch (:meth:`OldPolicyEMA.advance`),
+so every micro-batch, rank and layout of a step sees the same old policy.
+
+Checkpoints hold it per data-parallel rank (the trainer's ``pipeline`` entry: :meth:`state_dict`);
 a resume at another data-parallel size reassembles each average from the saved ranks' shards and cuts this
 rank's by the parameter's placements (:meth:`load_rank_states`). A run that finds none (a checkpoint of
-another mode, ``training.load``) starts it as the weights of its first step, with a warning. The update runs once per optimizer step, at its first micro-batch (:meth:`OldPolicyEMA.advance`),
-so every micro-batch, rank and layout of a step sees the same old policy.
+another mode, ``training.load``) starts it as the weights of its first step, with a warning.
 
 Under FSDP2 a parameter's registered tensor is its sharded DTensor only while resharded; before reading
 or writing the shards, every FSDP module of the container is resharded (``FSDPModule.reshard``: a module
