@@ -49,3 +49,12 @@ def test_each_scale_guides_its_own_stream_alone_and_the_audio_follows_the_video_
     assert torch.equal(both[0], video_guided[0]) and torch.equal(
         both[1], audio_guided[1]
     )  # None: the video's 4
+
+
+def test_an_audio_scale_is_refused_for_a_run_without_audio():
+    from ltx2_train.pipeline import LTX2Pipeline
+    from ltx2_train.sampling import sample_clip
+
+    modules = {"pipeline": LTX2Pipeline(audio=False), "encoders": None, "holder": None}
+    with pytest.raises(ValueError, match=r"audio_guidance_scale: this run samples no audio"):
+        sample_clip(modules, PROMPT, num_frames=5, height=16, width=16, frame_rate=8.0, audio_guidance_scale=2.0)

@@ -102,6 +102,10 @@ def sample_clip(
     encoders: LTX2Encoders = modules["encoders"]
     pipeline: LTX2Pipeline = modules["pipeline"]
     holder = modules["holder"]
+    if audio_guidance_scale is not None and not pipeline.audio:
+        raise ValueError(
+            "audio_guidance_scale: this run samples no audio (model.pipeline.audio: false); leave it out"
+        )
     grid = latent_grid(encoders, num_frames, height, width)
     generator = torch.Generator().manual_seed(seed)
     video = torch.randn((1, encoders.vae.config.latent_channels, *grid), generator=generator)
