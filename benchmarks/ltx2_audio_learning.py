@@ -16,7 +16,8 @@ places per step, clip ``j % 4`` at place ``j``, each place keyed apart; warmup 2
 branch frozen as the trainer freezes it, ``ltx2_train.modality.freeze_branch``). Then each caption is
 sampled with each of ``--seeds`` (20 Euler steps, ``ltx2_train.sampling.sample_clip``); a draw passes when
 the video moves as captioned (``mm_data.moves_as_captioned``) and the decoded log-mel's bin of maximum
-energy (mean over channels and time) is the caption's tone's bin. Pass: at least 7 of 8 draws. It also
+energy (mean over channels and time) is the caption's tone's bin. Pass: at least 7 of 8 draws. Each draw's
+line also gives where the Griffin-Lim waveform of its log-mel (what ``sample.wav`` holds) peaks, in Hz. It also
 prints each stream's loss on the four clips at 4 fixed sigmas (``LTX2Pipeline.validation_loss``: what
 ``val_loss_video`` / ``val_loss_audio`` log), a comparison free of the training draws' noise.
 
@@ -57,6 +58,12 @@ def peak_bin(mel: torch.Tensor) -> int:
     return int(mel.float().flatten(0, -2).mean(dim=0).argmax())
 
 
+def peak_hz(wave: torch.Tensor, sample_rate: int) -> float:
+    """The frequency (Hz) of the largest magnitude of the left channel's spectrum."""
+    spectrum = torch.fft.rfft(wave[0].double()).abs()
+    return float(torch.fft.rfftfreq(wave.shape[1], 1 / sample_rate)[spectrum.argmax()])
+
+
 def carried_bins(audio_vae, mels: torch.Tensor) -> list[int]:
     """The peak bin of ``decode(encode(mel))`` of each ``[N, 2, T, bins]`` log-mel."""
     with torch.no_grad():
@@ -88,7 +95,7 @@ def main() -> None:
     from ltx2_train.modality import freeze_branch
     from ltx2_train.pipeline import LTX2Pipeline
     from ltx2_train.preprocess import LTX2Encoders, clip_waveform, encode_sample
-    from ltx2_train.sampling import sample_clip
+    from ltx2_train.sampling import sample_clip, waveform
     from ltx2_train.tiny import CLIP, make_tiny, one_token_transformer
     from mm_data import VideoTextDataset, moves_as_captioned, to_video_frames
     from mm_pipelines import SampleRNG
@@ -172,14 +179,16 @@ def main() -> None:
     modules = {"holder": holder, "pipeline": pipeline, "encoders": encoders, "text_len": 16}
     passed, lines = 0, []
     for seed in (int(s) for s in args.seeds.split(",")):
-        for caption, tone_bin in zip(captions, tone_bins, strict=True):
+        for caption, tone_bin, tone_hz in zip(captions, tone_bins, TONES, strict=True):
             video, mel = sample_clip(
                 modules, caption, **size, frame_rate=float(CLIP["fps"]), steps=20, seed=seed
             )
             moves, got = moves_as_captioned(to_video_frames(video), caption), peak_bin(mel)
             passed += moves and got == tone_bin
+            heard = peak_hz(*waveform(encoders, mel))
             lines.append(f"  seed {seed} {caption.split()[1]:6s} moves {'Y' if moves else 'n'} "
-                         f"tone bin {got:2d} (caption's {tone_bin:2d}) {'PASS' if moves and got == tone_bin else 'fail'}")  # fmt: skip
+                         f"tone bin {got:2d} (caption's {tone_bin:2d}) {'PASS' if moves and got == tone_bin else 'fail'}"
+                         f"  | its .wav (Griffin-Lim) peaks at {heard:6.0f} Hz (tone {tone_hz:.0f})")  # fmt: skip
     print("\n".join(lines))
     draws = len(lines)
     verdict = "PASS" if passed >= math.ceil(draws * 7 / 8) else "FAIL"
