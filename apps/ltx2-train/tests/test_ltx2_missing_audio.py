@@ -16,14 +16,15 @@ TONE_HZ = 700.0
 
 @pytest.fixture(scope="module")
 def mixed_source(tmp_path_factory):
-    """Two tiny clips (5 frames, 16 x 16, 8 fps): row 0 with a 700 Hz audio track, row 1 without one."""
+    """Tiny clips (5 frames, 16 x 16, 8 fps): row 0 with a 700 Hz audio track, row 1 without one, row 2 a
+    truncated file (no header to read: the cache writer reports it as failed, whatever ``missing_audio``)."""
     from mm_data import make_synthetic_dataset
 
     root = tmp_path_factory.mktemp("ltx2_missing_audio")
     size = dict(num_clips=1, sizes=[(16, 16)], num_frames=(5,), fps=(8,))
     rows = []
-    for name, tones in (("sound", (TONE_HZ,)), ("silent", None)):
-        meta = make_synthetic_dataset(root / name, **size, tones=tones)
+    for name, tones, corrupt in (("sound", (TONE_HZ,), 0), ("silent", None, 1)):
+        meta = make_synthetic_dataset(root / name, **size, tones=tones, corrupt=corrupt)
         rows += [{**row, "path": str(meta.parent / row["path"])} for row in json.loads(meta.read_text())]
     source = root / "metadata.json"
     source.write_text(json.dumps(rows))
@@ -49,7 +50,7 @@ def test_a_clip_without_audio_is_refused_before_any_encoder_loads_naming_it(
     message = str(error.value)
     assert "1 clip(s) without an audio track" in message and "missing_audio: silence" in message
     assert f"sample 1 ({mixed_source.parent / 'silent' / 'clip_0000.mp4'})" in message
-    assert "sample 0" not in message
+    assert "sample 0" not in message and "sample 2" not in message
     assert user_error_class(error.value).exit_code == 66
     assert not (tmp_path / "cache").exists()
 
@@ -65,7 +66,7 @@ def test_silence_encodes_a_clip_without_audio_as_zeros_beside_the_real_track_of_
         run_config(tiny_cache), overrides(mixed_source, tmp_path / "cache", "silence"), world_size=1
     )
     report = run_preprocess(config)
-    assert report.computed == [0, 1]
+    assert report.computed == [0, 1] and [bad.index for bad in report.failed] == [2]
     silent = str(mixed_source.parent / "silent" / "clip_0000.mp4")
     assert "1 clip(s) without an audio track, encoded with silence (zeros) (missing_audio: silence)" in str(
         report

@@ -20,24 +20,21 @@ PROMPT = "A red circle slides up across a dark grey background."
 @pytest.fixture(scope="module")
 def draw(tiny_cache):
     """``draw(guidance_scale, audio_guidance_scale) -> (video, log-mel)``: one step of the tiny set's encoders
-    and a randomly initialised one-token transformer, seed 3, against the empty prompt."""
+    and a randomly initialised tiny transformer (patch size 1, 32 wide), seed 3, against the empty prompt
+    (both prompts encoded once)."""
     from ltx2_train.pipeline import LTX2Pipeline
     from ltx2_train.preprocess import LTX2Encoders
     from ltx2_train.sampling import sample_clip
-    from ltx2_train.tiny import one_token_transformer
+    from ltx2_train.tiny import tiny_transformer
 
     torch.manual_seed(0)
-    modules = {
-        "holder": SimpleNamespace(model=one_token_transformer().eval()),
-        "pipeline": LTX2Pipeline(),
-        "encoders": LTX2Encoders.load(
-            tiny_cache, audio=True, device=torch.device("cpu"), dtype=torch.float32
-        ),
-        "text_len": 16,
-    }
+    encoders = LTX2Encoders.load(tiny_cache, audio=True, device=torch.device("cpu"), dtype=torch.float32)
+    modules = {"holder": SimpleNamespace(model=tiny_transformer().eval()), "pipeline": LTX2Pipeline(),
+               "encoders": encoders, "text_len": 16}  # fmt: skip
+    texts = {text: encoders.encode_text(text, 16) for text in (PROMPT, "")}
     return lambda scale, audio_scale: sample_clip(
         modules, PROMPT, num_frames=5, height=16, width=16, frame_rate=8.0, steps=1, seed=3,
-        guidance_scale=scale, audio_guidance_scale=audio_scale,
+        guidance_scale=scale, audio_guidance_scale=audio_scale, texts=texts,
     )  # fmt: skip
 
 
@@ -57,4 +54,6 @@ def test_an_audio_scale_is_refused_for_a_run_without_audio():
 
     modules = {"pipeline": LTX2Pipeline(audio=False), "encoders": None, "holder": None}
     with pytest.raises(ValueError, match=r"audio_guidance_scale: this run samples no audio"):
-        sample_clip(modules, PROMPT, num_frames=5, height=16, width=16, frame_rate=8.0, audio_guidance_scale=2.0)
+        sample_clip(
+            modules, PROMPT, num_frames=5, height=16, width=16, frame_rate=8.0, audio_guidance_scale=2.0
+        )

@@ -19,12 +19,16 @@ from pathlib import Path
 import torch
 
 
-def has_audio_track(path: str | Path) -> bool:
-    """Whether the media file at ``path`` has an audio stream (its header only; nothing is decoded)."""
+def has_audio_track(path: str | Path) -> bool | None:
+    """Whether the media file at ``path`` has an audio stream (its header only; nothing is decoded); None
+    when it cannot be opened (missing, truncated: the clip reader reports it as a failed sample)."""
     import av
 
-    with av.open(str(path)) as container:
-        return bool(container.streams.audio)
+    try:
+        with av.open(str(path)) as container:
+            return bool(container.streams.audio)
+    except (av.FFmpegError, OSError):
+        return None
 
 
 def read_audio(

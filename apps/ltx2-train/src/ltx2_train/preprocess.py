@@ -225,12 +225,13 @@ def clip_waveform(
 
 
 def clips_without_audio(dataset: VideoTextDataset) -> list[tuple[int, str]]:
-    """``(index, path)`` of every clip row whose file has no audio track (images, refused apart, left out)."""
+    """``(index, path)`` of every clip row whose file has no audio track (images, refused apart, and files
+    that cannot be opened, which the cache writer reports as failed, left out)."""
     rows = enumerate(dataset.rows)
     return [
         (i, str(row["path"]))
         for i, row in rows
-        if not is_image(row["path"]) and not has_audio_track(row["path"])
+        if not is_image(row["path"]) and has_audio_track(row["path"]) is False
     ]
 
 
