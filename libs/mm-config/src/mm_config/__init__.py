@@ -53,6 +53,7 @@ from .loader import (  # noqa: E402
 from .lora import LoraConfig  # noqa: E402
 from .model import LoadFormat, ModelConfig, SubModelConfig  # noqa: E402
 from .model_checks import CHECKS_ENTRY_POINT_GROUP, run_model_checks  # noqa: E402
+from .nft import NFTOptions  # noqa: E402
 from .parallel import FSDPPlanConfig, ParallelConfig, SubPlanConfig, UlyssesOverlapConfig  # noqa: E402
 from .phases import PhaseConfig  # noqa: E402
 from .preprocess import PreprocessRunConfig  # noqa: E402
@@ -116,6 +117,7 @@ __all__ = [
     "DistillOptions",
     "DPOOptions",
     "GRPOOptions",
+    "NFTOptions",
     "EMAConfig",
     "ENTRY_POINT_GROUP",
     "FSDPPlanConfig",
