@@ -129,13 +129,11 @@ def test_grpo_logs_a_finite_loss_and_the_reward_statistics_alike_at_2_ranks_with
             assert have[key] == pytest.approx(want[key], rel=1e-3, abs=1e-7), key
 
 
-def test_a_grpo_config_is_refused_by_the_planner_saying_what_to_plan_instead(session, monkeypatch, capsys):
-    """The rollouts are sampled and scored inside the step, which a traced step cannot: one clean message."""
+def test_the_shipped_grpo_config_plans_its_rollout_rewards_and_update(session, monkeypatch, capsys):
+    """``wan22-train plan`` of ``tiny_grpo.yaml``: the rollouts sampled and scored inside the step are traced
+    as parts of the step (their properties: test_wan_plan_grpo.py)."""
     monkeypatch.chdir(session)
-    assert wan22_main(["plan", "--config", str(config_path("tiny_grpo.yaml")), "--world-size", "2"]) == 2
-    err = capsys.readouterr().err
-    assert (
-        "a FlowGRPO step (rollouts sampled and scored by training.rewards inside the step) is not planned"
-        in err
-    )
-    assert "Traceback" not in err
+    assert wan22_main(["plan", "--config", str(config_path("tiny_grpo.yaml")), "--world-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "rollouts: 4 clips x 2 prompt(s) = 8 clips per micro-step, 4 sampler steps" in out, out
+    assert "micro-step 1/1 (grpo, rollout)" in out and "by stage: rollout" in out, out

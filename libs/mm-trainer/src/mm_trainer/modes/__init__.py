@@ -10,7 +10,8 @@ Fine-tuning (full or LoRA) is the plain loop (:mod:`mm_trainer.loop.engine`, :mo
 - ``rewards``: ``training.rewards``, registered scorers of samples (on decoded frames or latents, pointwise
   or groupwise) combined with weights, and ``training.reward_failure``; they score the validation clips
   (docs/DESIGN.md "Rewards").
-- ``rollout_scoring``: the rewards of a reward fine-tuning's rollouts (Flow-GRPO's ``scorer``), decoded
+- ``rollout_scoring``: what a pipeline that samples its own rollouts is (``RolloutMode``, ``rollout_mode``:
+  the one test of a ``scorer`` slot) and the rewards of its rollouts (Flow-GRPO's ``scorer``), decoded
   only when a reward scores frames, scored per prompt group.
 - ``clip_score``: the built-in reward ``clip_score`` (a transformers ``CLIPModel`` from a local folder).
 """
