@@ -11,8 +11,9 @@ CPU kernels' memory models, the optimizer as on CPU) and then trained for 2 step
   of them trained as one-frame images, 80 / 384 / 640 / 720 tokens, in packed micro-batches of up to
   1824 tokens, one per rank and step; the plan traces the worst cases of that budget,
   ``mm_trainer.planner.packing``), ``grpo`` (Flow-GRPO of the ``lora`` run's policy: 4 clips per prompt
-  sampled on 4 SDE steps, decoded by the VAE and scored by ``colour_target``, the update on 2 of the
-  steps with the KL to the base with the adapters off; ``mm_trainer.planner.rollouts``);
+  sampled on 2 SDE steps, decoded by the VAE and scored by ``colour_target``, the update on 1 of the
+  steps with the KL to the base with the adapters off; ``mm_trainer.planner.rollouts``. 2 steps, not
+  more: the profiler's records of a rank measuring 4 steps grew past 9 GiB and were killed here);
 - one LTX-2 run (``ltx2``): a 10-block, 640-wide ``LTX2VideoTransformer3DModel`` on latents written
   by ``ltx2-train preprocess`` from the tiny LTX-2 set.
 
@@ -58,7 +59,7 @@ LTX2_TRANSFORMER = {
 PACKED_CLIPS = [(40, 32), (32, 64), (64, 32), (48, 48)]  # source clip sizes, cycled; 9 frames each
 PACKED_BUCKETS = [[40, 32, 1], [32, 64, 9], [64, 32, 5], [48, 48, 9]]  # the 40x32 clips train as images
 PACKED_BUDGET = 1824  # tokens 80 + 640 + 384 + 720: each rank's half of the 8 samples, balanced
-GRPO = {"group_size": 4, "sampling_steps": 4, "timestep_fraction": 0.5, "kl_weight": 0.04}
+GRPO = {"group_size": 4, "sampling_steps": 2, "timestep_fraction": 0.5, "kl_weight": 0.04}
 RUNS = ("fsdp", "ulysses2", "lora", "selective", "ema", "packed", "grpo", "ltx2")
 
 

@@ -86,25 +86,19 @@ def test_frames_of_another_size_are_resized_and_cropped_as_the_upstream_processo
     torch.testing.assert_close(got, expected["pixel_values"], rtol=0, atol=0.05)
 
 
-def test_the_planned_clip_score_holds_the_folders_model_on_meta_and_scores_fake_frames(clip_folder):
-    """``mm-train plan``'s build (``Rewards.from_config(planned=True)``): the model of the folder's config on the
-    meta device, no weight read; materialized as fake tensors it scores a fake batch to one score per clip."""
+def test_the_planned_clip_score_holds_the_model_of_the_folders_config_on_meta(clip_folder):
+    """``mm-train plan``'s build (``Rewards.from_config(planned=True)``): the model the run loads, on the meta
+    device (no weight read; the planner materializes it as fake tensors)."""
     from mm_trainer import Rewards
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     entry = SimpleNamespace(
         id="clip_score", weight=1.0, options={"model_path": str(clip_folder), "frames": 3}
     )
-    rewards = Rewards.from_config([entry], planned=True)
-    (model,) = rewards.modules()
-    real = rewards.from_config([entry]).modules()[0]
-    assert all(p.is_meta for p in model.parameters())
-    assert [(n, p.shape) for n, p in model.named_parameters()] == [
-        (n, p.shape) for n, p in real.named_parameters()
+    (planned,), (real,) = (
+        Rewards.from_config([entry], planned=True).modules(),
+        Rewards.from_config([entry]).modules(),
+    )
+    assert all(p.is_meta for p in planned.parameters()) and not any(p.is_meta for p in real.parameters())
+    assert [(n, p.shape, p.dtype) for n, p in planned.named_parameters()] == [
+        (n, p.shape, p.dtype) for n, p in real.named_parameters()
     ]
-    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
-        model.to_empty(device="cpu")
-        scores = rewards.score(
-            ["a red ball", "a blue square"], frames=fake.from_tensor(torch.zeros(2, 3, 5, 8, 8))
-        )
-    assert scores.each["clip_score"].shape == (2,)
