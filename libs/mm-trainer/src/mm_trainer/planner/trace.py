@@ -135,8 +135,8 @@ def trace_run(
     """Trace one optimizer step of ``config`` on ``world_size`` ranks (rank 0) for ``device``; a world
     past :data:`~mm_trainer.planner.inputs.MAX_TRACED_WORLD_SIZE` is refused first."""
     check_world(world_size, ranks_per_node)
-    started = time.perf_counter()
     gc.collect()  # the garbage and collection counters of earlier work: a trace frees cycles at its own times
+    started = time.perf_counter()
     per_node = ranks_per_node or world_size
     with fake_world(world_size) as fake:
         import_plugins(config.training.plugin)
