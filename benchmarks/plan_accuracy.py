@@ -1,16 +1,19 @@
 """How close ``mm-train plan`` comes to the memory a real run allocates: predicted vs measured peak per rank.
 
-Seven runs of 2 gloo ranks on CPU, each planned (``mm_trainer.planner.trace_run`` with ``--device cpu``:
+Eight runs of 2 gloo ranks on CPU, each planned (``mm_trainer.planner.trace_run`` with ``--device cpu``:
 CPU kernels' memory models, the optimizer as on CPU) and then trained for 2 steps by the real
 ``Trainer`` (real tensors, random-initialized scaled models, real clips / latents):
 
-- six scaled Wan2.2 runs (online: the tiny VAE and UMT5 of ``wan22-train make-tiny``, a 117 M-parameter
+- seven scaled Wan2.2 runs (online: the tiny VAE and UMT5 of ``wan22-train make-tiny``, a 117 M-parameter
   predictor: 12 blocks of 768, 12 heads, ffn 3072): ``fsdp`` (FSDP only), ``ulysses2``, ``lora``
   (rank-32 adapters on every projection of a frozen predictor), ``selective`` (selective recompute of
   the blocks), ``ema`` (``training.ema``), ``packed`` (``data.packing``: 8 clips of four shapes, one
   of them trained as one-frame images, 80 / 384 / 640 / 720 tokens, in packed micro-batches of up to
   1824 tokens, one per rank and step; the plan traces the worst cases of that budget,
-  ``mm_trainer.planner.packing``);
+  ``mm_trainer.planner.packing``), ``grpo`` (Flow-GRPO of the ``lora`` run's policy: 4 clips per prompt
+  sampled on 2 SDE steps, decoded by the VAE and scored by ``colour_target``, the update on 1 of the
+  steps with the KL to the base with the adapters off; ``mm_trainer.planner.rollouts``. 2 steps, not
+  more: the profiler's records of a rank measuring 4 steps grew past 9 GiB and were killed here);
 - one LTX-2 run (``ltx2``): a 10-block, 640-wide ``LTX2VideoTransformer3DModel`` on latents written
   by ``ltx2-train preprocess`` from the tiny LTX-2 set.
 
@@ -20,7 +23,7 @@ the ``Trainer`` is built); the measured peak is the largest total during ``Train
 steps). Each rank's process RSS (``ru_maxrss``: Python, libraries, everything) is printed beside it
 as an upper bound. Exit 1 when a prediction is off by more than 10%.
 
-    hatch run python benchmarks/plan_accuracy.py                  # all seven (~10 min on 2 free cores)
+    hatch run python benchmarks/plan_accuracy.py                  # all eight (~11 min on 2 free cores)
     hatch run python benchmarks/plan_accuracy.py --runs fsdp ltx2  # some
 """
 
@@ -56,7 +59,8 @@ LTX2_TRANSFORMER = {
 PACKED_CLIPS = [(40, 32), (32, 64), (64, 32), (48, 48)]  # source clip sizes, cycled; 9 frames each
 PACKED_BUCKETS = [[40, 32, 1], [32, 64, 9], [64, 32, 5], [48, 48, 9]]  # the 40x32 clips train as images
 PACKED_BUDGET = 1824  # tokens 80 + 640 + 384 + 720: each rank's half of the 8 samples, balanced
-RUNS = ("fsdp", "ulysses2", "lora", "selective", "ema", "packed", "ltx2")
+GRPO = {"group_size": 4, "sampling_steps": 2, "timestep_fraction": 0.5, "kl_weight": 0.04}
+RUNS = ("fsdp", "ulysses2", "lora", "selective", "ema", "packed", "grpo", "ltx2")
 
 
 # ------------------------------------------------------------------------------------------ configs
@@ -98,6 +102,13 @@ def wan_config(name: str, tiny: Path) -> dict[str, Any]:
         }
     elif name == "ema":
         cfg["training"]["ema"] = {"decay": 0.99}
+    elif (
+        name == "grpo"
+    ):  # Flow-GRPO of the LoRA run's policy: 4 clips per prompt, 4 SDE steps, a reward on frames
+        cfg = wan_config("lora", tiny)
+        cfg["model"]["pipeline"]["grpo"] = GRPO
+        cfg["training"] |= {"phases": {"grpo": {"submodels": ["predictor"]}},
+                            "rewards": [{"id": "colour_target", "options": {"target": [1.0, 0.0, 0.0]}}]}  # fmt: skip
     elif name == "packed":
         cfg["data"]["data_path"] = str(_mixed_clips(tiny.parent / "mixed_clips") / "metadata.json")
         cfg["data"]["dataset"]["buckets"] = PACKED_BUCKETS

@@ -129,18 +129,14 @@ def test_grpo_logs_a_finite_loss_and_the_reward_statistics_alike_at_2_ranks_with
             assert have[key] == pytest.approx(want[key], rel=1e-3, abs=1e-7), key
 
 
-@pytest.mark.parametrize(
-    ("config", "pipeline"), [("tiny_grpo.yaml", "FlowGRPO"), ("tiny_nft.yaml", "DiffusionNFT")]
-)
-def test_a_reward_fine_tuning_config_is_refused_by_the_planner_saying_what_to_plan_instead(
-    session, monkeypatch, capsys, config, pipeline
+@pytest.mark.parametrize(("config", "phase"), [("tiny_grpo.yaml", "grpo"), ("tiny_nft.yaml", "nft")])
+def test_a_shipped_reward_fine_tuning_config_plans_its_rollout_rewards_and_update(
+    session, monkeypatch, capsys, config, phase
 ):
-    """The rollouts are sampled and scored inside the step, which a traced step cannot: one clean message."""
+    """``wan22-train plan`` of ``tiny_grpo.yaml`` / ``tiny_nft.yaml``: the rollouts sampled and scored inside the
+    step are traced as parts of the step (their properties: test_wan_plan_grpo.py)."""
     monkeypatch.chdir(session)
-    assert wan22_main(["plan", "--config", str(config_path(config)), "--world-size", "2"]) == 2
-    err = capsys.readouterr().err
-    assert (
-        f"a {pipeline} step (rollouts sampled and scored by training.rewards inside the step) is not planned"
-        in err
-    )
-    assert "Traceback" not in err
+    assert wan22_main(["plan", "--config", str(config_path(config)), "--world-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "rollouts: 4 clips x 2 prompt(s) = 8 clips per micro-step" in out, out
+    assert f"micro-step 1/1 ({phase}, rollout)" in out and "by stage: rollout" in out, out

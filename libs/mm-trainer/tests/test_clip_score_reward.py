@@ -84,3 +84,21 @@ def test_frames_of_another_size_are_resized_and_cropped_as_the_upstream_processo
     )
     assert got.shape == expected["pixel_values"].shape == (2, 3, 8, 8)
     torch.testing.assert_close(got, expected["pixel_values"], rtol=0, atol=0.05)
+
+
+def test_the_planned_clip_score_holds_the_model_of_the_folders_config_on_meta(clip_folder):
+    """``mm-train plan``'s build (``Rewards.from_config(planned=True)``): the model the run loads, on the meta
+    device (no weight read; the planner materializes it as fake tensors)."""
+    from mm_trainer import Rewards
+
+    entry = SimpleNamespace(
+        id="clip_score", weight=1.0, options={"model_path": str(clip_folder), "frames": 3}
+    )
+    (planned,), (real,) = (
+        Rewards.from_config([entry], planned=True).modules(),
+        Rewards.from_config([entry]).modules(),
+    )
+    assert all(p.is_meta for p in planned.parameters()) and not any(p.is_meta for p in real.parameters())
+    assert [(n, p.shape, p.dtype) for n, p in planned.named_parameters()] == [
+        (n, p.shape, p.dtype) for n, p in real.named_parameters()
+    ]

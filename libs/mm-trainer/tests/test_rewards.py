@@ -111,6 +111,33 @@ def test_a_reward_without_the_input_it_scores_is_refused():
         rewards.score(["a"], frames=_solid([0, 0, 0]))
 
 
+@reward_register("test_with_model")
+class _WithModel:
+    inputs = "frames"
+
+    def __init__(self) -> None:
+        self.model = nn.Linear(2, 2)
+
+    def to(self, device):
+        self.model.to(device)
+        return self
+
+    def __call__(self, samples, prompts):
+        return torch.zeros(len(prompts))
+
+
+def test_the_planner_refuses_a_reward_with_a_model_and_no_planned_build_and_builds_the_others_alike():
+    with pytest.raises(
+        ValueError, match=r"training.rewards\[1\] \('test_with_model'\) holds a model and has no"
+    ):
+        Rewards.from_config(
+            [_entry("colour_target", target=[1, 0, 0]), _entry("test_with_model")], planned=True
+        )
+    planned = Rewards.from_config([_entry("colour_target", target=[1, 0, 0])], planned=True)
+    assert planned.needs_frames and planned.modules() == []
+    assert len(Rewards.from_config([_entry("test_with_model")]).modules()) == 1
+
+
 def test_every_built_in_reward_has_an_options_schema_in_mm_config():
     built_in = {
         name for name, cls in REWARD_REGISTRY.registered().items() if cls.__module__.startswith("mm_trainer.")

@@ -62,6 +62,13 @@ class ImageTransform:
         return (x - mean) / std
 
 
+def _folder(model_path: str) -> Path:
+    folder = Path(model_path)
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"model_path {model_path}: no config.json; expected a local CLIPModel folder")
+    return folder
+
+
 def _shortest_edge_size(height: int, width: int, edge: int | None) -> tuple[int, int]:
     """The size with the shorter side ``edge`` and the aspect kept (unchanged without ``edge``)."""
     if edge is None:
@@ -92,10 +99,25 @@ class ClipScore:
 
     def __init__(self, model_path: str, frames: int | None = None, batch_size: int = 64) -> None:
         transformers = import_transformers("the clip_score reward")
-        folder = Path(model_path)
-        if not (folder / "config.json").is_file():
-            raise ValueError(f"model_path {model_path}: no config.json; expected a local CLIPModel folder")
+        folder = _folder(model_path)
         self.model = transformers.CLIPModel.from_pretrained(folder).requires_grad_(False).eval()
+        self._settings(folder, frames, batch_size)
+
+    @classmethod
+    def planned(cls, model_path: str, frames: int | None = None, batch_size: int = 64) -> ClipScore:
+        """The reward as ``mm-train plan`` traces it: the ``CLIPModel`` of the folder's ``config.json`` on the
+        meta device (no weight read), the tokenizer and image settings read as for a run."""
+        transformers = import_transformers("the clip_score reward")
+        folder = _folder(model_path)
+        reward = cls.__new__(cls)
+        config = transformers.CLIPConfig.from_pretrained(folder)
+        with torch.device("meta"):
+            reward.model = transformers.CLIPModel(config).requires_grad_(False).eval()
+        reward._settings(folder, frames, batch_size)
+        return reward
+
+    def _settings(self, folder: Path, frames: int | None, batch_size: int) -> None:
+        transformers = import_transformers("the clip_score reward")
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
         self.transform = ImageTransform.from_folder(folder)
         self.max_length = int(self.model.config.text_config.max_position_embeddings)

@@ -138,15 +138,31 @@ class Rewards:
 
     @classmethod
     def from_config(
-        cls, rewards: Sequence[Any], *, on_failure: str = "stop", device: torch.device | None = None
+        cls,
+        rewards: Sequence[Any],
+        *,
+        on_failure: str = "stop",
+        device: torch.device | None = None,
+        planned: bool = False,
     ) -> Rewards:
         """From ``training.rewards`` (``mm_config.RewardConfig`` entries: ``id``, ``weight``, ``options``)
-        and ``training.reward_failure``; a reward with a model is moved to ``device`` (the run's)."""
+        and ``training.reward_failure``; a reward with a model is moved to ``device`` (the run's).
+
+        ``planned`` (``mm-train plan``): a reward with a model (a ``to`` method) is built by its classmethod
+        ``planned(**options)``, its model on the meta device (nothing read; the planner materializes
+        :meth:`modules` as fake tensors); one without ``planned`` is refused."""
         terms = []
         for index, entry in enumerate(rewards):
             factory = REWARD_REGISTRY.get(entry.id)
+            if planned and callable(getattr(factory, "to", None)) and not hasattr(factory, "planned"):
+                raise ValueError(
+                    f"training.rewards[{index}] ({entry.id!r}) holds a model and has no `planned(**options)` "
+                    "classmethod that builds it on the meta device: the planner cannot plan it without reading "
+                    "its weights"
+                )
+            build = factory.planned if planned and hasattr(factory, "planned") else factory
             try:
-                scorer = factory(**dict(entry.options))
+                scorer = build(**dict(entry.options))
             except (TypeError, ValueError) as exc:
                 raise ValueError(
                     f"training.rewards[{index}] ({entry.id!r}): bad options {entry.options}: {exc}"
@@ -173,6 +189,20 @@ class Rewards:
     def needs(self) -> set[str]:
         """What the rewards score: a subset of ``{"frames", "latents"}``."""
         return {t.scorer.inputs for t in self.terms}
+
+    @property
+    def needs_frames(self) -> bool:
+        """Whether a reward scores decoded frames: the samples go through the VAE first."""
+        return "frames" in self.needs
+
+    def modules(self) -> list[torch.nn.Module]:
+        """The torch modules the rewards hold (their models), each once."""
+        found: dict[int, torch.nn.Module] = {}
+        for term in self.terms:
+            for value in vars(term.scorer).values():
+                if isinstance(value, torch.nn.Module):
+                    found.setdefault(id(value), value)
+        return list(found.values())
 
     @property
     def groupwise(self) -> list[str]:

@@ -1,4 +1,4 @@
-"""Scoring a reward fine-tuning's rollouts (``model.pipeline.grpo`` / ``nft``) with ``training.rewards``: the trainer
+"""Scoring a reward fine-tuning's rollouts (``model.pipeline.grpo``) with ``training.rewards``: the trainer
 gives the pipeline a :class:`RolloutScorer` (:func:`attach_rollout_scorer`), which decodes the rollouts'
 latents with the container's VAE only when a reward scores frames, scores each group of clips of one prompt
 together (groupwise rewards) and returns each clip's weighted-sum reward and the step's statistics.
@@ -17,15 +17,37 @@ step's later collectives.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from mm_trainer.modes.rewards import RewardError, Rewards
+from mm_trainer.modes.rewards import RewardError, Rewards, RewardScores
 
 Decode = Callable[[torch.Tensor], torch.Tensor]
 """``decode(latents [N, C, T, h, w]) -> frames [N, 3, F, H, W]`` in [-1, 1] (the container's VAE)."""
+
+
+class RolloutMode(Protocol):
+    """A pipeline that samples and scores its own rollouts inside the step (``mm_pipelines.FlowGRPO``; a
+    DiffusionNFT alike): what the trainer and the planner rely on.
+
+    Each call of the pipeline (one micro-batch) samples ``group_size`` clips per prompt on
+    ``sampling_steps`` sampler steps without gradients (the rollout), calls :attr:`scorer` once on the clips
+    (the rewards), then computes the loss the backward runs (the update). The trainer fills the slot from
+    ``training.rewards`` (:func:`attach_rollout_scorer`); the planner fills it with a scorer that also marks
+    where the rollout ends and the update starts (``mm_trainer.planner.rollouts``).
+    """
+
+    scorer: Any
+    group_size: int
+    sampling_steps: int
+
+
+def rollout_mode(model: Any) -> RolloutMode | None:
+    """``model``'s pipeline when it samples and scores its own rollouts (it has a ``scorer`` slot), else None."""
+    pipeline = getattr(model, "pipeline", None)
+    return pipeline if pipeline is not None and hasattr(pipeline, "scorer") else None
 
 
 class RolloutScorer:
@@ -33,20 +55,26 @@ class RolloutScorer:
     (``mm_pipelines.SampleScorer``); ``decode`` runs only when a reward needs frames."""
 
     def __init__(self, rewards: Rewards, decode: Decode | None) -> None:
-        if "frames" in rewards.needs and decode is None:
+        if rewards.needs_frames and decode is None:
             raise ValueError(
                 f"training.rewards {rewards.ids} score decoded frames, and the model has no decode_latents "
                 "(its VAE) to decode the rollouts with"
             )
         self.rewards, self.decode = rewards, decode
 
+    def scores(
+        self, latents: torch.Tensor, prompts: Sequence[str], *, groups: Sequence[int], names: Sequence[str]
+    ) -> RewardScores:
+        """Every reward's scores of the clips, decoded first when a reward scores frames."""
+        frames = self.decode(latents) if self.rewards.needs_frames and self.decode else None
+        return self.rewards.score(prompts, frames=frames, latents=latents, names=names, groups=groups)
+
     @torch.no_grad()
     def __call__(
         self, latents: torch.Tensor, prompts: Sequence[str], *, groups: Sequence[int], names: Sequence[str]
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        frames = self.decode(latents) if "frames" in self.rewards.needs and self.decode else None
         try:
-            scores = self.rewards.score(prompts, frames=frames, latents=latents, names=names, groups=groups)
+            scores = self.scores(latents, prompts, groups=groups, names=names)
         except RewardError as error:
             raise_on_every_rank(error, latents.device)
             raise
@@ -83,11 +111,18 @@ def raise_on_every_rank(error: RewardError | None, device: torch.device) -> None
 def attach_rollout_scorer(model: Any, rewards: Rewards) -> bool:
     """Give ``model``'s pipeline a :class:`RolloutScorer` over ``rewards`` when it scores its own rollouts
     (a pipeline with a ``scorer`` slot: ``mm_pipelines.FlowGRPO``, ``mm_pipelines.DiffusionNFT``); whether it does."""
-    pipeline = getattr(model, "pipeline", None)
-    if pipeline is None or not hasattr(pipeline, "scorer"):
+    pipeline = rollout_mode(model)
+    if pipeline is None:
         return False
     pipeline.scorer = RolloutScorer(rewards, getattr(model, "decode_latents", None))
     return True
 
 
-__all__ = ["Decode", "RolloutScorer", "attach_rollout_scorer", "raise_on_every_rank"]
+__all__ = [
+    "Decode",
+    "RolloutMode",
+    "RolloutScorer",
+    "attach_rollout_scorer",
+    "raise_on_every_rank",
+    "rollout_mode",
+]

@@ -31,6 +31,7 @@ from mm_trainer.planner.cost_model import BACKWARD_GATHER, StepCost
 from mm_trainer.planner.device_specs import DEFAULT_MARGIN, DeviceSpec
 from mm_trainer.planner.layouts import CONFIGURED
 from mm_trainer.planner.packing import part_prefix
+from mm_trainer.planner.rollouts import stage_seconds
 from mm_trainer.planner.trace import TracedRun
 from mm_trainer.planner.tracker import View
 
@@ -301,6 +302,11 @@ def _time_lines(s: PlanSummary, run: TracedRun) -> list[str]:
         f"  compute {c.compute_s:.2f} s (attention {c.attention_s:.2f} s, recomputation {_share(c.recompute_flops, c.flops)} of FLOPs), "
         f"communication exposed {c.exposed_comm_s():.2f} s of {comm or 'none'}",
     ]
+    stages = stage_seconds(run.parts, run.accumulation)
+    if stages:  # a rollout mode: each micro-step's rollout, rewards and update
+        out.append(
+            "  by stage: " + ", ".join(f"{stage} {seconds:.2f} s" for stage, seconds in stages.items())
+        )
     hidden = ", ".join(
         f"{kind} {seconds:.3f} s" for kind, seconds in sorted(c.overlapped_s.items()) if seconds > 1e-9
     )

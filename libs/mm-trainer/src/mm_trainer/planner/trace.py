@@ -21,6 +21,9 @@
    packed micro-batches of the token budget (:mod:`.packing`); when there are two, the ``smallest`` one's
    micro-steps first (parts ``smallest samples: micro-step ...``, their gradients then dropped), then the
    ``largest`` one's as the step's micro-steps (the timed ones): the peak is the larger of the two.
+   A pipeline that samples and scores its own rollouts (``model.pipeline.grpo``, a rollout mode): each
+   micro-step traced in three parts, its rollout, its rewards and its update (:mod:`.rollouts`); the
+   rewards' models built on meta and materialized as fake tensors beside the container.
 3. The Ulysses all-to-alls run with the target device type's overlap default, not the CPU one
    (:func:`.overlap.target_overlap`); their time hidden behind compute is read off the trace's order of
    collectives, waits and compute (:class:`.overlap.AsyncTimeline`).
@@ -33,6 +36,7 @@ the local shards of the parameters rather than the DTensors (:class:`LocalShards
 
 from __future__ import annotations
 
+import gc
 import resource
 import time
 from collections.abc import Callable
@@ -61,6 +65,7 @@ from mm_trainer.planner.inputs import check_world
 from mm_trainer.planner.layouts import CONFIGURED, ParamShard, layout_view, param_shards
 from mm_trainer.planner.overlap import target_overlap
 from mm_trainer.planner.packing import PackedMicroBatch, part_prefix, planned_packs
+from mm_trainer.planner.rollouts import RolloutPlan, planned_rollouts
 from mm_trainer.planner.tracker import ModuleStats, PlanTracker, View, ViewPeak
 from mm_trainer.registry.plugins import import_plugins
 from mm_trainer.tools.progress import Progress as UnitProgress
@@ -118,23 +123,6 @@ class TracedRun:
         return total
 
 
-def refuse_rollouts(model: Any) -> None:
-    """Refuse a pipeline that samples and scores its own rollouts in the step (a ``scorer`` slot: Flow-GRPO,
-    DiffusionNFT):
-    its sampler's schedule and the rewards read values a traced step does not have.
-
-    Raises:
-        ValueError: naming the pipeline.
-    """
-    pipeline = getattr(model, "pipeline", None)
-    if pipeline is not None and hasattr(pipeline, "scorer"):
-        raise ValueError(
-            f"a {type(pipeline).__name__} step (rollouts sampled and scored by training.rewards inside the step) "
-            "is not planned yet: plan the same config without its reward fine-tuning phase for the update's "
-            "memory, and add the rollout's (sampling_steps forwards of the policy without gradients)"
-        )
-
-
 def trace_run(
     config: TrainConfig,
     *,
@@ -147,6 +135,7 @@ def trace_run(
     """Trace one optimizer step of ``config`` on ``world_size`` ranks (rank 0) for ``device``; a world
     past :data:`~mm_trainer.planner.inputs.MAX_TRACED_WORLD_SIZE` is refused first."""
     check_world(world_size, ranks_per_node)
+    gc.collect()  # the garbage and collection counters of earlier work: a trace frees cycles at its own times
     started = time.perf_counter()
     per_node = ranks_per_node or world_size
     with fake_world(world_size) as fake:
@@ -161,10 +150,12 @@ def trace_run(
             config, parallel_state, CPU, meta_init=True, compile_modules=False, log=progress
         )
         model = sharded.model
-        refuse_rollouts(model)
+        rollouts = planned_rollouts(model, config)  # model.pipeline.grpo: its rewards built on meta
         with fake:  # materialized into fake tensors: shapes, dtypes and storage sizes, no data
             for name, module in model.sub_models().items():
                 materialize(name, module, CPU)
+            for module in rollouts.modules() if rollouts else []:  # the rewards' models
+                module.to_empty(device=CPU)
             ema = build_ema(model, config.training)
             shards = LocalShards(model)
             optimizer, _ = build_optimization(shards, config.training, device.device_type)
@@ -173,15 +164,19 @@ def trace_run(
             views = [layout_view(CONFIGURED, facts, default_shard=0, cpu_offload=False, traced=True)]
             views += extra_views(facts) if extra_views else []
             tracker = PlanTracker(
-                model, optimizer, device=device, cost=CostModel(device, per_node), views=views, ema=ema
-            )
+                model, optimizer, device=device, cost=CostModel(device, per_node), views=views, ema=ema,
+                extra_modules=rollouts.modules() if rollouts else (),
+            )  # fmt: skip
+            if rollouts:
+                rollouts.attach(model, lambda part: setattr(tracker, "part", part))
             packs = planned_packs(model, config, parallel_state.dp_size)
             progress(f"tracing one step at world size {world_size} ({len(sharded.fsdp.units)} FSDP units)")
             with tracker, target_overlap(device) as overlap:
-                flops = _step(model, shards, optimizer, ema, config, tracker, progress, packs)
+                flops = _step(model, shards, optimizer, ema, config, tracker, progress, packs, rollouts)
             tracker.on_unit = None
     progress(f"step traced ({clock(time.perf_counter() - started)} since the build started)")
     notes = [f"compile not traced: {line}" for line in sharded.features.lines() if line.startswith("compile")]
+    notes += [rollouts.describe(config.training.micro_batch_size)] if rollouts else []
     return TracedRun(
         config=config, world_size=world_size, device=device, ranks_per_node=per_node,
         peaks=tracker.view_peaks, views=tracker.views, parts=tracker.parts,
@@ -239,14 +234,15 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 def _step(
     model: Any, shards: LocalShards, optimizer: torch.optim.Optimizer, ema: Any, config: TrainConfig,
-    tracker: PlanTracker, progress: Progress, packs: list[PackedMicroBatch],
+    tracker: PlanTracker, progress: Progress, packs: list[PackedMicroBatch], rollouts: RolloutPlan | None = None,
 ) -> float | None:  # fmt: skip
     """The traced optimizer step (the module docstring); returns the pipeline's FLOPs per micro-batch.
     With ``training.phases``, the step at which every phase updates (step 0), phase by phase as the
     engine runs them: each phase's micro-steps (``model(**batch, phase=name)``), its clipping and its
     optimizer step (the optimizer holds every phase's states; only the phase's parameters have
     gradients), then the EMA once. With ``packs`` (``data.packing``, no phases), every packed
-    micro-batch but the first is traced first and its gradients dropped; the first is the step's."""
+    micro-batch but the first is traced first and its gradients dropped; the first is the step's. With
+    ``rollouts`` (a rollout mode), each micro-step's parts are its stages (:mod:`.rollouts`)."""
     training = config.training
     flops = None
     model.train()
@@ -254,7 +250,8 @@ def _step(
         _micro_steps(model, config, tracker, progress, None, packs[index], part_prefix(packs[index], index))
         model.zero_grad(set_to_none=True)  # the step's own micro-steps start without gradients
     for phase in list(training.phases) or [None]:
-        flops = _micro_steps(model, config, tracker, progress, phase, packs[0] if packs else None) or flops
+        pack = packs[0] if packs else None
+        flops = _micro_steps(model, config, tracker, progress, phase, pack, rollouts=rollouts) or flops
         suffix = "" if phase is None else f" ({phase})"
         tracker.part = f"optimizer{suffix}"
         progress(f"optimizer step{suffix}")
@@ -271,10 +268,10 @@ def _step(
 
 def _micro_steps(
     model: Any, config: TrainConfig, tracker: PlanTracker, progress: Progress, phase: str | None,
-    pack: PackedMicroBatch | None = None, prefix: str = "",
+    pack: PackedMicroBatch | None = None, prefix: str = "", rollouts: RolloutPlan | None = None,
 ) -> float | None:  # fmt: skip
     """The traced micro-steps of one optimizer step (of ``phase``; of packed micro-batches ``pack``, their
-    parts named with ``prefix``); the pipeline's FLOPs if it reports them."""
+    parts named with ``prefix``; of a rollout mode, their stages); the pipeline's FLOPs if it reports them."""
     training = config.training
     accum = training.gradient_accumulation_steps
     flops = None
@@ -296,9 +293,10 @@ def _micro_steps(
                 conditions, held = _encode_ahead(model, batch, config)
             forward_units -= encoded.done  # the encoders' units ran here, not in the forward below
             batch = {"conditions": conditions}
-        tracker.part = label
-        progress(f"{label}: forward")
-        with _units(tracker, progress, f"{label}: forward", forward_units):
+        tracker.part = rollouts.start(label) if rollouts else label
+        progress(f"{label}: forward" + (" (rollout, rewards, update)" if rollouts else ""))
+        forward_total = None if rollouts else forward_units  # a rollout runs the units sampling_steps times
+        with _units(tracker, progress, f"{label}: forward", forward_total):
             output = model(**batch, rng=rng, **({} if phase is None else {"phase": phase}))
         progress(f"{label}: backward")
         with _units(tracker, progress, f"{label}: backward", _fsdp_units(model, trainable=True)):

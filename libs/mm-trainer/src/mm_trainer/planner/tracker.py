@@ -124,6 +124,7 @@ class PlanTracker(FSDPMemTracker):
         cost: CostModel,
         views: Iterable[View],
         ema: Any = None,
+        extra_modules: Iterable[torch.nn.Module] = (),
     ) -> None:
         MemTracker.__init__(self)  # FSDPMemTracker.__init__ refuses a root that is not an FSDP module
         self._root_mod = model
@@ -132,6 +133,9 @@ class PlanTracker(FSDPMemTracker):
         self._fsdp_state = _FSDPState.PRE_FW
         self._ref_class = Tag
         self.device, self.cost, self.ema = device, cost, ema
+        self.extra_modules = list(extra_modules)
+        """Modules outside the container that the step runs (a rollout's rewards' models): their parameters
+        and buffers are tagged as the container's frozen ones are."""
         self.views = {view.name: view for view in views}
         self.view_peaks = {name: ViewPeak() for name in self.views}
         self.parts: dict[str, StepCost] = {}
@@ -169,7 +173,13 @@ class PlanTracker(FSDPMemTracker):
         super().__exit__(*args)
 
     def _tag_static_state(self) -> None:
-        """Parameters outside FSDP (and their future gradients), every buffer, the EMA."""
+        """Parameters outside FSDP (and their future gradients), every buffer, the EMA, the extra modules'
+        parameters and buffers."""
+        for module in self.extra_modules:
+            for param in module.parameters():
+                self._update_and_maybe_create_winfos(param, Tag.PARAM)
+            for buffer in module.buffers():
+                self._update_and_maybe_create_winfos(buffer, Tag.BUFFER)
         for param in self._root_mod.parameters():
             if isinstance(param, DTensor):
                 continue
@@ -288,11 +298,15 @@ class PlanTracker(FSDPMemTracker):
 
     def _small_factory(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
         """A small tensor made from no tensor (a grid index or a per-sample coin drawn from its
-        generator, a ``zeros`` / ``arange`` of a few thousand elements), made for real as well and
-        kept as a fake tensor with its value: code that reads it (an index check, an expert switch,
-        ``mask.any()``) then sees what a run would, through fake tensors' constant propagation.
+        generator, a ``zeros`` / ``arange`` of a few thousand elements), or from small real tensors only
+        (a sampler's sigma schedule, computed before the trace), made for real as well and kept as a fake
+        tensor with its value: code that reads it (an index check, an expert switch, ``mask.any()``, a
+        sampler step's sigma) then sees what a run would, through fake tensors' constant propagation.
         Large ones (noise, activations) stay fake: their shape is asked of the fake mode first."""
-        if func._schema.is_mutable or any(isinstance(t, torch.Tensor) for t in tree_leaves((args, kwargs))):
+        if func._schema.is_mutable:
+            return None
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if tensors and not all(_small_real(t) for t in tensors):
             return None
         shape = func(*args, **kwargs)  # the fake mode's answer: shape only, nothing drawn
         if not isinstance(shape, torch.Tensor) or shape.numel() > SMALL_VALUES:
@@ -436,6 +450,11 @@ class PlanTracker(FSDPMemTracker):
 def _gathered_bytes(group: Any) -> int:
     """Bytes of one FSDP unit's gathered (unsharded) parameters, while they are gathered."""
     return sum(fp.unsharded_param.untyped_storage().nbytes() for fp in group.fsdp_params)
+
+
+def _small_real(tensor: torch.Tensor) -> bool:
+    """A plain tensor with values (not fake, not meta, no subclass) of at most :data:`SMALL_VALUES` elements."""
+    return type(tensor) is torch.Tensor and not tensor.is_meta and tensor.numel() <= SMALL_VALUES
 
 
 def _placeholder(dtype: torch.dtype) -> bool | int | float:
