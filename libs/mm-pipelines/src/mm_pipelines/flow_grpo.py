@@ -357,7 +357,6 @@ def _check(
 __all__ = [
     "ADVANTAGE_EPS",
     "FlowGRPO",
-    "KeptRollout",
     "SampleScorer",
     "clipped_policy_loss",
     "group_advantages",
