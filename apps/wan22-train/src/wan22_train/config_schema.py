@@ -19,6 +19,7 @@ from mm_config import (
     DType,
     GRPOOptions,
     InputPath,
+    NFTOptions,
     PartialConfigModel,
     PreprocessRunConfig,
     Problem,
@@ -77,6 +78,10 @@ class WanPipelineOptions(PartialConfigModel):
     grpo: GRPOOptions | None = None
     """Flow-GRPO of the ``predictor`` on its own SDE rollouts scored by ``training.rewards``, in the phase
     ``grpo`` (t2v, expert ``all`` or ``both``); None: ordinary training."""
+    nft: NFTOptions | None = None
+    """DiffusionNFT of the ``predictor`` on its old policy's ODE rollouts scored by ``training.rewards``, trained
+    through the forward process in the phase ``nft`` (t2v, expert ``all`` or ``both``); None: ordinary
+    training."""
 
     input_dtype_key: ClassVar[str] = "predict_dtype"
     """The option that casts the predictor's inputs (mm-config's dtype rules then leave the sub-models'
@@ -126,29 +131,36 @@ class WanPipelineOptions(PartialConfigModel):
         return self
 
     def _grpo_problems(self) -> list[Problem]:
-        """Flow-GRPO rolls out the whole text-to-video sampler, alone among the training modes."""
-        if self.grpo is None:
-            return []
+        """Flow-GRPO and DiffusionNFT roll out the whole text-to-video sampler, alone among the training modes."""
+        problems = []
+        for mode in ("grpo", "nft"):
+            if getattr(self, mode) is not None:
+                problems += self._rollout_problems(mode)
+        return problems
+
+    def _rollout_problems(self, mode: str) -> list[Problem]:
+        """Why the reward fine-tuning ``mode`` (``grpo`` | ``nft``) cannot run with the other keys."""
         problems = []
         if self.task != "t2v":
             problems.append(
                 Problem(
-                    ("grpo",), "rolls out text-to-video only: expected task t2v", self.task, deps=(("task",),)
+                    (mode,), "rolls out text-to-video only: expected task t2v", self.task, deps=(("task",),)
                 )
             )
         if self.expert in ("high_noise", "low_noise"):
             problems.append(
                 Problem(
-                    ("grpo",),
+                    (mode,),
                     "samples the whole schedule: expected expert `all` or `both` (both A14B experts in one run)",
                     self.expert,
                     deps=(("expert",),),
                 )
             )
-        for other in ("distill", "dpo"):
+        others = ("distill", "dpo", "grpo") if mode == "nft" else ("distill", "dpo")
+        for other in others:
             if getattr(self, other) is not None:
                 problems.append(
-                    Problem(("grpo",), f"one training mode at a time: not with {other}", deps=((other,),))
+                    Problem((mode,), f"one training mode at a time: not with {other}", deps=((other,),))
                 )
         return problems
 

@@ -6,7 +6,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from mm_pipelines import DiffusionDPO, DistributionMatchingDistillation, FlowGRPO, with_distillation
+from mm_pipelines import (
+    DiffusionDPO,
+    DiffusionNFT,
+    DistributionMatchingDistillation,
+    FlowGRPO,
+    with_distillation,
+)
 from mm_trainer import ModelContainer, model_register
 
 from wan22_train.distill import (
@@ -18,6 +24,7 @@ from wan22_train.distill import (
 )
 from wan22_train.dpo import dpo_problems, preference_pipeline
 from wan22_train.grpo import grpo_pipeline, grpo_problems
+from wan22_train.nft import nft_pipeline, nft_problems
 from wan22_train.pipeline import LOW_NOISE_ROLE, OTHER_EXPERT_ROLE, Wan22Pipeline, low_noise_role
 from wan22_train.planning import CACHED_DATASET, clip_shapes, latent_grid, planning_batch
 from wan22_train.sampling import sample_video
@@ -54,29 +61,36 @@ class Wan22Container(ModelContainer):
     @classmethod
     def sub_model_problems(cls, model_section: Any) -> dict[str, str]:
         """A distillation's students and critics whose architecture is not their teacher's
-        (:func:`wan22_train.distill.architecture_problems`), a Diffusion-DPO or Flow-GRPO run without a
-        reference (:func:`wan22_train.dpo.dpo_problems`, :func:`wan22_train.grpo.grpo_problems`), before
-        anything is built."""
+        (:func:`wan22_train.distill.architecture_problems`), a Diffusion-DPO, Flow-GRPO or DiffusionNFT run
+        without a reference (:func:`wan22_train.dpo.dpo_problems`, :func:`wan22_train.grpo.grpo_problems`,
+        :func:`wan22_train.nft.nft_problems`), before anything is built."""
         return (
-            architecture_problems(model_section) | dpo_problems(model_section) | grpo_problems(model_section)
+            architecture_problems(model_section)
+            | dpo_problems(model_section)
+            | grpo_problems(model_section)
+            | nft_problems(model_section)
         )
 
     @classmethod
     def build_pipeline(
         cls, options: Mapping[str, Any]
-    ) -> Wan22Pipeline | DistributionMatchingDistillation | DiffusionDPO | FlowGRPO:
+    ) -> Wan22Pipeline | DistributionMatchingDistillation | DiffusionDPO | FlowGRPO | DiffusionNFT:
         """``Wan22Pipeline``; with ``distill``, DMD2 around it (:mod:`wan22_train.distill`); with ``dpo``,
-        Diffusion-DPO around it (:mod:`wan22_train.dpo`); with ``grpo``, Flow-GRPO (:mod:`wan22_train.grpo`)."""
+        Diffusion-DPO around it (:mod:`wan22_train.dpo`); with ``grpo``, Flow-GRPO (:mod:`wan22_train.grpo`);
+        with ``nft``, DiffusionNFT (:mod:`wan22_train.nft`)."""
         options = dict(options)
-        dpo, grpo = options.pop("dpo", None), options.pop("grpo", None)
+        dpo, grpo, nft = options.pop("dpo", None), options.pop("grpo", None), options.pop("nft", None)
         pipeline = with_distillation(options, Wan22Pipeline.from_options, distillation_pipeline)
         if grpo is not None:
             return grpo_pipeline(pipeline, grpo)
+        if nft is not None:
+            return nft_pipeline(pipeline, nft)
         return pipeline if dpo is None else preference_pipeline(pipeline, dpo)
 
     @property
     def flow_pipeline(self) -> Wan22Pipeline:
-        """The flow-match pipeline (under a distillation's, Diffusion-DPO's or Flow-GRPO's, the one it wraps)."""
+        """The flow-match pipeline (under a distillation's, Diffusion-DPO's, Flow-GRPO's or DiffusionNFT's, the one it
+        wraps)."""
         return getattr(self.pipeline, "base", self.pipeline)
 
     @torch.no_grad()

@@ -28,6 +28,7 @@ from .features import (  # noqa: E402
     RecomputePlanConfig,
 )
 from .grpo import GRPOOptions  # noqa: E402
+from .nft import NFTOptions  # noqa: E402
 from .hf_model import ATTN_IMPLEMENTATIONS, GENERIC_TRANSFORMERS_ID, HFModelConfig  # noqa: E402
 from .known_ids import (  # noqa: E402
     ID_KINDS,
@@ -116,6 +117,7 @@ __all__ = [
     "DistillOptions",
     "DPOOptions",
     "GRPOOptions",
+    "NFTOptions",
     "EMAConfig",
     "ENTRY_POINT_GROUP",
     "FSDPPlanConfig",

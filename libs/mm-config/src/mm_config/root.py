@@ -281,24 +281,30 @@ def _phase_problems(cfg: TrainConfig) -> list[Problem]:
     return out
 
 
+REWARD_MODES = ("grpo", "nft")
+"""The ``model.pipeline`` keys of the reward fine-tunings that train on their rollouts' rewards (Flow-GRPO,
+DiffusionNFT)."""
+
+
 def _reward_problems(cfg: TrainConfig) -> list[Problem]:
     """``training.rewards`` score something: validation's clips or a reward fine-tuning's rollouts
-    (``model.pipeline.grpo``), which needs them."""
+    (``model.pipeline.grpo`` / ``nft``), which needs them."""
     rewards, validation = cfg.training.rewards, cfg.training.validation
-    trains_on_rewards = isinstance(cfg.model.pipeline, dict) and cfg.model.pipeline.get("grpo") is not None
-    if rewards and not trains_on_rewards and not (validation is not None and validation.prompts):
+    pipeline = cfg.model.pipeline if isinstance(cfg.model.pipeline, dict) else {}
+    modes = [mode for mode in REWARD_MODES if pipeline.get(mode) is not None]
+    if rewards and not modes and not (validation is not None and validation.prompts):
         return [
             Problem(
                 ("training", "rewards"),
-                "scores the clips that training.validation samples, or the rollouts of model.pipeline.grpo: set "
-                "training.validation.prompts",
+                "scores the clips that training.validation samples, or the rollouts of model.pipeline.grpo "
+                "or model.pipeline.nft: set training.validation.prompts",
                 deps=(("training", "validation"),),
             )
         ]
-    if trains_on_rewards and not rewards:
+    if modes and not rewards:
         return [
             Problem(
-                ("model", "pipeline", "grpo"),
+                ("model", "pipeline", modes[0]),
                 "trains the policy on its rollouts' rewards, and training.rewards lists none: add one (e.g. "
                 "{id: colour_target, options: {target: [1, 0, 0]}})",
                 deps=(("training", "rewards"),),

@@ -180,8 +180,8 @@ class TrainingConfig(ConfigModel):
     rewards: list[RewardConfig] = []
     """Rewards, each a registered scorer with a weight and options (docs/DESIGN.md "Rewards"): every clip
     ``validation`` samples is scored by each (``val_reward_<id>``, the mean over the prompts) and by their
-    weighted sum (``val_reward``); a reward fine-tuning run (``model.pipeline.grpo``) trains on the weighted
-    sum of its rollouts' scores. Needs ``validation.prompts`` or ``model.pipeline.grpo``. Empty (default):
+    weighted sum (``val_reward``); a reward fine-tuning run (``model.pipeline.grpo`` or ``nft``) trains on the
+    weighted sum of its rollouts' scores. Needs ``validation.prompts``, ``model.pipeline.grpo`` or ``nft``. Empty (default):
     none."""
     reward_failure: Literal["stop", "skip"] = "stop"
     """What a reward that raises or scores NaN / inf on a sample does: ``stop`` (default) ends the run

@@ -1,6 +1,6 @@
 """Generative training pipelines: the pipeline base, keyed per-sample randomness, the flow-match scheduler,
-T2V/I2V pipelines, distillation (DMD2), preference training (Diffusion-DPO), SDE rollouts and reward
-fine-tuning (Flow-GRPO)."""
+T2V/I2V pipelines, distillation (DMD2), preference training (Diffusion-DPO), SDE / ODE rollouts and reward
+fine-tuning (Flow-GRPO, DiffusionNFT)."""
 
 from .conditioning import (
     as_tensor_output,
@@ -11,6 +11,7 @@ from .conditioning import (
     replace_first_frame,
 )
 from .container import TrainabilityAware, call_role, get_submodule, is_trainable
+from .diffusion_nft import WEIGHT_FLOOR, DiffusionNFT, nft_policy_loss, optimality_probability
 from .distribution_matching import (
     DistributionMatchingDistillation,
     FlowState,
@@ -33,10 +34,12 @@ from .flow_match_scheduler import (
     shift_sigmas,
 )
 from .flow_match_t2v import FlowMatchT2VPipeline
+from .group_rollouts import check_call, clip_prompts, group_noise, keyed_steps, rollout_sigmas
 from .keyed_random import SampleRNG, key_seed
+from .old_policy import OldPolicyEMA
 from .pipeline_base import GenerativePipelineBase, PipelineOutput
 from .preference import REFERENCE_ROLE, REJECTED_PREFIX, DiffusionDPO, as_reference, dpo_loss, split_pair
-from .rollout import Rollout, sde_coefficient, sde_rollout, sde_transition, transition_log_prob
+from .rollout import Rollout, ode_rollout, sde_coefficient, sde_rollout, sde_transition, transition_log_prob
 
 __version__ = "0.1.0"
 
@@ -44,6 +47,17 @@ __all__ = [
     "ADVANTAGE_EPS",
     "DEFAULT_SIGMA_MIN",
     "FlowGRPO",
+    "DiffusionNFT",
+    "OldPolicyEMA",
+    "WEIGHT_FLOOR",
+    "nft_policy_loss",
+    "optimality_probability",
+    "ode_rollout",
+    "check_call",
+    "clip_prompts",
+    "group_noise",
+    "keyed_steps",
+    "rollout_sigmas",
     "Rollout",
     "SampleScorer",
     "as_reference",

@@ -55,13 +55,23 @@ of clips and steps whose ratio left the clip range) and ``grpo_ratio_deviation``
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from .flow_match_scheduler import FlowMatchScheduler
+from .group_rollouts import (
+    SampleScorer,
+    check_call,
+    clip_groups,
+    clip_names,
+    clip_prompts,
+    group_noise,
+    keyed_steps,
+    rollout_sigmas,
+)
 from .keyed_random import SampleRNG
 from .pipeline_base import PipelineOutput
 from .preference import as_reference
@@ -69,17 +79,6 @@ from .rollout import Rollout, sde_rollout, sde_transition, transition_log_prob
 
 ADVANTAGE_EPS = 1e-4
 """Added to a group's reward std before dividing by it (a group of equal rewards: advantages 0)."""
-
-
-class SampleScorer(Protocol):
-    """What scores the rollouts (attached by the trainer from ``training.rewards``)."""
-
-    def __call__(
-        self, latents: torch.Tensor, prompts: Sequence[str], *, groups: Sequence[int], names: Sequence[str]
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Each clip's reward ``[N]`` (float64; NaN for a dropped clip) from its latents ``[N, ...]`` and
-        prompt, and the statistics to log."""
-        ...
 
 
 def group_advantages(rewards: torch.Tensor, clip: float) -> torch.Tensor:
@@ -159,14 +158,7 @@ class FlowGRPO:
         self.sampling_steps, self.updates_per_rollout = int(sampling_steps), int(updates_per_rollout)
         self.kept: list[KeptRollout] = []  # the last rollout step's micro-batches, in call order
         self._calls = (-1, 0)  # (optimizer step, calls of the phase at that step so far)
-        grid: FlowMatchScheduler = base.scheduler
-        schedule = FlowMatchScheduler(
-            num_train_timesteps=grid.num_train_timesteps, shift=grid.shift, sigma_min=grid.sigma_min,
-            sigma_max=grid.sigma_max, extra_one_step=grid.extra_one_step,
-        )  # fmt: skip
-        schedule.set_inference_timesteps(self.sampling_steps, shift=shift)
-        assert schedule.inference_sigmas is not None
-        self.sigmas = schedule.inference_sigmas.double()
+        self.sigmas = rollout_sigmas(base.scheduler, self.sampling_steps, shift)
         self.scorer: SampleScorer | None = None
 
     @classmethod
@@ -188,15 +180,7 @@ class FlowGRPO:
         self, container: Any, rng: SampleRNG | None = None, phase: str | None = None, **batch: Any
     ) -> PipelineOutput:
         """The Flow-GRPO loss of one micro-batch of prompts, in the phase ``grpo`` (module docstring)."""
-        if phase != self.phase:
-            raise ValueError(
-                f"Flow-GRPO: model(**batch, phase=...) runs in the phase {self.phase!r}; set training.phases: "
-                f"{{{self.phase}: {{submodels: [<the policy's sub-models>]}}}} (got phase {phase!r})"
-            )
-        if self.scorer is None:
-            raise ValueError(
-                "Flow-GRPO scores its rollouts with training.rewards: none were attached (scorer)"
-            )
+        check_call("Flow-GRPO", self.phase, phase, self.scorer)
         rng = self.base.require_rng(rng, len(rng) if rng is not None else 0)
         position, update = self._position(rng.step), rng.step % self.updates_per_rollout
         logged: dict[str, float] = {}
@@ -226,11 +210,8 @@ class FlowGRPO:
         texts = conditions["prompt_embeds"].repeat_interleave(groups, dim=0)
         clip_conditions = {"prompt_embeds": texts}
         rollout = self.rollout(container, clip_conditions, rng, tuple(latents.shape[1:]))
-        prompts = _prompts(batch, rng, groups)
-        names = [f"step {rng.step} sample {i} clip {g}" for i in rng.sample_ids for g in range(groups)]
-        rewards, logged = self.scorer(
-            rollout.samples, prompts, groups=[i for i in range(size) for _ in range(groups)], names=names
-        )
+        prompts, names = clip_prompts(batch, rng, groups), clip_names(rng, groups)
+        rewards, logged = self.scorer(rollout.samples, prompts, groups=clip_groups(size, groups), names=names)
         advantages = group_advantages(rewards.reshape(size, groups), self.advantage_clip).reshape(-1)
         return KeptRollout(rng.step, clip_conditions, rollout, advantages), logged
 
@@ -264,8 +245,7 @@ class FlowGRPO:
         groups, device = self.group_size, conditions["prompt_embeds"].device
 
         def keyed(purpose: str) -> torch.Tensor:  # [B * G, ...]: clip b * G + g from (sample b, g)'s key
-            draws = [rng.randn(f"{purpose}_{g}", shape, device=device) for g in range(groups)]
-            return torch.stack(draws, dim=1).flatten(0, 1)
+            return group_noise(rng, purpose, groups, shape, device)
 
         def velocity(x: torch.Tensor, sigma: torch.Tensor, k: int) -> torch.Tensor:
             return self._velocity(container, x, sigma, conditions)
@@ -275,8 +255,7 @@ class FlowGRPO:
 
     def train_steps(self, rng: SampleRNG) -> list[int]:
         """The sampler steps this optimizer step trains on: :attr:`trained_steps` of them, keyed by the step."""
-        order = torch.randperm(self.sampling_steps, generator=rng.step_generator("grpo_timesteps", "cpu"))
-        return sorted(order[: self.trained_steps].tolist())
+        return keyed_steps(rng, "grpo_timesteps", self.trained_steps, self.sampling_steps)
 
     def _loss(
         self, container: Any, conditions: Mapping[str, Any], rollout: Rollout, advantages: torch.Tensor,
@@ -317,14 +296,6 @@ class FlowGRPO:
     ) -> torch.Tensor:
         """The predictor's velocity at ``x`` and per-clip ``sigma`` (the base's code path: expert routing)."""
         return self.base.state_velocity(container, "predictor", {"latents": x}, sigma, conditions)["latents"]
-
-
-def _prompts(batch: Mapping[str, Any], rng: SampleRNG, groups: int) -> list[str]:
-    """Each clip's prompt text: the batch's ``prompt`` when it has one, else ``sample <global index>``."""
-    texts = batch.get("prompt")
-    if not isinstance(texts, (list, tuple)) or len(texts) != len(rng):
-        texts = [f"sample {i}" for i in rng.sample_ids]
-    return [str(t) for t in texts for _ in range(groups)]
 
 
 def _check(

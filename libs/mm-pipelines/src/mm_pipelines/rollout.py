@@ -116,4 +116,25 @@ def sde_rollout(
     return Rollout(torch.stack(states), torch.stack(log_probs), sigmas)
 
 
-__all__ = ["Rollout", "Velocity", "sde_coefficient", "sde_rollout", "sde_transition", "transition_log_prob"]
+@torch.no_grad()
+def ode_rollout(velocity: Velocity, start: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
+    """The clean samples ``[N, ...]`` (fp32) of the sampler's ODE (Euler steps ``x' = x + v dt``, the SDE with
+    ``a = 0``) from ``sigmas[0] * start`` down ``sigmas`` (decreasing, ending in 0): DiffusionNFT's rollouts,
+    deterministic given the start noise."""
+    sigmas = sigmas.double().cpu()
+    x = start.float() * float(sigmas[0])
+    for k in range(len(sigmas) - 1):
+        sigma = torch.full((x.shape[0],), float(sigmas[k]), dtype=torch.float32)
+        x = x + velocity(x, sigma, k).float() * float(sigmas[k + 1] - sigmas[k])
+    return x
+
+
+__all__ = [
+    "Rollout",
+    "Velocity",
+    "ode_rollout",
+    "sde_coefficient",
+    "sde_rollout",
+    "sde_transition",
+    "transition_log_prob",
+]

@@ -1,0 +1,258 @@
+"""DiffusionNFT (Zheng et al. 2025, "DiffusionNFT: Online Diffusion Reinforcement with Forward Process") around a
+flow-match pipeline: the old policy samples ``G`` clips per prompt with the ODE sampler, a reward scores them,
+and the policy (``predictor``) learns on the clean clips through the forward process in the phase ``nft``.
+
+One optimizer step of the phase, per micro-batch of ``B`` prompts (each rank its own prompts):
+
+1. **Old policy** (:class:`~mm_pipelines.old_policy.OldPolicyEMA`): an EMA of the policy's trainable
+   parameters, brought to the step at its first micro-batch, ``decay_n = min(old_decay_ramp * n,
+   old_decay_max)``; swapped into the policy for the rollouts and ``v_old`` below.
+2. **Rollout** (no gradients): ``G`` clips per prompt, ``N = B * G``, with the old policy's ODE (Euler) sampler
+   on ``sampling_steps`` sigmas at the time ``shift``; each clip's start noise keyed by (seed, optimizer step,
+   the prompt's global sample index, group index ``g``) through ``SampleRNG`` (purpose ``nft_start_<g>``):
+   the same clips at any data-parallel / context-parallel / accumulation layout.
+3. **Rewards** from the trainer's scorer (:attr:`DiffusionNFT.scorer`, ``training.rewards``), then per group
+   the advantage ``A`` of Flow-GRPO (``group_advantages``: normalised within the prompt's ``G`` clips,
+   clipped to ``+-advantage_clip``) and the optimality probability ``r = 1/2 + A / (2 advantage_clip)`` in
+   ``[0, 1]``. A clip dropped by ``reward_failure: skip`` (NaN reward) gets weight 0 in the loss.
+4. **Loss**, at ``max(1, floor(timestep_fraction * K))`` of the sampler's sigmas ``t = s_k`` (one keyed subset
+   per optimizer step, as Flow-GRPO's: with both A14B experts each runs the expert of its sigma): the clean
+   clip ``x0`` is noised by the forward process ``x_t = (1 - t) x0 + t eps`` (``eps`` keyed by sample, group
+   index and ``k``: ``nft_noise_<k>_<g>``); with the policy's velocity ``v`` (gradients), the old policy's
+   ``v_old`` and ``beta``, the implicit positive and negative policies
+
+       v+ = beta v + (1 - beta) v_old,        v- = (1 + beta) v_old - beta v
+
+   predict ``x0+- = x_t - t v+-``; each is scored by the adaptively weighted error
+   ``L+- = mean((x0+- - x0)^2) / sg(mean|x0+- - x0|)`` (``sg``: no gradient; the mean absolute error at least
+   ``1e-5``), and
+
+       policy loss = advantage_clip * mean_clips[(r L+ + (1 - r) L-) / beta]
+       KL          = mean_clips mean_elements (v - v_ref)^2
+
+   (``v_ref``: the frozen reference's velocity, the sub-model ``reference`` or the LoRA policy with its
+   adapters off; computed only when ``kl_weight > 0``); the loss is the mean over the chosen sigmas of
+   ``policy loss + kl_weight * KL``. Minimising ``r L+ + (1 - r) L-`` moves ``v+`` toward the clips of high
+   ``r`` and ``v-`` toward those of low ``r``: the policy moves away from the negative clips. The factor
+   ``advantage_clip / beta`` follows the public implementation (the loss's scale at any ``beta``).
+
+Logged per step: the scorer's reward statistics, ``nft_kl`` (the KL term, 0 without it),
+``nft_old_deviation`` (``mean (v - v_old)^2``: how far the policy is from its old policy) and
+``nft_old_decay`` (the EMA decay of the step).
+
+Not held in checkpoints yet: a resumed run starts its old policy afresh from the resumed weights (exact
+for ``old_decay_max = 0``, else the old policy of the resumed steps differs from the uninterrupted run's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from .flow_grpo import group_advantages
+from .flow_match_scheduler import FlowMatchScheduler
+from .group_rollouts import (
+    SampleScorer,
+    check_call,
+    clip_groups,
+    clip_names,
+    clip_prompts,
+    group_noise,
+    keyed_steps,
+    rollout_sigmas,
+)
+from .keyed_random import SampleRNG
+from .old_policy import OldPolicyEMA
+from .pipeline_base import PipelineOutput
+from .preference import as_reference
+from .rollout import ode_rollout
+
+WEIGHT_FLOOR = 1e-5
+"""Least value of the adaptive weight ``mean|x0_pred - x0|`` (a perfect prediction divides by it)."""
+
+
+def optimality_probability(advantages: torch.Tensor, clip: float) -> torch.Tensor:
+    """``r = 1/2 + A / (2 clip)``, clamped to ``[0, 1]``: a clipped advantage as DiffusionNFT's optimality
+    probability."""
+    return (0.5 + advantages / (2 * clip)).clamp(0.0, 1.0)
+
+
+def nft_policy_loss(
+    velocity: torch.Tensor, old_velocity: torch.Tensor, x_t: torch.Tensor, x0: torch.Tensor, t: torch.Tensor,
+    r: torch.Tensor, beta: float,
+) -> torch.Tensor:  # fmt: skip
+    """``[N]``: each clip's ``(r L+ + (1 - r) L-) / beta`` (module docstring, 4.) from the policy's velocity
+    (differentiable), the old policy's, the noised ``x_t``, the clean ``x0`` (all ``[N, ...]``), the sigmas
+    ``t`` ``[N]`` and the optimality probabilities ``r`` ``[N]``."""
+    old = old_velocity.detach().float()
+    velocity, x_t, x0 = velocity.float(), x_t.float(), x0.float()
+    t = t.float().view(-1, *([1] * (x0.dim() - 1)))
+    positive = beta * velocity + (1 - beta) * old
+    negative = (1 + beta) * old - beta * velocity
+    losses = [_weighted_error(x_t - t * v, x0) for v in (positive, negative)]
+    r = r.to(losses[0].dtype)
+    return (r * losses[0] + (1 - r) * losses[1]) / beta
+
+
+def _weighted_error(prediction: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+    """``[N]``: ``mean((prediction - x0)^2) / sg(max(mean|prediction - x0|, WEIGHT_FLOOR))`` per clip."""
+    error = (prediction - x0).flatten(1)
+    weight = error.detach().abs().mean(dim=1).clamp(min=WEIGHT_FLOOR)
+    return (error**2).mean(dim=1) / weight
+
+
+class DiffusionNFT:
+    """DiffusionNFT in the phase ``nft`` on a flow-match pipeline ``base`` with ``prepare_conditions`` and
+    ``state_velocity`` (:class:`~mm_pipelines.FlowMatchT2VPipeline`, text-to-video)."""
+
+    def __init__(
+        self,
+        base: Any,
+        *,
+        group_size: int = 8,
+        beta: float = 1.0,
+        advantage_clip: float = 5.0,
+        kl_weight: float = 1e-4,
+        timestep_fraction: float = 0.5,
+        sampling_steps: int = 10,
+        shift: float | None = None,
+        old_decay_ramp: float = 1e-3,
+        old_decay_max: float = 0.5,
+        phase: str = "nft",
+    ) -> None:
+        _check(group_size, beta, advantage_clip, kl_weight, timestep_fraction, sampling_steps)
+        if getattr(base, "task", "t2v") != "t2v":
+            raise ValueError(f"nft: rollouts are text-to-video only (task t2v), got task {base.task!r}")
+        self.base, self.phase, self.group_size = base, phase, int(group_size)
+        self.beta, self.advantage_clip, self.kl_weight = float(beta), float(advantage_clip), float(kl_weight)
+        self.timestep_fraction, self.sampling_steps = float(timestep_fraction), int(sampling_steps)
+        self.sigmas = rollout_sigmas(base.scheduler, self.sampling_steps, shift)
+        self.old_policy = OldPolicyEMA(decay_ramp=old_decay_ramp, decay_max=old_decay_max)
+        self.scorer: SampleScorer | None = None
+
+    @classmethod
+    def from_options(cls, base: Any, options: Mapping[str, Any]) -> DiffusionNFT:
+        """From the keys of ``model.pipeline.nft`` (``mm_config.NFTOptions``) around ``base``."""
+        return cls(base, **dict(options))
+
+    @property
+    def scheduler(self) -> FlowMatchScheduler:
+        return self.base.scheduler
+
+    @property
+    def trained_steps(self) -> int:
+        """How many of the sampler's sigmas each optimizer step trains at."""
+        return max(1, int(self.timestep_fraction * self.sampling_steps))
+
+    def train_steps(self, rng: SampleRNG) -> list[int]:
+        """The sampler steps whose sigmas this optimizer step trains at, keyed by the step."""
+        return keyed_steps(rng, "nft_timesteps", self.trained_steps, self.sampling_steps)
+
+    # ------------------------------------------------------------------ one step
+    def forward(
+        self, container: Any, rng: SampleRNG | None = None, phase: str | None = None, **batch: Any
+    ) -> PipelineOutput:
+        """The DiffusionNFT loss of one micro-batch of prompts, in the phase ``nft`` (module docstring)."""
+        check_call("DiffusionNFT", self.phase, phase, self.scorer)
+        assert self.scorer is not None
+        conditions = self.base.prepare_conditions(container, batch)
+        latents = conditions["latents"]
+        if isinstance(latents, (list, tuple)):
+            raise ValueError("DiffusionNFT rolls out stacked micro-batches of one shape, not packed ones")
+        size, groups = latents.shape[0], self.group_size
+        rng = self.base.require_rng(rng, size)
+        clip_conditions = {"prompt_embeds": conditions["prompt_embeds"].repeat_interleave(groups, dim=0)}
+        shape, device = tuple(latents.shape[1:]), latents.device
+        steps = self.train_steps(rng)
+        decay = self.old_policy.advance(container, rng.step)
+        with self.old_policy.swapped_in(container):  # 1.-2. and v_old at the trained sigmas
+            x0 = self.rollout(container, clip_conditions, rng, shape)
+            noised = [self.noised(x0, rng, k) for k in steps]
+            old = [self._velocity(container, x_t, t, clip_conditions) for x_t, t in noised]
+        rewards, logged = self.scorer(
+            x0, clip_prompts(batch, rng, groups), groups=clip_groups(size, groups), names=clip_names(rng, groups)
+        )
+        advantages = group_advantages(rewards.reshape(size, groups), self.advantage_clip).reshape(-1)
+        r = optimality_probability(advantages, self.advantage_clip).to(device)
+        kept = rewards.isfinite().to(device)
+        loss, kl, deviation = self._loss(container, clip_conditions, x0, noised, old, r, kept)
+        logged = {**logged, "nft_kl": kl, "nft_old_deviation": deviation, "nft_old_decay": decay}
+        return PipelineOutput(loss=loss, metrics={"num_samples": float(size * groups)}, logged=logged)
+
+    def __call__(self, container: Any, rng: SampleRNG | None = None, **batch: Any) -> PipelineOutput:
+        return self.forward(container, rng, **batch)
+
+    # ------------------------------------------------------------------ pieces
+    def rollout(
+        self, container: Any, conditions: Mapping[str, Any], rng: SampleRNG, shape: tuple[int, ...]
+    ) -> torch.Tensor:
+        """The clean clips ``[B * G, *shape]`` (clip ``b * G + g``: prompt ``b``, group index ``g``) of the
+        predictor as it is now (the caller swaps the old policy in) by the ODE sampler, from keyed noise."""
+        start = group_noise(rng, "nft_start", self.group_size, shape, conditions["prompt_embeds"].device)
+
+        def velocity(x: torch.Tensor, sigma: torch.Tensor, k: int) -> torch.Tensor:
+            return self._velocity(container, x, sigma, conditions)
+
+        return ode_rollout(velocity, start, self.sigmas)
+
+    def noised(self, x0: torch.Tensor, rng: SampleRNG, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x_t = (1 - t) x0 + t eps`` at the sigma ``t = s_k`` of sampler step ``k`` (``eps`` keyed by
+        (sample, group index, ``k``)), and ``t`` per clip ``[N]``."""
+        eps = group_noise(rng, f"nft_noise_{k}", self.group_size, x0.shape[1:], x0.device)
+        t = float(self.sigmas[k])
+        return (1 - t) * x0 + t * eps, torch.full((x0.shape[0],), t, dtype=torch.float32)
+
+    def _loss(
+        self, container: Any, conditions: Mapping[str, Any], x0: torch.Tensor,
+        noised: list[tuple[torch.Tensor, torch.Tensor]], old: list[torch.Tensor], r: torch.Tensor,
+        kept: torch.Tensor,
+    ) -> tuple[torch.Tensor, float, float]:  # fmt: skip
+        """The mean over the trained sigmas of the policy loss plus ``kl_weight`` times the KL; the mean KL and
+        the mean squared deviation from the old policy."""
+        total, kls, deviations = 0.0, [], []
+        for (x_t, t), v_old in zip(noised, old, strict=True):
+            velocity = self._velocity(container, x_t, t, conditions)
+            per_clip = nft_policy_loss(velocity, v_old, x_t, x0, t, r, self.beta) * kept
+            step_loss = self.advantage_clip * per_clip.mean()
+            deviations.append(float(((velocity.detach().float() - v_old.float()) ** 2).mean()))
+            if self.kl_weight > 0:
+                with torch.no_grad(), as_reference(self.base, container, "DiffusionNFT"):
+                    reference = self._velocity(container, x_t, t, conditions)
+                kl = ((velocity.float() - reference.float()) ** 2).flatten(1).mean(dim=1).mean()
+                step_loss = step_loss + self.kl_weight * kl
+                kls.append(float(kl.detach()))
+            total = total + step_loss
+        loss = total / len(noised)
+        return loss, (sum(kls) / len(kls) if kls else 0.0), sum(deviations) / len(deviations)
+
+    def _velocity(
+        self, container: Any, x: torch.Tensor, sigma: torch.Tensor, conditions: Mapping[str, Any]
+    ) -> torch.Tensor:
+        """The predictor's velocity at ``x`` and per-clip ``sigma`` (the base's code path: expert routing)."""
+        return self.base.state_velocity(container, "predictor", {"latents": x}, sigma, conditions)["latents"]
+
+
+def _check(
+    group_size: int, beta: float, advantage_clip: float, kl_weight: float, timestep_fraction: float,
+    sampling_steps: int,
+) -> None:  # fmt: skip
+    problems = []
+    if group_size < 2:
+        problems.append(f"group_size must be >= 2 (advantages compare the clips of a prompt), got {group_size}")
+    if not beta > 0:
+        problems.append(f"beta must be > 0 (the implicit policies' step from the old policy), got {beta}")
+    if not advantage_clip > 0:
+        problems.append(f"advantage_clip must be > 0, got {advantage_clip}")
+    if not kl_weight >= 0:
+        problems.append(f"kl_weight must be >= 0, got {kl_weight}")
+    if not 0 < timestep_fraction <= 1:
+        problems.append(f"timestep_fraction must lie in (0, 1], got {timestep_fraction}")
+    if sampling_steps < 1:
+        problems.append(f"sampling_steps must be >= 1, got {sampling_steps}")
+    if problems:
+        raise ValueError("nft: " + "; ".join(problems))
+
+
+__all__ = ["WEIGHT_FLOOR", "DiffusionNFT", "nft_policy_loss", "optimality_probability"]

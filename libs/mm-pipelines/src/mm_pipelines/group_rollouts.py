@@ -1,0 +1,97 @@
+"""What the online reward fine-tunings (Flow-GRPO, DiffusionNFT) share: ``G`` clips per prompt whose draws are
+keyed by (seed, optimizer step, the prompt's global sample index, group index ``g``) through ``SampleRNG``,
+the clips' prompt texts and names for the scorer, the step's keyed subset of the sampler's steps to train on,
+and the checks that a call runs in its phase with a scorer attached.
+
+Clip ``b * G + g`` of a micro-batch of ``B`` prompts is prompt ``b``'s clip ``g``: a prompt's clips are the
+same whichever micro-batch (rank) holds the prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from .flow_match_scheduler import FlowMatchScheduler
+from .keyed_random import SampleRNG
+
+
+class SampleScorer(Protocol):
+    """What scores the rollouts (attached by the trainer from ``training.rewards``)."""
+
+    def __call__(
+        self, latents: torch.Tensor, prompts: Sequence[str], *, groups: Sequence[int], names: Sequence[str]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Each clip's reward ``[N]`` (float64; NaN for a dropped clip) from its latents ``[N, ...]`` and
+        prompt, and the statistics to log."""
+        ...
+
+
+def rollout_sigmas(grid: FlowMatchScheduler, steps: int, shift: float | None) -> torch.Tensor:
+    """``[steps + 1]`` float64: the rollouts' sampler sigmas, decreasing to 0, on the training ``grid``'s
+    scheduler settings with ``steps`` steps at the time ``shift`` (None: the grid's)."""
+    schedule = FlowMatchScheduler(
+        num_train_timesteps=grid.num_train_timesteps, shift=grid.shift, sigma_min=grid.sigma_min,
+        sigma_max=grid.sigma_max, extra_one_step=grid.extra_one_step,
+    )  # fmt: skip
+    schedule.set_inference_timesteps(steps, shift=shift)
+    assert schedule.inference_sigmas is not None
+    return schedule.inference_sigmas.double()
+
+
+def group_noise(
+    rng: SampleRNG, purpose: str, groups: int, shape: Sequence[int], device: torch.device | str
+) -> torch.Tensor:
+    """``[B * G, *shape]`` standard normal: clip ``b * G + g`` drawn from (prompt ``b``'s key, ``purpose_g``)."""
+    draws = [rng.randn(f"{purpose}_{g}", tuple(shape), device=device) for g in range(groups)]
+    return torch.stack(draws, dim=1).flatten(0, 1)
+
+
+def keyed_steps(rng: SampleRNG, purpose: str, count: int, total: int) -> list[int]:
+    """``count`` of the ``total`` sampler steps, sorted, drawn from the optimizer step's key alone (every
+    clip, micro-batch and rank of the step trains the same steps: with both A14B experts, the same expert)."""
+    order = torch.randperm(total, generator=rng.step_generator(purpose, "cpu"))
+    return sorted(order[:count].tolist())
+
+
+def clip_prompts(batch: Mapping[str, Any], rng: SampleRNG, groups: int) -> list[str]:
+    """Each clip's prompt text: the batch's ``prompt`` when it has one, else ``sample <global index>``."""
+    texts = batch.get("prompt")
+    if not isinstance(texts, (list, tuple)) or len(texts) != len(rng):
+        texts = [f"sample {i}" for i in rng.sample_ids]
+    return [str(t) for t in texts for _ in range(groups)]
+
+
+def clip_names(rng: SampleRNG, groups: int) -> list[str]:
+    """Each clip's name in a reward's error message: ``step <n> sample <global index> clip <g>``."""
+    return [f"step {rng.step} sample {i} clip {g}" for i in rng.sample_ids for g in range(groups)]
+
+
+def clip_groups(size: int, groups: int) -> list[int]:
+    """Each clip's prompt within the micro-batch (the scorer's groups, for groupwise rewards)."""
+    return [i for i in range(size) for _ in range(groups)]
+
+
+def check_call(mode: str, phase: str, got: str | None, scorer: SampleScorer | None) -> None:
+    """Refuse a call outside the mode's ``phase`` or without the scorer of ``training.rewards``."""
+    if got != phase:
+        raise ValueError(
+            f"{mode}: model(**batch, phase=...) runs in the phase {phase!r}; set training.phases: "
+            f"{{{phase}: {{submodels: [<the policy's sub-models>]}}}} (got phase {got!r})"
+        )
+    if scorer is None:
+        raise ValueError(f"{mode} scores its rollouts with training.rewards: none were attached (scorer)")
+
+
+__all__ = [
+    "SampleScorer",
+    "check_call",
+    "clip_groups",
+    "clip_names",
+    "clip_prompts",
+    "group_noise",
+    "keyed_steps",
+    "rollout_sigmas",
+]
