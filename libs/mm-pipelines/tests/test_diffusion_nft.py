@@ -115,7 +115,9 @@ def test_the_old_policy_starts_as_the_weights_moves_once_per_step_and_swaps_in_a
 def _nft(toys) -> tuple[DiffusionNFT, torch.nn.Module]:
     torch.manual_seed(0)  # the toy modules initialise from the global generator: not from earlier tests'
     container = toys.DeclaredContainer(trainable=("predictor",))
-    nft = DiffusionNFT(FlowMatchT2VPipeline(FlowMatchScheduler()), group_size=3, sampling_steps=4, kl_weight=0)
+    nft = DiffusionNFT(
+        FlowMatchT2VPipeline(FlowMatchScheduler()), group_size=3, sampling_steps=4, kl_weight=0
+    )
     nft.scorer = lambda latents, prompts, groups, names: (latents.double().flatten(1).mean(1), {})
     return nft, container
 
@@ -144,7 +146,9 @@ def test_rollouts_and_loss_are_the_same_whatever_micro_batches_the_prompts_are_s
     assert not torch.allclose(rollout([5, 9], slice(0, 6), step=4), both)
 
     def loss(ids, rows):
-        return nft(container, rng=SampleRNG(seed=1, step=3, sample_ids=ids), phase="nft", **_prompts(toys, rows))
+        return nft(
+            container, rng=SampleRNG(seed=1, step=3, sample_ids=ids), phase="nft", **_prompts(toys, rows)
+        )
 
     joint, parts = loss([5, 9], [0, 1]), [loss([5], [0]), loss([9], [1])]
     assert joint.loss.item() == pytest.approx((parts[0].loss.item() + parts[1].loss.item()) / 2, abs=1e-6)

@@ -158,8 +158,15 @@ def test_the_updates_after_a_rollout_train_on_it_again_with_a_ratio_away_from_on
     assert first["grpo_ratio_deviation"] < 1e-5 and first["grpo_clip_fraction"] == 0.0
     assert second["grpo_ratio_deviation"] > 1e-3 and second["grpo_clip_fraction"] > 0.0
     resumed, _ = _grpo(toys, updates_per_rollout=2)
-    with pytest.raises(ValueError, match=r"optimizer step 6 trains on the rollouts of step 5 .* resumes only"):
-        resumed(container, rng=SampleRNG(seed=1, step=5, sample_ids=[0, 1]), phase="grpo", **_prompts(toys, [0, 1]))
+    with pytest.raises(
+        ValueError, match=r"optimizer step 6 trains on the rollouts of step 5 .* resumes only"
+    ):
+        resumed(
+            container,
+            rng=SampleRNG(seed=1, step=5, sample_ids=[0, 1]),
+            phase="grpo",
+            **_prompts(toys, [0, 1]),
+        )
 
 
 def test_bad_options_and_a_call_outside_the_phase_are_refused(toys):

@@ -28,7 +28,6 @@ from .features import (  # noqa: E402
     RecomputePlanConfig,
 )
 from .grpo import GRPOOptions  # noqa: E402
-from .nft import NFTOptions  # noqa: E402
 from .hf_model import ATTN_IMPLEMENTATIONS, GENERIC_TRANSFORMERS_ID, HFModelConfig  # noqa: E402
 from .known_ids import (  # noqa: E402
     ID_KINDS,
@@ -54,6 +53,7 @@ from .loader import (  # noqa: E402
 from .lora import LoraConfig  # noqa: E402
 from .model import LoadFormat, ModelConfig, SubModelConfig  # noqa: E402
 from .model_checks import CHECKS_ENTRY_POINT_GROUP, run_model_checks  # noqa: E402
+from .nft import NFTOptions  # noqa: E402
 from .parallel import FSDPPlanConfig, ParallelConfig, SubPlanConfig, UlyssesOverlapConfig  # noqa: E402
 from .phases import PhaseConfig  # noqa: E402
 from .preprocess import PreprocessRunConfig  # noqa: E402

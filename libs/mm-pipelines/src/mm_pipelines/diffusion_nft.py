@@ -172,7 +172,10 @@ class DiffusionNFT:
             noised = [self.noised(x0, rng, k) for k in steps]
             old = [self._velocity(container, x_t, t, clip_conditions) for x_t, t in noised]
         rewards, logged = self.scorer(
-            x0, clip_prompts(batch, rng, groups), groups=clip_groups(size, groups), names=clip_names(rng, groups)
+            x0,
+            clip_prompts(batch, rng, groups),
+            groups=clip_groups(size, groups),
+            names=clip_names(rng, groups),
         )
         advantages = group_advantages(rewards.reshape(size, groups), self.advantage_clip).reshape(-1)
         r = optimality_probability(advantages, self.advantage_clip).to(device)
@@ -240,7 +243,9 @@ def _check(
 ) -> None:  # fmt: skip
     problems = []
     if group_size < 2:
-        problems.append(f"group_size must be >= 2 (advantages compare the clips of a prompt), got {group_size}")
+        problems.append(
+            f"group_size must be >= 2 (advantages compare the clips of a prompt), got {group_size}"
+        )
     if not beta > 0:
         problems.append(f"beta must be > 0 (the implicit policies' step from the old policy), got {beta}")
     if not advantage_clip > 0:
