@@ -63,7 +63,7 @@ def main() -> None:
     clips = VideoTextDataset(out / "data" / "metadata.json", **size, frame_offset="start")
     items = [  # as preprocess encodes them: a silent clip's tone follows its content
         encode_sample(encoders, {**clips[i], "clip_sha256": sha256_file(clips.rows[i]["path"])}, frame_rate=8.0,
-                      max_length=16)
+                      max_length=16, missing_audio="tone")
         for i in range(len(clips))
     ]  # fmt: skip
     captions = [clips[i]["prompt"] for i in range(len(clips))]  # what preprocess caches (caption at epoch 0)

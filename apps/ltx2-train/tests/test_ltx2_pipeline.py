@@ -303,7 +303,7 @@ def test_the_held_out_loss_is_the_training_loss_at_fixed_sigmas_with_the_samples
     cond = pipe.prepare_conditions(container, batch)
     eps = rng.randn("noise", cond["video"].shape[1:])
     eps_a = rng.randn("audio_noise", cond["audio"].shape[1:])
-    expected = torch.zeros(2)
+    expected, expected_video, expected_audio = torch.zeros(2), torch.zeros(2), torch.zeros(2)
     with torch.no_grad():
         for sigma in (0.25, 0.75):
             s = torch.full((2,), sigma)
@@ -313,8 +313,15 @@ def test_the_held_out_loss_is_the_training_loss_at_fixed_sigmas_with_the_samples
             video_mse = (video - (eps - cond["video"])).pow(2).mean(dim=(1, 2))
             audio_mse = (audio - (eps_a - cond["audio"])).pow(2).mean(dim=(1, 2))
             expected += (video_mse + 0.5 * audio_mse) / 2
-    assert got.shape == (2,) and not got.requires_grad
-    torch.testing.assert_close(got, expected)
+            expected_video += video_mse / 2
+            expected_audio += audio_mse / 2
+    assert set(got) == {"loss", "loss_video", "loss_audio"}
+    assert got["loss"].shape == (2,) and not got["loss"].requires_grad
+    torch.testing.assert_close(got["loss"], expected)
+    torch.testing.assert_close(
+        got["loss_video"], expected_video
+    )  # each stream's, unweighted: val_loss_<stream>
+    torch.testing.assert_close(got["loss_audio"], expected_audio)
 
 
 def test_the_held_out_loss_of_a_sample_is_the_same_in_any_batch(tiny_predictor):
@@ -325,7 +332,8 @@ def test_the_held_out_loss_of_a_sample_is_the_same_in_any_batch(tiny_predictor):
     for i, sample_id in enumerate((4, 9)):
         alone = {k: v[i : i + 1] for k, v in batch.items()}
         one = pipe.validation_loss(container, alone, SampleRNG(seed=3, step=0, sample_ids=[sample_id]), 3)
-        torch.testing.assert_close(one, whole[i : i + 1])
+        for name, value in whole.items():
+            torch.testing.assert_close(one[name], value[i : i + 1])
 
 
 def test_unknown_pipeline_option_is_named():

@@ -29,7 +29,9 @@ def test_precomputed_dataset_yields_the_tensors_of_a_direct_encode(tiny_cache, r
     for index in (0, 3):
         cached = dataset[index]
         item = {**clips.sample(index), "clip_sha256": sha256_file(clips.rows[index]["path"])}
-        direct = encode_sample(encoders, item, frame_rate=8.0, max_length=16)
+        direct = encode_sample(
+            encoders, item, frame_rate=8.0, max_length=16, missing_audio=options.missing_audio
+        )
         assert cached["prompt"] == clips[index]["prompt"] == direct["metadata"]["prompt"]
         tensors = {k: v for k, v in direct.items() if isinstance(v, torch.Tensor)}
         assert set(tensors) <= set(cached)
@@ -117,15 +119,20 @@ def test_a_caption_folder_source_caches_the_tensors_of_the_metadata_file_of_the_
                 torch.testing.assert_close(a[key], value, rtol=0, atol=0, msg=key)
 
 
-def test_silent_clips_get_a_tone_chosen_by_their_content():
+def test_a_clip_without_audio_gets_what_missing_audio_says_and_a_stand_in_tone_follows_its_content():
     from ltx2_train.audio import synthetic_tone
-    from ltx2_train.preprocess import clip_waveform, content_tone
+    from ltx2_train.preprocess import MissingAudioError, clip_waveform, content_tone
 
-    wave = clip_waveform(None, 3, sample_rate=16000, seconds=0.5)
+    wave = clip_waveform(None, sample_rate=16000, seconds=0.5, missing="tone", tone=3)
     torch.testing.assert_close(wave, synthetic_tone(3, 16000, 8000))
     assert not torch.equal(wave, synthetic_tone(4, 16000, 8000))
     assert content_tone({"index": 5, "clip_sha256": "0000000a" + "f" * 56}) == 10  # the clip, not its row
     assert content_tone({"index": 5}) == 5
+    assert torch.equal(
+        clip_waveform(None, sample_rate=16000, seconds=0.5, missing="silence"), torch.zeros(2, 8000)
+    )
+    with pytest.raises(MissingAudioError, match="no audio track"):
+        clip_waveform(None, sample_rate=16000, seconds=0.5)
 
 
 def test_make_tiny_reports_a_vae_that_reconstructs_the_clips_and_reuses_its_fit(tiny_cache, capsys, readme):

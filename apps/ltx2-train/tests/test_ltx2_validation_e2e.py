@@ -35,8 +35,11 @@ LAYOUTS = {"world1": (1, 1), "world2_dp2": (2, 1)}
 
 
 def validation(tiny: Path, interval: int) -> dict:
+    """The section: the video unguided, the audio guided against the empty prompt (``audio_guidance_scale``
+    reaches the container's ``sample`` through the trainer; what it does: ``test_ltx2_sample_guidance.py``)."""
     return {"interval": interval, "prompts": list(PROMPTS), "seeds": [5, 6], "num_frames": 5, "height": 16,
-            "width": 16, "sampling_steps": 2, "fps": 8, "loss_timesteps": 2, "data_path": str(tiny / "latents")}  # fmt: skip
+            "width": 16, "sampling_steps": 2, "fps": 8, "loss_timesteps": 2, "data_path": str(tiny / "latents"),
+            "audio_guidance_scale": 2.0}  # fmt: skip
 
 
 def train(
@@ -101,6 +104,12 @@ def test_the_reference_writes_clips_with_audio_and_a_finite_val_loss_at_every_se
     assert channels == 2 and len(data) >= rate * 5 / 8 * 0.9 and np.abs(data).max() > 0  # 5 frames at 8 fps
     val = {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
     assert list(val) == [2, 4] and all(math.isfinite(v) and v > 0 for v in val.values()) and val[2] != val[4]
+    for record in records:  # each stream's held-out MSE beside it (audio_loss_weight 1: their sum)
+        if "val_loss" in record:
+            assert record["val_loss_video"] > 0 and record["val_loss_audio"] > 0
+            assert record["val_loss"] == pytest.approx(
+                record["val_loss_video"] + record["val_loss_audio"], rel=1e-6
+            )
 
 
 def test_the_reference_logs_its_losses_clips_and_audio_to_its_offline_wandb_run(reference):
@@ -145,4 +154,5 @@ def test_a_run_at_another_layout_writes_the_reference_clips_audio_and_val_loss(
         assert (mel - expected_mel).abs().mean() < 0.01
     val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
     assert [step for step, _ in val] == [4]
-    assert val[0][1] == pytest.approx(expected[3]["val_loss"], rel=1e-4)
+    for name in ("val_loss", "val_loss_video", "val_loss_audio"):
+        assert records[3][name] == pytest.approx(expected[3][name], rel=1e-4)

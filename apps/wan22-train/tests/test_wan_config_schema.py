@@ -111,7 +111,12 @@ def test_pipeline_schema_keys_are_the_options_the_pipeline_reads():
     every_key = {"task": "t2v", "expert": "high_noise", "boundary": 0.4, "predict_dtype": "bf16",
                  "num_train_timesteps": 100, "shift": 5.0, "sigma_min": 0.0, "sigma_max": 1.0,
                  "extra_one_step": True, "weighting": False}  # fmt: skip
-    wrappers = {"distill", "dpo", "grpo", "nft"}  # the container wraps the pipeline in their phases' pipelines
+    wrappers = {
+        "distill",
+        "dpo",
+        "grpo",
+        "nft",
+    }  # the container wraps the pipeline in their phases' pipelines
     assert every_key.keys() | wrappers == WanPipelineOptions.model_fields.keys()
     Wan22Pipeline.from_options(WanPipelineOptions.model_validate(every_key).model_dump(exclude=wrappers))
 

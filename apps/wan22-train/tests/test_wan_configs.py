@@ -15,6 +15,7 @@ SHIPPED = [
     "tiny_t2v.yaml", "tiny_t2v_both.yaml", "tiny_t2v_lora.yaml", "tiny_t2v_cached.yaml", "t2v_a14b_high.yaml",
     "t2v_a14b_low.yaml", "t2v_a14b_both.yaml", "t2v_a14b_high_cached.yaml", "i2v_a14b.yaml", "ti2v_5b.yaml",
     "tiny_t2v_distill.yaml", "tiny_t2v_both_distill.yaml", "tiny_dpo.yaml", "tiny_grpo.yaml",
+    "tiny_nft.yaml",
 ]  # fmt: skip
 
 

@@ -1,5 +1,6 @@
 """Wan2.2 Flow-GRPO's set-up (``model.pipeline.grpo``, ``tiny_grpo.yaml``): the shipped config passes, and a
-run that could not train it is refused by the config check before any weight is read, naming the key."""
+run that could not train it is refused by the config check before any weight is read, naming the key; with
+both A14B experts (Flow-GRPO and DiffusionNFT) each rollout step and trained step runs the expert of its sigma."""
 
 from __future__ import annotations
 
@@ -88,17 +89,26 @@ class _Expert(torch.nn.Module):
         return self.conv(hidden) + text.mean(dim=(1, 2))[:, None, None, None, None]
 
 
-def test_with_both_experts_each_rollout_step_and_each_trained_step_runs_the_expert_of_its_timestep():
-    """Wan2.2 A14B: the rollout's transitions (their log-probabilities) and the trained steps' gradients
+@pytest.mark.parametrize(
+    ("method", "phase", "trained_forwards"), [("FlowGRPO", "grpo", 1), ("DiffusionNFT", "nft", 2)]
+)
+def test_with_both_experts_each_rollout_step_and_each_trained_step_runs_the_expert_of_its_timestep(
+    method, phase, trained_forwards
+):
+    """Wan2.2 A14B, Flow-GRPO and DiffusionNFT: the rollout's steps (Flow-GRPO: their log-probabilities;
+    DiffusionNFT: the old policy's, and its ``v_old`` at the trained sigma) and the trained steps' gradients
     come from the high-noise expert at timesteps at or above the boundary and from the low-noise one below."""
-    from mm_pipelines import FlowGRPO, SampleRNG
+    import mm_pipelines
+    from mm_pipelines import SampleRNG
     from wan22_train.pipeline import Wan22Pipeline
 
     torch.manual_seed(0)
     container = torch.nn.Module()
     container.predictor, container.predictor_low = _Expert(), _Expert()
     base = Wan22Pipeline.from_options({"expert": "both"})
-    grpo = FlowGRPO(base, group_size=2, sampling_steps=4, timestep_fraction=0.25, kl_weight=0)
+    grpo = getattr(mm_pipelines, method)(
+        base, group_size=2, sampling_steps=4, timestep_fraction=0.25, kl_weight=0
+    )
     grpo.scorer = lambda latents, prompts, groups, names: (latents.double().flatten(1).mean(1), {})
     boundary = base.boundary_timestep()
     high = [k for k in range(4) if float(grpo.sigmas[k]) * 1000 >= boundary]
@@ -110,7 +120,7 @@ def test_with_both_experts_each_rollout_step_and_each_trained_step_runs_the_expe
         (k,) = grpo.train_steps(rng)
         for expert in (container.predictor, container.predictor_low):
             expert.timesteps.clear()
-        grpo(container, rng=rng, phase="grpo", **batch).loss.backward()
+        grpo(container, rng=rng, phase=phase, **batch).loss.backward()
         trained, other = (
             (container.predictor, container.predictor_low)
             if k in high
@@ -119,9 +129,10 @@ def test_with_both_experts_each_rollout_step_and_each_trained_step_runs_the_expe
         assert trained.conv.weight.grad is not None and other.conv.weight.grad is None, f"step {k}"
         assert all(t >= boundary for t in container.predictor.timesteps)
         assert all(t < boundary for t in container.predictor_low.timesteps)
+        # the rollout, then the trained step's forwards: 2 clips each
         assert len(container.predictor.timesteps) == 2 * len(high) + (
-            2 if k in high else 0
-        )  # rollout + trained
+            2 * trained_forwards if k in high else 0
+        )
         container.zero_grad(set_to_none=True)
         seen.add(k in high)
     assert seen == {True, False}

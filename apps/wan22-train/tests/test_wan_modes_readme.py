@@ -129,13 +129,18 @@ def test_grpo_logs_a_finite_loss_and_the_reward_statistics_alike_at_2_ranks_with
             assert have[key] == pytest.approx(want[key], rel=1e-3, abs=1e-7), key
 
 
-def test_a_grpo_config_is_refused_by_the_planner_saying_what_to_plan_instead(session, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    ("config", "pipeline"), [("tiny_grpo.yaml", "FlowGRPO"), ("tiny_nft.yaml", "DiffusionNFT")]
+)
+def test_a_reward_fine_tuning_config_is_refused_by_the_planner_saying_what_to_plan_instead(
+    session, monkeypatch, capsys, config, pipeline
+):
     """The rollouts are sampled and scored inside the step, which a traced step cannot: one clean message."""
     monkeypatch.chdir(session)
-    assert wan22_main(["plan", "--config", str(config_path("tiny_grpo.yaml")), "--world-size", "2"]) == 2
+    assert wan22_main(["plan", "--config", str(config_path(config)), "--world-size", "2"]) == 2
     err = capsys.readouterr().err
     assert (
-        "a FlowGRPO step (rollouts sampled and scored by training.rewards inside the step) is not planned"
+        f"a {pipeline} step (rollouts sampled and scored by training.rewards inside the step) is not planned"
         in err
     )
     assert "Traceback" not in err

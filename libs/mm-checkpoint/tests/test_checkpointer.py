@@ -210,6 +210,24 @@ def test_at_another_data_parallel_size_every_saved_rank_state_goes_to_load_rank_
     assert grown.merged == ([{"consumed": 12}], 3, 4) and grown.state == {"consumed": 0}
 
 
+class _Optional(_Position):
+    optional_rank_state = True
+
+
+def test_an_entry_no_saved_rank_holds_is_an_error_unless_it_is_optional(tmp_path: Path) -> None:
+    DistributedCheckpointer(tmp_path).save({"model": _training_state(0)["model"], "data": _Position()}, 3)
+    later = _Optional()
+    later.state = {"consumed": 5}
+    DistributedCheckpointer(tmp_path).load(
+        {"model": _training_state(1)["model"], "data": _Position(), "new": later}
+    )
+    assert later.state == {"consumed": 5}  # left as it was
+    with pytest.raises(CheckpointLoadError, match=r"holds no 'new' entry"):
+        DistributedCheckpointer(tmp_path).load(
+            {"model": _training_state(1)["model"], "data": _Position(), "new": _Position()}
+        )
+
+
 def test_an_entry_that_cannot_merge_rank_states_is_refused_at_another_data_parallel_size(
     tmp_path: Path,
 ) -> None:

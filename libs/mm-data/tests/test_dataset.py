@@ -132,3 +132,24 @@ def test_load_clip_tensors_stacks_every_clip_from_its_first_frame(index_clip: Pa
     # frame k of the index clip is the colour of index k: the stack starts at frame 0, in order
     rgb = ((clips[0].mean(dim=(2, 3)) + 1) * 127.5).T.numpy()
     assert [frame_index_from_colour(c) for c in rgb] == [0, 1, 2, 3, 4]
+
+
+def test_synthetic_clips_with_tones_carry_an_aac_track_of_each_clips_frequency(tmp_path):
+    meta = make_synthetic_dataset(tmp_path, num_clips=2, sizes=[(16, 16)], num_frames=(5,), fps=(8,),
+                                  tones=(500.0, 2000.0), sample_rate=16000)  # fmt: skip
+    for row, frequency in zip(json.loads(meta.read_text()), (500.0, 2000.0), strict=True):
+        with av.open(str(tmp_path / row["path"])) as container:
+            assert (
+                len(container.streams.video) == 1 and container.streams.audio[0].codec_context.name == "aac"
+            )
+            wave = np.concatenate([f.to_ndarray() for f in container.decode(audio=0)], axis=1)
+        assert wave.shape[0] == 2 and wave.shape[1] >= 16000 * (
+            5 / 8 + 0.5
+        )  # the frames' span + half a second
+        spectrum = np.abs(np.fft.rfft(wave[0, 2048:10240]))  # past the encoder's priming
+        assert np.fft.rfftfreq(8192, 1 / 16000)[spectrum.argmax()] == pytest.approx(frequency, abs=4)
+    silent = make_synthetic_dataset(
+        tmp_path / "silent", num_clips=1, sizes=[(16, 16)], num_frames=(5,), fps=(8,)
+    )
+    with av.open(str(silent.parent / "clip_0000.mp4")) as container:
+        assert not container.streams.audio

@@ -112,6 +112,33 @@ def test_the_old_policy_starts_as_the_weights_moves_once_per_step_and_swaps_in_a
     assert len(old.state_dict()["average"]) == 2  # the trainable weight and bias only, not the frozen layer
 
 
+def test_a_resumed_old_policy_continues_as_the_saved_one_at_the_same_and_at_another_layout():
+    """The per-rank state of step 5, restored as saved (same layout) or reassembled from two ranks' row shards
+    (another data-parallel size), brings step 6 to the average the uninterrupted run reaches."""
+    container = torch.nn.ModuleDict({"policy": torch.nn.Linear(3, 4)})
+    kept = OldPolicyEMA(decay_ramp=0.25, decay_max=0.6)
+    kept.advance(container, 4)
+    with torch.no_grad():
+        container.policy.weight.add_(1.0)
+    kept.advance(container, 5)
+    saved = kept.state_dict()
+    halves = [
+        {**saved, "average": [a[:2] if a.dim() else a for a in saved["average"]]},
+        {**saved, "average": [a[2:] if a.dim() else a for a in saved["average"]]},
+    ]  # the row shards two FSDP2 ranks hold of the weight [4, 3] and the bias [4]
+    same, other = OldPolicyEMA(decay_ramp=0.25, decay_max=0.6), OldPolicyEMA(decay_ramp=0.25, decay_max=0.6)
+    same.load_state_dict(saved)
+    other.load_rank_states(halves, dp_rank=0, dp_size=1)
+    with torch.no_grad():
+        container.policy.weight.mul_(0.5)
+    for resumed in (kept, same, other):
+        assert resumed.advance(container, 6) == pytest.approx(0.6)
+    for resumed in (same, other):
+        torch.testing.assert_close(resumed.average, kept.average)
+    with pytest.raises(ValueError, match="not sharded over the data-parallel ranks' first dimension"):
+        OldPolicyEMA(decay_ramp=0.25, decay_max=0.6).load_rank_states([saved, saved], dp_rank=0, dp_size=1)
+
+
 def _nft(toys) -> tuple[DiffusionNFT, torch.nn.Module]:
     torch.manual_seed(0)  # the toy modules initialise from the global generator: not from earlier tests'
     container = toys.DeclaredContainer(trainable=("predictor",))

@@ -77,3 +77,30 @@ def test_a_clip_with_audio_is_written_with_its_wav_and_logged_to_tensorboard(tmp
         assert (wav.getnchannels(), wav.getframerate(), wav.getnframes()) == (2, 16, 16)
     events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"audio": 0}).Reload()
     assert [a.step for a in events.Audio("validation/1_audio")] == [500]
+
+
+class Guided(Sounding):
+    """A sounding container whose ``sample`` takes ``audio_guidance_scale`` and records what it got."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scales: list[tuple] = []
+
+    def sample(self, prompt, *, guidance_scale, audio_guidance_scale=None, **kwargs):
+        self.scales.append((guidance_scale, audio_guidance_scale))
+        return super().sample(prompt, guidance_scale=guidance_scale, **kwargs)
+
+
+def test_an_audio_guidance_scale_reaches_a_sample_hook_that_takes_it_and_is_refused_by_one_that_does_not(
+    tmp_path,
+):
+    section = dict(prompts=["a drum"], num_frames=3, height=8, width=8, fps=4, guidance_scale=1.5)
+    with pytest.raises(
+        ValueError, match=r"training.validation.audio_guidance_scale: Sounding samples no audio"
+    ):
+        _validator(Sounding(), **section, audio_guidance_scale=4.0)
+    model = Guided()
+    for audio_scale in (4.0, None):
+        Validator(model, ValidationConfig(**section, audio_guidance_scale=audio_scale), data=None, seed=0,
+                  out_dir=tmp_path, device=torch.device("cpu")).run(500)  # fmt: skip
+    assert model.scales == [(1.5, 4.0), (1.5, None)]  # None: the hook's own default (the video's scale)

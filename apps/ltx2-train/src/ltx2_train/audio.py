@@ -5,9 +5,10 @@ follows LTX-2's reference audio processor: magnitude STFT (Hann window of ``n_ff
 reflect padding, one frame per ``hop_length`` samples, so ``N // hop + 1`` frames), a Slaney-scale
 Slaney-normalised mel filterbank from 0 Hz to Nyquist (``transformers.audio_utils.mel_filter_bank``)
 and ``log(clamp(mel, 1e-5))``; the audio VAE's config gives the sample rate, hop and mel bins, and
-its reference ``n_fft`` is 1024. Clips without an audio track (e.g. the synthetic clips of
-``make-tiny``) get a deterministic stereo sine tone whose pitch depends on the sample index, so the
-audio stream still has a learnable, sample-dependent target.
+its reference ``n_fft`` is 1024. What a clip without an audio track gets is
+``data.dataset.preprocess.missing_audio``'s choice (:mod:`ltx2_train.preprocess`): a refusal, silence
+(zeros) or :func:`synthetic_tone`, a deterministic stereo sine whose pitch depends on a number (for the
+silent synthetic clips of ``make-tiny``, so that the audio stream still has a sample-dependent target).
 """
 
 from __future__ import annotations
@@ -16,6 +17,18 @@ import math
 from pathlib import Path
 
 import torch
+
+
+def has_audio_track(path: str | Path) -> bool | None:
+    """Whether the media file at ``path`` has an audio stream (its header only; nothing is decoded); None
+    when it cannot be opened (missing, truncated: the clip reader reports it as a failed sample)."""
+    import av
+
+    try:
+        with av.open(str(path)) as container:
+            return bool(container.streams.audio)
+    except (av.FFmpegError, OSError):
+        return None
 
 
 def read_audio(

@@ -100,6 +100,16 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--fps", type=int, default=8)
     sample.add_argument("--steps", type=int, default=20)
     sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument(
+        "--guidance-scale", type=float, default=1.0,
+        help="classifier-free guidance against --negative-prompt: the video's, and the audio's unless "
+        "--audio-guidance-scale is given (1: none, one forward per step)",
+    )  # fmt: skip
+    sample.add_argument(
+        "--audio-guidance-scale", type=float, default=None,
+        help="the audio stream's guidance scale (diffusers' LTX2Pipeline audio_guidance_scale); default: --guidance-scale",
+    )  # fmt: skip
+    sample.add_argument("--negative-prompt", default="", help="the unconditional prompt of guidance")
     return p
 
 
@@ -134,7 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         modules = load_for_sampling(_run_config(args.config, args.checkpoint), args.checkpoint)
         video, mel = sample_clip(
             modules, args.prompt, num_frames=args.frames, height=args.height, width=args.width,
-            frame_rate=args.fps, steps=args.steps, seed=args.seed,
+            frame_rate=args.fps, steps=args.steps, seed=args.seed, guidance_scale=args.guidance_scale,
+            audio_guidance_scale=args.audio_guidance_scale, negative_prompt=args.negative_prompt,
         )  # fmt: skip
         for path in write_sample(modules, video, mel, args.out, fps=args.fps):
             print(path)

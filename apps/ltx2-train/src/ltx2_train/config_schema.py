@@ -41,6 +41,7 @@ SAMPLER_KEYS = {
 """``model.pipeline`` keys of the sigma sampler -> ``SigmaSampler`` fields."""
 AudioTimesteps = Literal["shared", "independent"]
 FrozenModality = Literal["none", "audio", "video"]
+MissingAudio = Literal["refuse", "silence", "tone"]
 PIPELINE_KEYS = (
     "audio",
     "audio_timesteps",
@@ -248,7 +249,13 @@ class PreprocessOptions(ConfigModel):
     max_sequence_length: int = Field(default=1024, ge=1)
     """Text tokens (padded, left) fed to Gemma-3."""
     audio: bool = True
-    """Encode audio latents too (a synthetic tone for clips without an audio track)."""
+    """Encode audio latents too (a clip without an audio track: ``missing_audio``)."""
+    missing_audio: MissingAudio = "refuse"
+    """A clip without an audio track in a source with ``audio``: ``refuse`` (before any encoder loads,
+    naming each clip; exit 66), ``silence`` (its audio is a silent waveform, zeros, encoded as any clip's)
+    or ``tone`` (a stand-in sine whose pitch follows the clip's content: for synthetic test clips, such
+    as ``make-tiny``'s silent ones, where each clip should still have a sound of its own). ``preprocess``'s
+    report names the clips given silence or a tone."""
     dtype: DType = "fp32"
     """Encoder compute dtype (fp32 | bf16 | fp16); cached tensors keep it."""
     device: str | None = Field(default=None, pattern=r"^(cpu|cuda|npu)(:\d+)?$")
@@ -290,6 +297,7 @@ __all__ = [
     "PIPELINE_KEYS",
     "AudioTimesteps",
     "FrozenModality",
+    "MissingAudio",
     "SAMPLER_KEYS",
     "SAMPLING_MODES",
     "LTX2ContainerPipelineOptions",

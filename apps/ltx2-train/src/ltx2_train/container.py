@@ -124,6 +124,7 @@ class LTX2Container(ModelContainer):
         negative_prompt: str,
         shift: float | None,
         fps: int,
+        audio_guidance_scale: float | None = None,
     ) -> SampledClip:
         """One clip of ``model`` and its audio (a distillation's student on its own schedule): every rank
         calls it alike (:func:`ltx2_train.validation.sample_validation_clip`)."""
@@ -134,5 +135,5 @@ class LTX2Container(ModelContainer):
         return sample_validation_clip(
             self, self.pipeline, self._sampling, prompt, seed=seed, num_frames=num_frames, height=height,
             width=width, steps=steps, guidance_scale=guidance_scale, negative_prompt=negative_prompt, shift=shift,
-            fps=fps,
+            fps=fps, audio_guidance_scale=audio_guidance_scale,
         )  # fmt: skip

@@ -26,7 +26,8 @@ the micro-batch's :class:`mm_pipelines.SampleRNG` (purposes ``sigma``, ``first_f
 
 Held-out samples (``training.validation.data_path``, :meth:`LTX2Pipeline.validation_loss`): the same loss
 without conditioning frames at ``num_timesteps`` fixed sigmas ``(k + 1/2) / num_timesteps``, with one noise
-draw per sample (purposes ``noise`` and ``audio_noise`` of the held-out sample's key) shared by them.
+draw per sample (purposes ``noise`` and ``audio_noise`` of the held-out sample's key) shared by them, and
+each stream's MSE beside it (``val_loss_video``, ``val_loss_audio``).
 
 Batch keys (from ``ltx2-train preprocess``): ``latents [B, C, F, H, W]``, ``prompt_embeds [B, S, D]``,
 ``prompt_attention_mask [B, S]``, optional ``audio_prompt_embeds``, ``audio_latents [B, C, L, M]``,
@@ -409,11 +410,12 @@ class LTX2Pipeline(GenerativePipelineBase):
     @torch.no_grad()
     def validation_loss(
         self, container: Any, batch: Mapping[str, Any], rng: SampleRNG, num_timesteps: int
-    ) -> torch.Tensor:
-        """Per-sample loss ``[B]`` of held-out samples: the training loss (video MSE over every token +
-        ``audio_loss_weight`` x audio MSE; no conditioning frames) at the fixed sigmas of
-        :func:`validation_sigmas`, averaged. The noise comes from ``rng`` (purposes ``noise`` and
-        ``audio_noise``, one draw per sample shared by every sigma): keyed by held-out sample index, it is
+    ) -> dict[str, torch.Tensor]:
+        """Per-sample losses ``[B]`` of held-out samples: ``loss``, the training loss (video MSE over every
+        token + ``audio_loss_weight`` x audio MSE; no conditioning frames), and each stream's MSE
+        (``loss_video``, with audio ``loss_audio``: logged ``val_loss_video`` / ``val_loss_audio``), at the
+        fixed sigmas of :func:`validation_sigmas`, averaged. The noise comes from ``rng`` (purposes ``noise``
+        and ``audio_noise``, one draw per sample shared by every sigma): keyed by held-out sample index, it is
         the same at every validation and layout."""
         conditions = self.prepare_conditions(container, batch)
         x0 = conditions["video"]
@@ -424,16 +426,21 @@ class LTX2Pipeline(GenerativePipelineBase):
             a0 = conditions["audio"]
             eps_audio = rng.randn("audio_noise", a0.shape[1:], dtype=a0.dtype, device=device)
         clean = torch.zeros(x0.shape[:2], dtype=torch.bool, device=device)  # no conditioning tokens
-        per_sigma = []
+        per_sigma: dict[str, list[torch.Tensor]] = {"loss_video": [], "loss_audio": []}
         for value in validation_sigmas(num_timesteps):
             sigma = torch.full((size,), value, dtype=torch.float32, device=device)
             noised = self._mixed(conditions, sigma, clean, eps, eps_audio)
             video_pred, audio_pred = self.predict(container, noised)
-            loss = per_sample_mse(video_pred, noised["video_target"])
+            per_sigma["loss_video"].append(per_sample_mse(video_pred, noised["video_target"]))
             if self.audio:
-                loss = loss + self.audio_loss_weight * per_sample_mse(audio_pred, noised["audio_target"])
-            per_sigma.append(loss)
-        return torch.stack(per_sigma).mean(dim=0)
+                per_sigma["loss_audio"].append(per_sample_mse(audio_pred, noised["audio_target"]))
+        out = {name: torch.stack(values).mean(dim=0) for name, values in per_sigma.items() if values}
+        out["loss"] = (
+            out["loss_video"] + self.audio_loss_weight * out["loss_audio"]
+            if self.audio
+            else out["loss_video"]
+        )
+        return out
 
     def metrics(self, container: Any, noised: dict[str, Any]) -> dict[str, float]:
         """``num_samples``, ``num_tokens`` (video + audio), the losses and the step's ``flops`` (for MFU)."""

@@ -19,8 +19,12 @@ keyed by each clip's content, the row (and, for a row whose prompt is drawn from
 position), the reading parameters and the encoders' identity, so a re-run encodes only what changed and
 resumes an interrupted run; it records the ``data.dataset.preprocess`` keys it was made with, which a
 training run's own section must match (``mm_trainer.check_cache_made_as_configured``). Under ``torchrun`` the ranks split the clips; Gemma-3 is sharded over them
-with FSDP2 when ``run.text_encoder_fsdp`` says so (docs/DESIGN.md "Latent cache"). A silent clip's
-stand-in tone is chosen by the clip's content (its digest), not its row.
+with FSDP2 when ``run.text_encoder_fsdp`` says so (docs/DESIGN.md "Latent cache").
+
+A clip without an audio track in a source with audio (every clip's header is read first) is refused
+before any encoder loads (``missing_audio: refuse``, :class:`MissingAudioError`), or encoded with silence
+(``silence``: a zero waveform) or a stand-in tone chosen by the clip's content, its digest, not its row
+(``tone``); the report names those clips (:func:`missing_audio_note`).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video
 from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
 from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline as Upstream
 from mm_config import DataConfig, TrainConfig
-from mm_data import CacheReport, VideoTextDataset, is_image, probe_video
+from mm_data import CacheReport, MetadataError, VideoTextDataset, is_image, probe_video
 from mm_parallel import parse_dtype
 from mm_trainer import (
     SampleFramesError,
@@ -49,8 +53,8 @@ from mm_trainer import (
     write_latent_cache,
 )
 
-from ltx2_train.audio import log_mel, read_audio, synthetic_tone
-from ltx2_train.config_schema import PreprocessOptions
+from ltx2_train.audio import has_audio_track, log_mel, read_audio, synthetic_tone
+from ltx2_train.config_schema import MissingAudio, PreprocessOptions
 
 ENCODE_VERSION = 2
 """Bumped when what this module caches per sample changes (it is part of every sample's key). 2: a clip
@@ -188,14 +192,73 @@ def clip_rate(path: str) -> float:
     return probe_video(path).fps or IMAGE_FRAME_RATE
 
 
+class MissingAudioError(MetadataError):
+    """Clips without an audio track in an LTX-2 source with audio, under ``missing_audio: refuse`` (exit 66)."""
+
+    raised_on_every_rank = True  # every rank reads the same headers: rank 0 alone prints it
+
+
 def clip_waveform(
-    path: str | None, tone: int, *, sample_rate: int, seconds: float, start_s: float = 0.0
+    path: str | None,
+    *,
+    sample_rate: int,
+    seconds: float,
+    start_s: float = 0.0,
+    missing: MissingAudio = "refuse",
+    tone: int = 0,
 ) -> torch.Tensor:
-    """``seconds`` of the clip's audio from ``start_s`` (its first sampled frame), or
-    :func:`synthetic_tone` number ``tone`` when it has no audio track."""
+    """``seconds`` of the clip's audio from ``start_s`` (its first sampled frame); for a clip without an
+    audio track (or no clip, ``path`` None) ``missing`` decides: zeros (``silence``), :func:`synthetic_tone`
+    number ``tone`` (``tone``), or :class:`MissingAudioError` (``refuse``)."""
     num_samples = int(round(seconds * sample_rate))
     wave = read_audio(path, sample_rate, num_samples, start_s) if path else None
-    return wave if wave is not None else synthetic_tone(tone, sample_rate, num_samples)
+    if wave is not None:
+        return wave
+    if missing == "silence":
+        return torch.zeros(2, num_samples)
+    if missing == "tone":
+        return synthetic_tone(tone, sample_rate, num_samples)
+    raise MissingAudioError(
+        f"{path}: no audio track (data.dataset.preprocess.missing_audio: refuse); expected a clip with sound, "
+        "or missing_audio: silence"
+    )
+
+
+def clips_without_audio(dataset: VideoTextDataset) -> list[tuple[int, str]]:
+    """``(index, path)`` of every clip row whose file has no audio track (images, refused apart, and files
+    that cannot be opened, which the cache writer reports as failed, left out)."""
+    rows = enumerate(dataset.rows)
+    return [
+        (i, str(row["path"]))
+        for i, row in rows
+        if not is_image(row["path"]) and has_audio_track(row["path"]) is False
+    ]
+
+
+def refuse_missing_audio(
+    dataset: VideoTextDataset, silent: list[tuple[int, str]], missing: MissingAudio
+) -> None:
+    """Under ``missing_audio: refuse``, refuse the ``silent`` clips (:func:`clips_without_audio`), naming each.
+
+    Raises:
+        MissingAudioError: listing every clip without an audio track (index and file), and what to do.
+    """
+    if missing != "refuse" or not silent:
+        return
+    lines = [f"{dataset.metadata_path}: {len(silent)} clip(s) without an audio track in an LTX-2 source with audio "
+             "(data.dataset.preprocess.audio: true, missing_audio: refuse); expected every clip with sound: set "
+             "data.dataset.preprocess.missing_audio: silence to train them with silence, or leave them out"]  # fmt: skip
+    lines += [f"  sample {i} ({path})" for i, path in silent]
+    raise MissingAudioError("\n".join(lines))
+
+
+def missing_audio_note(silent: list[tuple[int, str]], missing: MissingAudio) -> list[str]:
+    """The report's lines naming the clips encoded without an audio track of their own (what they got)."""
+    given = {"silence": "silence (zeros)", "tone": "a stand-in tone"}.get(missing)
+    if given is None or not silent:
+        return []
+    head = f"{len(silent)} clip(s) without an audio track, encoded with {given} (missing_audio: {missing}):"
+    return [head, *(f"  [{i}] {path}" for i, path in silent)]
 
 
 def content_tone(item: dict[str, Any]) -> int:
@@ -212,14 +275,17 @@ def encode_sample(
     frame_rate: float,
     max_length: int,
     path: str | None = None,
+    missing_audio: MissingAudio = "refuse",
 ) -> dict[str, Any]:
-    """Everything one cached sample holds (tensors on CPU) for a ``VideoTextDataset`` item."""
+    """Everything one cached sample holds (tensors on CPU) for a ``VideoTextDataset`` item; a clip without
+    an audio track (or no ``path``) as ``missing_audio`` says (:func:`clip_waveform`)."""
     out: dict[str, Any] = {"latents": encoders.encode_video(item["video"])}
     out.update(encoders.encode_text(item["prompt"], max_length))
     if encoders.audio_vae is not None:
         seconds = item["video"].shape[1] / frame_rate
-        wave = clip_waveform(path, content_tone(item), sample_rate=encoders.audio_vae.config.sample_rate,
-                             seconds=seconds, start_s=float(item.get("start_s", 0.0)))  # fmt: skip
+        wave = clip_waveform(path, sample_rate=encoders.audio_vae.config.sample_rate, seconds=seconds,
+                             start_s=float(item.get("start_s", 0.0)), missing=missing_audio,
+                             tone=content_tone(item))  # fmt: skip
         out["audio_latents"] = encoders.encode_audio(wave)
     out["frame_rate"] = torch.tensor(frame_rate, dtype=torch.float32)
     out["metadata"] = {"prompt": item["prompt"]}
@@ -268,6 +334,7 @@ def encoders_identity(options: PreprocessOptions, out_dir: str) -> dict[str, Any
     return {
         "encoder": "ltx2-train preprocess", "version": ENCODE_VERSION, "dtype": options.dtype,
         "max_sequence_length": options.max_sequence_length, "audio": options.audio, "fps": options.fps,
+        "missing_audio": options.missing_audio,
         "weights": weights_identity(out_dir, {name: root / name for name in parts}),
     }  # fmt: skip
 
@@ -286,6 +353,8 @@ def run_preprocess(
     dtype = parse_dtype(options.dtype, key="data.dataset.preprocess.dtype") or torch.float32
     dataset = source_dataset(options)  # first: a bad source fails before any model loads
     refuse_images(dataset, audio=options.audio)
+    silent = clips_without_audio(dataset) if options.audio else []
+    refuse_missing_audio(dataset, silent, options.missing_audio)
     run = options.run
     shard = use_text_encoder_fsdp(run.text_encoder_fsdp, weights=Path(options.model_root) / "text_encoder",
                                   world_size=env_world)  # fmt: skip
@@ -301,12 +370,14 @@ def run_preprocess(
         if not math.isfinite(rate) or rate <= 0:
             raise ValueError(f"{row['path']}: no usable frame rate ({rate}); set data.dataset.preprocess.fps")
         return encode_sample(encoders, item, frame_rate=rate, max_length=options.max_sequence_length,
-                             path=str(row["path"]))  # fmt: skip
+                             path=str(row["path"]), missing_audio=options.missing_audio)  # fmt: skip
 
     def idle() -> None:
         encoders.encode_text("", options.max_sequence_length)
 
-    return write_latent_cache(
+    report = write_latent_cache(
         dataset, encode, out, run=run, identity=encoders_identity(options, out), uses_prompt=True,
         idle=idle if encoders.sharded else None, recipe=preprocess_recipe(options),
     )  # fmt: skip
+    report.notes += missing_audio_note(silent, options.missing_audio)
+    return report

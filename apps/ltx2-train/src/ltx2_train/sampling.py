@@ -83,6 +83,7 @@ def sample_clip(
     steps: int | None = 20,
     seed: int = 0,
     guidance_scale: float = 1.0,
+    audio_guidance_scale: float | None = None,
     negative_prompt: str = "",
     shift: float | None = None,
     texts: dict[str, dict[str, torch.Tensor]] | None = None,
@@ -92,13 +93,19 @@ def sample_clip(
     ``prompt``, on CPU; the same ``seed`` gives the same clip (the noise is drawn on the CPU from it).
 
     ``steps`` Euler steps (a distilled student: None = its own ``student_steps``) at the time ``shift``
-    (None: ``exp(mu)`` of the clip's token count; a student samples its own schedule); with
-    ``guidance_scale`` != 1 classifier-free guidance against ``negative_prompt``, on both streams.
+    (None: ``exp(mu)`` of the clip's token count; a student samples its own schedule); classifier-free
+    guidance against ``negative_prompt`` at ``guidance_scale`` on the video and ``audio_guidance_scale``
+    (None: ``guidance_scale``) on the audio, as diffusers' ``LTX2Pipeline`` takes them: the unconditional
+    forward runs when either is not 1, and a stream at 1 keeps its conditional velocity.
     ``texts`` holds the prompts' embeddings already encoded (:meth:`LTX2Encoders.encode_text`), else the
     encoders encode them; the transformer runs on ``device``."""
     encoders: LTX2Encoders = modules["encoders"]
     pipeline: LTX2Pipeline = modules["pipeline"]
     holder = modules["holder"]
+    if audio_guidance_scale is not None and not pipeline.audio:
+        raise ValueError(
+            "audio_guidance_scale: this run samples no audio (model.pipeline.audio: false); leave it out"
+        )
     grid = latent_grid(encoders, num_frames, height, width)
     generator = torch.Generator().manual_seed(seed)
     video = torch.randn((1, encoders.vae.config.latent_channels, *grid), generator=generator)
@@ -116,7 +123,11 @@ def sample_clip(
         return pipeline.prepare_conditions(holder, {k: v.to(device) for k, v in batch.items()})
 
     state = conditions(prompt)
-    unconditional = conditions(negative_prompt) if guidance_scale != 1.0 else None
+    scales = {
+        "video": guidance_scale,
+        "audio": guidance_scale if audio_guidance_scale is None else audio_guidance_scale,
+    }
+    unconditional = conditions(negative_prompt) if set(scales.values()) != {1.0} else None
     sigmas = sampling_sigmas(modules, state["video"].shape[1], steps, shift=shift).to(device)
     for name in pipeline.state_streams:  # the start: sigmas[0] x the noise (1 x, unless a student's)
         state[name] = state[name] * sigmas[0]
@@ -131,8 +142,8 @@ def sample_clip(
         v_video, v_audio = velocity(state, sigma)
         if unconditional is not None:
             u_video, u_audio = velocity({**state, **_text_of(unconditional)}, sigma)
-            v_video = u_video + guidance_scale * (v_video - u_video)
-            v_audio = u_audio + guidance_scale * (v_audio - u_audio)
+            v_video = guided(v_video, u_video, scales["video"])
+            v_audio = guided(v_audio, u_audio, scales["audio"])
         state["video"] = FlowMatchScheduler.step(v_video, sigmas[i], sigmas[i + 1], state["video"])
         if audio is not None:
             state["audio"] = FlowMatchScheduler.step(v_audio, sigmas[i], sigmas[i + 1], state["audio"])
@@ -140,6 +151,12 @@ def sample_clip(
     return _decode_video(encoders, latents).cpu(), (
         _decode_audio(encoders, state["audio"], audio.shape).cpu() if audio is not None else None
     )
+
+
+def guided(conditional: torch.Tensor, unconditional: torch.Tensor, scale: float) -> torch.Tensor:
+    """Classifier-free guidance ``u + scale (c - u)`` (``c`` itself at scale 1). Diffusers' ``LTX2Pipeline``
+    guides the x0 predictions, ``x - sigma v``: at one ``x`` and sigma the same velocity."""
+    return conditional if scale == 1.0 else unconditional + scale * (conditional - unconditional)
 
 
 def _text_of(conditions: dict[str, Any]) -> dict[str, Any]:

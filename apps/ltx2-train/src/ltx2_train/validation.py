@@ -65,8 +65,13 @@ def prepare_sampling(
                                  shard_text_encoder=shard)  # fmt: skip
     grid = latent_grid(encoders, validation.num_frames, validation.height, validation.width)
     check_patch_grid(grid, *video_patch(model))
+    if validation.audio_guidance_scale is not None and not audio:
+        raise ValueError(
+            "training.validation.audio_guidance_scale: this run samples no audio (model.pipeline.audio: false); "
+            "leave it out"
+        )
     prompts = list(validation.prompts)
-    if validation.guidance_scale != 1.0 and not distilled:
+    if {validation.guidance_scale, validation.audio_guidance_scale} - {1.0, None} and not distilled:
         prompts.append(validation.negative_prompt)
     length = options.max_sequence_length
     texts = {prompt: encoders.encode_text(prompt, length) for prompt in dict.fromkeys(prompts)}
@@ -89,13 +94,15 @@ def sample_validation_clip(
     negative_prompt: str,
     shift: float | None,
     fps: int,
+    audio_guidance_scale: float | None = None,
 ) -> SampledClip:
     """One validation clip of ``holder`` (its sub-model ``model``) with its audio: ``steps`` Euler steps at
-    ``shift`` with guidance ``guidance_scale`` at ``fps``; a distillation's student on its own schedule
-    (``student_steps``, no guidance: it learnt the guided teacher's distribution), as Wan2.2's."""
+    ``shift`` with guidance ``guidance_scale`` (the audio's: ``audio_guidance_scale``, None = the same) at
+    ``fps``; a distillation's student on its own schedule (``student_steps``, no guidance: it learnt the
+    guided teacher's distribution), as Wan2.2's."""
     distillation = pipeline if isinstance(pipeline, DistributionMatchingDistillation) else None
     if distillation is not None:
-        steps, guidance_scale, shift = None, 1.0, None
+        steps, guidance_scale, audio_guidance_scale, shift = None, 1.0, None, None
     modules: dict[str, Any] = {
         "holder": holder,
         "pipeline": getattr(pipeline, "base", pipeline),
@@ -105,7 +112,8 @@ def sample_validation_clip(
     }
     video, mel = sample_clip(
         modules, prompt, num_frames=num_frames, height=height, width=width, frame_rate=fps, steps=steps,
-        seed=seed, guidance_scale=guidance_scale, negative_prompt=negative_prompt, shift=shift,
+        seed=seed, guidance_scale=guidance_scale, audio_guidance_scale=audio_guidance_scale,
+        negative_prompt=negative_prompt, shift=shift,
         texts=sampling.texts, device=next(holder.parameters()).device,
     )  # fmt: skip
     if mel is None:

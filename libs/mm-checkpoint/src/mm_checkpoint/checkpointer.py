@@ -606,7 +606,8 @@ class DistributedCheckpointer:
 
     def _load_per_rank(self, state: MutableMapping[str, Any], path: Path) -> None:
         """Restore every per-rank entry of ``state``: from this rank's own file at the saved dp size,
-        else from all saved ranks' files through the entry's ``load_rank_states``."""
+        else from all saved ranks' files through the entry's ``load_rank_states``. An entry that no saved
+        file holds is an error, unless the entry says ``optional_rank_state = True`` (it stays as it is)."""
         wanted = [k for k, v in state.items() if k not in DCP_KEYS and v is not None]
         if not wanted:
             return
@@ -629,6 +630,8 @@ class DistributedCheckpointer:
         saved = [_read_rank_state(f, verify=self.verify)["state"] for f in files]
         for key in wanted:
             absent = [str(f) for f, s in zip(files, saved) if key not in s]
+            if len(absent) == len(files) and getattr(state[key], "optional_rank_state", False):
+                continue  # an entry the saving run did not have: it stays as it is (the entry's choice)
             if absent:
                 raise CheckpointLoadError(f"per-rank state {absent} holds no {key!r} entry")
             try:

@@ -38,7 +38,13 @@ class ValidationConfig(ConfigModel):
     sampling_steps: int = Field(default=20, ge=1)
     """Denoising steps per clip."""
     guidance_scale: float = Field(default=1.0, ge=0)
-    """Classifier-free guidance scale; 1 = no guidance (one forward per step)."""
+    """Classifier-free guidance scale; 1 = no guidance (one forward per step). For a model that samples
+    sound (LTX-2) the video's, and the audio's too unless ``audio_guidance_scale`` is set."""
+    audio_guidance_scale: float | None = Field(default=None, ge=0)
+    """Classifier-free guidance scale of the audio stream of a model that samples sound (LTX-2, as
+    diffusers' ``LTX2Pipeline`` takes ``audio_guidance_scale``); None = ``guidance_scale``. The
+    unconditional forward runs when either scale is not 1; a stream at 1 takes the conditional prediction.
+    Refused for a model that samples no audio."""
     shift: float | None = Field(default=None, gt=0)
     """Time shift of the sampling sigma schedule; None = the model's own (Wan2.2: 5, LTX-2: ``exp(mu)`` of
     the clip's video token count, as ``ltx2-train sample``)."""

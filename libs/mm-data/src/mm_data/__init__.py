@@ -124,6 +124,7 @@ _EXPORTS: dict[str, str] = {
     "frame_index_from_colour": "synthetic",
     "index_colour_rgb": "synthetic",
     "make_synthetic_dataset": "synthetic",
+    "sine_tone": "synthetic",
     "write_clip": "synthetic",
     "to_video_frames": "video_out",
     "write_video": "video_out",

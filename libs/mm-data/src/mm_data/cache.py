@@ -99,6 +99,8 @@ class CacheReport:
     verify_seconds: float = 0.0
     """Verifying the folder's files (the longest share of any rank)."""
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    """Lines the encoder adds about the samples (e.g. LTX-2's clips encoded without an audio track)."""
 
     @property
     def clips_per_second(self) -> float:
@@ -117,6 +119,7 @@ class CacheReport:
         lines += [f"  corrupt: {c}" for c in self.corrupt]
         lines += [f"  changed in place (size and mtime kept): {c}" for c in self.rewritten]
         lines += [f"  failed [{b.index}] {b.path}: {b.reason}" for b in self.failed]
+        lines += [f"  {note}" for note in self.notes]
         return "\n".join(lines)
 
 

@@ -113,9 +113,10 @@ class ConcatSources(Dataset):
         """Each index's ``latents`` shape where every source is a latent cache stating them, else None."""
         return self._per_index("latent_shapes")
 
-    @property
+    @functools.cached_property
     def rows(self) -> list[Any] | None:
-        """Each index's metadata row where every source lists rows (the trainer names samples by them)."""
+        """Each index's metadata row where every source lists rows (the trainer names samples by them; laid
+        out once: the sources' rows do not change)."""
         return self._per_index("rows")
 
     @property

@@ -19,7 +19,7 @@ import av
 import numpy as np
 from PIL import Image
 
-__all__ = ["make_synthetic_dataset", "index_colour_rgb", "frame_index_from_colour", "write_clip"]
+__all__ = ["make_synthetic_dataset", "index_colour_rgb", "frame_index_from_colour", "sine_tone", "write_clip"]
 
 COLOURS = {
     "red": (220, 40, 40),
@@ -48,8 +48,21 @@ def frame_index_from_colour(rgb: Sequence[float]) -> int:
     return low + 16 * high
 
 
-def write_clip(path: str | Path, frames: np.ndarray, fps: int, gop_size: int = 8) -> None:
-    """Encode ``uint8 [T, H, W, 3]`` frames as an H.264 mp4 (H and W must be even)."""
+AAC_FRAME = 1024
+"""Samples per AAC frame (the encoder takes whole frames)."""
+
+
+def write_clip(
+    path: str | Path,
+    frames: np.ndarray,
+    fps: int,
+    gop_size: int = 8,
+    *,
+    audio: np.ndarray | None = None,
+    sample_rate: int = 16000,
+) -> None:
+    """Encode ``uint8 [T, H, W, 3]`` frames as an H.264 mp4 (H and W must be even); with ``audio``
+    (float ``[2, N]`` in ``[-1, 1]`` at ``sample_rate``) an AAC stereo track beside them."""
     t, h, w, _ = frames.shape
     with av.open(str(path), "w") as container:
         stream = container.add_stream(
@@ -57,6 +70,7 @@ def write_clip(path: str | Path, frames: np.ndarray, fps: int, gop_size: int = 8
         )
         stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
         stream.codec_context.gop_size = gop_size
+        sound = container.add_stream("aac", rate=sample_rate, layout="stereo") if audio is not None else None
         for array in frames:
             for packet in stream.encode(
                 av.VideoFrame.from_ndarray(np.ascontiguousarray(array), format="rgb24")
@@ -64,6 +78,32 @@ def write_clip(path: str | Path, frames: np.ndarray, fps: int, gop_size: int = 8
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
+        if sound is not None:
+            _write_audio(container, sound, np.asarray(audio, dtype=np.float32), sample_rate)
+
+
+def _write_audio(container: Any, stream: Any, audio: np.ndarray, sample_rate: int) -> None:
+    """Mux ``audio`` ``[2, N]`` into ``stream`` in whole AAC frames (the last one zero-padded)."""
+    if audio.ndim != 2 or audio.shape[0] != 2:
+        raise ValueError(f"write_clip: audio must be stereo [2, N], got shape {tuple(audio.shape)}")
+    padded = np.pad(audio, ((0, 0), (0, -audio.shape[1] % AAC_FRAME)))
+    for start in range(0, padded.shape[1], AAC_FRAME):
+        piece = np.ascontiguousarray(padded[:, start : start + AAC_FRAME])
+        frame = av.AudioFrame.from_ndarray(piece, format="fltp", layout="stereo")
+        frame.sample_rate, frame.pts = sample_rate, start
+        for packet in stream.encode(frame):
+            container.mux(packet)
+    for packet in stream.encode():
+        container.mux(packet)
+
+
+def sine_tone(
+    frequency: float, seconds: float, sample_rate: int = 16000, amplitude: float = 0.5
+) -> np.ndarray:
+    """A stereo sine ``[2, N]`` of ``frequency`` Hz lasting ``seconds``, both channels alike."""
+    t = np.arange(int(round(seconds * sample_rate))) / sample_rate
+    wave = (amplitude * np.sin(2 * np.pi * frequency * t)).astype(np.float32)
+    return np.stack([wave, wave])
 
 
 def _shape_mask(shape: str, h: int, w: int, cy: float, cx: float, r: float) -> np.ndarray:
@@ -106,6 +146,8 @@ def make_synthetic_dataset(
     num_images: int = 0,
     gop_size: int = 8,
     shapes: Sequence[tuple[str, str, str]] | None = None,
+    tones: Sequence[float] | None = None,
+    sample_rate: int = 16000,
 ) -> Path:
     """Write clips, optional bad samples and images into ``out_dir``; return ``metadata.json``'s path.
 
@@ -113,7 +155,9 @@ def make_synthetic_dataset(
     coloured shape moving in one direction (``cap`` describes colour, shape and direction). With
     ``index_colour`` every frame is one solid colour encoding its index (see :func:`index_colour_rgb`).
     ``shapes`` fixes clip ``i``'s ``(colour, shape, direction)`` to ``shapes[i % len]`` (default: drawn
-    from ``seed``; see ``COLOURS``, ``SHAPES``, ``DIRECTIONS``).
+    from ``seed``; see ``COLOURS``, ``SHAPES``, ``DIRECTIONS``). ``tones`` gives clip ``i`` an AAC audio
+    track at ``sample_rate``: a sine of ``tones[i % len]`` Hz (:func:`sine_tone`), half a second longer than
+    its frames (default: silent clips, no audio track).
     Then ``corrupt`` truncated mp4 files, ``too_short`` 5-frame clips and ``num_images`` PNGs.
     Metadata rows follow the Wan2.2 layout: ``path``, ``cap`` (list), ``num_frames``, ``fps``,
     ``resolution {height, width}``, plus ``kind``.
@@ -146,7 +190,10 @@ def make_synthetic_dataset(
             frames = _shape_frames(h, w, n, colour, shape, direction)
             caps = _captions(colour, shape, direction)
         name = f"clip_{i:04d}.mp4"
-        write_clip(out / name, frames, rate, gop_size)
+        sound = (
+            sine_tone(tones[i % len(tones)], n / rate + 0.5, sample_rate) if tones and i < num_clips else None
+        )
+        write_clip(out / name, frames, rate, gop_size, audio=sound, sample_rate=sample_rate)
         if kind == "corrupt":
             data = (out / name).read_bytes()
             (out / name).write_bytes(data[: len(data) // 3])  # moov atom is at the end: unreadable

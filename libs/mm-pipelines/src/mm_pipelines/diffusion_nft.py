@@ -40,13 +40,13 @@ Logged per step: the scorer's reward statistics, ``nft_kl`` (the KL term, 0 with
 ``nft_old_deviation`` (``mean (v - v_old)^2``: how far the policy is from its old policy) and
 ``nft_old_decay`` (the EMA decay of the step).
 
-Not held in checkpoints yet: a resumed run starts its old policy afresh from the resumed weights (exact
-for ``old_decay_max = 0``, else the old policy of the resumed steps differs from the uninterrupted run's).
+The old policy is this object's state (:meth:`DiffusionNFT.state_dict`): the trainer checkpoints it per
+data-parallel rank (its ``pipeline`` entry), so a resumed run continues the same old policy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -186,6 +186,22 @@ class DiffusionNFT:
 
     def __call__(self, container: Any, rng: SampleRNG | None = None, **batch: Any) -> PipelineOutput:
         return self.forward(container, rng, **batch)
+
+    # ------------------------------------------------------------------ checkpoints (per data-parallel rank)
+    optional_rank_state = True
+    """A checkpoint without the old policy (saved by another mode, read by ``training.load``) loads: the old
+    policy then starts as the first step's weights, with a warning (:class:`OldPolicyEMA`)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The old policy (:meth:`OldPolicyEMA.state_dict`): the trainer's per-rank checkpoint entry."""
+        return self.old_policy.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.old_policy.load_state_dict(state)
+
+    def load_rank_states(self, states: Sequence[Mapping[str, Any]], *, dp_rank: int, dp_size: int) -> None:
+        """At another data-parallel size: :meth:`OldPolicyEMA.load_rank_states`."""
+        self.old_policy.load_rank_states(states, dp_rank=dp_rank, dp_size=dp_size)
 
     # ------------------------------------------------------------------ pieces
     def rollout(

@@ -151,7 +151,7 @@ class Trainer:
         self.rewards = Rewards.from_config(
             config.training.rewards, on_failure=config.training.reward_failure, device=self.device
         )
-        attach_rollout_scorer(self.model, self.rewards)  # model.pipeline.grpo: its rollouts' rewards
+        attach_rollout_scorer(self.model, self.rewards)  # model.pipeline.grpo / nft: rollouts' rewards
         self.validator = self._validator() if config.training.validation else None
 
     # ------------------------------------------------------------ building
@@ -222,15 +222,18 @@ class Trainer:
 
     # ------------------------------------------------------------- running
     def state(self) -> dict[str, Any]:
-        """What a checkpoint holds: model, optimizer, scheduler, the EMA (``training.ema``) and the data
-        position. All of it loads at any layout; no RNG state is needed, since every draw is keyed by
-        (seed, step, sample)."""
+        """What a checkpoint holds: model, optimizer, scheduler, the EMA (``training.ema``), the data
+        position and, for a pipeline with a state of its own (``state_dict``: DiffusionNFT's old policy), that
+        state per data-parallel rank. All of it loads at any layout; no RNG state is needed, since every draw
+        is keyed by (seed, step, sample)."""
+        pipeline = getattr(self.model, "pipeline", None)
         return {
             "model": self.model,
             "optimizer": self.optimizer,
             "lr_scheduler": self.lr_scheduler,
             "ema": self.ema,
             "dataloader": self.batches,
+            "pipeline": pipeline if callable(getattr(pipeline, "load_rank_states", None)) else None,
         }
 
     def save(self, iteration: int) -> None:

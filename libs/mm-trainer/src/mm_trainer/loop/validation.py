@@ -4,7 +4,8 @@ The trainer knows no model: it calls two hooks of the model container.
 
 - ``sample(prompt, *, seed, num_frames, height, width, steps, guidance_scale, negative_prompt,
   shift, fps) -> video [3, F, H, W] in [-1, 1]``, or a :class:`mm_trainer.SampledClip` with the clip's
-  audio (written beside the clip as ``<index>.wav``), for the clips. Optional: ``check_sampling()``
+  audio (written beside the clip as ``<index>.wav``), for the clips; with ``audio_guidance_scale`` set
+  (a model that samples sound) it is passed too, and a ``sample`` without that keyword is refused. Optional: ``check_sampling()``
   raises before training when sampling could not run; ``prepare_sampling(validation, *, data, device)``
   is called once, before training, with the ``training.validation`` section (the prompts, the clip size)
   and the ``data`` section (a model that trains on cached latents loads its frozen encoders from where
@@ -14,7 +15,8 @@ The trainer knows no model: it calls two hooks of the model container.
   teacher, many steps); its PSNR to the sampled clip, averaged over prompts, is ``val_psnr_to_reference``
   (references are drawn once per run: the teacher is frozen);
 - ``validation_loss(batch, rng, num_timesteps) -> [B]`` (:meth:`mm_trainer.ModelContainer.validation_loss`,
-  which asks the pipeline), for ``val_loss``.
+  which asks the pipeline), for ``val_loss``; or a mapping of such ``[B]`` losses with ``loss`` among them
+  (each logged as ``val_<name>``: LTX-2's ``val_loss_video`` and ``val_loss_audio`` beside ``val_loss``).
 
 With ``training.rewards``, every sampled clip is scored by each reward (``rewards``, a
 :class:`mm_trainer.modes.rewards.Rewards` built by the trainer): ``val_reward_<id>`` is each reward's mean
@@ -37,10 +39,12 @@ any layout, and ``val_loss`` at two steps differs only by what the model learnt.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +121,8 @@ class Validator:
 
     def run(self, step: int, metrics: MetricsLogger | None = None) -> dict[str, float]:
         """Validate after step ``step`` if it is due: write the clips (and log them to the trackers
-        through ``metrics``); return ``val_loss`` (with held-out data) and ``val_time_s`` (``{}`` when not due)."""
+        through ``metrics``); return ``val_loss`` (with held-out data; and ``val_<name>`` of each further
+        loss the model gives) and ``val_time_s`` (``{}`` when not due)."""
         if not self.due(step):
             return {}
         started = time.perf_counter()
@@ -127,7 +132,7 @@ class Validator:
             with torch.no_grad():
                 out = self._clips(step, metrics)
                 if self.dataset is not None:
-                    out["val_loss"] = self._loss()
+                    out.update(self._loss())
         finally:
             self.model.train(was_training)
         return {**out, "val_time_s": time.perf_counter() - started}
@@ -137,11 +142,14 @@ class Validator:
         cfg, psnrs = self.config, []
         scored = _ScoredClips(self.rewards, cfg.prompts) if self.rewards is not None else None
         reference = getattr(self.model, "has_sample_reference", False)
+        audio_guidance = (
+            {} if cfg.audio_guidance_scale is None else {"audio_guidance_scale": cfg.audio_guidance_scale}
+        )
         for index, (prompt, seed) in enumerate(zip(cfg.prompts, cfg.prompt_seeds(), strict=True)):
             clip = as_sampled_clip(self.model.sample(
                 prompt, seed=seed, num_frames=cfg.num_frames, height=cfg.height, width=cfg.width,
                 steps=cfg.sampling_steps, guidance_scale=cfg.guidance_scale,
-                negative_prompt=cfg.negative_prompt, shift=cfg.shift, fps=cfg.fps,
+                negative_prompt=cfg.negative_prompt, shift=cfg.shift, fps=cfg.fps, **audio_guidance,
             ))  # fmt: skip
             video = clip.video
             if scored is not None:
@@ -171,28 +179,37 @@ class Validator:
         out = {"val_psnr_to_reference": sum(psnrs) / len(psnrs)} if psnrs else {}
         return {**out, **(scored.statistics() if scored is not None else {})}
 
-    def _loss(self) -> float:
-        """Mean held-out loss: this rank's share of the samples, gathered over data-parallel ranks."""
+    def _loss(self) -> dict[str, float]:
+        """Mean held-out losses (``val_loss``, ``val_<name>``): this rank's share of the samples, gathered
+        over data-parallel ranks."""
         assert self.dataset is not None
         total = len(self.dataset)
         rounds = math.ceil(total / self.dp_size)
-        local = torch.zeros(rounds, dtype=torch.float64, device=self.device)
+        rows: list[dict[str, torch.Tensor]] = []
         for r in range(rounds):
             index = min(r * self.dp_size + self.dp_rank, total - 1)  # past the end: a repeat, dropped below
-            local[r] = self._sample_loss(index)
+            rows.append(self._sample_losses(index))
+        names = sorted(rows[0])  # the same on every rank: the same model and pipeline
+        local = torch.stack([torch.stack([row[n] for n in names]) for row in rows]).to(
+            self.device
+        )  # [round, loss]
         if self.dp_size > 1:
             parts = [torch.empty_like(local) for _ in range(self.dp_size)]
             dist.all_gather(parts, local, group=self.dp_group)
-            local = torch.stack(parts, dim=1).flatten()  # [round, dp rank] -> sample order
-        return float(local[:total].mean())
+            local = torch.stack(parts, dim=1).flatten(0, 1)  # [round, dp rank, loss] -> sample order
+        means = local[:total].mean(dim=0)
+        return {f"val_{name}": float(value) for name, value in zip(names, means, strict=True)}
 
-    def _sample_loss(self, index: int) -> torch.Tensor:
+    def _sample_losses(self, index: int) -> dict[str, torch.Tensor]:
+        """Held-out sample ``index``'s losses by name (``loss``, and any the model adds), fp64 scalars."""
         assert self.dataset is not None
         item = self.dataset[index]
         batch = {k: v for k, v in self.collate([item]).items() if k != "skipped"}
         batch = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         rng = SampleRNG(seed=self.noise_seed, step=0, sample_ids=[index], device=self.device)
-        return self.model.validation_loss(batch, rng, self.config.loss_timesteps)[0].double()
+        losses = self.model.validation_loss(batch, rng, self.config.loss_timesteps)
+        named = losses if isinstance(losses, Mapping) else {"loss": losses}
+        return {name: value[0].double() for name, value in named.items()}
 
 
 class _ScoredClips:
@@ -262,6 +279,11 @@ def write_json(path: Path, value: Any) -> None:
     os.replace(part, path)
 
 
+def _keywords(function: Any) -> set[str]:
+    """The parameter names of ``function``."""
+    return set(inspect.signature(function).parameters)
+
+
 def _check_hooks(model: nn.Module, validation: Any) -> None:
     """Refuse a section the model cannot serve, naming the missing hook."""
     name = type(model).__name__
@@ -275,6 +297,13 @@ def _check_hooks(model: nn.Module, validation: Any) -> None:
         check = getattr(model, "check_sampling", None)
         if callable(check):
             check()
+        if validation.audio_guidance_scale is not None and "audio_guidance_scale" not in _keywords(
+            model.sample
+        ):
+            raise ValueError(
+                f"training.validation.audio_guidance_scale: {name} samples no audio (its sample hook takes no "
+                "audio_guidance_scale); leave it out"
+            )
     if validation.data_path is not None and not getattr(model, "has_validation_loss", False):
         raise ValueError(
             f"training.validation.data_path: {name} computes no held-out loss (its pipeline "

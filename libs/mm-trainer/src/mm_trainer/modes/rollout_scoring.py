@@ -1,4 +1,4 @@
-"""Scoring a reward fine-tuning's rollouts (``model.pipeline.grpo``) with ``training.rewards``: the trainer
+"""Scoring a reward fine-tuning's rollouts (``model.pipeline.grpo`` / ``nft``) with ``training.rewards``: the trainer
 gives the pipeline a :class:`RolloutScorer` (:func:`attach_rollout_scorer`), which decodes the rollouts'
 latents with the container's VAE only when a reward scores frames, scores each group of clips of one prompt
 together (groupwise rewards) and returns each clip's weighted-sum reward and the step's statistics.
@@ -82,7 +82,7 @@ def raise_on_every_rank(error: RewardError | None, device: torch.device) -> None
 
 def attach_rollout_scorer(model: Any, rewards: Rewards) -> bool:
     """Give ``model``'s pipeline a :class:`RolloutScorer` over ``rewards`` when it scores its own rollouts
-    (a pipeline with a ``scorer`` slot: ``mm_pipelines.FlowGRPO``); whether it does."""
+    (a pipeline with a ``scorer`` slot: ``mm_pipelines.FlowGRPO``, ``mm_pipelines.DiffusionNFT``); whether it does."""
     pipeline = getattr(model, "pipeline", None)
     if pipeline is None or not hasattr(pipeline, "scorer"):
         return False

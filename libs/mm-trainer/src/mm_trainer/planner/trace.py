@@ -119,7 +119,8 @@ class TracedRun:
 
 
 def refuse_rollouts(model: Any) -> None:
-    """Refuse a pipeline that samples and scores its own rollouts in the step (a ``scorer`` slot: Flow-GRPO):
+    """Refuse a pipeline that samples and scores its own rollouts in the step (a ``scorer`` slot: Flow-GRPO,
+    DiffusionNFT):
     its sampler's schedule and the rewards read values a traced step does not have.
 
     Raises:
