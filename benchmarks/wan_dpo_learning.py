@@ -31,7 +31,7 @@ import random
 from functools import partial
 from pathlib import Path
 
-from wan_grpo_learning import HELD_OUT, SEEDS, run_on_tiny, start_and_run, tiny_run_parser
+from tiny_wan_runs import HELD_OUT, SEEDS, run_on_tiny, start_and_run, tiny_run_parser
 
 
 def parse_args() -> argparse.Namespace:

@@ -60,6 +60,21 @@ def test_the_shipped_config_passes_and_a_full_weight_policy_needs_a_reference_on
             "model.pipeline.grpo.guidance_scale",
             "gives pre-encoded prompts without them",
         ),
+        (
+            ["model.pipeline.grpo.updates_per_rollout=0"],
+            "model.pipeline.grpo.updates_per_rollout",
+            "greater than or equal to 1",
+        ),
+        (  # tiny_grpo.yaml saves every 10 of its 20 steps
+            ["model.pipeline.grpo.updates_per_rollout=4"],
+            "training.save_interval",
+            "must be a multiple of model.pipeline.grpo.updates_per_rollout=4",
+        ),
+        (
+            ["model.pipeline.grpo.updates_per_rollout=2", "training.train_iters=21"],
+            "training.train_iters",
+            "resumes only at a rollout step",
+        ),
     ],
 )
 def test_a_grpo_run_that_cannot_train_is_refused_naming_the_key(tiny, overrides, path, words):

@@ -146,6 +146,40 @@ def test_each_optimizer_step_trains_the_keyed_fraction_of_the_sampler_steps(toys
     }
 
 
+def test_the_updates_after_a_rollout_train_on_it_again_with_a_ratio_away_from_one_and_the_clip_binding(toys):
+    """``updates_per_rollout=2``: step 4 rolls out and scores its prompts (ratio 1: the policy rolled out),
+    step 5 trains on step 4's rollout after an optimizer step (its own batch unused, no scoring): its ratio
+    departs from 1 and the clip binds; a process that did not roll out step 4 refuses step 5."""
+    grpo, container = _grpo(toys, updates_per_rollout=2, clip_range=1e-4)
+    scored = []
+    scorer = grpo.scorer
+    grpo.scorer = lambda *args, **kw: scored.append(1) or scorer(*args, **kw)
+    optimizer = torch.optim.SGD(container.predictor.parameters(), lr=0.5)
+
+    def update(step: int, rows: list[int]):
+        rng = SampleRNG(seed=1, step=step, sample_ids=[2 * step, 2 * step + 1])
+        out = grpo(container, rng=rng, phase="grpo", **_prompts(toys, rows))
+        optimizer.zero_grad()
+        out.loss.backward()
+        optimizer.step()
+        return out.logged
+
+    first, second = update(4, [0, 1]), update(5, [2, 3])
+    assert len(scored) == 1 and "reward" in first and "reward" not in second
+    assert first["grpo_ratio_deviation"] < 1e-5 and first["grpo_clip_fraction"] == 0.0
+    assert second["grpo_ratio_deviation"] > 1e-3 and second["grpo_clip_fraction"] > 0.0
+    resumed, _ = _grpo(toys, updates_per_rollout=2)
+    with pytest.raises(
+        ValueError, match=r"optimizer step 6 trains on the rollouts of step 5 .* resumes only"
+    ):
+        resumed(
+            container,
+            rng=SampleRNG(seed=1, step=5, sample_ids=[0, 1]),
+            phase="grpo",
+            **_prompts(toys, [0, 1]),
+        )
+
+
 def test_bad_options_and_a_call_outside_the_phase_are_refused(toys):
     base = FlowMatchT2VPipeline(FlowMatchScheduler())
     with pytest.raises(

@@ -22,7 +22,8 @@ class GRPOOptions(ConfigModel):
     explore around the ODE sampler (0 would be the ODE itself, which has no transition density)."""
     clip_range: float = Field(default=1e-4, gt=0)
     """The importance ratio of the policy to the rollout's policy is clipped to ``[1 - clip_range,
-    1 + clip_range]`` (one update per rollout: the ratio is 1 up to the numerics of the two forwards)."""
+    1 + clip_range]`` (at the first update of a rollout the ratio is 1 up to the numerics of the two forwards;
+    it departs from 1 at the further ``updates_per_rollout``)."""
     advantage_clip: float = Field(default=5.0, gt=0)
     """Advantages are clipped to ``[-advantage_clip, advantage_clip]``."""
     kl_weight: float = Field(default=0.04, ge=0)
@@ -40,3 +41,9 @@ class GRPOOptions(ConfigModel):
     or a text encoder (``negative_prompt``)."""
     negative_prompt: str = ""
     """The unconditional prompt of the rollouts' guidance, encoded by the text encoder."""
+    updates_per_rollout: int = Field(default=1, ge=1)
+    """Optimizer steps trained on each rollout: optimizer step ``t`` rolls out its prompts when ``t`` is a
+    multiple of it, and the next ``updates_per_rollout - 1`` steps train on those rollouts again (the ratio to
+    the rollout's policy departs from 1 and the clip binds); their own data batches are read and not used.
+    ``training.save_interval`` and ``training.train_iters`` must be multiples of it (a run resumes at a
+    rollout step only)."""

@@ -68,6 +68,7 @@ class TrainConfig(ConfigModel):
         problems += _packing_problems(self)
         problems += _reward_problems(self)
         problems += _guidance_problems(self)
+        problems += _rollout_cadence_problems(self)
         if not problems:
             problems += _batch_and_heads_problems(self, world)
         if problems:
@@ -331,6 +332,28 @@ def _guidance_problems(cfg: TrainConfig) -> list[Problem]:
         for mode in ("distill", "grpo")
         if isinstance(pipeline.get(mode), dict) and pipeline[mode].get("guidance_scale", 1.0) != 1.0
     ]
+def _rollout_cadence_problems(cfg: TrainConfig) -> list[Problem]:
+    """With ``model.pipeline.grpo.updates_per_rollout`` > 1 the rollouts between rollout steps live in memory
+    only: every resumable save (``training.save_interval``, the end at ``training.train_iters``) must fall on
+    a rollout step."""
+    grpo = cfg.model.pipeline.get("grpo") if isinstance(cfg.model.pipeline, dict) else None
+    updates = grpo.get("updates_per_rollout", 1) if isinstance(grpo, dict) else 1
+    if not isinstance(updates, int) or updates <= 1:  # a wrong type: the pipeline schema's error
+        return []
+    training = cfg.training
+    problems = []
+    for key, value in (("save_interval", training.save_interval), ("train_iters", training.train_iters)):
+        if value and value % updates:
+            problems.append(
+                Problem(
+                    ("training", key),
+                    f"must be a multiple of model.pipeline.grpo.updates_per_rollout={updates} (a Flow-GRPO run "
+                    "resumes only at a rollout step: the rollouts in between are not saved)",
+                    value,
+                    deps=(("model", "pipeline", "grpo", "updates_per_rollout"),),
+                )
+            )
+    return problems
 
 
 def _packing_problems(cfg: TrainConfig) -> list[Problem]:

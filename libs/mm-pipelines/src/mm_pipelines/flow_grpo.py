@@ -38,16 +38,31 @@ loader spreads a step's prompts over the data-parallel ranks):
    chosen steps of ``policy loss + kl_weight * KL``. The reference is the frozen sub-model ``reference``
    when the container has one, else the policy with its LoRA adapters off (no copy of the weights).
 
-One update per rollout: the rollout's policy is the policy updated, so ``ratio`` is 1 in value up to the
-numerics of the two forwards, and the clip bounds the update only where they differ; the gradient is the
-advantage-weighted score ``-A * grad log p``. Logged per step: the scorer's reward statistics
-(``reward``, ``reward_std``, ``reward_<id>`` ...), ``grpo_kl`` and ``grpo_clip_fraction`` (the share of
-clips and steps whose ratio left the clip range).
+5. **Updates per rollout** (``updates_per_rollout = U``, default 1). Optimizer step ``t`` rolls out when
+   ``t % U == 0`` (a *rollout step*) and keeps, per micro-batch (its position among the step's calls of the
+   phase, on each rank), the rollout, its conditions and its advantages; the next ``U - 1`` optimizer steps
+   train on the kept rollouts again, micro-batch ``m`` on the ``m``-th kept one, each on its own keyed
+   subset of the sampler's steps. So every optimizer step has the micro-steps of the data's
+   ``gradient_accumulation_steps``; the data loader advances every optimizer step as usual, but only the
+   rollout steps' prompts are rolled out (a run of ``T`` steps rolls out the prompts of ``T / U`` of them,
+   the others' batches are read and not used). Layout: each rank keeps its own micro-batches' rollouts, the
+   same prompts' at any layout, so the losses stay layout-free. Resume: the kept rollouts live in memory
+   only; a run resumes exactly from a checkpoint at a rollout step (``mm_config`` refuses ``save_interval``
+   and ``train_iters`` that are not multiples of ``U``), and a resume anywhere else (a stop request's save
+   between rollout steps) is refused at its first step with a message naming the step.
+
+With ``U = 1`` the rollout's policy is the policy updated, so ``ratio`` is 1 in value up to the numerics of
+the two forwards, and the clip bounds the update only where they differ; the gradient is the
+advantage-weighted score ``-A * grad log p``. From the second update of a rollout on, the policy has moved
+and the ratio departs from 1: the clip binds. Logged per step: the scorer's reward statistics (``reward``,
+``reward_std``, ``reward_<id>`` ...: at rollout steps only), ``grpo_kl``, ``grpo_clip_fraction`` (the share
+of clips and steps whose ratio left the clip range) and ``grpo_ratio_deviation`` (the mean ``|ratio - 1|``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -99,6 +114,16 @@ def clipped_policy_loss(
     return torch.maximum(unclipped, clipped).mean(), outside
 
 
+@dataclass
+class KeptRollout:
+    """A micro-batch's rollout kept for the updates after its rollout step (module docstring, 5.)."""
+
+    step: int
+    conditions: Mapping[str, Any]
+    rollout: Rollout
+    advantages: torch.Tensor
+
+
 def transition_kl(mean: torch.Tensor, reference_mean: torch.Tensor, std: float) -> torch.Tensor:
     """``[N]``: the KL of ``N(mean, std^2)`` from ``N(reference_mean, std^2)``, per element, averaged."""
     return ((mean - reference_mean.detach()) ** 2).flatten(1).mean(dim=1) / (2 * std * std)
@@ -123,11 +148,13 @@ class FlowGRPO:
         shift: float | None = None,
         guidance_scale: float = 1.0,
         negative_prompt: str = "",
+        updates_per_rollout: int = 1,
         phase: str = "grpo",
     ) -> None:
         _check(
-            group_size, noise_level, clip_range, advantage_clip, kl_weight, timestep_fraction, sampling_steps
-        )
+            group_size, noise_level, clip_range, advantage_clip, kl_weight, timestep_fraction, sampling_steps,
+            updates_per_rollout,
+        )  # fmt: skip
         if guidance_scale != 1.0 and not callable(getattr(base, "unconditional", None)):
             raise ValueError(
                 f"grpo.guidance_scale={guidance_scale}: {type(base).__name__} has no unconditional conditions "
@@ -141,7 +168,9 @@ class FlowGRPO:
             float(advantage_clip),
         )
         self.kl_weight, self.timestep_fraction = float(kl_weight), float(timestep_fraction)
-        self.sampling_steps = int(sampling_steps)
+        self.sampling_steps, self.updates_per_rollout = int(sampling_steps), int(updates_per_rollout)
+        self.kept: list[KeptRollout] = []  # the last rollout step's micro-batches, in call order
+        self._calls = (-1, 0)  # (optimizer step, calls of the phase at that step so far)
         self.sigmas = rollout_sigmas(base.scheduler, self.sampling_steps, shift)
         self.scorer: SampleScorer | None = None
 
@@ -165,6 +194,25 @@ class FlowGRPO:
     ) -> PipelineOutput:
         """The Flow-GRPO loss of one micro-batch of prompts, in the phase ``grpo`` (module docstring)."""
         check_call("Flow-GRPO", self.phase, phase, self.scorer)
+        rng = self.base.require_rng(rng, len(rng) if rng is not None else 0)
+        position, update = self._position(rng.step), rng.step % self.updates_per_rollout
+        logged: dict[str, float] = {}
+        if update == 0:
+            kept, logged = self._roll_out(container, rng, batch)
+            self.kept = [*self.kept[:position], kept] if position else [kept]
+        else:
+            kept = self._kept_at(position, rng.step, rng.step - update)
+        loss, stats = self._loss(
+            container, kept.conditions, kept.rollout, kept.advantages, self.train_steps(rng)
+        )
+        clips = float(kept.advantages.numel())
+        return PipelineOutput(loss=loss, metrics={"num_samples": clips}, logged={**logged, **stats})
+
+    def _roll_out(
+        self, container: Any, rng: SampleRNG, batch: Mapping[str, Any]
+    ) -> tuple[KeptRollout, dict[str, float]]:
+        """Steps 1-3 of the module docstring for one micro-batch: its rollout, rewards and advantages, and the
+        scorer's statistics."""
         assert self.scorer is not None
         conditions = self.base.prepare_conditions(container, batch)
         latents = conditions["latents"]
@@ -182,9 +230,25 @@ class FlowGRPO:
             names=names,
         )
         advantages = group_advantages(rewards.reshape(size, groups), self.advantage_clip).reshape(-1)
-        loss, kl, outside = self._loss(container, clip_conditions, rollout, advantages, self.train_steps(rng))
-        logged = {**logged, "grpo_kl": kl, "grpo_clip_fraction": outside}
-        return PipelineOutput(loss=loss, metrics={"num_samples": float(size * groups)}, logged=logged)
+        return KeptRollout(rng.step, clip_conditions, rollout, advantages), logged
+
+    def _position(self, step: int) -> int:
+        """This call's position among the phase's calls (micro-batches) of optimizer step ``step``."""
+        last, count = self._calls
+        self._calls = (step, count + 1 if step == last else 1)
+        return self._calls[1] - 1
+
+    def _kept_at(self, position: int, step: int, rollout_step: int) -> KeptRollout:
+        """The rollout kept for micro-batch ``position`` at ``rollout_step``; a clear error when there is none
+        (a run resumed between rollout steps, module docstring 5.)."""
+        if position < len(self.kept) and self.kept[position].step == rollout_step:
+            return self.kept[position]
+        raise ValueError(
+            f"Flow-GRPO: optimizer step {step + 1} trains on the rollouts of step {rollout_step + 1} (model.pipeline.grpo.updates_per_rollout="
+            f"{self.updates_per_rollout}), which this process did not roll out (micro-batch {position}): a run "
+            "resumes only from a checkpoint at a rollout step (an iteration that is a multiple of "
+            "updates_per_rollout); resume from such a checkpoint"
+        )
 
     def __call__(self, container: Any, rng: SampleRNG | None = None, **batch: Any) -> PipelineOutput:
         return self.forward(container, rng, **batch)
@@ -241,10 +305,10 @@ class FlowGRPO:
     def _loss(
         self, container: Any, conditions: Mapping[str, Any], rollout: Rollout, advantages: torch.Tensor,
         steps: list[int],
-    ) -> tuple[torch.Tensor, float, float]:  # fmt: skip
-        """The mean over ``steps`` of the clipped policy loss plus ``kl_weight`` times the KL; the mean KL and
-        the share of ratios outside the clip range."""
-        total, kls, outside = 0.0, [], []
+    ) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
+        """The mean over ``steps`` of the clipped policy loss plus ``kl_weight`` times the KL; the mean KL, the
+        share of ratios outside the clip range and the mean ``|ratio - 1|`` (``grpo_*``)."""
+        total, kls, outside, deviation = 0.0, [], [], []
         for k in steps:
             x, x_next = rollout.states[k], rollout.states[k + 1]
             sigma = torch.full((x.shape[0],), float(self.sigmas[k]), dtype=torch.float32)
@@ -264,8 +328,13 @@ class FlowGRPO:
                 kls.append(float(kl.detach()))
             total = total + step_loss
             outside.append(float(out.float().mean()))
-        loss = total / len(steps)
-        return loss, (sum(kls) / len(kls) if kls else 0.0), sum(outside) / len(outside)
+            deviation.append(float((log_prob.detach() - rollout.log_probs[k]).exp().sub(1).abs().mean()))
+        stats = {
+            "grpo_kl": sum(kls) / len(kls) if kls else 0.0,
+            "grpo_clip_fraction": sum(outside) / len(outside),
+            "grpo_ratio_deviation": sum(deviation) / len(deviation),
+        }
+        return total / len(steps), stats
 
     def _velocity(
         self, container: Any, x: torch.Tensor, sigma: torch.Tensor, conditions: Mapping[str, Any]
@@ -289,9 +358,11 @@ class FlowGRPO:
 
 def _check(
     group_size: int, noise_level: float, clip_range: float, advantage_clip: float, kl_weight: float,
-    timestep_fraction: float, sampling_steps: int,
+    timestep_fraction: float, sampling_steps: int, updates_per_rollout: int,
 ) -> None:  # fmt: skip
     problems = []
+    if updates_per_rollout < 1:
+        problems.append(f"updates_per_rollout must be >= 1, got {updates_per_rollout}")
     if group_size < 2:
         problems.append(
             f"group_size must be >= 2 (advantages compare the clips of a prompt), got {group_size}"
