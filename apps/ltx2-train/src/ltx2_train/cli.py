@@ -100,6 +100,11 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--fps", type=int, default=8)
     sample.add_argument("--steps", type=int, default=20)
     sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument(
+        "--reference",
+        help="IC-LoRA reference clip (--frames frames at --fps) for a run trained "
+        "with model.pipeline.reference; left out, such a run samples without one",
+    )
     return p
 
 
@@ -134,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         modules = load_for_sampling(_run_config(args.config, args.checkpoint), args.checkpoint)
         video, mel = sample_clip(
             modules, args.prompt, num_frames=args.frames, height=args.height, width=args.width,
-            frame_rate=args.fps, steps=args.steps, seed=args.seed,
+            frame_rate=args.fps, steps=args.steps, seed=args.seed, reference=args.reference,
         )  # fmt: skip
         for path in write_sample(modules, video, mel, args.out, fps=args.fps):
             print(path)
