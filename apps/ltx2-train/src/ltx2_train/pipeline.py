@@ -418,9 +418,8 @@ class LTX2Pipeline(GenerativePipelineBase):
         if self.audio:
             a0 = conditions["audio"]
             clean = leading_frames_mask(a0.size(0), a0.size(1), self.audio_conditioning_frames, a0.device)
-            token_audio_sigma = audio_sigma[:, None] * (~clean).to(
-                audio_sigma.dtype
-            )  # [B, L]: 0 on clean frames
+            # [B, L]: 0 on the clean leading frames (audio extension), the sample's sigma elsewhere
+            token_audio_sigma = audio_sigma[:, None] * (~clean).to(audio_sigma.dtype)
             sa = token_audio_sigma[..., None].to(a0.dtype)
             noised["noisy_audio"] = (1 - sa) * a0 + sa * eps_audio
             noised["audio_target"] = eps_audio - a0
