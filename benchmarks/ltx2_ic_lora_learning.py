@@ -95,11 +95,10 @@ def main() -> None:
     text = encoders.encode_text(CAPTION, 16)
     print(fit_summary(out / "vae"))
     decoded = reconstruct(encoders.vae, load_clips(out / "data" / "metadata.json")).clamp(-1, 1)
-    truth = sum(all(follows(decoded[i], c, d)) for i, (c, _, d) in enumerate(shapes))
-    print(
-        f"the check on the VAE's reconstruction of each target clip: {truth} of {len(shapes)} follow",
-        flush=True,
-    )
+    truth = {(c, d): follows(decoded[i], c, d) for i, (c, _, d) in enumerate(shapes)}
+    misses = {key: result for key, result in truth.items() if not all(result)}
+    print(f"the check on the VAE's reconstruction of each target clip: {len(truth) - len(misses)} of {len(truth)} "
+          f"follow; (moves, colour) of the others: {misses}", flush=True)  # fmt: skip
     train = [i for i, (c, _, d) in enumerate(shapes) if (c, d) not in HELD_OUT]
     held_out = [i for i, (c, _, d) in enumerate(shapes) if (c, d) in HELD_OUT]
     torch.manual_seed(args.seed)

@@ -25,6 +25,9 @@ RELEASES = sorted(RELEASE_OPTIONS)
 #: :data:`CLEAN_AUDIO` audio frames clean: a per-token audio timestep).
 MODES = ("t2av_conditioned", "t2v", "ic_lora")
 REF_GRID, REF_AUDIO, CLEAN_AUDIO = (1, 4, 4), 3, 2
+#: The releases each mode runs under: ``ic_lora`` under 2.3 alone (CI time; its prompt modulation and cross
+#: timestep read per-sample sigmas beside the per-token timesteps the appended tokens extend).
+MODE_RELEASES = {"t2av_conditioned": RELEASES, "t2v": RELEASES, "ic_lora": ["2.3"]}
 SIGMA, AUDIO_SIGMA = torch.tensor([0.7, 0.03]), torch.tensor([0.4, 0.9])
 PLACEHOLDER_TOKENS = 8  # LTX2Pipeline's audio_placeholder_tokens
 
@@ -160,7 +163,7 @@ def diffusers_forward_backward(predictor, c: SimpleNamespace):
 @pytest.fixture(scope="module")
 def cases(ltx2_inputs) -> dict[tuple[str, str], SimpleNamespace]:
     """:func:`case` of every (release, mode)."""
-    return {(r, m): case(r, m, ltx2_inputs) for r in RELEASES for m in MODES}
+    return {(r, m): case(r, m, ltx2_inputs) for m in MODES for r in MODE_RELEASES[m]}
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +206,7 @@ def test_sequence_parallel_forward_and_backward_equal_diffusers_for_each_release
             model = tiny_predictor(0, release)
             model.setup_context_parallel(state)
             seen = block_input_lengths(model)
-            for mode in MODES:
+            for mode in (m for m in MODES if release in MODE_RELEASES[m]):
                 video, audio, input_grads, grads = app_forward_backward(model, cases[release, mode])
                 tensors = [*input_grads, *grads.values()]
                 flat = torch.cat([t.flatten() for t in tensors])  # one all-reduce per case
