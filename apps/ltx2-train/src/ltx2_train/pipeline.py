@@ -261,7 +261,9 @@ class LTX2Pipeline(GenerativePipelineBase):
     def planning_batch(self, container: Any, data: Any, micro_batch_size: int) -> dict[str, Any]:
         """A micro-batch of the run's real shapes for ``mm-train plan`` (:mod:`ltx2_train.planning`), with the
         reference clips ``reference`` asks for (``preprocess`` caches them at the target's shape)."""
-        batch = planning_batch(container, data, micro_batch_size, audio=self.audio, frame_rate=self.frame_rate)
+        batch = planning_batch(
+            container, data, micro_batch_size, audio=self.audio, frame_rate=self.frame_rate
+        )
         for stream, key in (("video", "latents"), ("audio", "audio_latents")):
             if stream in self.reference:
                 batch[f"reference_{key}"] = torch.zeros_like(batch[key])
