@@ -15,7 +15,7 @@ without it; a draw follows the transform when its circle moves as the target's c
 the mean of the pixels off the background).
 
 Usage: python benchmarks/ltx2_ic_lora_learning.py [--out /tmp/ltx2_ic_lora] [--steps 300] [--lr 2e-3]
-       [--batch 16] [--warmup 20] [--seed 1234]
+       [--batch 16] [--warmup 20] [--seed 1234] [--vae-fit-steps 700]
 """
 
 from __future__ import annotations
@@ -78,10 +78,11 @@ def main() -> None:
     )
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1234, help="the transformer's initialisation")
+    parser.add_argument("--vae-fit-steps", type=int, default=700, help="make-tiny's VAE fit to the 16 clips")
     args = parser.parse_args()
     torch.set_num_threads(1)
     shapes = [(c, "circle", d) for c, d in itertools.product(COLOURS, DIRECTIONS)]
-    out = make_tiny(args.out, shapes=shapes)
+    out = make_tiny(args.out, shapes=shapes, vae_fit_steps=args.vae_fit_steps)
     encoders = LTX2Encoders.load(out, audio=False, device=torch.device("cpu"), dtype=torch.float32)
     size = {k: CLIP[k] for k in ("num_frames", "height", "width")}
     clips = VideoTextDataset(out / "data" / "metadata.json", **size, frame_offset="start")
