@@ -293,6 +293,39 @@ COMMANDS: dict[tuple[str, str], How] = {
             ("audio_timesteps=independent", "ckpt_independent"),
         )
     },
+    **{
+        (
+            LTX2,
+            "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av.yaml "
+            f"model.pipeline.{key} training.save=runs/ltx2_tiny/{save}",
+        ): excused(
+            "CI time: the tiny_t2av.yaml run of the lines above with one model.pipeline key, whose clean stream "
+            "(timestep 0, not noised, no loss, no logged loss) apps/ltx2-train/tests/test_ltx2_conditioning.py "
+            "checks through the pipeline's forward on the tiny transformer; the IC-LoRA run of "
+            "test_ltx2_modes_e2e.py trains clean context tokens through the trainer at Ulysses 2"
+        )
+        for key, save in (
+            ("condition_modality=audio", "ckpt_a2v"),
+            ("condition_modality=video", "ckpt_v2a"),
+            ("audio_conditioning_frames=4", "ckpt_audio_extension"),
+        )
+    },
+    **dict.fromkeys(
+        [
+            (LTX2, "ltx2-train preprocess --config apps/ltx2-train/configs/tiny_t2av_ic_lora.yaml"),
+            (
+                LTX2,
+                "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config "
+                "apps/ltx2-train/configs/tiny_t2av_ic_lora.yaml",
+            ),
+            (
+                LTX2,
+                'ltx2-train sample --checkpoint runs/ltx2_tiny/ckpt_ic_lora --prompt "a red circle moving up" '
+                "--reference runs/ltx2_tiny/data/references/clip_0000.mp4 --out runs/ltx2_tiny/sample_ic_lora.mp4",
+            ),
+        ],
+        covered("apps/ltx2-train/tests/test_ltx2_modes_e2e.py"),
+    ),
     (LTX2, "ltx2-train preprocess --config apps/ltx2-train/configs/tiny_t2av_distill.yaml"): excused(
         "the distillation config's data section is tiny_t2av.yaml's (apps/ltx2-train/tests/test_ltx2_distill.py "
         "checks it), whose preprocess builds the tests' tiny cache (conftest tiny_cache)"

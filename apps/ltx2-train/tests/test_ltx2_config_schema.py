@@ -49,7 +49,8 @@ def test_pipeline_schema_keys_are_the_options_the_pipeline_reads():
     every_key = {"timestep_sampling": "uniform", "sigma_std": 0.5, "shift_min_tokens": 10, "shift_min": 0.5,
                  "shift_max_tokens": 20, "shift_max": 1.0, "audio": False, "first_frame_conditioning_p": 0.5,
                  "audio_loss_weight": 0.5, "frame_rate": 30.0, "audio_placeholder_tokens": 4,
-                 "audio_timesteps": "independent", "frozen_modality": "audio", "conditioning_frames": 2}  # fmt: skip
+                 "audio_timesteps": "independent", "frozen_modality": "audio", "conditioning_frames": 2,
+                 "reference": "video", "condition_modality": "none", "audio_conditioning_frames": 0}  # fmt: skip
     assert every_key.keys() == LTX2PipelineOptions.model_fields.keys()
     pipeline = LTX2Pipeline.from_options(LTX2PipelineOptions.model_validate(every_key).model_dump())
     assert (pipeline.sampler.mode, pipeline.sampler.max_tokens, pipeline.audio_placeholder_tokens) == (
@@ -58,7 +59,7 @@ def test_pipeline_schema_keys_are_the_options_the_pipeline_reads():
         4,
     )
     assert (pipeline.audio_timesteps, pipeline.frozen_modality) == ("independent", "audio")
-    assert pipeline.conditioning_frames == 2
+    assert pipeline.conditioning_frames == 2 and pipeline.reference == "video"
 
 
 @pytest.mark.parametrize(
@@ -70,6 +71,9 @@ def test_pipeline_schema_keys_are_the_options_the_pipeline_reads():
          "conditions no sample while first_frame_conditioning_p is 0"),
         (["model.pipeline.frozen_modality=both"], "model.pipeline.frozen_modality", "'none', 'audio' or 'video'"),
         (["model.pipeline.audio_timesteps=split"], "model.pipeline.audio_timesteps", "'shared' or 'independent'"),
+        (["model.pipeline.condition_modality=video", "model.pipeline.audio_timesteps=independent"],
+         "model.pipeline.audio_timesteps", "gives the conditioning stream timestep 0"),
+        (["model.pipeline.reference=both"], "model.pipeline.reference", "'audio_video'"),
     ],
 )  # fmt: skip
 def test_a_bad_mode_key_is_named(overrides, path, expected):

@@ -20,8 +20,14 @@ pytestmark = pytest.mark.slow
 RELEASES = sorted(RELEASE_OPTIONS)
 #: ``t2av_conditioned``: audio on, sample 0's first latent frame given clean (per-token video timestep,
 #: I2V / extension) and the audio at its own sigma (``audio_timesteps: independent``); ``t2v``: audio off
-#: (placeholder audio tokens, modalities isolated), per-sample timestep.
-MODES = ("t2av_conditioned", "t2v")
+#: (placeholder audio tokens, modalities isolated), per-sample timestep; ``ic_lora``: IC-LoRA reference
+#: video and audio tokens appended (timestep 0, their own RoPE positions) and audio extension (the first
+#: :data:`CLEAN_AUDIO` audio frames clean: a per-token audio timestep).
+MODES = ("t2av_conditioned", "t2v", "ic_lora")
+REF_GRID, REF_AUDIO, CLEAN_AUDIO = (1, 4, 4), 3, 2
+#: The releases each mode runs under: ``ic_lora`` under 2.3 alone (CI time; its prompt modulation and cross
+#: timestep read per-sample sigmas beside the per-token timesteps the appended tokens extend).
+MODE_RELEASES = {"t2av_conditioned": RELEASES, "t2v": RELEASES, "ic_lora": ["2.3"]}
 SIGMA, AUDIO_SIGMA = torch.tensor([0.7, 0.03]), torch.tensor([0.4, 0.9])
 PLACEHOLDER_TOKENS = 8  # LTX2Pipeline's audio_placeholder_tokens
 
@@ -45,9 +51,9 @@ def case(release: str, mode: str, transformer_inputs) -> SimpleNamespace:
     from ltx2_train.tiny import TINY_TRANSFORMER
 
     x = transformer_inputs(config=TINY_TRANSFORMER | RELEASE_OPTIONS[release])
-    audio = mode == "t2av_conditioned"
+    audio = mode != "t2v"
     video_timestep = SIGMA  # per sample
-    if audio:
+    if mode == "t2av_conditioned":
         conditioned = torch.zeros(x["hidden_states"].shape[:2], dtype=torch.bool)
         conditioned[0, :16] = True  # sample 0's first latent frame (4 x 4 tokens)
         video_timestep = SIGMA[:, None] * (~conditioned)
@@ -66,9 +72,32 @@ def case(release: str, mode: str, transformer_inputs) -> SimpleNamespace:
     }  # fmt: skip
     if release != "2.0":  # diffusers' pipelines: sigma=timestep (per sample), audio_sigma, cross timestep
         reference |= {"sigma": 1000 * SIGMA, "audio_sigma": 1000 * audio_sigma, "use_cross_timestep": True}
-    return SimpleNamespace(
-        pipeline=LTX2Pipeline(audio=audio), noised=noised, reference=reference, audio=audio
-    )
+    c = SimpleNamespace(pipeline=LTX2Pipeline(audio=audio), noised=noised, reference=reference, audio=audio,
+                        lengths=(x["hidden_states"].shape[1], audio_tokens.shape[1]))  # fmt: skip
+    return with_ic_lora_tokens(c, x) if mode == "ic_lora" else c
+
+
+def with_ic_lora_tokens(c: SimpleNamespace, x: dict) -> SimpleNamespace:
+    """``c`` with reference video and audio tokens (``noised["reference_*"]``) and the first ``CLEAN_AUDIO``
+    audio frames clean; diffusers gets them as its IC-LoRA pipeline forms them: appended after the target,
+    timestep 0, coordinates of their own shape from 0 (added by :func:`diffusers_forward_backward`)."""
+    g = torch.Generator().manual_seed(7)
+    ref_video = torch.randn(2, 16, x["hidden_states"].shape[2], generator=g)
+    ref_audio = torch.randn(2, REF_AUDIO, x["audio_hidden_states"].shape[2], generator=g)
+    audio_timestep = AUDIO_SIGMA[:, None].expand(-1, x["audio_hidden_states"].shape[1]).clone()
+    audio_timestep[:, :CLEAN_AUDIO] = 0
+    c.noised |= {"reference_video": ref_video, "reference_grid": REF_GRID, "reference_audio": ref_audio,
+                 "audio_timestep": audio_timestep}  # fmt: skip
+    video_len, audio_len = c.lengths
+    c.reference |= {
+        "hidden_states": torch.cat([x["hidden_states"], ref_video], dim=1),
+        "audio_hidden_states": torch.cat([x["audio_hidden_states"], ref_audio], dim=1),
+        "timestep": torch.cat([1000 * SIGMA[:, None].expand(-1, video_len), torch.zeros(2, 16)], dim=1),
+        "audio_timestep": torch.cat([1000 * audio_timestep, torch.zeros(2, REF_AUDIO)], dim=1),
+        "audio_num_frames": audio_len + REF_AUDIO,
+    }
+    c.ref_shapes = (REF_GRID, REF_AUDIO)
+    return c
 
 
 def block_input_lengths(model) -> list[tuple[int, int]]:
@@ -110,14 +139,31 @@ def diffusers_forward_backward(predictor, c: SimpleNamespace):
     keys = ["hidden_states", "encoder_hidden_states", "audio_encoder_hidden_states",
             *(["audio_hidden_states"] if c.audio else [])]  # fmt: skip
     inputs = {**c.reference, **{k: c.reference[k].clone().requires_grad_(True) for k in keys}}
+    if hasattr(c, "ref_shapes"):  # IC-LoRA: each part's coordinates from 0, the target's then the reference's
+        (ref_grid, ref_audio), (video_len, audio_len) = c.ref_shapes, c.lengths
+        grid, fps = (
+            (c.reference["num_frames"], c.reference["height"], c.reference["width"]),
+            c.reference["fps"],
+        )
+        video_coords = [model.rope.prepare_video_coords(2, *g, "cpu", fps=fps) for g in (grid, ref_grid)]
+        audio_coords = [model.audio_rope.prepare_audio_coords(2, n, "cpu") for n in (audio_len, ref_audio)]
+        inputs |= {
+            "video_coords": torch.cat(video_coords, dim=2),
+            "audio_coords": torch.cat(audio_coords, dim=2),
+        }
     video, audio = model(**inputs, return_dict=False)
-    return backward(model, video, audio, [inputs[k] for k in keys])
+    video_len, audio_len = c.lengths  # the target's outputs (a reference's are dropped, as the pipelines do)
+    video, audio = video[:, :video_len], audio[:, :audio_len]
+    video, audio, input_grads, grads = backward(model, video, audio, [inputs[k] for k in keys])
+    target = {"hidden_states": video_len, "audio_hidden_states": audio_len}  # the target's tokens' gradients
+    input_grads = [g[:, : target[k]] if k in target else g for k, g in zip(keys, input_grads, strict=True)]
+    return video, audio, input_grads, grads
 
 
 @pytest.fixture(scope="module")
 def cases(ltx2_inputs) -> dict[tuple[str, str], SimpleNamespace]:
     """:func:`case` of every (release, mode)."""
-    return {(r, m): case(r, m, ltx2_inputs) for r in RELEASES for m in MODES}
+    return {(r, m): case(r, m, ltx2_inputs) for m in MODES for r in MODE_RELEASES[m]}
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +206,7 @@ def test_sequence_parallel_forward_and_backward_equal_diffusers_for_each_release
             model = tiny_predictor(0, release)
             model.setup_context_parallel(state)
             seen = block_input_lengths(model)
-            for mode in MODES:
+            for mode in (m for m in MODES if release in MODE_RELEASES[m]):
                 video, audio, input_grads, grads = app_forward_backward(model, cases[release, mode])
                 tensors = [*input_grads, *grads.values()]
                 flat = torch.cat([t.flatten() for t in tensors])  # one all-reduce per case

@@ -1,7 +1,8 @@
 """The README's LTX-2 training modes, each run 2 steps through ``ltx2-train``'s main on the tiny cache: a
 frozen modality (the video trained with the audio branch frozen, and audio-only T2A) leaves the frozen
 branch's weights as they were loaded and moves the other's; every run's ``metrics.jsonl`` has the loss of
-each modality beside the total, which is the trained modalities' sum."""
+each modality beside the total, which is the trained modalities' sum. The IC-LoRA lines run as a chain:
+preprocess with the references, train, sample with a reference."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ TINY = "apps/ltx2-train/configs/tiny_t2av.yaml"
 VIDEO_ONLY = "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av.yaml model.pipeline.frozen_modality=audio training.save=runs/ltx2_tiny/ckpt_video_only"
 AUDIO_ONLY = "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av.yaml model.pipeline.frozen_modality=video training.save=runs/ltx2_tiny/ckpt_audio_only"
 EXTENSION = "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av_extension.yaml"
+IC_LORA_CONFIG = "apps/ltx2-train/configs/tiny_t2av_ic_lora.yaml"
+IC_LORA_PREPROCESS = "ltx2-train preprocess --config apps/ltx2-train/configs/tiny_t2av_ic_lora.yaml"
+IC_LORA = "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av_ic_lora.yaml"
+IC_LORA_SAMPLE = 'ltx2-train sample --checkpoint runs/ltx2_tiny/ckpt_ic_lora --prompt "a red circle moving up" --reference runs/ltx2_tiny/data/references/clip_0000.mp4 --out runs/ltx2_tiny/sample_ic_lora.mp4'
 INDEPENDENT = "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av.yaml model.pipeline.audio_timesteps=independent training.save=runs/ltx2_tiny/ckpt_independent"
 
 
@@ -104,3 +109,29 @@ def test_a_video_extension_run_trains_on_the_frames_after_the_conditioning_ones(
     assert [r["step"] for r in run.rows] == [1, 2]
     for row in run.rows:
         assert row["loss"] == pytest.approx(row["loss_video"] + row["loss_audio"], rel=1e-5), row
+
+
+def test_an_ic_lora_run_preprocesses_its_references_trains_with_them_and_samples_with_one(
+    readme, ltx2_train, tiny_cache, run_config, tmp_path, capsys
+):
+    """The README's IC-LoRA chain on the tests' model set: preprocess caches each clip's reference (video and
+    audio latents), 2 steps train the adapters with them in context, and ``sample --reference`` draws a clip
+    (that another reference changes the prediction is checked at the pipeline: test_ltx2_conditioning.py)."""
+    from ltx2_train.cli import main
+    from mm_data import PrecomputedLatentDataset
+
+    config = run_config(tiny_cache, REPO / IC_LORA_CONFIG)
+    argv = readme.command(README, IC_LORA_PREPROCESS, paths={IC_LORA_CONFIG: config})
+    assert main(argv[1:]) == 0
+    cached = PrecomputedLatentDataset(tiny_cache / "latents_ic_lora")[0]
+    assert cached["reference_latents"].shape == cached["latents"].shape
+    assert cached["reference_audio_latents"].shape == cached["audio_latents"].shape
+    assert not torch.equal(cached["reference_latents"], cached["latents"])  # the reversed motion
+    run = run_readme_line(IC_LORA, "ckpt_ic_lora", readme, ltx2_train, tiny_cache, run_config, IC_LORA_CONFIG)
+    assert [r["step"] for r in run.rows] == [1, 2]
+    out = tmp_path / "sample.mp4"
+    paths = {"runs/ltx2_tiny/ckpt_ic_lora": tiny_cache / "ckpt_ic_lora", "runs/ltx2_tiny/data": tiny_cache / "data",
+             "runs/ltx2_tiny/sample_ic_lora.mp4": out}  # fmt: skip
+    argv = readme.command(README, IC_LORA_SAMPLE, paths=paths, extra=("--steps", "1"))
+    assert main(argv[1:]) == 0
+    assert capsys.readouterr().out.split()[-2:] == [str(out), str(out.with_suffix(".wav"))]

@@ -61,3 +61,18 @@ def test_a_23_or_25_transformer_plans_text_at_its_cross_attention_widths_for_bot
         batch = planning_batch(SimpleNamespace(model=release), config.data, 1, audio=False, frame_rate=24.0)
     assert tuple(batch["prompt_embeds"].shape) == (1, 1024, 4096)
     assert tuple(batch["audio_prompt_embeds"].shape) == (1, 1024, 2048)
+
+
+def test_an_ic_lora_run_plans_its_reference_clips_at_the_targets_shape():
+    from ltx2_train.pipeline import LTX2Pipeline
+
+    config = load_config(CONFIGS / "t2av.yaml", world_size=8)
+    with torch.device("meta"):
+        pipeline = LTX2Pipeline.from_options({"reference": "audio_video"})
+        batch = pipeline.planning_batch(SimpleNamespace(model=TRANSFORMER), config.data, 1)
+        video_only = LTX2Pipeline.from_options({"reference": "video"}).planning_batch(
+            SimpleNamespace(model=TRANSFORMER), config.data, 1
+        )
+    assert batch["reference_latents"].shape == batch["latents"].shape == (1, 128, 16, 16, 24)
+    assert batch["reference_audio_latents"].shape == batch["audio_latents"].shape
+    assert "reference_latents" in video_only and "reference_audio_latents" not in video_only

@@ -110,6 +110,11 @@ def _parser() -> argparse.ArgumentParser:
         help="the audio stream's guidance scale (diffusers' LTX2Pipeline audio_guidance_scale); default: --guidance-scale",
     )  # fmt: skip
     sample.add_argument("--negative-prompt", default="", help="the unconditional prompt of guidance")
+    sample.add_argument(
+        "--reference",
+        help="IC-LoRA reference clip (--frames frames at --fps) for a run trained "
+        "with model.pipeline.reference; left out, such a run samples without one",
+    )
     return p
 
 
@@ -146,6 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             modules, args.prompt, num_frames=args.frames, height=args.height, width=args.width,
             frame_rate=args.fps, steps=args.steps, seed=args.seed, guidance_scale=args.guidance_scale,
             audio_guidance_scale=args.audio_guidance_scale, negative_prompt=args.negative_prompt,
+            reference=args.reference,
         )  # fmt: skip
         for path in write_sample(modules, video, mel, args.out, fps=args.fps):
             print(path)

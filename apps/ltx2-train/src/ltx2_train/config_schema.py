@@ -42,17 +42,51 @@ SAMPLER_KEYS = {
 AudioTimesteps = Literal["shared", "independent"]
 FrozenModality = Literal["none", "audio", "video"]
 MissingAudio = Literal["refuse", "silence", "tone"]
+ConditionModality = Literal["none", "audio", "video"]
+Reference = Literal["none", "video", "audio", "audio_video"]
 PIPELINE_KEYS = (
     "audio",
     "audio_timesteps",
     "frozen_modality",
+    "condition_modality",
+    "reference",
     "first_frame_conditioning_p",
     "conditioning_frames",
+    "audio_conditioning_frames",
     "audio_loss_weight",
     "frame_rate",
     "audio_placeholder_tokens",
 )
 """``model.pipeline`` keys passed to ``LTX2Pipeline(...)``."""
+
+
+def conditioning_problems(options: dict) -> list[tuple[str, str, tuple[str, ...]]]:
+    """``(key, why, keys it depends on)`` for each combination of the conditioning keys of ``model.pipeline``
+    (``options``: the keys with their defaults) that cannot train or would not act; the pipeline and the
+    schema both refuse them (one list, so the two cannot disagree)."""
+    audio, cond, frozen = options["audio"], options["condition_modality"], options["frozen_modality"]
+    out = []
+    if not audio:
+        needs = "needs the audio stream (audio: true)"
+        if cond != "none":
+            out.append(("condition_modality", f"{needs}: expected none without it", ("audio",)))
+        if options["reference"] in ("audio", "audio_video"):
+            out.append(("reference", f"{needs}: expected none or video without it", ("audio",)))
+        if options["audio_conditioning_frames"]:
+            out.append(("audio_conditioning_frames", f"{needs}: expected 0 without it", ("audio",)))
+    if cond != "none" and frozen not in ("none", cond):
+        why = f"leaves nothing to train: the {cond} is the condition and the {frozen} branch is frozen"
+        out.append(("condition_modality", why, ("frozen_modality",)))
+    if cond != "none" and options["audio_timesteps"] != "shared":
+        why = "gives the conditioning stream timestep 0, so no second sigma is drawn: expected shared"
+        out.append(("audio_timesteps", why, ("condition_modality",)))
+    if cond == "video" and options["first_frame_conditioning_p"] > 0:
+        why = "the whole video is the condition already (condition_modality: video): expected 0"
+        out.append(("first_frame_conditioning_p", why, ("condition_modality",)))
+    if cond == "audio" and options["audio_conditioning_frames"] > 0:
+        why = "the whole audio is the condition already (condition_modality: audio): expected 0"
+        out.append(("audio_conditioning_frames", why, ("condition_modality",)))
+    return out
 
 
 class LTX2PipelineOptions(PartialConfigModel):
@@ -81,12 +115,25 @@ class LTX2PipelineOptions(PartialConfigModel):
     parameters out of the optimizer, no audio loss; the audio tokens still run, noised, as context);
     ``video`` the reverse, audio-only training (T2A: no video loss). Refused with LoRA (whose adapters
     decide what trains) and, for ``video``, without ``audio``."""
+    condition_modality: ConditionModality = "none"
+    """A modality given clean as the other's condition: ``audio`` (A2V: the audio tokens at timestep 0, not
+    noised, no audio loss; the video is generated) or ``video`` (V2A, the reverse). Unlike
+    ``frozen_modality`` it freezes no weight: it changes what the stream is (context, not a target)."""
+    reference: Reference = "none"
+    """IC-LoRA: the reference clip's tokens placed in the sequence as context (clean, timestep 0, no loss),
+    after the target's tokens, at the RoPE positions of a clip of their own shape from time 0 (diffusers'
+    IC-LoRA pipeline): ``video`` (the cache's ``reference_latents``), ``audio``
+    (``reference_audio_latents``) or ``audio_video`` (both). The cache comes from a metadata file whose rows
+    name a ``reference`` clip (``ltx2-train preprocess``)."""
     first_frame_conditioning_p: float = Field(default=0.0, ge=0, le=1)
     """Probability that a sample is conditioned: its first ``conditioning_frames`` latent frames given clean."""
     conditioning_frames: int = Field(default=1, ge=1)
     """Latent frames a conditioned sample gets clean (timestep 0, no loss): 1 = the first frame (I2V / I2AV);
     K > 1 = video extension, continuing the first K latent frames (with ``first_frame_conditioning_p: 1``
     every sample). A clip needs more latent frames than K; the transformer's ``patch_size_t`` must be 1."""
+    audio_conditioning_frames: int = Field(default=0, ge=0)
+    """Audio extension: every sample's first K audio latent frames given clean (timestep 0, no loss); the
+    audio continues them. 0: off. A clip needs more audio latent frames than K."""
     audio_loss_weight: float = Field(default=1.0, ge=0)
     """Weight of the audio MSE in the loss."""
     frame_rate: float = Field(default=24.0, gt=0)
@@ -111,6 +158,14 @@ class LTX2PipelineOptions(PartialConfigModel):
             raise RuleViolations(
                 [Problem(("frozen_modality",), why, self.frozen_modality, deps=(("audio",),))]
             )
+        return self
+
+    @model_validator(mode="after")
+    def _conditions_agree(self) -> LTX2PipelineOptions:
+        problems = [Problem((key,), why, getattr(self, key), deps=tuple((d,) for d in deps))
+                    for key, why, deps in conditioning_problems(self.model_dump())]  # fmt: skip
+        if problems:
+            raise RuleViolations(problems)
         return self
 
     @model_validator(mode="after")
@@ -178,6 +233,9 @@ class LTX2ContainerPipelineOptions(LTX2PipelineOptions):
         for key, default, why in (
             ("audio_timesteps", "shared", "a distillation moves both streams at one sigma per sample"),
             ("frozen_modality", "none", "a distillation trains its student's whole transformer"),
+            ("condition_modality", "none", "a distillation draws both streams from noise"),
+            ("reference", "none", "a distillation draws no reference clip"),
+            ("audio_conditioning_frames", 0, "a distillation draws whole clips (no clean frames)"),
         ):
             if getattr(self, key) != default:
                 problems.append(Problem((key,), f"{why}: expected {default}", getattr(self, key), deps=deps))
@@ -296,8 +354,11 @@ declare_ids("container", "ltx2_container")  # the other ids have schemas (known 
 __all__ = [
     "PIPELINE_KEYS",
     "AudioTimesteps",
+    "ConditionModality",
     "FrozenModality",
     "MissingAudio",
+    "Reference",
+    "conditioning_problems",
     "SAMPLER_KEYS",
     "SAMPLING_MODES",
     "LTX2ContainerPipelineOptions",

@@ -20,9 +20,16 @@ the micro-batch's :class:`mm_pipelines.SampleRNG` (purposes ``sigma``, ``first_f
    audio_sigma`` as its prompt modulation's ``sigma`` / ``audio_sigma`` and the cross timestep, as
    diffusers' pipelines give them (:mod:`ltx2_train.release_inputs`);
 4. target ``eps - x0``; loss = MSE over the video tokens that are not conditioning tokens
-   + ``audio_loss_weight`` x audio MSE (fp32), less the stream of ``frozen_modality`` (``audio``: video
-   loss alone, the audio branch frozen; ``video``: the audio loss alone, T2A). Both streams' MSEs are
-   reported (``loss_video``, ``loss_audio``), the frozen one's too.
+   + ``audio_loss_weight`` x audio MSE over the audio tokens that are not (fp32), less the stream of
+   ``frozen_modality`` (``audio``: video loss alone, the audio branch frozen; ``video``: the audio loss
+   alone, T2A). Both streams' MSEs are reported (``loss_video``, ``loss_audio``), the frozen one's too.
+
+Clean context (:mod:`ltx2_train.conditioning`): ``condition_modality`` gives one stream whole at sigma 0
+(A2V: ``audio``, V2A: ``video``; no loss, none reported); ``audio_conditioning_frames`` K gives every
+sample's first K audio latent frames at sigma 0 (audio extension: per-token audio timestep, no loss on them);
+``reference`` appends the reference clip's video and / or audio tokens (batch ``reference_latents``,
+``reference_audio_latents``) after the target's in the transformer's input, clean, at timestep 0 and at
+diffusers' IC-LoRA positions; their outputs are dropped, so no loss reaches them.
 
 Held-out samples (``training.validation.data_path``, :meth:`LTX2Pipeline.validation_loss`): the same loss
 without conditioning frames at ``num_timesteps`` fixed sigmas ``(k + 1/2) / num_timesteps``, with one noise
@@ -31,19 +38,30 @@ each stream's MSE beside it (``val_loss_video``, ``val_loss_audio``).
 
 Batch keys (from ``ltx2-train preprocess``): ``latents [B, C, F, H, W]``, ``prompt_embeds [B, S, D]``,
 ``prompt_attention_mask [B, S]``, optional ``audio_prompt_embeds``, ``audio_latents [B, C, L, M]``,
-``frame_rate [B]``. Without audio (``audio: false``, the T2V recipe) the audio stream gets a few zero
+``frame_rate [B]``, with ``reference``: ``reference_latents [B, C, F', H', W']`` and / or
+``reference_audio_latents [B, C, L', M]``. Without audio (``audio: false``, the T2V recipe) the audio stream gets a few zero
 tokens, modality cross-attention is off and audio contributes no loss.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from mm_pipelines import FlowMatchScheduler, GenerativePipelineBase, SampleRNG
 
-from ltx2_train.config_schema import PIPELINE_KEYS, SAMPLER_KEYS, AudioTimesteps, FrozenModality
+from ltx2_train.conditioning import leading_frames_mask, with_references
+from ltx2_train.config_schema import (
+    PIPELINE_KEYS,
+    SAMPLER_KEYS,
+    AudioTimesteps,
+    ConditionModality,
+    FrozenModality,
+    Reference,
+    conditioning_problems,
+)
 from ltx2_train.planning import planning_batch
 from ltx2_train.release_inputs import release_of, sigma_inputs, text_width_problem
 from ltx2_train.timesteps import SigmaSampler
@@ -120,9 +138,15 @@ def validation_sigmas(num_timesteps: int) -> list[float]:
     return [(k + 0.5) / num_timesteps for k in range(num_timesteps)]
 
 
-def per_sample_mse(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """``[B]``: each sample's fp32 mean of squared errors."""
-    return (prediction.float() - target.float()).pow(2).flatten(1).mean(dim=1)
+def per_sample_mse(
+    prediction: torch.Tensor, target: torch.Tensor, keep: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``[B]``: each sample's fp32 mean of squared errors (over the tokens where ``keep`` ``[B, S]`` is True)."""
+    err = (prediction.float() - target.float()).pow(2)
+    if keep is None:
+        return err.flatten(1).mean(dim=1)
+    weight = keep.to(err.dtype)[..., None].expand_as(err)
+    return (err * weight).flatten(1).sum(dim=1) / weight.flatten(1).sum(dim=1).clamp_min(1.0)
 
 
 def masked_mse(
@@ -153,8 +177,11 @@ class LTX2Pipeline(GenerativePipelineBase):
         audio: bool = True,
         audio_timesteps: AudioTimesteps = "shared",
         frozen_modality: FrozenModality = "none",
+        condition_modality: ConditionModality = "none",
+        reference: Reference = "none",
         first_frame_conditioning_p: float = 0.0,
         conditioning_frames: int = 1,
+        audio_conditioning_frames: int = 0,
         audio_loss_weight: float = 1.0,
         frame_rate: float = 24.0,
         audio_placeholder_tokens: int = 8,
@@ -178,6 +205,29 @@ class LTX2Pipeline(GenerativePipelineBase):
             )
         if conditioning_frames < 1:
             raise ValueError(f"model.pipeline.conditioning_frames={conditioning_frames}: expected >= 1")
+        if condition_modality not in ("none", "audio", "video"):
+            raise ValueError(
+                f"model.pipeline.condition_modality={condition_modality!r}: expected none, audio or video"
+            )
+        if reference not in ("none", "video", "audio", "audio_video"):
+            raise ValueError(
+                f"model.pipeline.reference={reference!r}: expected none, video, audio or audio_video"
+            )
+        if audio_conditioning_frames < 0:
+            raise ValueError(
+                f"model.pipeline.audio_conditioning_frames={audio_conditioning_frames}: expected >= 0"
+            )
+        problems = conditioning_problems({
+            "audio": audio, "condition_modality": condition_modality, "frozen_modality": frozen_modality,
+            "reference": reference, "audio_conditioning_frames": audio_conditioning_frames,
+            "audio_timesteps": audio_timesteps, "first_frame_conditioning_p": first_frame_conditioning_p,
+        })  # fmt: skip
+        if problems:
+            key, why, _ = problems[0]
+            raise ValueError(f"model.pipeline.{key}: {why}")
+        self.condition_modality = condition_modality
+        self.reference = reference
+        self.audio_conditioning_frames = audio_conditioning_frames
         self.conditioning_frames = conditioning_frames
         self.sampler = sampler or SigmaSampler()
         self.audio = audio
@@ -203,9 +253,22 @@ class LTX2Pipeline(GenerativePipelineBase):
             )
         return cls(sampler, **options)
 
+    def without_reference(self) -> LTX2Pipeline:
+        """This pipeline with ``reference: none`` (sampling an IC-LoRA run without its reference clip)."""
+        plain = copy.copy(self)
+        plain.reference = "none"
+        return plain
+
     def planning_batch(self, container: Any, data: Any, micro_batch_size: int) -> dict[str, Any]:
-        """A micro-batch of the run's real shapes for ``mm-train plan`` (:mod:`ltx2_train.planning`)."""
-        return planning_batch(container, data, micro_batch_size, audio=self.audio, frame_rate=self.frame_rate)
+        """A micro-batch of the run's real shapes for ``mm-train plan`` (:mod:`ltx2_train.planning`), with the
+        reference clips ``reference`` asks for (``preprocess`` caches them at the target's shape)."""
+        batch = planning_batch(
+            container, data, micro_batch_size, audio=self.audio, frame_rate=self.frame_rate
+        )
+        for stream, key in (("video", "latents"), ("audio", "audio_latents")):
+            if stream in self.reference:
+                batch[f"reference_{key}"] = torch.zeros_like(batch[key])
+        return batch
 
     def conditions_samples_of(self, frames: int) -> bool:
         """Whether a sample of ``frames`` latent frames may be conditioned on its leading frames: never one
@@ -264,6 +327,37 @@ class LTX2Pipeline(GenerativePipelineBase):
                     "model.pipeline.audio is true but the batch has no 'audio_latents' (preprocess with audio)"
                 )
             out["audio"] = pack_audio(batch["audio_latents"])
+            self._check_audio_frames(out["audio"].shape[1])
+        out.update(self._references(batch, patch_size, patch_size_t))
+        return out
+
+    def _check_audio_frames(self, frames: int) -> None:
+        """Refuse audio of no more latent frames than ``audio_conditioning_frames`` (nothing to generate)."""
+        k = self.audio_conditioning_frames
+        if k and frames <= k:
+            raise ValueError(
+                f"batch['audio_latents']: {frames} audio latent frame(s) leave none to generate after "
+                f"model.pipeline.audio_conditioning_frames={k}; expected more than {k} (longer clips, or fewer frames)"
+            )
+
+    def _references(self, batch: Mapping[str, Any], patch_size: int, patch_size_t: int) -> dict[str, Any]:
+        """The packed reference tokens ``model.pipeline.reference`` asks for (IC-LoRA), from the cache's
+        ``reference_latents`` / ``reference_audio_latents`` (:mod:`ltx2_train.conditioning`)."""
+        out: dict[str, Any] = {}
+        wants = {"video": ("reference_latents",), "audio": ("reference_audio_latents",),
+                 "audio_video": ("reference_latents", "reference_audio_latents")}.get(self.reference, ())  # fmt: skip
+        missing = [key for key in wants if key not in batch]
+        if missing:
+            raise KeyError(
+                f"model.pipeline.reference={self.reference} but the batch has no {missing}: preprocess a source "
+                "whose metadata rows name a 'reference' clip (apps/ltx2-train/README.md, IC-LoRA)"
+            )
+        if "reference_latents" in wants:
+            latents = batch["reference_latents"]
+            out["reference_video"] = pack_video(latents, patch_size, patch_size_t)
+            out["reference_grid"] = tuple(latents.shape[2:])
+        if "reference_audio_latents" in wants:
+            out["reference_audio"] = pack_audio(batch["reference_audio_latents"])
         return out
 
     def noising(self, conditions: dict[str, Any], rng: SampleRNG | None = None) -> dict[str, Any]:
@@ -279,6 +373,7 @@ class LTX2Pipeline(GenerativePipelineBase):
         audio_sigma = sigma
         if self.audio and self.audio_timesteps == "independent":
             audio_sigma = self.sampler.sample_keyed(rng, num_tokens, device=device, purpose="audio_sigma")
+        sigma, audio_sigma = self._condition_stream(sigma, audio_sigma)
         conditioned = rng.per_sample(
             "first_frame_conditioning",
             lambda g: first_frame_token_mask(
@@ -298,6 +393,16 @@ class LTX2Pipeline(GenerativePipelineBase):
             a0 = conditions["audio"]
             eps_a = rng.randn("audio_noise", a0.shape[1:], dtype=a0.dtype, device=device)
         return self._mixed(conditions, sigma, conditioned, eps, eps_a, audio_sigma)
+
+    def _condition_stream(
+        self, sigma: torch.Tensor, audio_sigma: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(sigma, audio_sigma)`` with the ``condition_modality`` stream's at 0 (given clean, timestep 0)."""
+        if self.condition_modality == "video":
+            return torch.zeros_like(sigma), audio_sigma
+        if self.condition_modality == "audio":
+            return sigma, torch.zeros_like(audio_sigma)
+        return sigma, audio_sigma
 
     def _mixed(
         self, conditions: dict[str, Any], sigma: torch.Tensor, conditioned: torch.Tensor, eps: torch.Tensor,
@@ -320,9 +425,14 @@ class LTX2Pipeline(GenerativePipelineBase):
         }
         if self.audio:
             a0 = conditions["audio"]
-            sa = audio_sigma[:, None, None].to(a0.dtype)
+            clean = leading_frames_mask(a0.size(0), a0.size(1), self.audio_conditioning_frames, a0.device)
+            # [B, L]: 0 on the clean leading frames (audio extension), the sample's sigma elsewhere
+            token_audio_sigma = audio_sigma[:, None] * (~clean).to(audio_sigma.dtype)
+            sa = token_audio_sigma[..., None].to(a0.dtype)
             noised["noisy_audio"] = (1 - sa) * a0 + sa * eps_audio
             noised["audio_target"] = eps_audio - a0
+            noised["audio_conditioned"] = clean
+            noised["audio_timestep"] = token_audio_sigma if self.audio_conditioning_frames else audio_sigma
         return noised
 
     def predict(self, container: Any, noised: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -343,21 +453,24 @@ class LTX2Pipeline(GenerativePipelineBase):
         else:
             tokens = self.audio_placeholder_tokens
             audio = video.new_zeros(video.size(0), tokens, model.config.audio_in_channels)
-        return model(
-            hidden_states=video,
-            audio_hidden_states=audio,
+        audio_timestep = noised.get("audio_timestep")
+        audio_timestep = audio_sigma if audio_timestep is None else audio_timestep * scale
+        tokens = with_references(
+            model, noised, video, audio, noised["video_timestep"] * scale, audio_timestep
+        )
+        video_out, audio_out = model(
+            **tokens,
             encoder_hidden_states=noised["text"],
             audio_encoder_hidden_states=noised["audio_text"],
-            timestep=noised["video_timestep"] * scale,
-            audio_timestep=audio_sigma,
             encoder_attention_mask=noised["text_mask"],
             audio_encoder_attention_mask=noised["text_mask"],
             num_frames=frames, height=height, width=width, fps=noised["frame_rate"],
-            audio_num_frames=audio.size(1),
+            audio_num_frames=tokens["audio_hidden_states"].size(1),
             isolate_modalities=not self.audio,
             return_dict=False,
             **sigma_inputs(release_of(model), sigma, audio_sigma),
         )  # fmt: skip
+        return video_out[:, : video.size(1)], audio_out[:, : audio.size(1)]  # the references' outputs dropped
 
     # ------------------------------------------------------------------ flow state
     @property
@@ -394,17 +507,27 @@ class LTX2Pipeline(GenerativePipelineBase):
         """Masked video MSE (non-conditioning tokens) + weighted audio MSE, fp32; the stream of
         ``frozen_modality`` left out (its MSE still reported, without gradient)."""
         video_pred, audio_pred = prediction
-        video_loss = masked_mse(video_pred, noised["video_target"], ~noised["conditioned"])
-        noised["video_loss"] = video_loss.detach()
-        if not self.audio:
-            return video_loss
-        audio_loss = masked_mse(audio_pred, noised["audio_target"])
-        noised["audio_loss"] = audio_loss.detach()
-        if self.frozen_modality == "audio":
-            return video_loss
-        if self.frozen_modality == "video":
-            return self.audio_loss_weight * audio_loss
-        return video_loss + self.audio_loss_weight * audio_loss
+        trained = self.trained_streams
+        video_loss = audio_loss = None
+        if self.condition_modality != "video":
+            video_loss = masked_mse(video_pred, noised["video_target"], ~noised["conditioned"])
+            noised["video_loss"] = video_loss.detach()
+        if self.audio and self.condition_modality != "audio":
+            audio_loss = masked_mse(audio_pred, noised["audio_target"], ~noised["audio_conditioned"])
+            noised["audio_loss"] = audio_loss.detach()
+        terms = []
+        if "video" in trained:
+            terms.append(video_loss)
+        if "audio" in trained:
+            terms.append(self.audio_loss_weight * audio_loss)
+        return sum(terms[1:], terms[0])
+
+    @property
+    def trained_streams(self) -> tuple[str, ...]:
+        """The streams whose loss trains: video and (with ``audio``) audio, less ``frozen_modality``'s and
+        ``condition_modality``'s."""
+        streams = ("video", "audio") if self.audio else ("video",)
+        return tuple(s for s in streams if s not in (self.frozen_modality, self.condition_modality))
 
     # ---------------------------------------------------------- validation
     @torch.no_grad()
@@ -412,10 +535,12 @@ class LTX2Pipeline(GenerativePipelineBase):
         self, container: Any, batch: Mapping[str, Any], rng: SampleRNG, num_timesteps: int
     ) -> dict[str, torch.Tensor]:
         """Per-sample losses ``[B]`` of held-out samples: ``loss``, the training loss (video MSE over every
-        token + ``audio_loss_weight`` x audio MSE; no conditioning frames), and each stream's MSE
-        (``loss_video``, with audio ``loss_audio``: logged ``val_loss_video`` / ``val_loss_audio``), at the
-        fixed sigmas of :func:`validation_sigmas`, averaged. The noise comes from ``rng`` (purposes ``noise``
-        and ``audio_noise``, one draw per sample shared by every sigma): keyed by held-out sample index, it is
+        token + ``audio_loss_weight`` x audio MSE; no video conditioning frames; the ``condition_modality`` stream
+        clean and without loss, the clean ``audio_conditioning_frames`` without loss, the reference tokens in
+        context, as in training), and each trained stream's MSE (``loss_video``, with audio ``loss_audio``:
+        logged ``val_loss_video`` / ``val_loss_audio``), at the fixed sigmas of :func:`validation_sigmas`,
+        averaged. The noise comes from ``rng`` (purposes ``noise`` and ``audio_noise``, one draw per sample
+        shared by every sigma): keyed by held-out sample index, it is
         the same at every validation and layout."""
         conditions = self.prepare_conditions(container, batch)
         x0 = conditions["video"]
@@ -429,27 +554,30 @@ class LTX2Pipeline(GenerativePipelineBase):
         per_sigma: dict[str, list[torch.Tensor]] = {"loss_video": [], "loss_audio": []}
         for value in validation_sigmas(num_timesteps):
             sigma = torch.full((size,), value, dtype=torch.float32, device=device)
-            noised = self._mixed(conditions, sigma, clean, eps, eps_audio)
+            video_sigma, audio_sigma = self._condition_stream(sigma, sigma)
+            noised = self._mixed(conditions, video_sigma, clean, eps, eps_audio, audio_sigma)
             video_pred, audio_pred = self.predict(container, noised)
-            per_sigma["loss_video"].append(per_sample_mse(video_pred, noised["video_target"]))
-            if self.audio:
-                per_sigma["loss_audio"].append(per_sample_mse(audio_pred, noised["audio_target"]))
+            if self.condition_modality != "video":
+                per_sigma["loss_video"].append(per_sample_mse(video_pred, noised["video_target"]))
+            if self.audio and self.condition_modality != "audio":
+                audio_mse = per_sample_mse(audio_pred, noised["audio_target"], ~noised["audio_conditioned"])
+                per_sigma["loss_audio"].append(audio_mse)
         out = {name: torch.stack(values).mean(dim=0) for name, values in per_sigma.items() if values}
-        out["loss"] = (
-            out["loss_video"] + self.audio_loss_weight * out["loss_audio"]
-            if self.audio
-            else out["loss_video"]
-        )
+        zero = torch.zeros(size, device=device)
+        out["loss"] = out.get("loss_video", zero) + self.audio_loss_weight * out.get("loss_audio", zero)
         return out
 
     def metrics(self, container: Any, noised: dict[str, Any]) -> dict[str, float]:
-        """``num_samples``, ``num_tokens`` (video + audio), the losses and the step's ``flops`` (for MFU)."""
+        """``num_samples``, ``num_tokens`` (video + audio, reference tokens included: the transformer computes
+        them), the losses of the streams that have one and the step's ``flops`` (for MFU)."""
         batch, video_tokens, _ = noised["video"].shape
         audio_tokens = noised["audio"].shape[1] if self.audio else 0
+        video_tokens += noised["reference_video"].shape[1] if "reference_video" in noised else 0
+        audio_tokens += noised["reference_audio"].shape[1] if "reference_audio" in noised else 0
         out = {"num_samples": batch, "num_tokens": batch * (video_tokens + audio_tokens)}
-        out["loss_video"] = float(noised["video_loss"])
-        if self.audio:
-            out["loss_audio"] = float(noised["audio_loss"])
+        for stream in ("video", "audio"):
+            if f"{stream}_loss" in noised:
+                out[f"loss_{stream}"] = float(noised[f"{stream}_loss"])
         counter = getattr(self.submodule(container, "predictor"), "training_flops", None)
         if callable(counter):  # without audio the transformer still runs its placeholder audio tokens
             computed_audio = audio_tokens if self.audio else self.audio_placeholder_tokens

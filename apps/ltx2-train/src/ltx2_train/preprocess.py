@@ -14,6 +14,10 @@ pipeline encodes its image) at :data:`IMAGE_FRAME_RATE` unless ``fps`` is set; t
 samples by their ``latents`` shape, so images and clips never share a micro-batch. With audio, images are
 refused before any encoder loads (:func:`refuse_images`).
 
+A source whose metadata rows name a ``reference`` clip (IC-LoRA) also caches ``reference_latents`` and,
+with audio, ``reference_audio_latents`` per sample (:mod:`ltx2_train.references`: checked before any encoder
+loads, keyed by the reference's content).
+
 The cache is :func:`mm_data.cache_dataset`'s (through :func:`mm_trainer.write_latent_cache`): sharded,
 keyed by each clip's content, the row (and, for a row whose prompt is drawn from a caption list, its
 position), the reading parameters and the encoders' identity, so a re-run encodes only what changed and
@@ -55,6 +59,7 @@ from mm_trainer import (
 
 from ltx2_train.audio import has_audio_track, log_mel, read_audio, synthetic_tone
 from ltx2_train.config_schema import MissingAudio, PreprocessOptions
+from ltx2_train.references import check_references, encode_reference, key_references, reference_paths
 
 ENCODE_VERSION = 2
 """Bumped when what this module caches per sample changes (it is part of every sample's key). 2: a clip
@@ -339,6 +344,15 @@ def encoders_identity(options: PreprocessOptions, out_dir: str) -> dict[str, Any
     }  # fmt: skip
 
 
+def target_rate(options: PreprocessOptions, row: dict[str, Any]) -> float:
+    """The frame rate a row's clip is cached at: ``data.dataset.preprocess.fps``, else the row's ``fps``, else
+    its header's; refused when none is usable."""
+    rate = float(options.fps or row.get("fps") or clip_rate(row["path"]))
+    if not math.isfinite(rate) or rate <= 0:
+        raise ValueError(f"{row['path']}: no usable frame rate ({rate}); set data.dataset.preprocess.fps")
+    return rate
+
+
 def run_preprocess(
     config: TrainConfig, *, rank: int | None = None, world_size: int | None = None
 ) -> CacheReport:
@@ -355,6 +369,10 @@ def run_preprocess(
     refuse_images(dataset, audio=options.audio)
     silent = clips_without_audio(dataset) if options.audio else []
     refuse_missing_audio(dataset, silent, options.missing_audio)
+    has_references = check_references(dataset, options, lambda row: target_rate(options, row))
+    if has_references:
+        key_references(dataset, options)
+    references = reference_paths(dataset, options)
     run = options.run
     shard = use_text_encoder_fsdp(run.text_encoder_fsdp, weights=Path(options.model_root) / "text_encoder",
                                   world_size=env_world)  # fmt: skip
@@ -365,12 +383,15 @@ def run_preprocess(
     out = str(config.data.data_path)
 
     def encode(item: dict[str, Any]) -> dict[str, Any]:
-        row = dataset.rows[int(item["index"])]
-        rate = float(options.fps or row.get("fps") or clip_rate(row["path"]))
-        if not math.isfinite(rate) or rate <= 0:
-            raise ValueError(f"{row['path']}: no usable frame rate ({rate}); set data.dataset.preprocess.fps")
-        return encode_sample(encoders, item, frame_rate=rate, max_length=options.max_sequence_length,
-                             path=str(row["path"]), missing_audio=options.missing_audio)  # fmt: skip
+        index = int(item["index"])
+        row, rate = dataset.rows[index], target_rate(options, dataset.rows[index])
+        out = encode_sample(encoders, item, frame_rate=rate, max_length=options.max_sequence_length,
+                            path=str(row["path"]), missing_audio=options.missing_audio)  # fmt: skip
+        if references[index] is not None:
+            out.update(encode_reference(encoders, references[index], row["reference_sha256"],
+                                        num_frames=options.num_frames, height=options.height,
+                                        width=options.width, rate=rate))  # fmt: skip
+        return out
 
     def idle() -> None:
         encoders.encode_text("", options.max_sequence_length)

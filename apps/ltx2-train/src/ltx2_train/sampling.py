@@ -18,6 +18,7 @@ set has none).
 
 from __future__ import annotations
 
+import hashlib
 import math
 from pathlib import Path
 from typing import Any
@@ -27,23 +28,26 @@ from mm_checkpoint import DistributedCheckpointer
 from mm_config import TrainConfig
 from mm_data import to_video_frames, write_clip, write_wav
 from mm_pipelines import DistributionMatchingDistillation, FlowMatchScheduler
-from mm_trainer import ModelContainer, freeze, import_plugins
+from mm_trainer import ModelContainer, freeze, import_plugins, inject_lora
 
 from ltx2_train.audio import mel_to_waveform
 from ltx2_train.distill import run_pipeline
 from ltx2_train.pipeline import LTX2Pipeline, unpack_video, video_patch
 from ltx2_train.predictor import LTX2Predictor
 from ltx2_train.preprocess import LTX2Encoders, preprocess_options
+from ltx2_train.references import encode_reference, reference_clip_problem
 
 
 def load_for_sampling(config: TrainConfig, checkpoint: str | Path) -> dict[str, Any]:
     """The trained transformer restored from ``checkpoint`` (``holder``: its container; a distillation's
-    student), the run's pipeline (``distillation``: the DMD2 around it, or None), and the frozen encoders
+    student; a LoRA run's base loaded from its source and its adapters from ``checkpoint``), the run's pipeline (``distillation``: the DMD2 around it, or None), and the frozen encoders
     of ``data.dataset.preprocess.model_root`` (CPU, fp32)."""
     import_plugins(config.training.plugin)
-    model = LTX2Predictor.build_from_config(config.model.sub_models()["model"])
+    args = config.model.sub_models()["model"]
+    model = LTX2Predictor.from_pretrained(args) if args.lora else LTX2Predictor.build_from_config(args)
     freeze(model)
     holder = ModelContainer({"model": model}, trainable=("model",))
+    inject_lora(holder, {"model": args.lora})  # a LoRA run: its base from its source, its adapters restored
     DistributedCheckpointer(checkpoint).load({"model": holder})
     built = run_pipeline(config.model.pipeline or {})  # the run's pipeline, as training built it
     distillation = built if isinstance(built, DistributionMatchingDistillation) else None
@@ -88,6 +92,7 @@ def sample_clip(
     shift: float | None = None,
     texts: dict[str, dict[str, torch.Tensor]] | None = None,
     device: torch.device | str = "cpu",
+    reference: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(video [3, F, H, W] in [-1, 1], log-mel [2, T, mel_bins] or None without audio)`` for
     ``prompt``, on CPU; the same ``seed`` gives the same clip (the noise is drawn on the CPU from it).
@@ -98,7 +103,10 @@ def sample_clip(
     (None: ``guidance_scale``) on the audio, as diffusers' ``LTX2Pipeline`` takes them: the unconditional
     forward runs when either is not 1, and a stream at 1 keeps its conditional velocity.
     ``texts`` holds the prompts' embeddings already encoded (:meth:`LTX2Encoders.encode_text`), else the
-    encoders encode them; the transformer runs on ``device``."""
+    encoders encode them; the transformer runs on ``device``. ``reference``: the IC-LoRA reference clip
+    (``num_frames`` frames at ``frame_rate``) of a run trained with ``model.pipeline.reference``, its tokens in
+    context at every step as in training; None samples such a run without one (the reference tokens left
+    out of the sequence)."""
     encoders: LTX2Encoders = modules["encoders"]
     pipeline: LTX2Pipeline = modules["pipeline"]
     holder = modules["holder"]
@@ -107,6 +115,9 @@ def sample_clip(
             "audio_guidance_scale: this run samples no audio (model.pipeline.audio: false); leave it out"
         )
     grid = latent_grid(encoders, num_frames, height, width)
+    references = reference_latents(pipeline, encoders, reference, num_frames, height, width, frame_rate)
+    if reference is None:
+        pipeline = pipeline.without_reference()
     generator = torch.Generator().manual_seed(seed)
     video = torch.randn((1, encoders.vae.config.latent_channels, *grid), generator=generator)
     audio = _audio_noise(encoders, num_frames / frame_rate, generator) if pipeline.audio else None
@@ -120,6 +131,7 @@ def sample_clip(
         }
         if audio is not None:
             batch["audio_latents"] = audio
+        batch.update({k: v[None] for k, v in references.items()})
         return pipeline.prepare_conditions(holder, {k: v.to(device) for k, v in batch.items()})
 
     state = conditions(prompt)
@@ -157,6 +169,26 @@ def guided(conditional: torch.Tensor, unconditional: torch.Tensor, scale: float)
     """Classifier-free guidance ``u + scale (c - u)`` (``c`` itself at scale 1). Diffusers' ``LTX2Pipeline``
     guides the x0 predictions, ``x - sigma v``: at one ``x`` and sigma the same velocity."""
     return conditional if scale == 1.0 else unconditional + scale * (conditional - unconditional)
+
+
+def reference_latents(
+    pipeline: LTX2Pipeline, encoders: LTX2Encoders, reference: str | None, num_frames: int, height: int,
+    width: int, frame_rate: float,
+) -> dict[str, torch.Tensor]:  # fmt: skip
+    """The cached-sample entries of the reference clip ``reference`` (``reference_latents`` and, with audio,
+    ``reference_audio_latents``: :func:`ltx2_train.references.encode_reference`); {} without one. A clip
+    of other frames or rate than the sample's, or one given to a run trained without references, is refused."""
+    if reference is None:
+        return {}
+    if pipeline.reference == "none":
+        raise ValueError(f"--reference {reference}: this run was trained without references "
+                         "(model.pipeline.reference: none)")  # fmt: skip
+    problem = reference_clip_problem(reference, num_frames, frame_rate)
+    if problem is not None:
+        raise ValueError(f"--reference: {problem} (--frames, --fps)")
+    digest = hashlib.sha256(Path(reference).read_bytes()).hexdigest()
+    return encode_reference(encoders, reference, digest, num_frames=num_frames, height=height, width=width,
+                            rate=frame_rate)  # fmt: skip
 
 
 def _text_of(conditions: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,8 @@ Layout (what a real ``Lightricks/LTX-2`` diffusers folder looks like, minus the 
 ``transformer/`` (``LTX2VideoTransformer3DModel``), ``vae/`` (``AutoencoderKLLTX2Video``),
 ``audio_vae/`` (``AutoencoderKLLTX2Audio``), ``text_encoder/`` (a 2-layer Gemma-3 text model),
 ``tokenizer/`` (a word-level tokenizer built with ``tokenizers``, left padding like Gemma),
-``connectors/`` (``LTX2TextConnectors``) and ``data/`` (silent mp4 clips + ``metadata.json``).
+``connectors/`` (``LTX2TextConnectors``) and ``data/`` (silent mp4 clips + ``metadata.json``, and
+the clips' IC-LoRA references: :func:`write_ic_lora_references`).
 Fixed seeds: the same call writes the same weights.
 
 ``release`` (:data:`RELEASE_OPTIONS`) picks the transformer's LTX-2 release: ``2.0`` (the default), or
@@ -31,6 +32,7 @@ and 200 steps of :data:`LEARN_TRAINING` learn the four clips (``benchmarks/ltx2_
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,9 @@ CLIP = {"num_frames": 5, "height": 16, "width": 16, "fps": 8}
 DEMO_SHAPES = (
     ("red", "circle", "up"), ("blue", "circle", "down"), ("green", "circle", "left"), ("yellow", "circle", "right"),
 )  # fmt: skip
+#: The IC-LoRA source ``make-tiny`` writes beside ``metadata.json``: its rows with a ``reference`` column
+#: (:func:`write_ic_lora_references`).
+IC_LORA_METADATA = "metadata_ic_lora.json"
 #: Fit of the tiny video VAE (whole clips, every clip in each step, plain MSE: with an L1 term the
 #: fit settles on the background, ~18 dB, for hundreds of steps).
 VAE_FIT_STEPS = 700
@@ -219,6 +224,8 @@ def make_tiny(
             out / "data", num_clips=len(shapes), sizes=((CLIP["height"], CLIP["width"]),), fps=(CLIP["fps"],),
             num_frames=(CLIP["num_frames"],), seed=seed, shapes=shapes,
         )  # fmt: skip
+    if not (out / "data" / IC_LORA_METADATA).is_file():
+        write_ic_lora_references(out / "data", shapes, seed=seed)
     if vae_fit_steps > 0:
         write_fitted_vae(out / "vae", metadata, steps=vae_fit_steps, seed=seed)
     torch.manual_seed(seed)
@@ -243,6 +250,26 @@ def make_tiny(
         extra_index={"tokenizer": ["transformers", "PreTrainedTokenizerFast"]},
     )  # fmt: skip
     return out
+
+
+def write_ic_lora_references(data: Path, shapes: Sequence[tuple[str, str, str]], *, seed: int = 0) -> Path:
+    """IC-LoRA references of the demo clips in ``data`` (their ``metadata.json``): for each, the same shape
+    and colour moving the opposite way (``references/``), named in the ``reference`` column of
+    :data:`IC_LORA_METADATA`, whose rows are ``metadata.json``'s (the clip is the target: its reference with
+    the motion reversed). Returns that metadata file."""
+    opposite = {"up": "down", "down": "up", "left": "right", "right": "left"}
+    reversed_shapes = [(colour, shape, opposite[direction]) for colour, shape, direction in shapes]
+    make_synthetic_dataset(
+        data / "references", num_clips=len(shapes), sizes=((CLIP["height"], CLIP["width"]),),
+        fps=(CLIP["fps"],), num_frames=(CLIP["num_frames"],), seed=seed, shapes=reversed_shapes,
+    )  # fmt: skip
+    rows = json.loads((data / "metadata.json").read_text())
+    references = json.loads((data / "references" / "metadata.json").read_text())
+    for row, reference in zip(rows, references, strict=True):
+        row["reference"] = f"references/{reference['path']}"
+    path = data / IC_LORA_METADATA
+    path.write_text(json.dumps(rows, indent=1))
+    return path
 
 
 def check_release(out: Path, release: str) -> None:

@@ -332,6 +332,8 @@ def _guidance_problems(cfg: TrainConfig) -> list[Problem]:
         for mode in ("distill", "grpo")
         if isinstance(pipeline.get(mode), dict) and pipeline[mode].get("guidance_scale", 1.0) != 1.0
     ]
+
+
 def _rollout_cadence_problems(cfg: TrainConfig) -> list[Problem]:
     """With ``model.pipeline.grpo.updates_per_rollout`` > 1 the rollouts between rollout steps live in memory
     only: every resumable save (``training.save_interval``, the end at ``training.train_iters``) must fall on
