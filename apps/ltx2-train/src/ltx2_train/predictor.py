@@ -142,6 +142,11 @@ class LTX2Predictor(BaseModel, LTX2VideoTransformer3DModel):
     #: ``training.validation`` hooks sample clips with audio (``mm_trainer.model.container.container_class``).
     single_model_container = "ltx2_container"
 
+    @property
+    def architecture_name(self) -> str:
+        """What a refused LoRA file (``model.lora.init_from``) is told the model is: its LTX-2 release."""
+        return f"LTX-{self.ltx2_version or '2'} transformer"
+
     @classmethod
     def build_from_config(cls, args: Any) -> LTX2Predictor:
         """The transformer of the config section, its LTX-2 release recognised (and logged) first
