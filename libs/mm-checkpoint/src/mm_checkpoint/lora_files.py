@@ -36,7 +36,7 @@ from .key_map_registry import get_weight_transform
 from .key_maps import apply_plan, planned_shape_dtype
 from .layout import resolve_dcp_dir
 from .runtime import barrier, get_rank, on_rank0
-from .safetensors_io import TensorInfo, parse_size, save_safetensors
+from .safetensors_io import TensorInfo, parse_size, read_header_bytes, save_safetensors
 from .weight_readers import WeightsReader, open_weights
 
 PEFT_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
@@ -135,11 +135,9 @@ def read_lora_file(path: str | os.PathLike, *, model_type: str | None = None) ->
     Raises:
         CheckpointFormatError: no adapter, an A without its B (or the reverse), or a key of no known layout.
     """
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-        metadata = f.metadata() or {}
+    with open_weights(path) as reader:
+        tensors = {k: reader.read(k) for k in reader.keys()}
+    metadata = json.loads(read_header_bytes(path)).get("__metadata__") or {}
     prefix = next((p for p in LORA_FILE_PREFIXES if tensors and all(k.startswith(p) for k in tensors)), "")
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
