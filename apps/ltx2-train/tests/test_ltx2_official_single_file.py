@@ -214,3 +214,11 @@ def test_a_single_files_release_options_give_its_shape_and_release(tmp_path):
         ValueError, match=r"gated_attn=false \(the checkpoint's: true\) contradicts .*ltx-2.3"
     ):
         transformer_version(args)
+
+
+def test_the_release_fields_written_are_those_the_release_is_read_from():
+    from ltx2_train.official import RELEASE_FIELDS
+    from ltx2_train.version import SINGLE_FILE_OPTIONS
+
+    for field, (name, negated) in SINGLE_FILE_OPTIONS.items():
+        assert RELEASE_FIELDS[field][0][0] == name and RELEASE_FIELDS[field][1] == negated, field
