@@ -267,7 +267,7 @@ COMMANDS: dict[tuple[str, str], How] = {
         "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av_lora.yaml "
         "model.lora.init_from=runs/ltx2_tiny/export/ltx2_lora.safetensors training.save=runs/ltx2_tiny/ckpt_lora_cont",
     ): excused(
-        "test_ltx2_lora_e2e.py starts runs from the exported PEFT and official files with this override "
+        "test_ltx2_lora_e2e.py starts a run from the exported official file with this override "
         "(model.lora.init_from) through the Trainer on one gloo rank and checks their first forward, not "
         "this argv (the torchrun launch of the app: test_ltx2_train_e2e.py)"
     ),
