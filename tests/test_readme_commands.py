@@ -225,6 +225,9 @@ COMMANDS: dict[tuple[str, str], How] = {
     (LTX2, "pip install --find-links dist ltx2-train"): PACKAGING,
     (LTX2, "ltx2-train --help"): RUN,
     (LTX2, "ltx2-train make-tiny runs/ltx2_tiny"): covered("apps/ltx2-train/tests/test_ltx2_preprocess.py"),
+    (LTX2, "ltx2-train make-tiny runs/ltx2_tiny --single-file"): covered(
+        "apps/ltx2-train/tests/test_ltx2_train_e2e.py"
+    ),
     (LTX2, "ltx2-train make-tiny runs/ltx2_tiny_23 --release 2.3"): covered(
         "apps/ltx2-train/tests/test_ltx2_release_e2e.py"
     ),
@@ -268,6 +271,15 @@ COMMANDS: dict[tuple[str, str], How] = {
         LTX2,
         "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt_lora --lora peft --out runs/ltx2_tiny/export/lora",
     ): covered("apps/ltx2-train/tests/test_ltx2_lora_e2e.py"),
+    (
+        LTX2,
+        "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av_lora.yaml "
+        "model.lora.init_from=runs/ltx2_tiny/export/ltx2_lora.safetensors training.save=runs/ltx2_tiny/ckpt_lora_cont",
+    ): excused(
+        "test_ltx2_lora_e2e.py starts a run from the exported official file with this override "
+        "(model.lora.init_from) through the Trainer on one gloo rank and checks their first forward, not "
+        "this argv (the torchrun launch of the app: test_ltx2_train_e2e.py)"
+    ),
     (
         LTX2,
         "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt_lora --lora comfyui "

@@ -45,6 +45,18 @@ def _train(rank: int, world: int, config: str, overrides: list[str], inputs: dic
     return {"video": video, "audio": audio}
 
 
+def _started(rank: int, world: int, config: str, overrides: list[str], inputs: dict) -> dict:
+    """The outputs of a run's transformer as built, before any step (a run started from a LoRA file)."""
+    from mm_config import load_config
+    from mm_trainer import Trainer
+
+    trainer = Trainer(load_config(config, overrides, world_size=world))
+    with torch.no_grad():
+        video, audio = trainer.model.model(**inputs, return_dict=False)
+    trainer.run_dir.release()
+    return {"video": video, "audio": audio}
+
+
 def _pipeline(cache, transformer):
     """``LTX2Pipeline`` of the tiny components around ``transformer`` (what ``load_lora_weights`` adapts)."""
     from diffusers import (
@@ -112,7 +124,35 @@ def test_lora_peft_comfyui_and_merged_exports_compute_the_trained_outputs(
             video, audio = model(**one_token_inputs(), return_dict=False)
             torch.testing.assert_close(video, ours["video"], rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(audio, ours["audio"], rtol=1e-5, atol=1e-5)
+        # a new run started from the official file (model.lora.init_from; the PEFT layout reads through the same
+        # mm_checkpoint.read_lora_file, tests/test_lora_files.py) computes the trained outputs before any step
+        overrides = [f"model.lora.init_from={tmp_path / 'ltx2_lora.safetensors'}", "parallel.ulysses_parallel_size=1",
+                     f"training.save={tmp_path / 'from_official'}"]  # fmt: skip
+        started = distributed(_started, 1, str(config), overrides, one_token_inputs(), timeout=300)[0]
+        torch.testing.assert_close(started["video"], ours["video"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(started["audio"], ours["audio"], rtol=1e-5, atol=1e-5)
         untrained = LTX2VideoTransformer3DModel.from_pretrained(tiny_cache / "transformer").eval()
         assert not torch.allclose(
             untrained(**one_token_inputs(), return_dict=False)[0], ours["video"], atol=1e-4
         )
+
+
+def test_a_lora_file_of_another_release_is_refused_naming_the_file_its_keys_and_the_release(
+    tiny_cache, run_config, lora_config, one_token_inputs, tmp_path, distributed
+):
+    # an LTX-2.3 LoRA adapts the gate of 2.3's gated attention (to_gate_logits), which a 2.0 transformer
+    # does not have: written in the official layout, as the official trainer would
+    from safetensors.torch import save_file
+
+    file = tmp_path / "ltx23_lora.safetensors"
+    gate = "diffusion_model.transformer_blocks.0.attn1.to_gate_logits"
+    save_file(
+        {f"{gate}.lora_A.weight": torch.zeros(4, 384), f"{gate}.lora_B.weight": torch.zeros(4, 4)}, file
+    )
+    config = run_config(tiny_cache, lora_config, save=str(tmp_path / "refused"))
+    overrides = [f"model.lora.init_from={file}", "parallel.ulysses_parallel_size=1"]
+    with pytest.raises(AssertionError) as info:
+        distributed(_started, 1, str(config), overrides, one_token_inputs(), timeout=300)
+    message = str(info.value)
+    assert f"model.lora.init_from={file}: its adapters do not fit this LTX-2.0 transformer" in message
+    assert "transformer_blocks.0.attn1.to_gate_logits: no such adapted layer here" in message

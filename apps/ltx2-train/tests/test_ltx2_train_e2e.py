@@ -89,6 +89,7 @@ def trained_predictor(ckpt: Path) -> torch.nn.Module:
 
 
 LTX2_README = "apps/ltx2-train/README.md"
+MAKE_TINY_SINGLE_FILE = "ltx2-train make-tiny runs/ltx2_tiny --single-file"
 EXPORT = "ltx2-train export --checkpoint runs/ltx2_tiny/ckpt --out runs/ltx2_tiny/export/transformer"
 SAMPLE = 'ltx2-train sample --checkpoint runs/ltx2_tiny/ckpt --prompt "a red circle moving up" --out runs/ltx2_tiny/sample.mp4'
 
@@ -146,35 +147,71 @@ def test_train_resume_and_export(reference, ltx2_train, tiny_cache, one_token_in
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
-def test_a_run_from_an_official_single_file_trains_the_losses_of_the_diffusers_folder(
-    reference, ltx2_train, tiny_cache, run_config, tmp_path
+def test_a_run_from_an_official_release_file_trains_the_losses_of_the_diffusers_folder(
+    reference, ltx2_train, tiny_cache, run_config, tmp_path, readme
 ):
-    # the reference's transformer folder written as an official single file (official names under
-    # model.diffusion_model., the official config metadata); what the metadata cannot say (diffusers-only
-    # arguments: patch sizes, VAE factors, audio rate) comes from model.config
+    # the reference's model set written as one official release file (transformer, VAEs, vocoder and
+    # connectors under their official names, the official config metadata); preprocess reads the VAEs and
+    # connectors from it, training the transformer; what the metadata cannot say (diffusers-only arguments:
+    # patch sizes, VAE factors, audio rate) comes from model.config, the components' configs from model_root
     import yaml
+    from diffusers import AutoencoderKLLTX2Video, LTX2VideoTransformer3DModel
     from diffusers.loaders.single_file_utils import convert_ltx2_transformer_to_diffusers
-    from ltx2_train.export import OFFICIAL_KEY_MAP
-    from ltx2_train.official import OFFICIAL_PREFIX, read_single_file_config, single_file_metadata
-    from ltx2_train.predictor import INIT_KEYS, TRANSFORMER_DEFAULTS
-    from mm_checkpoint import get_weight_transform
-    from safetensors.torch import load_file, save_file
+    from ltx2_train.cli import main
+    from ltx2_train.official import CONNECTORS, OFFICIAL_PREFIX, read_single_file_config
+    from ltx2_train.predictor import INIT_KEYS
+    from ltx2_train.preprocess import run_preprocess
+    from ltx2_train.release_file import load_release_encoders
+    from ltx2_train.tiny import RELEASE_FILE
+    from mm_config import load_config
+    from safetensors.torch import load_file
 
+    made = tiny_cache / RELEASE_FILE
+    command = readme.command(LTX2_README, MAKE_TINY_SINGLE_FILE, paths={"runs/ltx2_tiny": tiny_cache})
+    assert main(command[1:]) == 0
+    single = tmp_path / RELEASE_FILE
+    made.rename(single)
+    state = load_file(single)
+    assert {k.split(".")[0] for k in state} == {
+        "model",
+        "vae",
+        "audio_vae",
+        "vocoder",
+        "text_embedding_projection",
+    }
+    connectors = tuple(OFFICIAL_PREFIX + c for c in CONNECTORS)
+    transformer = {
+        k: v for k, v in state.items() if k.startswith(OFFICIAL_PREFIX) and not k.startswith(connectors)
+    }
     folder = tiny_cache / "transformer"
     weights = load_file(folder / "diffusion_pytorch_model.safetensors")
-    shape = {k: v for k, v in json.loads((folder / "config.json").read_text()).items() if k in INIT_KEYS}
-    names = get_weight_transform(OFFICIAL_KEY_MAP)
-    official = {OFFICIAL_PREFIX + next(iter(names.plan_export([k]))): v for k, v in weights.items()}
-    assert sorted(convert_ltx2_transformer_to_diffusers(dict(official))) == sorted(weights)
-    single = tmp_path / "ltx2.safetensors"
-    save_file(official, single, metadata=single_file_metadata(TRANSFORMER_DEFAULTS | shape))
-    rest = {k: v for k, v in shape.items() if k not in read_single_file_config(single)}
+    assert sorted(convert_ltx2_transformer_to_diffusers(transformer)) == sorted(weights)
+    # diffusers' from_single_file reads its transformer and video VAE as the folders hold them; the release
+    # reader (diffusers' audio VAE converter, our connector names) the audio VAE and connectors
+    for cls, sub in ((AutoencoderKLLTX2Video, "vae"), (LTX2VideoTransformer3DModel, "transformer")):
+        loaded = cls.from_single_file(
+            str(single), config=str(tiny_cache), subfolder=sub, local_files_only=True
+        )
+        want = cls.from_pretrained(tiny_cache / sub).state_dict()
+        assert all(torch.equal(v, want[k]) for k, v in loaded.state_dict().items()), sub
+    _, audio_vae, connectors = load_release_encoders(single, tiny_cache, audio=True, dtype=torch.float32)
+    for part, sub in ((audio_vae, "audio_vae"), (connectors, "connectors")):
+        want = load_file(tiny_cache / sub / "diffusion_pytorch_model.safetensors")
+        assert sorted(part.state_dict()) == sorted(want), sub
+        assert all(torch.equal(v, want[k]) for k, v in part.state_dict().items()), sub
 
-    save = tmp_path / "single"
+    save, cache = tmp_path / "single", tmp_path / "latents"
     config = run_config(tiny_cache, train_iters=4, save_interval=4, deterministic=True, save=str(save))
     cfg = yaml.safe_load(config.read_text())
+    shape = {k: v for k, v in json.loads((folder / "config.json").read_text()).items() if k in INIT_KEYS}
+    rest = {k: v for k, v in shape.items() if k not in read_single_file_config(single)}
     cfg["model"].update(from_pretrained=str(single), load_format="auto", config=rest)
+    cfg["data"]["data_path"] = str(cache)
+    cfg["data"]["dataset"]["preprocess"]["release_file"] = str(single)
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert run_preprocess(
+        load_config(config, ["parallel.ulysses_parallel_size=1"], world_size=1)
+    ).computed == [0, 1, 2, 3]
     ltx2_train("--config", str(config), nproc=2)
     got = losses(save)
     assert sorted(got) == [1, 2, 3, 4]

@@ -82,6 +82,19 @@ def test_a_comfyui_file_with_a_few_foreign_tensors_is_refused_naming_them_and_th
     assert "missing" not in message
 
 
+def test_an_ltx2_release_file_shows_its_diffusion_model_with_the_bundled_components_hidden(tmp_path):
+    source = _Blocks()
+    state = {f"model.diffusion_model.{k}": v for k, v in source.state_dict().items()}
+    for component in ("vae.", "audio_vae.", "vocoder.", "text_embedding_projection."):
+        state[f"{component}conv.weight"] = torch.ones(2)
+    save_safetensors(state, tmp_path / "ltx-2-19b-dev.safetensors")
+    with open_weights(tmp_path / "ltx-2-19b-dev.safetensors") as reader:
+        assert sorted(reader.keys()) == sorted(source.state_dict())
+    model = _Blocks()
+    assert load_checkpoint_with_conversion(model, tmp_path / "ltx-2-19b-dev.safetensors").complete
+    assert torch.equal(model.blocks[3].weight, source.blocks[3].weight)
+
+
 def test_a_top_level_fp8_marker_beside_prefixed_weights_keeps_the_prefix_off(tmp_path):
     source = nn.Linear(3, 5)
     state = {f"model.diffusion_model.{k}": v for k, v in source.state_dict().items()}

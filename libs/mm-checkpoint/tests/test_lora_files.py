@@ -15,6 +15,7 @@ from mm_checkpoint import (
     RenameRule,
     export_merged,
     read_lora_adapters,
+    read_lora_file,
     register_weight_transform,
     save_comfy_lora,
     save_peft_lora,
@@ -128,6 +129,30 @@ def test_peft_file_renames_paths_through_the_key_map_and_records_rank_and_alpha(
         "transformer.target_modules": ["blocks.0.attn.q", "blocks.1.attn.q"],
         "transformer.lora_dropout": 0.0,
     }
+
+
+@pytest.mark.parametrize("layout", ["peft", "comfy", "folded"])
+def test_a_lora_file_reads_back_as_the_adapters_it_was_written_from_under_the_models_paths(
+    tmp_path, key_map, layout
+):
+    adapters = read_lora_adapters(_checkpoint(tmp_path, _adapters()), alpha=ALPHA, submodule="predictor")
+    out = tmp_path / "lora.safetensors"
+    if layout == "peft":
+        save_peft_lora(adapters, out, model_type=key_map)
+    else:
+        save_comfy_lora(adapters, out, model_type=key_map, alpha_folded=layout == "folded")
+    read = read_lora_file(out, model_type=key_map)
+    assert sorted(read) == sorted(adapters) == ["blocks.0.q", "blocks.1.q"]
+    for path, weights in adapters.items():
+        assert torch.equal(read[path].down, weights.down)
+        torch.testing.assert_close(read[path].delta(), weights.delta())  # folded: alpha = rank, B scaled
+
+
+def test_a_lora_file_with_a_tensor_of_no_lora_layout_is_refused_naming_it(tmp_path):
+    save_file({"blocks.0.q.lora_A.weight": torch.zeros(2, 3), "blocks.0.q.weight": torch.zeros(3, 3)},
+              tmp_path / "x.safetensors")  # fmt: skip
+    with pytest.raises(CheckpointFormatError, match=r"'blocks.0.q.weight' is no LoRA tensor"):
+        read_lora_file(tmp_path / "x.safetensors")
 
 
 def test_adapters_of_different_ranks_do_not_share_one_peft_file(tmp_path):

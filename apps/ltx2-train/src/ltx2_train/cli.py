@@ -2,6 +2,7 @@
 
 ltx2-train make-tiny runs/ltx2_tiny                                  # tiny model set + clips (VAE fitted)
 ltx2-train make-tiny runs/ltx2_tiny_23 --release 2.3                 # the same with an LTX-2.3 transformer
+ltx2-train make-tiny runs/ltx2_tiny --single-file                    # + runs/ltx2_tiny/ltx-2-tiny.safetensors
 ltx2-train preprocess --config configs/tiny_t2av.yaml                # clips -> cached latents
 torchrun --nproc-per-node 2 -m ltx2_train --config configs/tiny_t2av.yaml   # train
 ltx2-train --config configs/t2av.yaml --dry-run --world-size 8       # FSDP plan on meta
@@ -66,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
         default="2.0",
         help="the transformer's LTX-2 release: 2.0 (default) or 2.3, with that release's text connectors "
         "(2.5, whose text side is Gemma-4, is not built)",
+    )
+    tiny.add_argument(
+        "--single-file",
+        action="store_true",
+        help="also write the set as one official release file, OUT/ltx-2-tiny.safetensors (transformer, VAEs, a "
+        "tiny vocoder and connectors; LTX-2.0 only)",
     )
     pre = sub.add_parser("preprocess", help=COMMANDS["preprocess"])
     pre.add_argument("--config", required=True)
@@ -132,11 +139,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "make-tiny":
         from mm_trainer import fit_summary
 
-        from ltx2_train.tiny import VAE_FIT_STEPS, make_tiny
+        from ltx2_train.tiny import VAE_FIT_STEPS, make_tiny, write_tiny_release_file
 
         steps = VAE_FIT_STEPS if args.vae_fit_steps is None else args.vae_fit_steps
+        if args.single_file and args.release != "2.0":
+            raise ValueError(f"make-tiny --single-file: LTX-2.0 only (got --release {args.release})")
         print(make_tiny(args.out, seed=args.seed, vae_fit_steps=steps, release=args.release))
         print(fit_summary(Path(args.out) / "vae"))
+        if args.single_file:
+            print(write_tiny_release_file(args.out, seed=args.seed))
     elif args.command == "preprocess":
         from ltx2_train.preprocess import run_preprocess
 

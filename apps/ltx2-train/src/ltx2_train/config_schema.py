@@ -294,6 +294,11 @@ class PreprocessOptions(ConfigModel):
     """Directory that relative clip paths of a metadata file are resolved against."""
     model_root: str
     """LTX-2 diffusers folder with ``vae/``, ``audio_vae/``, ``text_encoder/``, ``tokenizer/``, ``connectors/``."""
+    release_file: str | None = None
+    """An official LTX-2 release file (one ``.safetensors`` holding transformer, VAEs, vocoder and connectors):
+    the video VAE, audio VAE and text connectors are read from it (``ltx2_train.release_file``), ``model_root``
+    giving ``text_encoder/``, ``tokenizer/`` and those components' ``config.json``; None: all from
+    ``model_root``."""
     num_frames: int = Field(default=121, ge=1)
     """Frames per clip (8k+1 for LTX-2's x8 temporal VAE)."""
     height: int = Field(default=512, ge=1)

@@ -3,27 +3,31 @@
 
 - Keys: ``model.diffusion_model.`` + the official module names (mm-checkpoint's ``ltx2`` key map, checked
   against diffusers' ``convert_ltx2_transformer_to_diffusers``). A release file also holds the video VAE
-  (``vae.``), audio VAE (``audio_vae.``), vocoder (``vocoder.``) and text connectors; an export of this
-  app holds the transformer alone.
+  (``vae.``), audio VAE (``audio_vae.``), vocoder (``vocoder.``) and text connectors
+  (:mod:`ltx2_train.release_file` writes and reads those); ``export --layout native`` writes the transformer
+  alone.
 - Metadata: ``config``, a JSON object whose ``transformer`` section ltx-core's ``LTXModelConfigurator``
   reads, under its own argument names. :data:`SAME_NAMES` and :func:`official_transformer_config` give
   the LTX-2.0 fields and the diffusers arguments they come from; diffusers' loader reads no metadata (it
   takes the model's ``config.json`` from ``config=``).
 
 Diffusers arguments without an official field (patch sizes, ``vae_scale_factors``, the audio sampling rate
-and hop length, ...) have no place in the metadata: a run reading such a file takes them from
-``model.config`` (their defaults otherwise). The LTX-2.3 options (gated attention, cross-attention
-modulation, prompt AdaLN) are refused in the metadata: their official field names are not established here.
+and hop length, ``perturbed_attn``: a processor choice without weights, ...) have no place in the metadata:
+a run reading such a file takes them from ``model.config`` (their defaults otherwise). The release options
+(:data:`RELEASE_FIELDS`) are written under ltx-core's names, as LTX-2.3 files carry them; ltx-core has one
+switch for both streams where diffusers has two (``gated_attn`` / ``audio_gated_attn``, ``cross_attn_mod`` /
+``audio_cross_attn_mod``), so a transformer whose streams differ there is refused. LTX-2.5 is refused (its
+keyframe embedding's official names are not established here).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ltx2_train.version import SINGLE_FILE_OPTIONS
+from ltx2_train.version import config_version
 
 OFFICIAL_PREFIX = "model.diffusion_model."
 """The prefix of the transformer's keys in an official single file (ComfyUI's checkpoint prefix)."""
@@ -37,30 +41,42 @@ SAME_NAMES = (
     "caption_channels", "rope_type", "activation_fn", "attention_bias", "norm_elementwise_affine",
 )  # fmt: skip
 """Transformer fields named alike in diffusers' ``LTX2VideoTransformer3DModel`` and ltx-core's config."""
-LTX23_OPTIONS = {
-    "gated_attn": False, "audio_gated_attn": False, "cross_attn_mod": False, "audio_cross_attn_mod": False,
-    "perturbed_attn": False, "use_prompt_embeddings": True, "use_keyframes_abs_pos_embedding": False,
+RELEASE_FIELDS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "apply_gated_attention": (("gated_attn", "audio_gated_attn"), False),
+    "cross_attention_adaln": (("cross_attn_mod", "audio_cross_attn_mod"), False),
+    "caption_proj_before_connector": (("use_prompt_embeddings",), True),
+    "use_prompt_adaln_single": (("use_prompt_adaln_single",), False),
+    "ff_bias": (("ff_bias",), False),
+    "audio_ff_bias": (("audio_ff_bias",), False),
 }  # fmt: skip
-"""Diffusers options beyond LTX-2.0, with their 2.0 values: a config with another value is refused here."""
+"""Official release field -> (the diffusers arguments it stands for, whether negated): ltx-core's
+``transformer`` options (those :data:`ltx2_train.version.SINGLE_FILE_OPTIONS` reads the release from, plus
+``audio_ff_bias``); one official switch sets both streams' diffusers arguments."""
+EXPORTED_RELEASES = ("2.0", "2.3")
+"""The releases whose official single file this app writes (module docstring)."""
 
 
 def official_transformer_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The metadata's ``transformer`` section for diffusers constructor arguments ``config`` (complete: the
-    source's ``config.json`` over the class defaults).
+    source's ``config.json`` over the class defaults): the shape, and the release fields
+    (:data:`RELEASE_FIELDS`) of LTX-2.0 or 2.3.
 
     Raises:
-        ValueError: ``config`` uses an LTX-2.3 option (:data:`LTX23_OPTIONS`).
+        ValueError: an LTX-2.5 transformer, two diffusers arguments of one official switch that differ, or
+            a ``qk_norm`` ltx-core does not have.
     """
-    newer = {k: config[k] for k, v in LTX23_OPTIONS.items() if config.get(k, v) != v}
-    if newer:
+    release = config_version(config, "the transformer's config")
+    if release not in EXPORTED_RELEASES:
         raise ValueError(
-            f"the official single-file metadata is written for LTX-2.0 transformers; this one sets {newer}"
+            f"the official single-file layout is written for LTX-{' and '.join(EXPORTED_RELEASES)} "
+            f"transformers; this one is LTX-{release}'s"
         )
     if config["qk_norm"] != "rms_norm_across_heads":
         raise ValueError(
             f"qk_norm {config['qk_norm']!r}: the official transformer has rms_norm_across_heads only"
         )
     out = {name: config[name] for name in SAME_NAMES}
+    out.update(release_fields(config))
     out.update(
         positional_embedding_theta=config["rope_theta"],
         positional_embedding_max_pos=[
@@ -77,14 +93,34 @@ def official_transformer_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def release_fields(config: Mapping[str, Any]) -> dict[str, bool]:
+    """The official release fields (:data:`RELEASE_FIELDS`) of diffusers arguments ``config``.
+
+    Raises:
+        ValueError: the diffusers arguments of one official switch differ (``gated_attn`` true and
+            ``audio_gated_attn`` false, say), which ltx-core cannot express.
+    """
+    out = {}
+    for field, (names, negated) in RELEASE_FIELDS.items():
+        values = {name: bool(config[name]) for name in names}
+        if len(set(values.values())) > 1:
+            raise ValueError(
+                f"{', '.join(f'{k}={str(v).lower()}' for k, v in values.items())}: the official config has "
+                f"one switch for both streams ({field}); the official single file cannot hold this transformer"
+            )
+        value = next(iter(values.values()))
+        out[field] = not value if negated else value
+    return out
+
+
 def diffusers_transformer_config(official: Mapping[str, Any]) -> dict[str, Any]:
     """Diffusers constructor arguments from the metadata's ``transformer`` section (inverse of
-    :func:`official_transformer_config` on the fields it writes, plus the release options of
-    :data:`ltx2_train.version.SINGLE_FILE_OPTIONS`; fields it does not know are left out)."""
+    :func:`official_transformer_config` on the fields it writes, each release field setting both streams'
+    arguments, :data:`RELEASE_FIELDS`; fields it does not know are left out)."""
     out = {name: official[name] for name in SAME_NAMES if name in official}
-    for key, (name, negated) in SINGLE_FILE_OPTIONS.items():  # the release options (ltx2_train.version)
+    for key, (names, negated) in RELEASE_FIELDS.items():  # the release options (ltx2_train.version)
         if key in official:
-            out[name] = not official[key] if negated else official[key]
+            out.update(dict.fromkeys(names, not official[key] if negated else bool(official[key])))
     if "positional_embedding_theta" in official:
         out["rope_theta"] = official["positional_embedding_theta"]
     if "positional_embedding_max_pos" in official:
@@ -111,26 +147,41 @@ def is_single_file(source: str | Path | None) -> bool:
     return source is not None and Path(source).suffix == ".safetensors" and Path(source).is_file()
 
 
-BUNDLED = ("vae.", "audio_vae.", "vocoder.", "text_embedding_projection.")
-"""Prefixes of the components a release file holds beside the transformer (diffusers' converters' names)."""
 CONNECTORS = ("video_embeddings_connector.", "audio_embeddings_connector.")
-"""The text connectors a release file holds under the transformer's prefix (diffusers' ``LTX2TextConnectors``)."""
+"""The text connectors a release file holds under the transformer's prefix (diffusers' ``LTX2TextConnectors``;
+:mod:`ltx2_train.release_file` reads them)."""
+TRANSFORMER_KEY_MAP = "ltx2_transformer"
+"""The predictor's weight transform: mm-checkpoint's ``ltx2`` map with the text connectors left out, so that
+an official release file's transformer loads (its VAEs and vocoder mm-checkpoint's ComfyUI view hides)."""
+
+
+class TransformerWeights:
+    """mm-checkpoint's ``ltx2`` key map over the transformer's keys alone: the release file's text connectors
+    (:data:`CONNECTORS`, under the transformer's prefix) are not transformer weights in diffusers."""
+
+    def __init__(self) -> None:
+        from mm_checkpoint import get_weight_transform
+
+        self.names = get_weight_transform("ltx2")
+
+    def plan_load(self, checkpoint_keys: Iterable[str]) -> dict[str, Any]:
+        return self.names.plan_load([k for k in checkpoint_keys if not k.startswith(CONNECTORS)])
+
+    def plan_export(self, model_keys: Iterable[str]) -> dict[str, Any]:
+        return self.names.plan_export(model_keys)
 
 
 def read_single_file_config(path: str | Path) -> dict[str, Any]:
     """Diffusers constructor arguments from the metadata of the single file ``path`` (empty when it has none).
+    The file may be the transformer alone or a release file bundling the VAEs, vocoder and connectors.
 
     Raises:
-        ValueError: the file bundles other components beside the transformer (a release file: this app
-            reads the transformer alone), or the ``config`` entry is not JSON with a ``transformer``
-            object; naming the file.
+        ValueError: the ``config`` entry is not JSON with a ``transformer`` object; naming the file.
     """
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
         metadata = f.metadata() or {}
-        keys = list(f.keys())
-    _refuse_bundle(path, keys)
     if METADATA_CONFIG not in metadata:
         return {}
     try:
@@ -142,18 +193,3 @@ def read_single_file_config(path: str | Path) -> dict[str, Any]:
             f"{path}: its metadata {METADATA_CONFIG!r} is not a JSON object with a 'transformer' section"
         )
     return diffusers_transformer_config(section)
-
-
-def _refuse_bundle(path: str | Path, keys: list[str]) -> None:
-    """Refuse a file holding more than the transformer, before any weight is read."""
-    found = sorted({p for k in keys for p in BUNDLED if k.startswith(p)})
-    found += sorted(
-        {OFFICIAL_PREFIX + c for k in keys for c in CONNECTORS if k.startswith(OFFICIAL_PREFIX + c)}
-    )
-    if found:
-        raise ValueError(
-            f"{path} holds {', '.join(p + '*' for p in found)} beside the transformer (an official release "
-            "file bundling the VAEs, vocoder and text connectors); ltx2-train reads a file of the transformer "
-            "alone: save it as a diffusers folder (LTX2VideoTransformer3DModel.from_single_file(file, "
-            "config=<LTX-2 diffusers folder>).save_pretrained(dir)) and point model.from_pretrained at dir"
-        )

@@ -19,15 +19,22 @@ from typing import Any
 
 import torch
 from diffusers import LTX2VideoTransformer3DModel
+from mm_checkpoint import register_weight_transform
 from mm_parallel import ParallelState, SequenceParallelPlan
 from mm_trainer import BaseModel, model_register
 from mm_trainer.model.build import log_rank0
 from torch import nn
 
 from ltx2_train.context_parallel import LAYOUT, install_attention_processors, sequence_parallel_forward
-from ltx2_train.official import is_single_file, read_single_file_config
+from ltx2_train.official import (
+    TRANSFORMER_KEY_MAP,
+    TransformerWeights,
+    is_single_file,
+    read_single_file_config,
+)
 from ltx2_train.version import config_version, contradictions, folder_version, single_file_version
 
+register_weight_transform(TRANSFORMER_KEY_MAP, TransformerWeights(), overwrite=True)
 INIT_KEYS = frozenset(inspect.signature(LTX2VideoTransformer3DModel.__init__).parameters) - {"self"}
 TRANSFORMER_DEFAULTS = {
     name: p.default
@@ -125,13 +132,20 @@ class LTX2Predictor(BaseModel, LTX2VideoTransformer3DModel):
     _supports_gradient_checkpointing = False
     _sequence_parallel: SequenceParallelPlan | None = None
     #: Weights load through mm-checkpoint's ``ltx2`` map: official names (a single file's, its
-    #: ``model.diffusion_model.`` prefix dropped by the ComfyUI-file view) -> diffusers'; diffusers keys pass.
-    weight_transform_model_type = "ltx2"
+    #: ``model.diffusion_model.`` prefix dropped by the ComfyUI-file view, which also hides a release file's
+    #: VAEs and vocoder) -> diffusers'; diffusers keys pass; a release file's text connectors are left out
+    #: (:class:`ltx2_train.official.TransformerWeights`).
+    weight_transform_model_type = TRANSFORMER_KEY_MAP
     #: The LTX-2 release of the checkpoint or shape it was built from (:mod:`ltx2_train.version`).
     ltx2_version: str | None = None
     #: The container of the single-model form (``model.model_id: ltx2_predictor``): LTX-2's, whose
     #: ``training.validation`` hooks sample clips with audio (``mm_trainer.model.container.container_class``).
     single_model_container = "ltx2_container"
+
+    @property
+    def architecture_name(self) -> str:
+        """What a refused LoRA file (``model.lora.init_from``) is told the model is: its LTX-2 release."""
+        return f"LTX-{self.ltx2_version or '2'} transformer"
 
     @classmethod
     def build_from_config(cls, args: Any) -> LTX2Predictor:

@@ -60,6 +60,7 @@ from mm_trainer import (
 from ltx2_train.audio import has_audio_track, log_mel, read_audio, synthetic_tone
 from ltx2_train.config_schema import MissingAudio, PreprocessOptions
 from ltx2_train.references import check_references, encode_reference, key_references, reference_paths
+from ltx2_train.release_file import load_release_encoders
 
 ENCODE_VERSION = 2
 """Bumped when what this module caches per sample changes (it is part of every sample's key). 2: a clip
@@ -99,9 +100,12 @@ class LTX2Encoders:
         device: torch.device,
         dtype: torch.dtype,
         shard_text_encoder: bool = False,
+        release_file: str | Path | None = None,
     ) -> LTX2Encoders:
         """Load ``vae/``, ``audio_vae/`` (when ``audio``), ``text_encoder/``, ``tokenizer/``, ``connectors/``,
-        in ``dtype``; Gemma-3 sharded over the ranks with ``shard_text_encoder``."""
+        in ``dtype``; Gemma-3 sharded over the ranks with ``shard_text_encoder``. With ``release_file`` (an
+        official release ``.safetensors``) the VAEs' and connectors' weights come from it, their configs
+        from the folders (:func:`ltx2_train.release_file.load_release_encoders`)."""
         from transformers import AutoModel, AutoTokenizer
 
         root = Path(model_root)
@@ -120,18 +124,26 @@ class LTX2Encoders:
         def diffusers_part(cls_: Any, name: str) -> Any:
             return ready(cls_.from_pretrained(root / name, torch_dtype=dtype))
 
-        audio_vae = diffusers_part(AutoencoderKLLTX2Audio, "audio_vae") if audio else None
+        if release_file is not None:
+            parts = load_release_encoders(release_file, root, audio=audio, dtype=dtype)
+            vae, audio_vae, connectors = (None if m is None else ready(m) for m in parts)
+        else:
+            vae, connectors = (
+                diffusers_part(AutoencoderKLLTX2Video, "vae"),
+                diffusers_part(LTX2TextConnectors, "connectors"),
+            )
+            audio_vae = diffusers_part(AutoencoderKLLTX2Audio, "audio_vae") if audio else None
         text_encoder = (
             AutoModel.from_pretrained(root / "text_encoder", dtype=dtype).eval().requires_grad_(False)
         )
         if shard_text_encoder:
             text_encoder = shard_frozen(text_encoder, blocks=GEMMA_BLOCKS, device=device)
         encoders = cls(
-            vae=diffusers_part(AutoencoderKLLTX2Video, "vae"),
+            vae=vae,
             audio_vae=audio_vae,
             text_encoder=ready(text_encoder),
             tokenizer=tokenizer,
-            connectors=diffusers_part(LTX2TextConnectors, "connectors"),
+            connectors=connectors,
             device=device,
             dtype=dtype,
             sharded=shard_text_encoder,
@@ -336,11 +348,12 @@ def encoders_identity(options: PreprocessOptions, out_dir: str) -> dict[str, Any
     options."""
     root = Path(options.model_root)
     parts = ["vae", "text_encoder", "tokenizer", "connectors", *(["audio_vae"] if options.audio else [])]
+    release = {"release_file": Path(options.release_file)} if options.release_file else {}
     return {
         "encoder": "ltx2-train preprocess", "version": ENCODE_VERSION, "dtype": options.dtype,
         "max_sequence_length": options.max_sequence_length, "audio": options.audio, "fps": options.fps,
         "missing_audio": options.missing_audio,
-        "weights": weights_identity(out_dir, {name: root / name for name in parts}),
+        "weights": weights_identity(out_dir, {name: root / name for name in parts} | release),
     }  # fmt: skip
 
 
@@ -377,7 +390,7 @@ def run_preprocess(
     shard = use_text_encoder_fsdp(run.text_encoder_fsdp, weights=Path(options.model_root) / "text_encoder",
                                   world_size=env_world)  # fmt: skip
     encoders = LTX2Encoders.load(options.model_root, audio=options.audio, device=device, dtype=dtype,
-                                 shard_text_encoder=shard)  # fmt: skip
+                                 shard_text_encoder=shard, release_file=options.release_file)  # fmt: skip
     if run.vae_tiling:
         enable_vae_tiling(encoders.vae, run.vae_tile)
     out = str(config.data.data_path)

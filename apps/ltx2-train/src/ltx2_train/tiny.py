@@ -39,12 +39,14 @@ from typing import Any
 
 import torch
 from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, LTX2VideoTransformer3DModel
+from diffusers.pipelines.ltx2 import LTX2Vocoder
 from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
 from mm_checkpoint import write_pipeline_folder
 from mm_data import load_clip_tensors, make_synthetic_dataset, write_caption_tokenizer
 from mm_trainer import fit_or_reuse_autoencoder
 from transformers import Gemma3TextConfig, Gemma3TextModel
 
+from ltx2_train.release_file import write_release_file
 from ltx2_train.version import folder_version
 
 TEXT_DIM = 32  # Gemma hidden size = caption channels
@@ -202,6 +204,26 @@ def tiny_release_connectors(video_dim: int, audio_dim: int) -> LTX2TextConnector
         audio_connector_num_attention_heads=2, audio_connector_attention_head_dim=audio_dim // 2,
         audio_connector_num_layers=1, audio_connector_num_learnable_registers=8, connector_rope_base_seq_len=64,
     )  # fmt: skip
+
+
+RELEASE_FILE = "ltx-2-tiny.safetensors"
+"""The official release file ``make-tiny --single-file`` writes into the model set's folder."""
+
+
+def tiny_vocoder() -> LTX2Vocoder:
+    """A two-stage vocoder over the tiny audio VAE's stereo log-mel (2 x 16 mel bins); untrained."""
+    return LTX2Vocoder(
+        in_channels=2 * AUDIO["mel_bins"], hidden_channels=16, out_channels=2, upsample_kernel_sizes=[4, 4],
+        upsample_factors=[2, 2], resnet_kernel_sizes=[3], resnet_dilations=[[1]],
+        output_sampling_rate=AUDIO["sample_rate"],
+    )  # fmt: skip
+
+
+def write_tiny_release_file(root: str | Path, *, seed: int = 0) -> Path:
+    """The LTX-2.0 model set ``root`` (:func:`make_tiny`'s) with :func:`tiny_vocoder` as one official release
+    file ``root/ltx-2-tiny.safetensors`` (:func:`ltx2_train.release_file.write_release_file`)."""
+    torch.manual_seed(seed)
+    return write_release_file(root, Path(root) / RELEASE_FILE, vocoder=tiny_vocoder())
 
 
 def make_tiny(

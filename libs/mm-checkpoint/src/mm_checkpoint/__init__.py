@@ -71,6 +71,7 @@ _EXPORTS: dict[str, str] = {
     "export_lora": "lora_files",
     "export_merged": "lora_files",
     "read_lora_adapters": "lora_files",
+    "read_lora_file": "lora_files",
     "save_comfy_lora": "lora_files",
     "save_peft_lora": "lora_files",
     "materialize_meta": "module_state",

@@ -16,6 +16,10 @@ What such a file may hold besides the model's own tensors, and what :class:`Comf
   ``scale_input`` tensors (an activation scale for fp8 matmuls, no weight);
 - ``spiece_model``: the sentencepiece tokenizer as bytes, which ComfyUI's text-encoder files may
   carry; hidden (the tokenizer is read from the tokenizer folder).
+- the components an official LTX-2 release file bundles beside its diffusion model (:data:`BUNDLED_COMPONENTS`:
+  ``vae.``, ``audio_vae.``, ``vocoder.``, the text connectors' ``text_embedding_projection.``; the prefixes
+  diffusers' LTX-2 converters read); hidden: the diffusion model's weights are what the view shows, each
+  other component is read by its own loader.
 
 ComfyUI's newer per-layer format (``<layer>.comfy_quant`` tensors, ``_quantization_metadata``) is
 refused with a message. The key names left are the model's own: official native Wan names for the
@@ -38,6 +42,8 @@ SCALED_FP8_MARKER = "scaled_fp8"
 SCALE_WEIGHT, SCALE_INPUT = ".scale_weight", ".scale_input"
 HIDDEN_KEYS = ("spiece_model",)
 """Non-weight entries a ComfyUI file may hold, hidden from the weights."""
+BUNDLED_COMPONENTS = ("vae.", "audio_vae.", "vocoder.", "text_embedding_projection.")
+"""Prefixes of the components an LTX-2 release file holds beside ``model.diffusion_model.`` (module docstring)."""
 
 
 def is_comfy_file(reader: SafetensorsReader) -> bool:
@@ -61,6 +67,7 @@ def comfy_prefix(keys: Sequence[str], path: object) -> str:
     under = [k for k in tensors if k.startswith(DIFFUSION_MODEL_PREFIX)]
     if not under:
         return ""
+    tensors = [k for k in tensors if not k.startswith(BUNDLED_COMPONENTS)]
     if len(under) == len(tensors):
         return DIFFUSION_MODEL_PREFIX
     outside = [k for k in tensors if not k.startswith(DIFFUSION_MODEL_PREFIX)]
@@ -92,6 +99,8 @@ class ComfyFileView:
             if k.endswith(SCALED_FP8_MARKER) and k.removesuffix(SCALED_FP8_MARKER) in ("", self.prefix)
         }
         hidden |= {k for k in raw if k.endswith((SCALE_WEIGHT, SCALE_INPUT)) or k in HIDDEN_KEYS}
+        if self.prefix:
+            hidden |= {k for k in raw if k.startswith(BUNDLED_COMPONENTS)}
         self._raw = {k.removeprefix(self.prefix): k for k in raw if k not in hidden}
         self._scales = {
             name: scale

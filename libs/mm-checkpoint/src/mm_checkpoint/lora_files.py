@@ -36,7 +36,7 @@ from .key_map_registry import get_weight_transform
 from .key_maps import apply_plan, planned_shape_dtype
 from .layout import resolve_dcp_dir
 from .runtime import barrier, get_rank, on_rank0
-from .safetensors_io import TensorInfo, parse_size, save_safetensors
+from .safetensors_io import TensorInfo, parse_size, read_header_bytes, save_safetensors
 from .weight_readers import WeightsReader, open_weights
 
 PEFT_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
@@ -116,6 +116,52 @@ def renamed_paths(adapters: Mapping[str, LoraWeights], model_type: str | None) -
                 f"key map {model_type!r} does not rename {path}.weight to one `.weight` tensor (got {key!r})"
             )
         out[key[: -len(".weight")]] = weights
+    return out
+
+
+LORA_FILE_PREFIXES = ("transformer.", "diffusion_model.")
+"""The prefixes a LoRA file's keys may carry (diffusers' component name, ComfyUI's diffusion-model prefix)."""
+_FILE_SIDES = {".lora_A.weight": "down", ".lora_B.weight": "up", ".lora_down.weight": "down", ".lora_up.weight": "up"}  # fmt: skip
+
+
+def read_lora_file(path: str | os.PathLike, *, model_type: str | None = None) -> dict[str, LoraWeights]:
+    """Adapters of a LoRA ``.safetensors`` file by the model's module path: the PEFT / diffusers layout
+    (``<prefix><path>.lora_A.weight`` / ``.lora_B.weight``, rank and ``lora_alpha`` in its
+    ``lora_adapter_metadata``), ComfyUI's (``lora_down`` / ``lora_up`` and an ``.alpha`` tensor), or A/B
+    without alpha (read at scale 1, e.g. the official LTX-2 trainer's: ``alpha = rank``). One prefix of
+    :data:`LORA_FILE_PREFIXES` shared by every key comes off; the module names go through the ``model_type``
+    key map (``<name>.weight`` -> the model's ``<path>.weight``).
+
+    Raises:
+        CheckpointFormatError: no adapter, an A without its B (or the reverse), or a key of no known layout.
+    """
+    with open_weights(path) as reader:
+        tensors = {k: reader.read(k) for k in reader.keys()}
+    metadata = json.loads(read_header_bytes(path)).get("__metadata__") or {}
+    prefix = next((p for p in LORA_FILE_PREFIXES if tensors and all(k.startswith(p) for k in tensors)), "")
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        name = key.removeprefix(prefix)
+        end = next((e for e in (*_FILE_SIDES, ".alpha") if name.endswith(e)), None)
+        if end is None:
+            raise CheckpointFormatError(
+                f"{path}: {key!r} is no LoRA tensor (expected .lora_A / .lora_B weights)"
+            )
+        pairs.setdefault(name.removesuffix(end), {})[_FILE_SIDES.get(end, "alpha")] = value
+    broken = sorted(n for n, sides in pairs.items() if not {"down", "up"} <= set(sides))
+    if not pairs or broken:
+        raise CheckpointFormatError(f"{path}: adapters without both A and B: {broken[:5] or 'none at all'}")
+    peft = json.loads(metadata.get(PEFT_METADATA_KEY, "{}"))
+    transform = get_weight_transform(model_type)
+    out = {}
+    for name, sides in pairs.items():
+        rank = int(sides["down"].shape[0])
+        alpha = float(sides["alpha"]) if "alpha" in sides else float(peft.get(f"{prefix}lora_alpha", rank))
+        plans = transform.plan_load([f"{name}.weight"])
+        key = (
+            next(iter(plans)) if len(plans) == 1 else f"{name}.weight"
+        )  # no rename: the caller finds no layer
+        out[key.removesuffix(".weight")] = LoraWeights(sides["down"], sides["up"], alpha)
     return out
 
 

@@ -58,6 +58,8 @@ _EXPORTS: dict[str, str] = {
     "ModelHub": "mm_trainer.model.hub",
     "LoraAdapters": "mm_trainer.model.lora",
     "LoraTargets": "mm_trainer.model.lora",
+    "LoraFileError": "mm_trainer.model.lora",
+    "load_lora_file": "mm_trainer.model.lora",
     "inject_lora": "mm_trainer.model.lora",
     "SAVED_OPS": "mm_trainer.model.recompute_policy",
     "selective_recompute_contexts": "mm_trainer.model.recompute_policy",

@@ -59,6 +59,8 @@ class LoraTargets:
     alpha: float
     paths: tuple[str, ...]
     """Module paths inside the sub-model of every wrapped ``nn.Linear``, in module order."""
+    init_from: str | None = None
+    """A LoRA file the adapters start from (``LoraConfig.init_from``); None: A random, B = 0."""
 
     @property
     def scale(self) -> float:
@@ -172,9 +174,13 @@ class LoraAdapters:
 
     @torch.no_grad()
     def init_adapters(self, model: nn.Module, seed: int) -> None:
-        """A ~ Kaiming-uniform(a=sqrt(5)) keyed by (seed, sub-model, path), B = 0, on plain or sharded params."""
+        """A ~ Kaiming-uniform(a=sqrt(5)) keyed by (seed, sub-model, path), B = 0, on plain or sharded params;
+        a section with ``init_from``: the file's adapters (:func:`load_lora_file`)."""
         for name, targets in self.targets.items():
             sub = getattr(model, name)
+            if targets.init_from is not None:
+                load_lora_file(sub, targets)
+                continue
             for path in targets.paths:
                 layer = sub.get_submodule(path)
                 down = layer.lora_A[ADAPTER_NAME].weight
@@ -199,6 +205,48 @@ class LoraAdapters:
         return lines
 
 
+class LoraFileError(ValueError):
+    """A LoRA file (``lora.init_from``) whose adapters do not fit the sub-model's adapted layers."""
+
+
+@torch.no_grad()
+def load_lora_file(module: nn.Module, targets: LoraTargets) -> None:
+    """Set the adapters of ``module`` (plain or sharded) to those of ``targets.init_from``, read through the
+    module's key map (its ``weight_transform_model_type``): A as stored, B times ``file scale / run scale``
+    so that ``(alpha / rank) B A`` is the file's update.
+
+    Raises:
+        LoraFileError: before any adapter is set, naming the file, the first mismatching keys and what the
+            sub-model is (its ``architecture_name`` when it has one, e.g. an LTX-2 release).
+    """
+    from mm_checkpoint import read_lora_file
+
+    path = str(targets.init_from)
+    adapters = read_lora_file(path, model_type=getattr(module, "weight_transform_model_type", None))
+    problems = [f"{p}: no such adapted layer here" for p in sorted(set(adapters) - set(targets.paths))]
+    problems += [f"{p}: adapted here, not in the file" for p in targets.paths if p not in adapters]
+    for p in targets.paths:
+        layer = module.get_submodule(p)
+        want = (
+            tuple(layer.lora_A[ADAPTER_NAME].weight.shape),
+            tuple(layer.lora_B[ADAPTER_NAME].weight.shape),
+        )
+        if p in adapters and (tuple(adapters[p].down.shape), tuple(adapters[p].up.shape)) != want:
+            got = (tuple(adapters[p].down.shape), tuple(adapters[p].up.shape))
+            problems.append(f"{p}: A, B of shapes {got} in the file, {want} here")
+    if problems:
+        what = getattr(module, "architecture_name", None) or type(module).__name__
+        raise LoraFileError(
+            f"{targets.where}.init_from={path}: its adapters do not fit this {what} ({len(problems)} "
+            f"mismatching layers; the first: {'; '.join(problems[:5])}): a LoRA of another model or release, "
+            "or other target_modules / rank"
+        )
+    for p in targets.paths:
+        layer, weights = module.get_submodule(p), adapters[p]
+        _assign_full(layer.lora_A[ADAPTER_NAME].weight, weights.down.float())
+        _assign_full(layer.lora_B[ADAPTER_NAME].weight, weights.up.float() * (weights.scale / targets.scale))
+
+
 def inject_lora(model: nn.Module, sections: Mapping[str, Any]) -> LoraAdapters:
     """Inject LoRA into each sub-model of ``model`` (a ``ModelContainer``) whose section is not None.
 
@@ -213,7 +261,8 @@ def inject_lora(model: nn.Module, sections: Mapping[str, Any]) -> LoraAdapters:
         where = "model.lora" if single else f"model.models.{name}.lora"
         module = getattr(model, name)
         paths = lora_target_paths(module, list(section.target_modules), where=where)
-        targets[name] = LoraTargets(where, int(section.rank), float(section.alpha), paths)
+        init_from = getattr(section, "init_from", None)
+        targets[name] = LoraTargets(where, int(section.rank), float(section.alpha), paths, init_from)
         inject_lora_layers(module, targets[name])
         model.partial_checkpoints[name] = adapter_keys(module)
     return LoraAdapters(targets)
