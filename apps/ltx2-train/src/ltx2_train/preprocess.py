@@ -403,7 +403,8 @@ def run_preprocess(
         if references[index] is not None:
             out.update(encode_reference(encoders, references[index], row["reference_sha256"],
                                         num_frames=options.num_frames, height=options.height,
-                                        width=options.width, rate=rate))  # fmt: skip
+                                        width=options.width, rate=rate,
+                                        missing_audio=options.missing_audio))  # fmt: skip
         return out
 
     def idle() -> None:

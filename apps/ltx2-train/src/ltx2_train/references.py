@@ -107,17 +107,19 @@ def key_references(dataset: VideoTextDataset, options: PreprocessOptions) -> Non
 
 
 def encode_reference(
-    encoders: LTX2Encoders, path: str, digest: str, *, num_frames: int, height: int, width: int, rate: float
+    encoders: LTX2Encoders, path: str, digest: str, *, num_frames: int, height: int, width: int, rate: float,
+    missing_audio: str = "refuse",
 ) -> dict[str, Any]:  # fmt: skip
     """``reference_latents [C, F, H, W]`` (and with the audio VAE ``reference_audio_latents [C, L, M]``) of
     the reference clip at ``path``: its ``num_frames`` frames at ``height`` x ``width``, its audio over their
-    span at ``rate`` fps (the stand-in tone of ``digest``, its SHA-256, when silent)."""
+    span at ``rate`` fps (a silent reference as ``missing_audio`` says, as a target clip: refused, zeros, or
+    the stand-in tone of ``digest``, its SHA-256)."""
     from ltx2_train.preprocess import clip_waveform
 
     frames = decode_frames(path, list(range(num_frames)), height, width)
     out = {"reference_latents": encoders.encode_video(to_video_tensor(frames))}
     if encoders.audio_vae is not None:
-        wave = clip_waveform(path, int(digest[:8], 16), sample_rate=encoders.audio_vae.config.sample_rate,
-                             seconds=num_frames / rate)  # fmt: skip
+        wave = clip_waveform(path, sample_rate=encoders.audio_vae.config.sample_rate, seconds=num_frames / rate,
+                             missing=missing_audio, tone=int(digest[:8], 16))  # fmt: skip
         out["reference_audio_latents"] = encoders.encode_audio(wave)
     return {k: v.cpu() for k, v in out.items()}

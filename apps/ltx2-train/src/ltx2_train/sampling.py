@@ -61,6 +61,7 @@ def load_for_sampling(config: TrainConfig, checkpoint: str | Path) -> dict[str, 
         "distillation": distillation,
         "encoders": encoders,
         "text_len": options.max_sequence_length,
+        "missing_audio": options.missing_audio,
     }
 
 
@@ -115,7 +116,8 @@ def sample_clip(
             "audio_guidance_scale: this run samples no audio (model.pipeline.audio: false); leave it out"
         )
     grid = latent_grid(encoders, num_frames, height, width)
-    references = reference_latents(pipeline, encoders, reference, num_frames, height, width, frame_rate)
+    references = reference_latents(pipeline, encoders, reference, num_frames, height, width, frame_rate,
+                                   modules.get("missing_audio", "refuse"))
     if reference is None:
         pipeline = pipeline.without_reference()
     generator = torch.Generator().manual_seed(seed)
@@ -173,11 +175,12 @@ def guided(conditional: torch.Tensor, unconditional: torch.Tensor, scale: float)
 
 def reference_latents(
     pipeline: LTX2Pipeline, encoders: LTX2Encoders, reference: str | None, num_frames: int, height: int,
-    width: int, frame_rate: float,
+    width: int, frame_rate: float, missing_audio: str = "refuse",
 ) -> dict[str, torch.Tensor]:  # fmt: skip
     """The cached-sample entries of the reference clip ``reference`` (``reference_latents`` and, with audio,
-    ``reference_audio_latents``: :func:`ltx2_train.references.encode_reference`); {} without one. A clip
-    of other frames or rate than the sample's, or one given to a run trained without references, is refused."""
+    ``reference_audio_latents``: :func:`ltx2_train.references.encode_reference`; a silent one as the run's
+    ``missing_audio``); {} without one. A clip of other frames or rate than the sample's, or one given to a run
+    trained without references, is refused."""
     if reference is None:
         return {}
     if pipeline.reference == "none":
@@ -188,7 +191,7 @@ def reference_latents(
         raise ValueError(f"--reference: {problem} (--frames, --fps)")
     digest = hashlib.sha256(Path(reference).read_bytes()).hexdigest()
     return encode_reference(encoders, reference, digest, num_frames=num_frames, height=height, width=width,
-                            rate=frame_rate)  # fmt: skip
+                            rate=frame_rate, missing_audio=missing_audio)  # fmt: skip
 
 
 def _text_of(conditions: dict[str, Any]) -> dict[str, Any]:
