@@ -116,8 +116,16 @@ def sample_clip(
             "audio_guidance_scale: this run samples no audio (model.pipeline.audio: false); leave it out"
         )
     grid = latent_grid(encoders, num_frames, height, width)
-    references = reference_latents(pipeline, encoders, reference, num_frames, height, width, frame_rate,
-                                   modules.get("missing_audio", "refuse"))
+    references = reference_latents(
+        pipeline,
+        encoders,
+        reference,
+        num_frames,
+        height,
+        width,
+        frame_rate,
+        modules.get("missing_audio", "refuse"),
+    )
     if reference is None:
         pipeline = pipeline.without_reference()
     generator = torch.Generator().manual_seed(seed)
