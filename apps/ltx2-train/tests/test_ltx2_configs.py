@@ -10,7 +10,8 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 @pytest.mark.parametrize(
-    ("name", "world"), [("tiny_t2av", 2), ("tiny_t2av_lora", 2), ("t2av", 8), ("t2v", 8)]
+    ("name", "world"),
+    [("tiny_t2av", 2), ("tiny_t2av_lora", 2), ("t2av", 8), ("t2v", 8), ("t2av_23", 8), ("t2av_25", 8)],
 )
 def test_config_validates(name, world):
     from mm_config import load_config
@@ -34,6 +35,18 @@ def test_real_shape_dry_run_builds_on_meta_without_weights(name):
     assert 18e9 < sum(p.numel() for p in model.parameters()) < 20e9  # LTX-2: 19B
     report = dry_run(config, world_size=8)
     assert "model.transformer_blocks.47" in report and "unmatched patterns: none" in report
+
+
+@pytest.mark.parametrize(("name", "release"), [("t2av_23", "2.3"), ("t2av_25", "2.5")])
+def test_the_real_shape_23_and_25_configs_build_their_releases_transformer_on_meta(name, release):
+    from ltx2_train.release_inputs import release_of, text_widths
+    from mm_config import load_config
+    from mm_trainer.planner.dry_run import build_meta_model
+
+    model = build_meta_model(load_config(CONFIGS / f"{name}.yaml", world_size=8)).model
+    assert release_of(model) == release and len(model.transformer_blocks) == 48
+    assert text_widths(model.config) == (4096, 2048)  # the per-modality connectors' widths
+    assert 18e9 < sum(p.numel() for p in model.parameters()) < 20e9
 
 
 def test_ulysses_size_that_does_not_divide_the_heads_is_a_config_error():

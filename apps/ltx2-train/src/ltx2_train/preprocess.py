@@ -51,6 +51,7 @@ from mm_trainer import (
 
 from ltx2_train.audio import log_mel, read_audio, synthetic_tone
 from ltx2_train.config_schema import PreprocessOptions
+from ltx2_train.model_set import check_preprocess_model_set
 
 ENCODE_VERSION = 2
 """Bumped when what this module caches per sample changes (it is part of every sample's key). 2: a clip
@@ -286,6 +287,7 @@ def run_preprocess(
     dtype = parse_dtype(options.dtype, key="data.dataset.preprocess.dtype") or torch.float32
     dataset = source_dataset(options)  # first: a bad source fails before any model loads
     refuse_images(dataset, audio=options.audio)
+    check_preprocess_model_set(options)  # parts of two releases, a clip size the VAE refuses: before loading
     run = options.run
     shard = use_text_encoder_fsdp(run.text_encoder_fsdp, weights=Path(options.model_root) / "text_encoder",
                                   world_size=env_world)  # fmt: skip
