@@ -21,14 +21,15 @@ from typing import Any
 
 import torch
 from diffusers import AutoencoderKLLTX2Audio
+from diffusers.models.autoencoders.autoencoder_kl_ltx2_audio import LATENT_DOWNSAMPLE_FACTOR
 from mm_parallel import parse_dtype
 
 from ltx2_train.config_schema import PreprocessOptions
 from ltx2_train.release_inputs import text_widths
 from ltx2_train.vae_factors import video_vae_factors
 
-AUDIO_LATENT_DOWNSAMPLE = 4
-"""Upstream's audio VAE compresses time and mel bins by 4 (``LATENT_DOWNSAMPLE_FACTOR``)."""
+AUDIO_LATENT_DOWNSAMPLE = LATENT_DOWNSAMPLE_FACTOR
+"""Upstream's audio VAE compresses time and mel bins by this (4): a constant of its module, not a config field."""
 
 
 def _vae_config(root: str, name: str, cls: Any) -> dict[str, Any]:
