@@ -231,6 +231,9 @@ COMMANDS: dict[tuple[str, str], How] = {
     (LTX2, "ltx2-train make-tiny runs/ltx2_tiny_23 --release 2.3"): covered(
         "apps/ltx2-train/tests/test_ltx2_release_e2e.py"
     ),
+    (LTX2, "ltx2-train make-tiny runs/ltx2_tiny_25 --release 2.5"): covered(
+        "apps/ltx2-train/tests/test_ltx2_release_e2e.py"
+    ),
     (LTX2, "ltx2-train preprocess --config apps/ltx2-train/configs/tiny_t2av.yaml"): excused(
         "its code path (ltx2_train.preprocess.run_preprocess, as 2 ranks) builds the tests' tiny cache "
         "(apps/ltx2-train/tests/conftest.py tiny_cache), not from this argv"
@@ -380,6 +383,17 @@ COMMANDS: dict[tuple[str, str], How] = {
         "a 77-110 s trace of the 19B model; apps/ltx2-train/tests/test_ltx2_planning.py checks its planning "
         "batch, apps/wan22-train/tests/test_wan_plan.py runs the same planner end to end"
     ),
+    (
+        LTX2,
+        "ltx2-train plan --config apps/ltx2-train/configs/t2av_25.yaml --world-size 8 --device h200",
+    ): excused(
+        "a trace of the 19B LTX-2.5 model (26-33 min on busy CPUs); apps/ltx2-train/tests/test_ltx2_configs.py "
+        "checks the config is 2.5's transformer, apps/wan22-train/tests/test_wan_plan.py runs the planner end to end"
+    ),
+    (
+        LTX2,
+        "ltx2-train plan --config apps/ltx2-train/configs/t2av_25.yaml --world-size 16 --device h200",
+    ): excused("the line above at 16 ranks"),
     (QWEN, "hatch run wheels"): PACKAGING,
     (QWEN, "pip install --find-links dist qwen-vl-train"): PACKAGING,
     (QWEN, "qwen-vl-train --help"): RUN,

@@ -10,7 +10,8 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 @pytest.mark.parametrize(
-    ("name", "world"), [("tiny_t2av", 2), ("tiny_t2av_lora", 2), ("t2av", 8), ("t2v", 8)]
+    ("name", "world"),
+    [("tiny_t2av", 2), ("tiny_t2av_lora", 2), ("t2av", 8), ("t2v", 8), ("t2av_23", 8), ("t2av_25", 8)],
 )
 def test_config_validates(name, world):
     from mm_config import load_config
@@ -34,6 +35,20 @@ def test_real_shape_dry_run_builds_on_meta_without_weights(name):
     assert 18e9 < sum(p.numel() for p in model.parameters()) < 20e9  # LTX-2: 19B
     report = dry_run(config, world_size=8)
     assert "model.transformer_blocks.47" in report and "unmatched patterns: none" in report
+
+
+@pytest.mark.parametrize(("name", "release"), [("t2av_23", "2.3"), ("t2av_25", "2.5")])
+def test_the_real_shape_23_and_25_configs_are_their_releases_transformer(name, release):
+    """The release their options say (``ltx2_train.version``), and the text widths of the per-modality
+    connectors (video 4096, audio 2048); the 48 blocks of 32 heads x 128 are the dry run's and the plan's."""
+    from ltx2_train.release_inputs import text_widths
+    from ltx2_train.version import config_version
+    from mm_config import load_config
+
+    shape = dict(load_config(CONFIGS / f"{name}.yaml", world_size=8).model.config)
+    assert config_version(shape, name) == release
+    assert text_widths(shape) == (4096, 2048)
+    assert (shape["num_layers"], shape["num_attention_heads"], shape["attention_head_dim"]) == (48, 32, 128)
 
 
 def test_ulysses_size_that_does_not_divide_the_heads_is_a_config_error():

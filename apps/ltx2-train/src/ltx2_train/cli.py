@@ -3,6 +3,7 @@
 ltx2-train make-tiny runs/ltx2_tiny                                  # tiny model set + clips (VAE fitted)
 ltx2-train make-tiny runs/ltx2_tiny_23 --release 2.3                 # the same with an LTX-2.3 transformer
 ltx2-train make-tiny runs/ltx2_tiny --single-file                    # + runs/ltx2_tiny/ltx-2-tiny.safetensors
+ltx2-train make-tiny runs/ltx2_tiny_25 --release 2.5                 # LTX-2.5: its transformer, Gemma-4 text side
 ltx2-train preprocess --config configs/tiny_t2av.yaml                # clips -> cached latents
 torchrun --nproc-per-node 2 -m ltx2_train --config configs/tiny_t2av.yaml   # train
 ltx2-train --config configs/t2av.yaml --dry-run --world-size 8       # FSDP plan on meta
@@ -65,8 +66,8 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument(
         "--release",
         default="2.0",
-        help="the transformer's LTX-2 release: 2.0 (default) or 2.3, with that release's text connectors "
-        "(2.5, whose text side is Gemma-4, is not built)",
+        help="the transformer's LTX-2 release: 2.0 (default), 2.3 or 2.5, with that release's text side "
+        "(2.0 and 2.3: Gemma-3; 2.5: Gemma-4; 2.3 and 2.5: per-modality connectors)",
     )
     tiny.add_argument(
         "--single-file",

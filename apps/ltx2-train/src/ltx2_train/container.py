@@ -13,6 +13,7 @@ from mm_trainer import ModelContainer, SampledClip, model_register
 
 from ltx2_train.distill import STUDENT, architecture_problems, check_models, run_pipeline
 from ltx2_train.modality import freeze_branch
+from ltx2_train.model_set import run_problems
 from ltx2_train.pipeline import LTX2Pipeline, patch_grid_problem, video_patch
 from ltx2_train.validation import SamplingSet, prepare_sampling, sample_validation_clip
 
@@ -55,6 +56,15 @@ class LTX2Container(ModelContainer):
                 "frozen_modality: none"
             )
         return problems
+
+    @classmethod
+    def model_set_problems(cls, config: Any) -> list[str]:
+        """The trained transformer (its checkpoint's config or metadata) against the text side and the video
+        VAE the cache is encoded with (``data.dataset.preprocess.model_root``'s configs): no weights read, asked
+        by ``mm_trainer.check_model_set`` before anything is built (:func:`ltx2_train.model_set.run_problems`).
+        A run without that section, or whose model root holds none of those configs, is not checked."""
+        preprocess = dict(getattr(config.data, "dataset", None) or {}).get("preprocess") or {}
+        return run_problems(config.model.sub_models().get(STUDENT), preprocess)
 
     @classmethod
     def checks_sample_frames(cls, model_section: Any) -> bool:

@@ -20,14 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video
+from diffusers import AutoencoderKLLTX2Audio
+from diffusers.models.autoencoders.autoencoder_kl_ltx2_audio import LATENT_DOWNSAMPLE_FACTOR
 from mm_parallel import parse_dtype
 
 from ltx2_train.config_schema import PreprocessOptions
 from ltx2_train.release_inputs import text_widths
+from ltx2_train.vae_factors import video_vae_factors
 
-AUDIO_LATENT_DOWNSAMPLE = 4
-"""Upstream's audio VAE compresses time and mel bins by 4 (``LATENT_DOWNSAMPLE_FACTOR``)."""
+AUDIO_LATENT_DOWNSAMPLE = LATENT_DOWNSAMPLE_FACTOR
+"""Upstream's audio VAE compresses time and mel bins by this (4): a constant of its module, not a config field."""
 
 
 def _vae_config(root: str, name: str, cls: Any) -> dict[str, Any]:
@@ -38,17 +40,12 @@ def _vae_config(root: str, name: str, cls: Any) -> dict[str, Any]:
 
 
 def video_compression(model_root: str, transformer: Any) -> tuple[int, int]:
-    """``(temporal, spatial)`` compression of the video VAE: its ``config.json`` where it is there, else
-    the factors the transformer declares for its RoPE grid (``vae_scale_factors``: upstream's 8, 32, 32).
-    (``AutoencoderKLLTX2Video``'s own defaults would compute 16 x 64: the released config states the
-    ratios explicitly.)"""
-    path = Path(model_root) / "vae" / "config.json"
-    if path.is_file():
-        cfg = _vae_config(model_root, "vae", AutoencoderKLLTX2Video)
-        scalings = sum(bool(s) for s in cfg["spatio_temporal_scaling"])
-        spatial = cfg["spatial_compression_ratio"] or cfg["patch_size"] * 2**scalings
-        temporal = cfg["temporal_compression_ratio"] or cfg["patch_size_t"] * 2**scalings
-        return int(temporal), int(spatial)
+    """``(temporal, spatial)`` compression of the video VAE: its ``config.json`` where it is there
+    (:func:`ltx2_train.vae_factors.video_vae_factors`), else the factors the transformer declares for its
+    RoPE grid (``vae_scale_factors``: upstream's 8, 32, 32)."""
+    factors = video_vae_factors(model_root)
+    if factors is not None:
+        return factors
     temporal, spatial, _ = transformer.config.vae_scale_factors
     return int(temporal), int(spatial)
 

@@ -2,8 +2,11 @@
 
 Runs the frozen encoders once, before training, so that nothing of them is resident while the
 transformer trains: the video VAE (``AutoencoderKLLTX2Video``), the audio VAE
-(``AutoencoderKLLTX2Audio``, on a log-mel of the clip's audio), Gemma-3 and the text connectors
-(``LTX2TextConnectors``). Each sample file holds ``latents [C, F, H, W]`` and ``audio_latents
+(``AutoencoderKLLTX2Audio``, on a log-mel of the clip's audio), the text encoder (Gemma-3; LTX-2.5's: Gemma-4,
+loaded with ``AutoModel``, every hidden state stacked as diffusers' ``LTX2Pipeline.encode_prompt`` does) and the
+text connectors (``LTX2TextConnectors``). The model set's parts must be one release's (its text side, the
+transformer beside it, the VAE's compression and the clip size: :mod:`ltx2_train.model_set`), checked before
+any encoder loads. Each sample file holds ``latents [C, F, H, W]`` and ``audio_latents
 [C, L, M]`` (both normalized with the VAEs' statistics, as upstream's pipeline does before
 packing), ``prompt_embeds`` / ``audio_prompt_embeds [S, D]`` (connector outputs for the video and
 audio streams), ``prompt_attention_mask [S]`` and ``frame_rate`` (for the RoPE time axis).
@@ -61,6 +64,7 @@ from ltx2_train.audio import has_audio_track, log_mel, read_audio, synthetic_ton
 from ltx2_train.config_schema import MissingAudio, PreprocessOptions
 from ltx2_train.references import check_references, encode_reference, key_references, reference_paths
 from ltx2_train.release_file import load_release_encoders
+from ltx2_train.model_set import check_preprocess_model_set
 
 ENCODE_VERSION = 2
 """Bumped when what this module caches per sample changes (it is part of every sample's key). 2: a clip
@@ -386,6 +390,7 @@ def run_preprocess(
     if has_references:
         key_references(dataset, options)
     references = reference_paths(dataset, options)
+    check_preprocess_model_set(options)  # parts of two releases, a clip size the VAE refuses: before loading
     run = options.run
     shard = use_text_encoder_fsdp(run.text_encoder_fsdp, weights=Path(options.model_root) / "text_encoder",
                                   world_size=env_world)  # fmt: skip

@@ -8,11 +8,13 @@ Layout (what a real ``Lightricks/LTX-2`` diffusers folder looks like, minus the 
 the clips' IC-LoRA references: :func:`write_ic_lora_references`).
 Fixed seeds: the same call writes the same weights.
 
-``release`` (:data:`RELEASE_OPTIONS`) picks the transformer's LTX-2 release: ``2.0`` (the default), or
-``2.3`` (gated attention, prompt-modulated cross-attention, no caption projection in the transformer) with
-2.3's connectors (``per_modality_projections``: the video and audio text embeddings come out at the
-transformer's ``cross_attention_dim`` / ``audio_cross_attention_dim``). Both keep the Gemma-3 text encoder.
-``2.5`` is refused: its text side is Gemma-4, which this tiny set does not build.
+``release`` (:data:`RELEASE_OPTIONS`) picks the transformer's LTX-2 release: ``2.0`` (the default), ``2.3``
+(gated attention, prompt-modulated cross-attention, no caption projection in the transformer) with 2.3's
+connectors (``per_modality_projections``: the video and audio text embeddings come out at the
+transformer's ``cross_attention_dim`` / ``audio_cross_attention_dim``), both with a Gemma-3 text encoder, or
+``2.5`` (2.5's transformer options, the same connectors) with a Gemma-4 text encoder: a 2-layer
+``Gemma4UnifiedTextModel``, the language model of 2.5's ``Gemma4UnifiedForConditionalGeneration``
+(:func:`tiny_gemma4_text_encoder`; :data:`TEXT_ENCODERS`).
 
 The clips are :data:`DEMO_SHAPES`: four circles, one colour per direction, 5 frames of 16 x 16
 (:data:`CLIP`). With ``vae_fit_steps`` > 0 (the CLI's default, :data:`VAE_FIT_STEPS`) the video VAE
@@ -45,6 +47,7 @@ from mm_checkpoint import write_pipeline_folder
 from mm_data import load_clip_tensors, make_synthetic_dataset, write_caption_tokenizer
 from mm_trainer import fit_or_reuse_autoencoder
 from transformers import Gemma3TextConfig, Gemma3TextModel
+from transformers.models.gemma4_unified import Gemma4UnifiedTextConfig, Gemma4UnifiedTextModel
 
 from ltx2_train.release_file import write_release_file
 from ltx2_train.version import folder_version
@@ -98,8 +101,8 @@ RELEASE_OPTIONS: dict[str, dict[str, Any]] = {
                 use_prompt_embeddings=False, perturbed_attn=True, ff_bias=False, use_prompt_adaln_single=False,
                 use_keyframes_abs_pos_embedding=True),
 }  # fmt: skip
-#: The releases ``make-tiny`` writes a whole model set for (2.5's Gemma-4 text side is not built).
-MAKE_TINY_RELEASES = ("2.0", "2.3")
+#: The releases ``make-tiny`` writes a whole model set for.
+MAKE_TINY_RELEASES = ("2.0", "2.3", "2.5")
 
 
 def write_tokenizer(out: Path):
@@ -180,6 +183,26 @@ def tiny_text_encoder(vocab_size: int) -> Gemma3TextModel:
     return Gemma3TextModel(config).eval()
 
 
+def tiny_gemma4_text_encoder(vocab_size: int) -> Gemma4UnifiedTextModel:
+    """LTX-2.5's text encoder at :data:`TEXT_DIM` x :data:`TEXT_LAYERS` (a sliding-window layer, then a full one:
+    Gemma-4's last layer attends fully), the shape of :func:`tiny_text_encoder`."""
+    config = Gemma4UnifiedTextConfig(
+        vocab_size=vocab_size, hidden_size=TEXT_DIM, intermediate_size=64, num_hidden_layers=TEXT_LAYERS,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, global_head_dim=16, max_position_embeddings=64,
+        sliding_window=16, layer_types=["sliding_attention", "full_attention"], pad_token_id=0, eos_token_id=1,
+        bos_token_id=2,
+    )  # fmt: skip
+    return Gemma4UnifiedTextModel(config).eval()
+
+
+#: Each release's tiny text encoder: (transformers class name, builder from the vocabulary size).
+TEXT_ENCODERS: dict[str, tuple[str, Any]] = {
+    "2.0": ("Gemma3TextModel", tiny_text_encoder),
+    "2.3": ("Gemma3TextModel", tiny_text_encoder),
+    "2.5": ("Gemma4UnifiedTextModel", tiny_gemma4_text_encoder),
+}
+
+
 def tiny_connectors() -> LTX2TextConnectors:
     """LTX-2.0's connectors: one projection of Gemma's stacked layers to ``TEXT_DIM`` for both streams (the
     transformer's caption projections take it from there)."""
@@ -193,7 +216,7 @@ def tiny_connectors() -> LTX2TextConnectors:
 
 
 def tiny_release_connectors(video_dim: int, audio_dim: int) -> LTX2TextConnectors:
-    """LTX-2.3's connectors (``per_modality_projections``, gated attention): the video and audio text
+    """LTX-2.3's and 2.5's connectors (``per_modality_projections``, gated attention): the video and audio text
     embeddings at ``video_dim`` / ``audio_dim`` wide, the widths of a transformer without caption projections
     (its ``cross_attention_dim`` / ``audio_cross_attention_dim``); two heads each."""
     return LTX2TextConnectors(
@@ -256,6 +279,7 @@ def make_tiny(
     connectors = tiny_connectors if release == "2.0" else (
         lambda: tiny_release_connectors(shape["cross_attention_dim"], shape["audio_cross_attention_dim"])
     )  # fmt: skip
+    encoder_class, build_encoder = TEXT_ENCODERS[release]
     components = {
         "transformer": (
             "diffusers",
@@ -264,7 +288,7 @@ def make_tiny(
         ),
         "vae": ("diffusers", "AutoencoderKLLTX2Video", tiny_vae),
         "audio_vae": ("diffusers", "AutoencoderKLLTX2Audio", tiny_audio_vae),
-        "text_encoder": ("transformers", "Gemma3TextModel", lambda: tiny_text_encoder(len(tokenizer))),
+        "text_encoder": ("transformers", encoder_class, lambda: build_encoder(len(tokenizer))),
         "connectors": ("ltx2", "LTX2TextConnectors", connectors),
     }
     write_pipeline_folder(
@@ -297,10 +321,7 @@ def write_ic_lora_references(data: Path, shapes: Sequence[tuple[str, str, str]],
 def check_release(out: Path, release: str) -> None:
     """Refuse a ``release`` :func:`make_tiny` does not build, or an ``out`` whose transformer is another's."""
     if release not in MAKE_TINY_RELEASES:
-        raise ValueError(
-            f"make-tiny --release {release}: expected one of {list(MAKE_TINY_RELEASES)} (LTX-2.5's text side "
-            "is Gemma-4, which the tiny model set does not build)"
-        )
+        raise ValueError(f"make-tiny --release {release}: expected one of {list(MAKE_TINY_RELEASES)}")
     if (out / "transformer" / "config.json").is_file():
         found = folder_version(out / "transformer")
         if found != release:

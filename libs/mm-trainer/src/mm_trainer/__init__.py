@@ -132,6 +132,8 @@ _EXPORTS: dict[str, str] = {
     "SampleFramesError": "mm_trainer.data.sample_check",
     "PackingError": "mm_trainer.data.sample_check",
     "check_samples": "mm_trainer.data.sample_check",
+    "ModelSetError": "mm_trainer.checks.model_set",
+    "check_model_set": "mm_trainer.checks.model_set",
     "check_tracker_packages": "mm_trainer.loop.trackers",
     "open_trackers": "mm_trainer.loop.trackers",
     "preprocess_recipe": "mm_trainer.data.preprocess",

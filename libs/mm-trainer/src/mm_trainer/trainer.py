@@ -34,6 +34,7 @@ from mm_parallel import (
 )
 from torch import nn
 
+from mm_trainer.checks.model_set import check_model_set
 from mm_trainer.checks.preflight import preflight
 from mm_trainer.data.batches import BatchStream, build_batch_stream
 from mm_trainer.data.cache_check import check_cache_made_as_configured
@@ -107,6 +108,8 @@ class Trainer:
         for line in check_resume(config, self.run_dir.resume_from):
             log_rank0(line)
         import_plugins(config.training.plugin)
+        # model files that do not belong together (the container class says which): refused, nothing built
+        check_model_set(config)
         # an encoder cache made otherwise than data.dataset.preprocess says: refused before any model loads
         check_cache_made_as_configured(config.data)
         # a sample above data.packing.token_budget, or of a frame count the pipeline refuses (meta container)

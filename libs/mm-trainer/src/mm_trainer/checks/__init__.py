@@ -5,5 +5,6 @@
 - ``hf_config``: transformers sub-models' ``config`` keys against the upstream classes.
 - ``sub_models``: the container's rules on its sub-models (a distillation's architectures).
 - ``plan_patterns``: every plan pattern against the model built on meta.
+- ``model_set``: the container's check that the run's model files belong together (trainer, before building).
 - ``layouts``: ``mm-train check-layouts``, the same losses at several layouts.
 """
