@@ -62,9 +62,9 @@ from mm_trainer import (
 
 from ltx2_train.audio import has_audio_track, log_mel, read_audio, synthetic_tone
 from ltx2_train.config_schema import MissingAudio, PreprocessOptions
+from ltx2_train.model_set import check_preprocess_model_set
 from ltx2_train.references import check_references, encode_reference, key_references, reference_paths
 from ltx2_train.release_file import load_release_encoders
-from ltx2_train.model_set import check_preprocess_model_set
 
 ENCODE_VERSION = 2
 """Bumped when what this module caches per sample changes (it is part of every sample's key). 2: a clip
