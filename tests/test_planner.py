@@ -194,4 +194,6 @@ def test_the_trace_counts_each_phases_fsdp_units_with_a_rate_and_the_time_left(t
     assert "plan: micro-step 1/1: forward 5/5 FSDP units" in counted, lines
     rate_and_eta = r" \| [\d.]+ FSDP units/s \| eta \d:\d\d:\d\d$"
     assert all(re.search(rate_and_eta, line) for line in lines if line.startswith("plan: ")), lines
-    assert lines[0].startswith("[plan     0 s] building the model on meta")
+    # the first line announces the build (its clock: the seconds since the log began, 1-2 s on a loaded CI
+    # machine, where the trace's garbage collection and plugin imports come first)
+    assert re.match(r"\[plan +\d+ s\] building the model on meta", lines[0]), lines

@@ -17,6 +17,9 @@ import math
 from pathlib import Path
 
 import torch
+from mm_data import MetadataError
+
+from ltx2_train.config_schema import MissingAudio
 
 
 def has_audio_track(path: str | Path) -> bool | None:
@@ -128,3 +131,35 @@ def mel_to_waveform(
                              pad_mode="reflect", return_complex=True)  # fmt: skip
         spec = magnitude * torch.exp(1j * rebuilt.angle())
     return torch.istft(spec, n_fft, hop_length=hop_length, window=window, center=True, length=length)
+
+
+class MissingAudioError(MetadataError):
+    """Clips without an audio track in an LTX-2 source with audio, under ``missing_audio: refuse`` (exit 66)."""
+
+    raised_on_every_rank = True  # every rank reads the same headers: rank 0 alone prints it
+
+
+def clip_waveform(
+    path: str | None,
+    *,
+    sample_rate: int,
+    seconds: float,
+    start_s: float = 0.0,
+    missing: MissingAudio = "refuse",
+    tone: int = 0,
+) -> torch.Tensor:
+    """``seconds`` of the clip's audio from ``start_s`` (its first sampled frame); for a clip without an
+    audio track (or no clip, ``path`` None) ``missing`` decides: zeros (``silence``), :func:`synthetic_tone`
+    number ``tone`` (``tone``), or :class:`MissingAudioError` (``refuse``)."""
+    num_samples = int(round(seconds * sample_rate))
+    wave = read_audio(path, sample_rate, num_samples, start_s) if path else None
+    if wave is not None:
+        return wave
+    if missing == "silence":
+        return torch.zeros(2, num_samples)
+    if missing == "tone":
+        return synthetic_tone(tone, sample_rate, num_samples)
+    raise MissingAudioError(
+        f"{path}: no audio track (data.dataset.preprocess.missing_audio: refuse); expected a clip with sound, "
+        "or missing_audio: silence"
+    )

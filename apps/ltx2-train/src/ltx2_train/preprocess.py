@@ -46,7 +46,7 @@ from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video
 from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
 from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline as Upstream
 from mm_config import DataConfig, TrainConfig
-from mm_data import CacheReport, MetadataError, VideoTextDataset, is_image, probe_video
+from mm_data import CacheReport, VideoTextDataset, is_image, probe_video
 from mm_parallel import parse_dtype
 from mm_trainer import (
     SampleFramesError,
@@ -60,7 +60,12 @@ from mm_trainer import (
     write_latent_cache,
 )
 
-from ltx2_train.audio import has_audio_track, log_mel, read_audio, synthetic_tone
+from ltx2_train.audio import (
+    MissingAudioError,
+    clip_waveform,
+    has_audio_track,
+    log_mel,
+)
 from ltx2_train.config_schema import MissingAudio, PreprocessOptions
 from ltx2_train.model_set import check_preprocess_model_set
 from ltx2_train.references import check_references, encode_reference, key_references, reference_paths
@@ -211,38 +216,6 @@ def clip_rate(path: str) -> float:
     """The frame rate of a clip as its header gives it (a caption folder's rows name none);
     :data:`IMAGE_FRAME_RATE` for an image (a header without a rate)."""
     return probe_video(path).fps or IMAGE_FRAME_RATE
-
-
-class MissingAudioError(MetadataError):
-    """Clips without an audio track in an LTX-2 source with audio, under ``missing_audio: refuse`` (exit 66)."""
-
-    raised_on_every_rank = True  # every rank reads the same headers: rank 0 alone prints it
-
-
-def clip_waveform(
-    path: str | None,
-    *,
-    sample_rate: int,
-    seconds: float,
-    start_s: float = 0.0,
-    missing: MissingAudio = "refuse",
-    tone: int = 0,
-) -> torch.Tensor:
-    """``seconds`` of the clip's audio from ``start_s`` (its first sampled frame); for a clip without an
-    audio track (or no clip, ``path`` None) ``missing`` decides: zeros (``silence``), :func:`synthetic_tone`
-    number ``tone`` (``tone``), or :class:`MissingAudioError` (``refuse``)."""
-    num_samples = int(round(seconds * sample_rate))
-    wave = read_audio(path, sample_rate, num_samples, start_s) if path else None
-    if wave is not None:
-        return wave
-    if missing == "silence":
-        return torch.zeros(2, num_samples)
-    if missing == "tone":
-        return synthetic_tone(tone, sample_rate, num_samples)
-    raise MissingAudioError(
-        f"{path}: no audio track (data.dataset.preprocess.missing_audio: refuse); expected a clip with sound, "
-        "or missing_audio: silence"
-    )
 
 
 def clips_without_audio(dataset: VideoTextDataset) -> list[tuple[int, str]]:

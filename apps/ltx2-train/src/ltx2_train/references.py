@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mm_data import VideoTextDataset, clip_digests, decode_frames, probe_video, to_video_tensor
 from mm_trainer import SampleFramesError
 
+from ltx2_train.audio import clip_waveform
 from ltx2_train.config_schema import PreprocessOptions
-
-if TYPE_CHECKING:
-    from ltx2_train.preprocess import LTX2Encoders
 
 REFERENCE_COLUMN = "reference"
 """The metadata column naming a row's IC-LoRA reference clip."""
@@ -107,15 +105,15 @@ def key_references(dataset: VideoTextDataset, options: PreprocessOptions) -> Non
 
 
 def encode_reference(
-    encoders: LTX2Encoders, path: str, digest: str, *, num_frames: int, height: int, width: int, rate: float,
+    encoders: Any, path: str, digest: str, *, num_frames: int, height: int, width: int, rate: float,
     missing_audio: str = "refuse",
 ) -> dict[str, Any]:  # fmt: skip
-    """``reference_latents [C, F, H, W]`` (and with the audio VAE ``reference_audio_latents [C, L, M]``) of
+    """``reference_latents [C, F, H, W]`` (and with the audio VAE ``reference_audio_latents [C, L, M]``), by
+    ``encoders`` (the run's :class:`ltx2_train.preprocess.LTX2Encoders`; not imported here: preprocess imports
+    this module), of
     the reference clip at ``path``: its ``num_frames`` frames at ``height`` x ``width``, its audio over their
     span at ``rate`` fps (a silent reference as ``missing_audio`` says, as a target clip: refused, zeros, or
     the stand-in tone of ``digest``, its SHA-256)."""
-    from ltx2_train.preprocess import clip_waveform
-
     frames = decode_frames(path, list(range(num_frames)), height, width)
     out = {"reference_latents": encoders.encode_video(to_video_tensor(frames))}
     if encoders.audio_vae is not None:
