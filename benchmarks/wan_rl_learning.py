@@ -27,7 +27,7 @@ Issue 47's learning acceptance, one CPU process, everything through the trainer 
    clips of different prompts at one seed (shape and motion: a collapse to one clip would take it to 0).
 
 Usage: python benchmarks/wan_rl_learning.py --out /tmp/rl [--method grpo] [--steps 60] [--every 20]
-       [--base-steps 600] [--lr 1e-2] [--shuffle] [--anchor] [--option KEY=VALUE ...] [--override K=V ...]
+       [--base-steps 600] [--lr 1e-2] [--shuffle] [--anchor kl|colour|kept] [--option KEY=VALUE ...] [--override K=V ...]
        python benchmarks/wan_rl_learning.py --out /tmp/rl --report RUN [RUN ...] [--plot curves.png]
 """
 
@@ -68,9 +68,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--target", default="green", choices=TOY_COLOURS, help="the reward's target colour")
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--shuffle", action="store_true", help="the control: rewards permuted across clips")
-    parser.add_argument("--anchor", choices=("kl", "colour"),
-                        help="also train on captions naming a colour: rewarded 0 (kl: only the KL term trains them) "
-                        "or by closeness to their own colour (colour)")  # fmt: skip
+    parser.add_argument("--anchor", choices=("kl", "colour", "kept"),
+                        help="also train on captions naming a colour: rewarded 0 (kl: only the KL term trains them), "
+                        "by closeness to their own colour (colour), or 0 when drawn in their colour and -1 when not "
+                        "(kept)")  # fmt: skip
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="model.pipeline.<method>.KEY=VALUE (repeatable)")  # fmt: skip
     parser.add_argument("--override", action="append", default=[], help="a further trainer override")
@@ -163,8 +164,10 @@ def shuffle_rewards() -> None:
 def register_anchor_reward(anchor: str) -> str:
     """The ``--anchor`` runs' reward, ``colour_target_anchor_<anchor>``: ``colour_target`` on captions that
     name no toy colour; on those that do, 0 (``kl``: a group of equal rewards has advantages 0, so only the
-    KL term to the reference trains those prompts) or ``colour_target`` toward the caption's own colour
-    (``colour``)."""
+    KL term to the reference trains those prompts), ``colour_target`` toward the caption's own colour
+    (``colour``; a group of clips all in that colour still differs by shade, and its normalised advantages are
+    noise), or 0 when the clip's shape is drawn in the caption's colour (:func:`colour_of`) and -1 when not
+    (``kept``: advantages 0 while a group keeps its colour, a push back toward it once a clip loses it)."""
     from mm_config import register_reward_schema
     from mm_config.rewards import ColourTargetOptions
     from mm_data.synthetic import COLOURS
@@ -180,6 +183,8 @@ def register_anchor_reward(anchor: str) -> str:
                 named = [w for w in prompt.split() if w in COLOURS]
                 if named and anchor == "kl":
                     scores[k] = 0.0
+                elif named and anchor == "kept":
+                    scores[k] = 0.0 if colour_of(as_frames(samples[k])) == named[0] else -1.0
                 elif named:
                     own = ColourTarget([v / 255 for v in COLOURS[named[0]]])
                     scores[k] = own(samples[k : k + 1], [prompt])[0]
@@ -234,6 +239,11 @@ def read_frames(mp4: Path) -> np.ndarray:
 
     with av.open(str(mp4)) as container:
         return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+def as_frames(sample: torch.Tensor) -> np.ndarray:
+    """A decoded clip ``[3, T, H, W]`` in [-1, 1] (what a reward on frames gets) as ``[T, H, W, 3]`` in 0-255."""
+    return ((sample.float() + 1) * 127.5).clamp(0, 255).permute(1, 2, 3, 0).cpu().numpy()
 
 
 def colour_of(frames: np.ndarray) -> str:
@@ -356,7 +366,7 @@ def main() -> None:
         shuffle_rewards()
     options = "_".join(o.replace("=", "") for o in args.option)
     flags = ("_shuffled" if args.shuffle else "") + (
-        f"_anchor{'_colour' * (args.anchor == 'colour')}" if args.anchor else ""
+        f"_anchor{'' if args.anchor == 'kl' else '_' + args.anchor}" if args.anchor else ""
     )
     name = f"run_{args.method}{flags}{'_' + options if options else ''}"
     started = time.time()
