@@ -72,6 +72,8 @@ def parse_args() -> argparse.Namespace:
                         help="also train on captions naming a colour: rewarded 0 (kl: only the KL term trains them), "
                         "by closeness to their own colour (colour), or 0 when drawn in their colour and -1 when not "
                         "(kept)")  # fmt: skip
+    parser.add_argument("--anchor-colours", type=int, default=1, choices=range(1, len(TOY_COLOURS) + 1),
+                        help="with --anchor: captions naming a colour per trained (shape, direction) pair")  # fmt: skip
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="model.pipeline.<method>.KEY=VALUE (repeatable)")  # fmt: skip
     parser.add_argument("--override", action="append", default=[], help="a further trainer override")
@@ -100,18 +102,19 @@ def make_toy(out: Path) -> Path:
     return path
 
 
-def rl_metadata(tiny: Path, anchor: bool) -> Path:
+def rl_metadata(tiny: Path, anchors: int) -> Path:
     """The reward fine-tuning's prompts: the colourless captions of :data:`RL_PAIRS` (one row each; the
-    clip only fixes the rollouts' shape); with ``anchor`` also one caption naming a colour per pair (the
-    colours of :data:`TOY_COLOURS` in turn), rows alternating."""
+    clip only fixes the rollouts' shape), each followed by ``anchors`` captions naming a colour on its pair
+    (the ``k``-th pair's from the ``k``-th colour of :data:`TOY_COLOURS` on, in turn)."""
     rows = json.loads((tiny / "data" / "metadata.json").read_text())
     keep = []
-    for (shape, direction), colour in zip(RL_PAIRS, TOY_COLOURS, strict=True):
+    for k, (shape, direction) in enumerate(RL_PAIRS):
         row = next(r for r in rows if r["cap"][0].endswith(f"{shape} moving {direction}"))
         keep.append({**row, "cap": [f"a {shape} moving {direction}"]})
-        if anchor:
+        for j in range(anchors):
+            colour = TOY_COLOURS[(k + j) % len(TOY_COLOURS)]
             keep.append({**row, "cap": [f"a {colour} {shape} moving {direction}"]})
-    path = tiny / "data" / f"metadata_rl{'_anchor' if anchor else ''}.json"
+    path = tiny / "data" / f"metadata_rl{'_anchor' * (anchors > 0)}{anchors if anchors > 1 else ''}.json"
     path.write_text(json.dumps(keep, indent=1))
     return path
 
@@ -218,7 +221,7 @@ def fine_tune(
     reward = "[{id: " + reward_id + ", options: {target: " + json.dumps(target_rgb(args.target)) + "}}]"
     overrides = [
         *tiny_overrides(tiny), f"model.models.predictor.from_pretrained={base}",
-        f"data.data_path={rl_metadata(tiny, args.anchor is not None)}", f"training.save={run}", f"training.train_iters={steps}",
+        f"data.data_path={rl_metadata(tiny, args.anchor_colours if args.anchor else 0)}", f"training.save={run}", f"training.train_iters={steps}",
         f"training.save_interval={steps}", f"training.lr={lr}", "training.tensorboard=false",
         "parallel.ulysses_parallel_size=1", f"training.rewards={reward}",
         "model.models.text_encoder.config.text_len=8",
@@ -365,8 +368,10 @@ def main() -> None:
     if args.shuffle:
         shuffle_rewards()
     options = "_".join(o.replace("=", "") for o in args.option)
-    flags = ("_shuffled" if args.shuffle else "") + (
-        f"_anchor{'' if args.anchor == 'kl' else '_' + args.anchor}" if args.anchor else ""
+    flags = (
+        ("_shuffled" if args.shuffle else "")
+        + (f"_anchor{'' if args.anchor == 'kl' else '_' + args.anchor}" if args.anchor else "")
+        + (f"{args.anchor_colours}" if args.anchor and args.anchor_colours > 1 else "")
     )
     name = f"run_{args.method}{flags}{'_' + options if options else ''}"
     started = time.time()
