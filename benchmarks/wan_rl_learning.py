@@ -27,7 +27,7 @@ Issue 47's learning acceptance, one CPU process, everything through the trainer 
    clips of different prompts at one seed (shape and motion: a collapse to one clip would take it to 0).
 
 Usage: python benchmarks/wan_rl_learning.py --out /tmp/rl [--method grpo] [--steps 60] [--every 20]
-       [--base-steps 600] [--lr 1e-2] [--shuffle] [--anchor] [--option KEY=VALUE ...] [--override K=V ...]
+       [--base-steps 600] [--lr 1e-2] [--shuffle] [--anchor kl|colour|kept] [--option KEY=VALUE ...] [--override K=V ...]
        python benchmarks/wan_rl_learning.py --out /tmp/rl --report RUN [RUN ...] [--plot curves.png]
 """
 
@@ -68,9 +68,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--target", default="green", choices=TOY_COLOURS, help="the reward's target colour")
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--shuffle", action="store_true", help="the control: rewards permuted across clips")
-    parser.add_argument("--anchor", choices=("kl", "colour"),
-                        help="also train on captions naming a colour: rewarded 0 (kl: only the KL term trains them) "
-                        "or by closeness to their own colour (colour)")  # fmt: skip
+    parser.add_argument("--anchor", choices=("kl", "colour", "kept"),
+                        help="also train on captions naming a colour: rewarded 0 (kl: only the KL term trains them), "
+                        "by closeness to their own colour (colour), or 0 when drawn in their colour and -1 when not "
+                        "(kept)")  # fmt: skip
+    parser.add_argument("--anchor-colours", type=int, default=1, choices=range(1, len(TOY_COLOURS) + 1),
+                        help="with --anchor: captions naming a colour per trained (shape, direction) pair")  # fmt: skip
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="model.pipeline.<method>.KEY=VALUE (repeatable)")  # fmt: skip
     parser.add_argument("--override", action="append", default=[], help="a further trainer override")
@@ -99,18 +102,19 @@ def make_toy(out: Path) -> Path:
     return path
 
 
-def rl_metadata(tiny: Path, anchor: bool) -> Path:
+def rl_metadata(tiny: Path, anchors: int) -> Path:
     """The reward fine-tuning's prompts: the colourless captions of :data:`RL_PAIRS` (one row each; the
-    clip only fixes the rollouts' shape); with ``anchor`` also one caption naming a colour per pair (the
-    colours of :data:`TOY_COLOURS` in turn), rows alternating."""
+    clip only fixes the rollouts' shape), each followed by ``anchors`` captions naming a colour on its pair
+    (the ``k``-th pair's from the ``k``-th colour of :data:`TOY_COLOURS` on, in turn)."""
     rows = json.loads((tiny / "data" / "metadata.json").read_text())
     keep = []
-    for (shape, direction), colour in zip(RL_PAIRS, TOY_COLOURS, strict=True):
+    for k, (shape, direction) in enumerate(RL_PAIRS):
         row = next(r for r in rows if r["cap"][0].endswith(f"{shape} moving {direction}"))
         keep.append({**row, "cap": [f"a {shape} moving {direction}"]})
-        if anchor:
+        for j in range(anchors):
+            colour = TOY_COLOURS[(k + j) % len(TOY_COLOURS)]
             keep.append({**row, "cap": [f"a {colour} {shape} moving {direction}"]})
-    path = tiny / "data" / f"metadata_rl{'_anchor' if anchor else ''}.json"
+    path = tiny / "data" / f"metadata_rl{'_anchor' * (anchors > 0)}{anchors if anchors > 1 else ''}.json"
     path.write_text(json.dumps(keep, indent=1))
     return path
 
@@ -163,8 +167,10 @@ def shuffle_rewards() -> None:
 def register_anchor_reward(anchor: str) -> str:
     """The ``--anchor`` runs' reward, ``colour_target_anchor_<anchor>``: ``colour_target`` on captions that
     name no toy colour; on those that do, 0 (``kl``: a group of equal rewards has advantages 0, so only the
-    KL term to the reference trains those prompts) or ``colour_target`` toward the caption's own colour
-    (``colour``)."""
+    KL term to the reference trains those prompts), ``colour_target`` toward the caption's own colour
+    (``colour``; a group of clips all in that colour still differs by shade, and its normalised advantages are
+    noise), or 0 when the clip's shape is drawn in the caption's colour (:func:`colour_of`) and -1 when not
+    (``kept``: advantages 0 while a group keeps its colour, a push back toward it once a clip loses it)."""
     from mm_config import register_reward_schema
     from mm_config.rewards import ColourTargetOptions
     from mm_data.synthetic import COLOURS
@@ -180,6 +186,8 @@ def register_anchor_reward(anchor: str) -> str:
                 named = [w for w in prompt.split() if w in COLOURS]
                 if named and anchor == "kl":
                     scores[k] = 0.0
+                elif named and anchor == "kept":
+                    scores[k] = 0.0 if colour_of(as_frames(samples[k])) == named[0] else -1.0
                 elif named:
                     own = ColourTarget([v / 255 for v in COLOURS[named[0]]])
                     scores[k] = own(samples[k : k + 1], [prompt])[0]
@@ -213,7 +221,7 @@ def fine_tune(
     reward = "[{id: " + reward_id + ", options: {target: " + json.dumps(target_rgb(args.target)) + "}}]"
     overrides = [
         *tiny_overrides(tiny), f"model.models.predictor.from_pretrained={base}",
-        f"data.data_path={rl_metadata(tiny, args.anchor is not None)}", f"training.save={run}", f"training.train_iters={steps}",
+        f"data.data_path={rl_metadata(tiny, args.anchor_colours if args.anchor else 0)}", f"training.save={run}", f"training.train_iters={steps}",
         f"training.save_interval={steps}", f"training.lr={lr}", "training.tensorboard=false",
         "parallel.ulysses_parallel_size=1", f"training.rewards={reward}",
         "model.models.text_encoder.config.text_len=8",
@@ -234,6 +242,11 @@ def read_frames(mp4: Path) -> np.ndarray:
 
     with av.open(str(mp4)) as container:
         return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+def as_frames(sample: torch.Tensor) -> np.ndarray:
+    """A decoded clip ``[3, T, H, W]`` in [-1, 1] (what a reward on frames gets) as ``[T, H, W, 3]`` in 0-255."""
+    return ((sample.float() + 1) * 127.5).clamp(0, 255).permute(1, 2, 3, 0).cpu().numpy()
 
 
 def colour_of(frames: np.ndarray) -> str:
@@ -355,8 +368,10 @@ def main() -> None:
     if args.shuffle:
         shuffle_rewards()
     options = "_".join(o.replace("=", "") for o in args.option)
-    flags = ("_shuffled" if args.shuffle else "") + (
-        f"_anchor{'_colour' * (args.anchor == 'colour')}" if args.anchor else ""
+    flags = (
+        ("_shuffled" if args.shuffle else "")
+        + (f"_anchor{'' if args.anchor == 'kl' else '_' + args.anchor}" if args.anchor else "")
+        + (f"{args.anchor_colours}" if args.anchor and args.anchor_colours > 1 else "")
     )
     name = f"run_{args.method}{flags}{'_' + options if options else ''}"
     started = time.time()
