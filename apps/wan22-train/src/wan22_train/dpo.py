@@ -40,6 +40,20 @@ def dpo_problems(model_section: Any) -> dict[str, str]:
     return policy_reference_problems(model_section, options.get("expert", "all"), "Diffusion-DPO")
 
 
+def kl_mode_problems(model_section: Any, key: str, options_type: Any, mode: str) -> dict[str, str]:
+    """:func:`policy_reference_problems` of a reward fine-tuning ``model.pipeline.<key>`` validated by
+    ``options_type`` (``GRPOOptions``, ``NFTOptions``): a reference is needed only with a KL term
+    (``kl_weight > 0``); {} when the run has no such key."""
+    options = dict(getattr(model_section, "pipeline", None) or {})
+    section = options.get(key)
+    if section is None:
+        return {}
+    needs_reference = options_type.model_validate(dict(section)).kl_weight > 0
+    return policy_reference_problems(
+        model_section, options.get("expert", "all"), mode, needs_reference=needs_reference
+    )
+
+
 def policy_reference_problems(
     model_section: Any, expert: str, mode: str, *, needs_reference: bool = True
 ) -> dict[str, str]:

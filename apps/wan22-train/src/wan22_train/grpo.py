@@ -15,7 +15,7 @@ from typing import Any
 from mm_config import GRPOOptions
 from mm_pipelines import FlowGRPO
 
-from wan22_train.dpo import policy_reference_problems
+from wan22_train.dpo import kl_mode_problems
 from wan22_train.pipeline import Wan22Pipeline
 
 
@@ -28,10 +28,4 @@ def grpo_problems(model_section: Any) -> dict[str, str]:
     """Why the sub-models of a Flow-GRPO run cannot train it, by sub-model name, from their config sections
     alone: a policy sub-model missing, a reference that trains, or, with a KL term, neither a reference nor
     a LoRA policy."""
-    options = dict(getattr(model_section, "pipeline", None) or {})
-    grpo = options.get("grpo")
-    if grpo is None:
-        return {}
-    needs_reference = GRPOOptions.model_validate(dict(grpo)).kl_weight > 0
-    expert = options.get("expert", "all")
-    return policy_reference_problems(model_section, expert, "Flow-GRPO", needs_reference=needs_reference)
+    return kl_mode_problems(model_section, "grpo", GRPOOptions, "Flow-GRPO")

@@ -16,7 +16,7 @@ from typing import Any
 from mm_config import NFTOptions
 from mm_pipelines import DiffusionNFT
 
-from wan22_train.dpo import policy_reference_problems
+from wan22_train.dpo import kl_mode_problems
 from wan22_train.pipeline import Wan22Pipeline
 
 
@@ -29,10 +29,4 @@ def nft_problems(model_section: Any) -> dict[str, str]:
     """Why the sub-models of a DiffusionNFT run cannot train it, by sub-model name, from their config sections
     alone: a policy sub-model missing, a reference that trains, or, with a KL term, neither a reference nor
     a LoRA policy."""
-    options = dict(getattr(model_section, "pipeline", None) or {})
-    nft = options.get("nft")
-    if nft is None:
-        return {}
-    needs_reference = NFTOptions.model_validate(dict(nft)).kl_weight > 0
-    expert = options.get("expert", "all")
-    return policy_reference_problems(model_section, expert, "DiffusionNFT", needs_reference=needs_reference)
+    return kl_mode_problems(model_section, "nft", NFTOptions, "DiffusionNFT")
