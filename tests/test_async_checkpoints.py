@@ -106,7 +106,7 @@ class _Unpicklable:
 def test_a_failed_background_save_ends_the_run_at_a_step_after_it_with_its_error(
     distributed, toy_yaml, toy_trainer, metrics_of
 ):
-    config = toy_yaml(training={"train_iters": 6, "save_interval": 3, "async_save": True})
+    config = toy_yaml(training={"train_iters": 16, "save_interval": 8, "async_save": True})
 
     def body(rank: int, world: int) -> str:
         trainer = toy_trainer(config, world)
@@ -118,10 +118,10 @@ def test_a_failed_background_save_ends_the_run_at_a_step_after_it_with_its_error
         return "no error"
 
     (message,) = distributed(body, 1)
-    assert message.startswith("CheckpointError: the background save of iteration 3"), message
+    assert message.startswith("CheckpointError: the background save of iteration 8"), message
     assert "cannot be written" in message
-    # raised by the check after a step, not only by the next save (at 6): a write of a few KB ends
-    # within the three steps between them
-    assert 3 <= len(metrics_of(config.parent / "ckpt")) < 6
+    # raised by the check after a step, not only by the next save (at 16): a write of a few KB ends
+    # within the eight steps between them (three were too few on a loaded machine)
+    assert 8 <= len(metrics_of(config.parent / "ckpt")) < 16
     assert not (config.parent / "ckpt" / "latest_checkpointed_iteration.txt").exists()
-    assert not list((config.parent / "ckpt").glob("iter_*"))  # its iter_0000003.partial removed
+    assert not list((config.parent / "ckpt").glob("iter_*"))  # its iter_0000008.partial removed

@@ -32,6 +32,13 @@ __all__ = [
     "cover_size",
 ]
 
+# One thread per decoder and per scaler. FFmpeg's decoders and swscale start their own worker threads by
+# default; a forked process (a DataLoader worker, ``mm-data check``) inherits such a context without its
+# threads, and freeing it there (garbage collected in the child, or a frame of a parent's thread cleared
+# at fork) waits forever on those threads' condition variables: the worker hangs for good. With one
+# thread nothing is started; the parallelism is the DataLoader workers' (one decoder each), as usual.
+FORK_SAFE_THREADS = 1
+
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff"})
 
 
@@ -126,7 +133,9 @@ def _frame_to_array(
     frame: av.VideoFrame, target_h: int, target_w: int, reformatter: VideoReformatter
 ) -> np.ndarray:
     h, w = cover_size(frame.height, frame.width, target_h, target_w)
-    rgb = reformatter.reformat(frame, width=w, height=h, format="rgb24", interpolation="BILINEAR")
+    rgb = reformatter.reformat(
+        frame, width=w, height=h, format="rgb24", interpolation="BILINEAR", threads=FORK_SAFE_THREADS
+    )
     return _center_crop(rgb.to_ndarray(), target_h, target_w)
 
 
@@ -148,7 +157,7 @@ def decode_frames(
     try:
         with av.open(str(path)) as container:
             stream = _video_stream(container, path)
-            stream.thread_type = "AUTO"
+            stream.codec_context.thread_count = FORK_SAFE_THREADS
             info = info or _stream_info(container, stream)
             got = _decode_wanted(container, stream, wanted, info.fps, height, width)
     except (av.FFmpegError, OSError, ValueError) as e:
