@@ -1,6 +1,7 @@
-"""Flow-GRPO and Diffusion-DPO through the trainer at 1 rank: with both A14B experts in one GRPO run each
-step's log-probabilities and gradient come from the expert of its trained timestep, and a GRPO run and a
-DPO run SIGKILLed mid-run resume from their last checkpoint with the uninterrupted run's rewards and losses.
+"""Flow-GRPO, DiffusionNFT and Diffusion-DPO through the trainer at 1 rank: with both A14B experts in one GRPO
+run each step's log-probabilities and gradient come from the expert of its trained timestep, and a GRPO, an
+NFT and a DPO run SIGKILLed mid-run resume from their last checkpoint with the uninterrupted run's rewards and
+losses.
 
 Each mode runs once: ``wan22-train``'s ``main`` in a forked child (``killed_after``) of 4 steps with a
 checkpoint every 2nd, SIGKILLed once it logged step 3 (its step-2 checkpoint complete); until then it is the
@@ -42,6 +43,11 @@ MODES = {
             "training.phases.grpo.submodels=[predictor, predictor_low]",
         ],
         ("loss_grpo", "reward", "reward_std", "grpo_kl", "grpo_clip_fraction"),
+    ),
+    "nft": (  # its old policy (an EMA of the adapters) is per-rank checkpointed state a resume must restore
+        "tiny_nft.yaml",
+        ["model.pipeline.nft.group_size=2", "model.pipeline.nft.old_decay_ramp=0.5"],
+        ("loss_nft", "reward", "reward_std", "nft_kl", "nft_old_deviation", "nft_old_decay"),
     ),
     "dpo": (
         "tiny_dpo.yaml",
@@ -116,7 +122,7 @@ def test_with_both_experts_each_grpo_steps_log_prob_and_gradient_come_from_the_e
     assert all(r["grpo_clip_fraction"] == 0.0 and r["reward_std"] > 0 for r in got), got
 
 
-@pytest.mark.parametrize("mode", ["grpo", "dpo"])
+@pytest.mark.parametrize("mode", ["grpo", "nft", "dpo"])
 def test_a_run_sigkilled_mid_run_resumes_with_the_uninterrupted_runs_rewards_and_losses(
     tiny, mode, killed, main_forked, capfd
 ):
