@@ -182,12 +182,7 @@ COMMANDS: dict[tuple[str, str], How] = {
     (
         WAN,
         "torchrun --nproc-per-node 2 -m wan22_train --config apps/wan22-train/configs/tiny_nft.yaml",
-    ): excused(
-        "a 2-rank training run (about 60 s on the loaded CI machine) is over the test budget of DiffusionNFT; "
-        "the config is checked by apps/wan22-train/tests/test_wan_nft.py and planned (refused) by "
-        "test_wan_modes_readme.py, its pipeline runs in libs/mm-pipelines/tests/test_diffusion_nft.py, and "
-        "the trainer path of a scorer-slot pipeline at 2 ranks + Ulysses 2 runs with tiny_grpo.yaml's line"
-    ),
+    ): covered("apps/wan22-train/tests/test_wan_modes_readme.py"),
     (WAN, "wan22-train preprocess --config apps/wan22-train/configs/tiny_t2v_cached.yaml"): covered(
         "apps/wan22-train/tests/test_wan_conditions_e2e.py"
     ),
