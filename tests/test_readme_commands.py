@@ -306,7 +306,8 @@ COMMANDS: dict[tuple[str, str], How] = {
             ("frozen_modality=audio", "ckpt_video_only"),
             ("frozen_modality=video", "ckpt_audio_only"),
             ("audio_timesteps=independent", "ckpt_independent"),
-            # A2V, V2A, audio extension: 2 steps each on one rank, the three runs in one process
+            # A2V, V2A, audio extension: 2 steps each on one rank, the three runs in one process, no
+            # checkpoint written (what the mode means is checked in the transformer's inputs and the metrics)
             ("condition_modality=audio", "ckpt_a2v"),
             ("condition_modality=video", "ckpt_v2a"),
             ("audio_conditioning_frames=4", "ckpt_audio_extension"),

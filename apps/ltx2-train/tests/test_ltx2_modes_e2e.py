@@ -184,12 +184,14 @@ def _clean_of(row: torch.Tensor, clean: list[torch.Tensor], tokens: int | None =
 def clean_context_runs(readme, tiny_cache, run_config, distributed):
     """The README's A2V, V2A and audio-extension lines, 2 steps each on one rank (``nproc 1``,
     ``parallel.ulysses_parallel_size=1``), in one forked process: their ``metrics.jsonl`` loss records and
-    the transformer's recorded forwards."""
+    the transformer's recorded forwards. CI time: no checkpoint and no TensorBoard events (a quarter of each
+    run's time), the metrics under ``training.log_dir``; what is checked is in the forwards and the metrics."""
     config = run_config(tiny_cache, REPO / TINY)
     runs = {}
     for name, line in (("a2v", A2V), ("v2a", V2A), ("audio_extension", AUDIO_EXTENSION)):
-        save = tiny_cache / f"clean_{name}"
-        extra = ("training.train_iters=2", f"training.save={save}", "parallel.ulysses_parallel_size=1")
+        logs = tiny_cache / f"clean_{name}"
+        extra = ("training.train_iters=2", "training.save=null", f"training.log_dir={logs}",
+                 "training.tensorboard=false", "parallel.ulysses_parallel_size=1")  # fmt: skip
         argv = readme.command(README, line, paths={TINY: config}, extra=extra)
         runs[name] = readme.launched(argv)[2]
     forwards = distributed(_clean_context_runs, 1, runs, timeout=600)[0]
@@ -257,11 +259,9 @@ def test_an_audio_extension_run_gives_the_first_audio_frames_clean_and_takes_no_
         x, t = call["audio_hidden_states"], call["audio_timestep"]
         assert x.shape[1] > k and t.shape == x.shape[:2]  # a timestep per audio token
         assert not t[:, :k].any() and (t[:, k:] > 0).all()
-        x0 = [
-            _clean_of(r, clean_audio, k) for r in x
-        ]  # each row's first k tokens: a cached sample's, exactly
-        assert all(c is not None for c in x0)
-        x0 = torch.stack(x0)
+        cached = [_clean_of(r, clean_audio, k) for r in x]  # whose first k tokens each row holds exactly
+        assert all(c is not None for c in cached)
+        x0 = torch.stack(cached)
         assert not torch.isclose(x[:, k:], x0[:, k:]).all(dim=-1).any()  # every generated token noised
         s = (t[:, k:] / 1000)[..., None]
         target = (x[:, k:] - (1 - s) * x0[:, k:]) / s - x0[:, k:]
