@@ -137,22 +137,55 @@ def test_lora_peft_comfyui_and_merged_exports_compute_the_trained_outputs(
         )
 
 
-def test_a_lora_file_of_another_release_is_refused_naming_the_file_its_keys_and_the_release(
-    tiny_cache, run_config, lora_config, one_token_inputs, tmp_path, distributed
+def _refusal(rank: int, world: int, config: str, overrides: list[str]) -> tuple[str, str, int | None, float]:
+    """What building the run raises: its class, message, exit code (a user error's) and the seconds it took."""
+    import time
+
+    from mm_config import load_config
+    from mm_trainer import Trainer
+    from mm_trainer.run.user_errors import user_error_class
+
+    start = time.perf_counter()
+    try:
+        Trainer(load_config(config, overrides, world_size=world))
+    except Exception as exc:  # noqa: BLE001 - the test asserts which one
+        kind = user_error_class(exc)
+        return type(exc).__name__, str(exc), kind and kind.exit_code, time.perf_counter() - start
+    return "nothing raised", "", None, time.perf_counter() - start
+
+
+def test_a_lora_file_of_another_release_is_refused_before_the_base_weights_are_read(
+    tiny_cache, run_config, lora_config, tmp_path, distributed
 ):
-    # an LTX-2.3 LoRA adapts the gate of 2.3's gated attention (to_gate_logits), which a 2.0 transformer
-    # does not have: written in the official layout, as the official trainer would
+    """The file's header against the transformer built on meta, before any weight: the run's base weights
+    file here has no safetensors header, so a run that read it before checking the LoRA file would fail on
+    it (a CheckpointFormatError) instead."""
+    import shutil
+
+    from mm_checkpoint import CheckpointFormatError, open_weights
     from safetensors.torch import save_file
 
+    # an LTX-2.3 LoRA adapts the gate of 2.3's gated attention (to_gate_logits), which a 2.0 transformer
+    # does not have: written in the official layout, as the official trainer would
     file = tmp_path / "ltx23_lora.safetensors"
     gate = "diffusion_model.transformer_blocks.0.attn1.to_gate_logits"
     save_file(
         {f"{gate}.lora_A.weight": torch.zeros(4, 384), f"{gate}.lora_B.weight": torch.zeros(4, 4)}, file
     )
+    base = tmp_path / "transformer"
+    shutil.copytree(tiny_cache / "transformer", base)
+    (weights,) = base.glob("*.safetensors")
+    weights.write_bytes(b"\0" * 8)  # a header length of 0: unreadable
+    with pytest.raises(CheckpointFormatError):
+        open_weights(weights)
     config = run_config(tiny_cache, lora_config, save=str(tmp_path / "refused"))
-    overrides = [f"model.lora.init_from={file}", "parallel.ulysses_parallel_size=1"]
-    with pytest.raises(AssertionError) as info:
-        distributed(_started, 1, str(config), overrides, one_token_inputs(), timeout=300)
-    message = str(info.value)
+    overrides = [
+        f"model.lora.init_from={file}",
+        f"model.from_pretrained={base}",
+        "parallel.ulysses_parallel_size=1",
+    ]
+    name, message, exit_code, seconds = distributed(_refusal, 1, str(config), overrides, timeout=300)[0]
+    assert (name, exit_code) == ("LoraFileError", 66), message
     assert f"model.lora.init_from={file}: its adapters do not fit this LTX-2.0 transformer" in message
     assert "transformer_blocks.0.attn1.to_gate_logits: no such adapted layer here" in message
+    print(f"refused after {seconds:.2f} s")

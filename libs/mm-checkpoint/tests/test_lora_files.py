@@ -16,6 +16,7 @@ from mm_checkpoint import (
     export_merged,
     read_lora_adapters,
     read_lora_file,
+    read_lora_file_shapes,
     register_weight_transform,
     save_comfy_lora,
     save_peft_lora,
@@ -135,6 +136,7 @@ def test_peft_file_renames_paths_through_the_key_map_and_records_rank_and_alpha(
 def test_a_lora_file_reads_back_as_the_adapters_it_was_written_from_under_the_models_paths(
     tmp_path, key_map, layout
 ):
+    """... and its header alone (``read_lora_file_shapes``) names the same layers with A's and B's shapes."""
     adapters = read_lora_adapters(_checkpoint(tmp_path, _adapters()), alpha=ALPHA, submodule="predictor")
     out = tmp_path / "lora.safetensors"
     if layout == "peft":
@@ -146,13 +148,16 @@ def test_a_lora_file_reads_back_as_the_adapters_it_was_written_from_under_the_mo
     for path, weights in adapters.items():
         assert torch.equal(read[path].down, weights.down)
         torch.testing.assert_close(read[path].delta(), weights.delta())  # folded: alpha = rank, B scaled
+    shapes = read_lora_file_shapes(out, model_type=key_map)
+    assert shapes == {p: (tuple(w.down.shape), tuple(w.up.shape)) for p, w in read.items()}
 
 
 def test_a_lora_file_with_a_tensor_of_no_lora_layout_is_refused_naming_it(tmp_path):
     save_file({"blocks.0.q.lora_A.weight": torch.zeros(2, 3), "blocks.0.q.weight": torch.zeros(3, 3)},
               tmp_path / "x.safetensors")  # fmt: skip
-    with pytest.raises(CheckpointFormatError, match=r"'blocks.0.q.weight' is no LoRA tensor"):
-        read_lora_file(tmp_path / "x.safetensors")
+    for read in (read_lora_file, read_lora_file_shapes):
+        with pytest.raises(CheckpointFormatError, match=r"'blocks.0.q.weight' is no LoRA tensor"):
+            read(tmp_path / "x.safetensors")
 
 
 def test_adapters_of_different_ranks_do_not_share_one_peft_file(tmp_path):

@@ -72,6 +72,7 @@ _EXPORTS: dict[str, str] = {
     "export_merged": "lora_files",
     "read_lora_adapters": "lora_files",
     "read_lora_file": "lora_files",
+    "read_lora_file_shapes": "lora_files",
     "save_comfy_lora": "lora_files",
     "save_peft_lora": "lora_files",
     "materialize_meta": "module_state",

@@ -33,7 +33,7 @@ from .export import SubmoduleReader, _copy_config, _export
 from .export_dir import check_no_overlap, export_into
 from .formats import LORA_EXPORT_FORMATS, normalize_format, resolve_load_format
 from .key_map_registry import get_weight_transform
-from .key_maps import apply_plan, planned_shape_dtype
+from .key_maps import WeightTransform, apply_plan, planned_shape_dtype
 from .layout import resolve_dcp_dir
 from .runtime import barrier, get_rank, on_rank0
 from .safetensors_io import TensorInfo, parse_size, read_header_bytes, save_safetensors
@@ -136,33 +136,70 @@ def read_lora_file(path: str | os.PathLike, *, model_type: str | None = None) ->
         CheckpointFormatError: no adapter, an A without its B (or the reverse), or a key of no known layout.
     """
     with open_weights(path) as reader:
+        prefix, layers = _file_layers(path, reader.keys())
         tensors = {k: reader.read(k) for k in reader.keys()}
     metadata = json.loads(read_header_bytes(path)).get("__metadata__") or {}
-    prefix = next((p for p in LORA_FILE_PREFIXES if tensors and all(k.startswith(p) for k in tensors)), "")
-    pairs: dict[str, dict[str, torch.Tensor]] = {}
-    for key, value in tensors.items():
+    peft = json.loads(metadata.get(PEFT_METADATA_KEY, "{}"))
+    transform = get_weight_transform(model_type)
+    out = {}
+    for name, sides in layers.items():
+        down, up = tensors[sides["down"]], tensors[sides["up"]]
+        rank = int(down.shape[0])
+        alpha = (
+            float(tensors[sides["alpha"]])
+            if "alpha" in sides
+            else float(peft.get(f"{prefix}lora_alpha", rank))
+        )
+        out[_model_path(transform, name)] = LoraWeights(down, up, alpha)
+    return out
+
+
+def read_lora_file_shapes(
+    path: str | os.PathLike, *, model_type: str | None = None
+) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """``{module path: (A's shape, B's shape)}`` of a LoRA file, its layers named as :func:`read_lora_file`
+    names them, from the safetensors header alone (no tensor is read): what a run checks a file against
+    before it reads any weight.
+
+    Raises:
+        CheckpointFormatError: as :func:`read_lora_file`.
+    """
+    with open_weights(path) as reader:
+        _, layers = _file_layers(path, reader.keys())
+        shapes = {n: (reader.info(s["down"]).shape, reader.info(s["up"]).shape) for n, s in layers.items()}
+    transform = get_weight_transform(model_type)
+    return {_model_path(transform, name): pair for name, pair in shapes.items()}
+
+
+def _file_layers(path: str | os.PathLike, keys: list[str]) -> tuple[str, dict[str, dict[str, str]]]:
+    """``(prefix, {layer name: {"down" | "up" | "alpha": key}})`` of a LoRA file's keys: the one prefix of
+    :data:`LORA_FILE_PREFIXES` that every key shares ("" when none), each layer's tensors paired.
+
+    Raises:
+        CheckpointFormatError: a key of no LoRA layout, or a layer without both A and B (or no layer).
+    """
+    prefix = next((p for p in LORA_FILE_PREFIXES if keys and all(k.startswith(p) for k in keys)), "")
+    layers: dict[str, dict[str, str]] = {}
+    for key in keys:
         name = key.removeprefix(prefix)
         end = next((e for e in (*_FILE_SIDES, ".alpha") if name.endswith(e)), None)
         if end is None:
             raise CheckpointFormatError(
                 f"{path}: {key!r} is no LoRA tensor (expected .lora_A / .lora_B weights)"
             )
-        pairs.setdefault(name.removesuffix(end), {})[_FILE_SIDES.get(end, "alpha")] = value
-    broken = sorted(n for n, sides in pairs.items() if not {"down", "up"} <= set(sides))
-    if not pairs or broken:
+        layers.setdefault(name.removesuffix(end), {})[_FILE_SIDES.get(end, "alpha")] = key
+    broken = sorted(n for n, sides in layers.items() if not {"down", "up"} <= set(sides))
+    if not layers or broken:
         raise CheckpointFormatError(f"{path}: adapters without both A and B: {broken[:5] or 'none at all'}")
-    peft = json.loads(metadata.get(PEFT_METADATA_KEY, "{}"))
-    transform = get_weight_transform(model_type)
-    out = {}
-    for name, sides in pairs.items():
-        rank = int(sides["down"].shape[0])
-        alpha = float(sides["alpha"]) if "alpha" in sides else float(peft.get(f"{prefix}lora_alpha", rank))
-        plans = transform.plan_load([f"{name}.weight"])
-        key = (
-            next(iter(plans)) if len(plans) == 1 else f"{name}.weight"
-        )  # no rename: the caller finds no layer
-        out[key.removesuffix(".weight")] = LoraWeights(sides["down"], sides["up"], alpha)
-    return out
+    return prefix, layers
+
+
+def _model_path(transform: WeightTransform, name: str) -> str:
+    """The model's module path of a file's layer ``name`` through the key map (``name`` itself when the map
+    does not rename ``<name>.weight`` to one key: the caller then finds no such layer)."""
+    plans = transform.plan_load([f"{name}.weight"])
+    key = next(iter(plans)) if len(plans) == 1 else f"{name}.weight"
+    return key.removesuffix(".weight")
 
 
 def save_peft_lora(

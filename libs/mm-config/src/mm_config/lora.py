@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from .base import ConfigModel, ModulePattern
+from .base import ConfigModel, InputPath, ModulePattern
 
 
 class LoraConfig(ConfigModel):
@@ -21,11 +21,12 @@ class LoraConfig(ConfigModel):
     """Rank r of each adapter (``A``: r x in_features, ``B``: out_features x r)."""
     alpha: float = Field(default=16.0, gt=0)
     """Scale numerator: the adapter's output is multiplied by ``alpha / rank``."""
-    init_from: str | None = None
+    init_from: InputPath | None = None
     """A LoRA ``.safetensors`` file the adapters start from (instead of A random, B = 0): the PEFT /
     diffusers layout or a model's official one (``mm_checkpoint.read_lora_file``, through the sub-model's key
     map). Its layers must be exactly those ``target_modules`` match, at ``rank``; ``alpha`` may differ (the
-    file's scale is kept). A resume restores the checkpoint's adapters instead."""
+    file's scale is kept). A resume restores the checkpoint's adapters instead. The run checks the file (it must
+    exist; its header's layers and shapes) before it reads any weight."""
     dropout: float = 0.0
     """Dropout on the adapter's input. Only 0 is accepted: a dropout mask drawn inside the model would
     depend on the rank's sequence shard under Ulysses / Ring, not on the sample and step alone."""

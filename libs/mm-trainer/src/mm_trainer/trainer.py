@@ -1,6 +1,7 @@
 """Trainer: assembles a run in the order of docs/DESIGN.md "Build order".
 
 config (the config check, paths included) -> init distributed + ParallelState -> import plugins
+ -> checks before any weight is read: model set, LoRA files (lora.init_from), encoder cache, samples
  -> build model (ModelHub / ModelContainerHub; meta where asked)
  -> LoRA adapters (model.models.<name>.lora: peft layers around the matched nn.Linear)
  -> context parallel hooks, features (compile, recompute, activation offload)   # BEFORE fully_shard
@@ -34,6 +35,7 @@ from mm_parallel import (
 )
 from torch import nn
 
+from mm_trainer.checks.lora_files import check_lora_files
 from mm_trainer.checks.model_set import check_model_set
 from mm_trainer.checks.preflight import preflight
 from mm_trainer.data.batches import BatchStream, build_batch_stream
@@ -110,6 +112,8 @@ class Trainer:
         import_plugins(config.training.plugin)
         # model files that do not belong together (the container class says which): refused, nothing built
         check_model_set(config)
+        # a LoRA file (lora.init_from) of another model or release: refused from its header, no weight read
+        check_lora_files(config)
         # an encoder cache made otherwise than data.dataset.preprocess says: refused before any model loads
         check_cache_made_as_configured(config.data)
         # a sample above data.packing.token_budget, or of a frame count the pipeline refuses (meta container)

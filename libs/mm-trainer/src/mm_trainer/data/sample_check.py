@@ -24,7 +24,8 @@ from typing import Any
 from mm_data import check_token_budget
 
 from mm_trainer.data.batches import build_dataset
-from mm_trainer.model.container import ModelContainerHub, container_class
+from mm_trainer.model.build import build_meta_container
+from mm_trainer.model.container import container_class
 
 __all__ = ["PackingError", "SampleFramesError", "check_samples", "sample_names"]
 
@@ -69,8 +70,7 @@ def check_samples(config: Any) -> None:
     frames = _checks_frames(config)
     if packing is None and not frames:
         return
-    trainable = config.training.trainable_submodels or config.model.trainable_submodels()
-    container = ModelContainerHub.build(config.model, device="cpu", trainable=trainable, meta_init=True)
+    container = build_meta_container(config)
     dataset = build_dataset(config.data)
     names = sample_names(dataset)
     if frames:

@@ -114,6 +114,13 @@ def build_sharded_model(
     return ShardedModel(model, lora, features, fsdp)
 
 
+def build_meta_container(config: TrainConfig) -> ModelContainer:
+    """The run's container with every sub-model on the meta device (configs read, no weight): what the
+    checks that run before the build ask (a sample's tokens, a LoRA file's layers)."""
+    trainable = config.training.trainable_submodels or config.model.trainable_submodels()
+    return ModelContainerHub.build(config.model, device="cpu", trainable=trainable, meta_init=True)
+
+
 def setup_context_parallel(model: ModelContainer, parallel_state: ParallelState) -> None:
     """Let every sub-model that supports context parallelism install it (plugin contract)."""
     enabled = [n for n, m in model.sub_models().items() if hasattr(m, "setup_context_parallel")]

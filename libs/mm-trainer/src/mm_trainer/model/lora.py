@@ -206,14 +206,60 @@ class LoraAdapters:
 
 
 class LoraFileError(ValueError):
-    """A LoRA file (``lora.init_from``) whose adapters do not fit the sub-model's adapted layers."""
+    """A LoRA file (``lora.init_from``) whose adapters do not fit the sub-model's adapted layers: exit 66."""
+
+    raised_on_every_rank = True  # every rank reads the same file: rank 0 alone prints it
+
+
+AdapterShapes = Mapping[str, tuple[tuple[int, ...], tuple[int, ...]]]
+"""``{module path: (A's shape, B's shape)}`` of a LoRA file's adapters."""
+
+
+def check_lora_file(module: nn.Module, targets: LoraTargets) -> None:
+    """Refuse ``targets.init_from`` when its adapters do not fit the adapted layers of ``module`` (which may
+    be on meta), from the file's safetensors header alone (``mm_checkpoint.read_lora_file_shapes``): no
+    tensor of the file is read, and no weight of the model needs to be.
+
+    Raises:
+        LoraFileError: as :func:`load_lora_file` (the same message).
+        mm_checkpoint.CheckpointFormatError: the file is no LoRA file (a key of no LoRA layout, an A
+            without its B).
+    """
+    from mm_checkpoint import read_lora_file_shapes
+
+    model_type = getattr(module, "weight_transform_model_type", None)
+    _refuse_misfit(module, targets, read_lora_file_shapes(str(targets.init_from), model_type=model_type))
+
+
+def _refuse_misfit(module: nn.Module, targets: LoraTargets, shapes: AdapterShapes) -> None:
+    """Raise :class:`LoraFileError` naming the file, the first mismatching layers and what ``module`` is
+    (its ``architecture_name`` when it has one, e.g. an LTX-2 release) unless ``shapes`` are exactly the
+    adapters ``targets`` put into ``module``."""
+    problems = [f"{p}: no such adapted layer here" for p in sorted(set(shapes) - set(targets.paths))]
+    problems += [f"{p}: adapted here, not in the file" for p in targets.paths if p not in shapes]
+    for p in targets.paths:
+        layer = module.get_submodule(p)
+        want = (
+            tuple(layer.lora_A[ADAPTER_NAME].weight.shape),
+            tuple(layer.lora_B[ADAPTER_NAME].weight.shape),
+        )
+        if p in shapes and tuple(map(tuple, shapes[p])) != want:
+            problems.append(f"{p}: A, B of shapes {tuple(map(tuple, shapes[p]))} in the file, {want} here")
+    if problems:
+        what = getattr(module, "architecture_name", None) or type(module).__name__
+        raise LoraFileError(
+            f"{targets.where}.init_from={targets.init_from}: its adapters do not fit this {what} "
+            f"({len(problems)} mismatching layers; the first: {'; '.join(problems[:5])}): a LoRA of another "
+            "model or release, or other target_modules / rank"
+        )
 
 
 @torch.no_grad()
 def load_lora_file(module: nn.Module, targets: LoraTargets) -> None:
     """Set the adapters of ``module`` (plain or sharded) to those of ``targets.init_from``, read through the
     module's key map (its ``weight_transform_model_type``): A as stored, B times ``file scale / run scale``
-    so that ``(alpha / rank) B A`` is the file's update.
+    so that ``(alpha / rank) B A`` is the file's update. A run has checked the file before it read any
+    weight (:func:`check_lora_file`, ``mm_trainer.check_lora_files``); this checks it again, on the tensors.
 
     Raises:
         LoraFileError: before any adapter is set, naming the file, the first mismatching keys and what the
@@ -221,26 +267,9 @@ def load_lora_file(module: nn.Module, targets: LoraTargets) -> None:
     """
     from mm_checkpoint import read_lora_file
 
-    path = str(targets.init_from)
-    adapters = read_lora_file(path, model_type=getattr(module, "weight_transform_model_type", None))
-    problems = [f"{p}: no such adapted layer here" for p in sorted(set(adapters) - set(targets.paths))]
-    problems += [f"{p}: adapted here, not in the file" for p in targets.paths if p not in adapters]
-    for p in targets.paths:
-        layer = module.get_submodule(p)
-        want = (
-            tuple(layer.lora_A[ADAPTER_NAME].weight.shape),
-            tuple(layer.lora_B[ADAPTER_NAME].weight.shape),
-        )
-        if p in adapters and (tuple(adapters[p].down.shape), tuple(adapters[p].up.shape)) != want:
-            got = (tuple(adapters[p].down.shape), tuple(adapters[p].up.shape))
-            problems.append(f"{p}: A, B of shapes {got} in the file, {want} here")
-    if problems:
-        what = getattr(module, "architecture_name", None) or type(module).__name__
-        raise LoraFileError(
-            f"{targets.where}.init_from={path}: its adapters do not fit this {what} ({len(problems)} "
-            f"mismatching layers; the first: {'; '.join(problems[:5])}): a LoRA of another model or release, "
-            "or other target_modules / rank"
-        )
+    model_type = getattr(module, "weight_transform_model_type", None)
+    adapters = read_lora_file(str(targets.init_from), model_type=model_type)
+    _refuse_misfit(module, targets, {p: (w.down.shape, w.up.shape) for p, w in adapters.items()})
     for p in targets.paths:
         layer, weights = module.get_submodule(p), adapters[p]
         _assign_full(layer.lora_A[ADAPTER_NAME].weight, weights.down.float())

@@ -104,6 +104,7 @@ USER_ERRORS: dict[str, UserErrorClass | None] = {
     "mm_trainer.data.sample_check.SampleFramesError": INPUT,
     "mm_trainer.data.sample_check.PackingError": CONFIG,
     "mm_trainer.checks.model_set.ModelSetError": INPUT,
+    "mm_trainer.model.lora.LoraFileError": INPUT,
     "mm_trainer.modes.rewards.RewardError": REWARD,
     "mm_config.errors.MissingDependencyError": DEPENDENCY,
     "builtins.KeyboardInterrupt": INTERRUPTED,
