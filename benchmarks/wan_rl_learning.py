@@ -267,13 +267,21 @@ def as_frames(sample: torch.Tensor) -> np.ndarray:
     return ((sample.float() + 1) * 127.5).clamp(0, 255).permute(1, 2, 3, 0).cpu().numpy()
 
 
+def shape_mask(frames: np.ndarray) -> np.ndarray:
+    """Which pixels of ``[T, H, W, 3]`` frames are the shape's (away from the background), flattened."""
+    from mm_data.synthetic import BACKGROUND
+
+    pixels = frames.reshape(-1, 3).astype(np.float64)
+    return np.abs(pixels - np.array(BACKGROUND)).max(axis=1) > 40
+
+
 def colour_of(frames: np.ndarray) -> str:
     """The toy colour nearest the mean of the shape's pixels (those away from the background); ``none`` when
     no pixel is."""
-    from mm_data.synthetic import BACKGROUND, COLOURS
+    from mm_data.synthetic import COLOURS
 
     pixels = frames.reshape(-1, 3).astype(np.float64)
-    shape = np.abs(pixels - np.array(BACKGROUND)).max(axis=1) > 40
+    shape = shape_mask(frames)
     if shape.sum() < 4:
         return "none"
     mean = pixels[shape].mean(axis=0)
@@ -299,6 +307,7 @@ def evaluate(folder: Path) -> dict[str, float | str]:
         "across": _mean_distance(frames, [(i, j) for i, j in itertools.combinations(held, 2) if prompts[i] != prompts[j]
                                           and rows[i]["seed"] == rows[j]["seed"]]),
         "moves": sum(moves_as_captioned(frames[i], prompts[i]) for i in held) / len(held),
+        "size": float(np.mean([shape_mask(frames[i]).mean() for i in held])),
         "named_kept": sum(1 for i in named if prompts[i].split()[1] == colours[i]) / len(named),
         "colours": " ".join(f"{c[0]}{n}" for c, n in histogram.items()),
     }  # fmt: skip
@@ -334,24 +343,29 @@ def print_table(rows: list[tuple[int, dict]], records: list[dict]) -> None:
 def summary_line(rows: list[tuple[int, dict]]) -> dict[str, float]:
     """One run against issue 47's first acceptance point: the held-out reward's rise at the end in units of
     the start's spread, the named-colour clips kept (of 16) at the end and at the worst look, "moves" at the
-    end and at the worst look, and "across" at the end less the start's."""
+    end and at the worst look, "across" at the end less the start's, and the colourless clips' mean share of
+    shape pixels ("size") at the start and the end (the reward is the whole clip's mean colour: a larger green
+    shape scores higher)."""
     (_, start), (_, end) = rows[0], rows[-1]
     named = len(NAMED) * len(SEEDS)
     return {
         "steps": rows[-1][0], "rise": (end["reward"] - start["reward"]) / start["spread"],
         "named_end": end["named_kept"] * named, "named_min": min(m["named_kept"] for _, m in rows) * named,
         "moves_end": end["moves"], "moves_min": min(m["moves"] for _, m in rows),
-        "across_gain": end["across"] - start["across"],
+        "across_gain": end["across"] - start["across"], "size_start": start["size"], "size_end": end["size"],
     }  # fmt: skip
 
 
 def print_summary(out: Path, runs: list[str]) -> None:
     """:func:`summary_line` of each run, then their mean and min."""
     lines = {run: summary_line(table(out / "start", out / run)) for run in runs}
-    print("steps  rise (x start spread)  named kept end  min  moves end  min   across - start's  run")
+    print(
+        "steps  rise (x start spread)  named kept end  min  moves end  min   across - start's  size start  end    run"
+    )
     for run, m in [*lines.items(), *_mean_and_min(list(lines.values()))]:
         print(f"{m['steps']:5.0f}  {m['rise']:+.2f}x                {m['named_end']:4.1f}      {m['named_min']:4.1f}  "
-              f"{m['moves_end']:.2f}       {m['moves_min']:.2f}  {m['across_gain']:+.4f}           {run}")  # fmt: skip
+              f"{m['moves_end']:.2f}       {m['moves_min']:.2f}  {m['across_gain']:+.4f}           {m['size_start']:.3f}       "
+              f"{m['size_end']:.3f}  {run}")  # fmt: skip
 
 
 def _mean_and_min(lines: list[dict[str, float]]) -> list[tuple[str, dict[str, float]]]:
