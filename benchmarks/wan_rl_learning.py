@@ -394,6 +394,10 @@ def plot(path: Path, out: Path, runs: list[str]) -> None:
         )
         left.plot(steps, [m["reward"] for _, m in rows], marker="o", label=label)
         right.plot(steps, [m["named_kept"] for _, m in rows], marker="o")
+    start = rows[0][1]
+    for times in (2, 3):
+        left.axhline(start["reward"] + times * start["spread"], color="grey", linestyle=":", linewidth=1)
+        left.annotate(f"start + {times}x spread", (0, start["reward"] + times * start["spread"]), fontsize=7)
     left.set(xlabel="step", ylabel="held-out colourless reward (mean of 32)")
     right.set(xlabel="step", ylabel="named-colour samples kept (share of 16)", ylim=(0, 1.05))
     fig.legend(loc="lower center", ncol=2, fontsize=7)
