@@ -15,7 +15,10 @@ Issue 47's learning acceptance, one CPU process, everything through the trainer 
 3. **Reward fine-tuning** (``--method``; ``grpo``: ``tiny_grpo.yaml``, LoRA rank 4 on the base) on the
    ``colour_target`` reward (the distance of a clip's mean RGB to ``--target``, default the toy's green),
    with the colourless captions of the 4 (shape, direction) pairs of :data:`RL_PAIRS` as the training
-   prompts. ``--shuffle``: the control, each rollout's rewards permuted across the step's clips.
+   prompts. ``--shuffle``: the control, each rollout's rewards permuted across the step's clips. ``--seed S``:
+   the run's own randomness (``training.seed``: the rollouts' noise, the trained sigmas and their noise, the
+   adapters' initialisation, the data order, the control's permutations), not the toy's, the base's or the
+   held-out evaluation's, so that runs at several seeds are independent repeats of one setting.
 4. **Held-out evaluation** (the trainer's validation, 4-step ODE samples, every ``--every`` steps; step 0:
    the policy as built, one step at learning rate 0): the 8 other (shape, direction) pairs' colourless
    captions x seeds 0-3 (unseen by the reward fine-tuning, seen colourless by the base) and 4 captions naming
@@ -27,8 +30,9 @@ Issue 47's learning acceptance, one CPU process, everything through the trainer 
    clips of different prompts at one seed (shape and motion: a collapse to one clip would take it to 0).
 
 Usage: python benchmarks/wan_rl_learning.py --out /tmp/rl [--method grpo] [--steps 60] [--every 20]
-       [--base-steps 600] [--lr 1e-2] [--shuffle] [--anchor kl|colour|kept] [--option KEY=VALUE ...] [--override K=V ...]
-       python benchmarks/wan_rl_learning.py --out /tmp/rl --report RUN [RUN ...] [--plot curves.png]
+       [--base-steps 600] [--lr 1e-2] [--seed S] [--shuffle] [--anchor kl|colour|kept] [--anchor-unseen]
+       [--option KEY=VALUE ...] [--override K=V ...]
+       python benchmarks/wan_rl_learning.py --out /tmp/rl --report RUN [RUN ...] [--plot curves.png] [--summary]
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--base-steps", type=int, default=600, help="supervised steps of the base")
     parser.add_argument("--target", default="green", choices=TOY_COLOURS, help="the reward's target colour")
     parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--seed", type=int, help="the run's training.seed (rollout noise, trained sigmas, adapter "
+                        "init, data order, the control's permutations); default: the config's")  # fmt: skip
     parser.add_argument("--shuffle", action="store_true", help="the control: rewards permuted across clips")
     parser.add_argument("--anchor", choices=("kl", "colour", "kept"),
                         help="also train on captions naming a colour: rewarded 0 (kl: only the KL term trains them), "
@@ -74,12 +80,16 @@ def parse_args() -> argparse.Namespace:
                         "(kept)")  # fmt: skip
     parser.add_argument("--anchor-colours", type=int, default=1, choices=range(1, len(TOY_COLOURS) + 1),
                         help="with --anchor: captions naming a colour per trained (shape, direction) pair")  # fmt: skip
+    parser.add_argument("--anchor-unseen", action="store_true",
+                        help="with --anchor: no anchor caption has the (colour, shape) of a held-out named caption")  # fmt: skip
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="model.pipeline.<method>.KEY=VALUE (repeatable)")  # fmt: skip
     parser.add_argument("--override", action="append", default=[], help="a further trainer override")
     parser.add_argument("--plot", type=Path, help="write the curves of the --report runs here (PNG)")
     parser.add_argument("--report", nargs="+", metavar="RUN",
                         help="train nothing: print the tables of these runs (folders in --out)")  # fmt: skip
+    parser.add_argument("--summary", action="store_true",
+                        help="with --report: one line per run against the acceptance, and their mean and min")  # fmt: skip
     return parser.parse_args()
 
 
@@ -102,19 +112,23 @@ def make_toy(out: Path) -> Path:
     return path
 
 
-def rl_metadata(tiny: Path, anchors: int) -> Path:
+def rl_metadata(tiny: Path, anchors: int, *, unseen: bool = False) -> Path:
     """The reward fine-tuning's prompts: the colourless captions of :data:`RL_PAIRS` (one row each; the
     clip only fixes the rollouts' shape), each followed by ``anchors`` captions naming a colour on its pair
-    (the ``k``-th pair's from the ``k``-th colour of :data:`TOY_COLOURS` on, in turn)."""
+    (the ``k``-th pair's from the ``k``-th colour of :data:`TOY_COLOURS` on, in turn); ``unseen``: less those
+    whose (colour, shape) is a held-out named caption's (:data:`NAMED`), so that those are never trained."""
     rows = json.loads((tiny / "data" / "metadata.json").read_text())
+    held = {tuple(caption.split()[1:3]) for caption in NAMED}  # (colour, shape)
     keep = []
     for k, (shape, direction) in enumerate(RL_PAIRS):
         row = next(r for r in rows if r["cap"][0].endswith(f"{shape} moving {direction}"))
         keep.append({**row, "cap": [f"a {shape} moving {direction}"]})
         for j in range(anchors):
             colour = TOY_COLOURS[(k + j) % len(TOY_COLOURS)]
-            keep.append({**row, "cap": [f"a {colour} {shape} moving {direction}"]})
-    path = tiny / "data" / f"metadata_rl{'_anchor' * (anchors > 0)}{anchors if anchors > 1 else ''}.json"
+            if not (unseen and (colour, shape) in held):
+                keep.append({**row, "cap": [f"a {colour} {shape} moving {direction}"]})
+    name = f"metadata_rl{'_anchor' * (anchors > 0)}{anchors if anchors > 1 else ''}{'_unseen' * unseen}"
+    path = tiny / "data" / f"{name}.json"
     path.write_text(json.dumps(keep, indent=1))
     return path
 
@@ -147,9 +161,10 @@ def train_base(tiny: Path, metadata: Path, out: Path, steps: int) -> Path:
 
 
 # ---------------------------------------------------------------------------------- reward fine-tuning
-def shuffle_rewards() -> None:
+def shuffle_rewards(seed: int | None) -> None:
     """The control: each rollout scorer call's rewards permuted across its clips (keyed by the call's count,
-    so the run is reproducible)."""
+    and by ``seed`` when given, so the run is reproducible)."""
+    from mm_pipelines import key_seed
     from mm_trainer.modes import rollout_scoring
 
     original = rollout_scoring.RolloutScorer.__call__
@@ -158,7 +173,8 @@ def shuffle_rewards() -> None:
     def permuted(self, latents, prompts, *, groups, names):  # type: ignore[no-untyped-def]
         rewards, logged = original(self, latents, prompts, groups=groups, names=names)
         calls[0] += 1
-        order = torch.randperm(len(rewards), generator=torch.Generator().manual_seed(calls[0]))
+        key = calls[0] if seed is None else key_seed(seed, "shuffle", calls[0])
+        order = torch.randperm(len(rewards), generator=torch.Generator().manual_seed(key))
         return rewards[order], logged
 
     rollout_scoring.RolloutScorer.__call__ = permuted  # type: ignore[method-assign]
@@ -221,7 +237,9 @@ def fine_tune(
     reward = "[{id: " + reward_id + ", options: {target: " + json.dumps(target_rgb(args.target)) + "}}]"
     overrides = [
         *tiny_overrides(tiny), f"model.models.predictor.from_pretrained={base}",
-        f"data.data_path={rl_metadata(tiny, args.anchor_colours if args.anchor else 0)}", f"training.save={run}", f"training.train_iters={steps}",
+        f"data.data_path={rl_metadata(tiny, args.anchor_colours if args.anchor else 0, unseen=args.anchor_unseen)}",
+        f"training.save={run}", f"training.train_iters={steps}",
+        *([f"training.seed={args.seed}"] if args.seed is not None else []),
         f"training.save_interval={steps}", f"training.lr={lr}", "training.tensorboard=false",
         "parallel.ulysses_parallel_size=1", f"training.rewards={reward}",
         "model.models.text_encoder.config.text_len=8",
@@ -249,13 +267,21 @@ def as_frames(sample: torch.Tensor) -> np.ndarray:
     return ((sample.float() + 1) * 127.5).clamp(0, 255).permute(1, 2, 3, 0).cpu().numpy()
 
 
+def shape_mask(frames: np.ndarray) -> np.ndarray:
+    """Which pixels of ``[T, H, W, 3]`` frames are the shape's (away from the background), flattened."""
+    from mm_data.synthetic import BACKGROUND
+
+    pixels = frames.reshape(-1, 3).astype(np.float64)
+    return np.abs(pixels - np.array(BACKGROUND)).max(axis=1) > 40
+
+
 def colour_of(frames: np.ndarray) -> str:
     """The toy colour nearest the mean of the shape's pixels (those away from the background); ``none`` when
     no pixel is."""
-    from mm_data.synthetic import BACKGROUND, COLOURS
+    from mm_data.synthetic import COLOURS
 
     pixels = frames.reshape(-1, 3).astype(np.float64)
-    shape = np.abs(pixels - np.array(BACKGROUND)).max(axis=1) > 40
+    shape = shape_mask(frames)
     if shape.sum() < 4:
         return "none"
     mean = pixels[shape].mean(axis=0)
@@ -281,6 +307,7 @@ def evaluate(folder: Path) -> dict[str, float | str]:
         "across": _mean_distance(frames, [(i, j) for i, j in itertools.combinations(held, 2) if prompts[i] != prompts[j]
                                           and rows[i]["seed"] == rows[j]["seed"]]),
         "moves": sum(moves_as_captioned(frames[i], prompts[i]) for i in held) / len(held),
+        "size": float(np.mean([shape_mask(frames[i]).mean() for i in held])),
         "named_kept": sum(1 for i in named if prompts[i].split()[1] == colours[i]) / len(named),
         "colours": " ".join(f"{c[0]}{n}" for c, n in histogram.items()),
     }  # fmt: skip
@@ -313,6 +340,42 @@ def print_table(rows: list[tuple[int, dict]], records: list[dict]) -> None:
         last = step
 
 
+def summary_line(rows: list[tuple[int, dict]]) -> dict[str, float]:
+    """One run against issue 47's first acceptance point: the held-out reward's rise at the end in units of
+    the start's spread, the named-colour clips kept (of 16) at the end and at the worst look, "moves" at the
+    end and at the worst look, "across" at the end less the start's, and the colourless clips' mean share of
+    shape pixels ("size") at the start and the end (the reward is the whole clip's mean colour: a larger green
+    shape scores higher)."""
+    (_, start), (_, end) = rows[0], rows[-1]
+    named = len(NAMED) * len(SEEDS)
+    return {
+        "steps": rows[-1][0], "rise": (end["reward"] - start["reward"]) / start["spread"],
+        "named_end": end["named_kept"] * named, "named_min": min(m["named_kept"] for _, m in rows) * named,
+        "moves_end": end["moves"], "moves_min": min(m["moves"] for _, m in rows),
+        "across_gain": end["across"] - start["across"], "size_start": start["size"], "size_end": end["size"],
+    }  # fmt: skip
+
+
+def print_summary(out: Path, runs: list[str]) -> None:
+    """:func:`summary_line` of each run, then their mean and min."""
+    lines = {run: summary_line(table(out / "start", out / run)) for run in runs}
+    print(
+        "steps  rise (x start spread)  named kept end  min  moves end  min   across - start's  size start  end    run"
+    )
+    for run, m in [*lines.items(), *_mean_and_min(list(lines.values()))]:
+        print(f"{m['steps']:5.0f}  {m['rise']:+.2f}x                {m['named_end']:4.1f}      {m['named_min']:4.1f}  "
+              f"{m['moves_end']:.2f}       {m['moves_min']:.2f}  {m['across_gain']:+.4f}           {m['size_start']:.3f}       "
+              f"{m['size_end']:.3f}  {run}")  # fmt: skip
+
+
+def _mean_and_min(lines: list[dict[str, float]]) -> list[tuple[str, dict[str, float]]]:
+    keys = lines[0].keys()
+    return [
+        ("mean", {k: float(np.mean([m[k] for m in lines])) for k in keys}),
+        ("min", {k: float(np.min([m[k] for m in lines])) for k in keys}),
+    ]
+
+
 def plot(path: Path, out: Path, runs: list[str]) -> None:
     """The held-out reward and the named colours kept of ``runs`` (folders in ``out``) against the step."""
     import matplotlib
@@ -331,6 +394,10 @@ def plot(path: Path, out: Path, runs: list[str]) -> None:
         )
         left.plot(steps, [m["reward"] for _, m in rows], marker="o", label=label)
         right.plot(steps, [m["named_kept"] for _, m in rows], marker="o")
+    start = rows[0][1]
+    for times in (2, 3):
+        left.axhline(start["reward"] + times * start["spread"], color="grey", linestyle=":", linewidth=1)
+        left.annotate(f"start + {times}x spread", (0, start["reward"] + times * start["spread"]), fontsize=7)
     left.set(xlabel="step", ylabel="held-out colourless reward (mean of 32)")
     right.set(xlabel="step", ylabel="named-colour samples kept (share of 16)", ylim=(0, 1.05))
     fig.legend(loc="lower center", ncol=2, fontsize=7)
@@ -357,6 +424,8 @@ def main() -> None:
                 json.loads(line) for line in (args.out / run / "metrics.jsonl").read_text().splitlines()
             ]
             print_table(table(args.out / "start", args.out / run), records)
+        if args.summary:
+            print_summary(args.out, args.report)
         if args.plot:
             plot(args.plot, args.out, args.report)
         return
@@ -365,15 +434,20 @@ def main() -> None:
     start = args.out / "start"
     if not (start / "validation" / "iter_0000001" / "rewards.json").is_file():
         fine_tune(tiny, base, start, args, steps=1, every=1, lr=0.0)
+    if args.anchor_unseen and not args.anchor:
+        raise SystemExit("--anchor-unseen leaves anchor captions out: it needs --anchor")
     if args.shuffle:
-        shuffle_rewards()
+        shuffle_rewards(args.seed)
     options = "_".join(o.replace("=", "") for o in args.option)
     flags = (
         ("_shuffled" if args.shuffle else "")
         + (f"_anchor{'' if args.anchor == 'kl' else '_' + args.anchor}" if args.anchor else "")
         + (f"{args.anchor_colours}" if args.anchor and args.anchor_colours > 1 else "")
+        + ("_unseen" if args.anchor_unseen else "")
     )
-    name = f"run_{args.method}{flags}{'_' + options if options else ''}"
+    seed = f"_seed{args.seed}" if args.seed is not None else ""
+    # Folders differ by every setting but the step count: a longer run of one setting resumes the shorter.
+    name = f"run_{args.method}{flags}{'_' + options if options else ''}_lr{args.lr:g}{seed}"
     started = time.time()
     records = fine_tune(tiny, base, args.out / name, args, steps=args.steps, every=args.every, lr=args.lr)
     print(f"{name}: {time.time() - started:.0f} s for {args.steps} steps")
