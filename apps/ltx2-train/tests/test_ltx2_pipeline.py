@@ -324,6 +324,17 @@ def test_the_held_out_loss_is_the_training_loss_at_fixed_sigmas_with_the_samples
     torch.testing.assert_close(got["loss_audio"], expected_audio)
 
 
+@pytest.mark.parametrize(("frozen", "trained"), [("audio", "loss_video"), ("video", "loss_audio")])
+def test_the_held_out_loss_of_a_frozen_modality_run_leaves_the_frozen_stream_out_as_training_does(
+    tiny_predictor, frozen, trained
+):
+    container = SimpleNamespace(model=tiny_predictor())
+    pipe = LTX2Pipeline.from_options({"audio": True, "audio_loss_weight": 0.5, "frozen_modality": frozen})
+    got = pipe.validation_loss(container, held_out_batch(), SampleRNG(seed=3, step=0, sample_ids=[4, 9]), 2)
+    assert set(got) == {"loss", "loss_video", "loss_audio"}  # the frozen stream's MSE still reported
+    torch.testing.assert_close(got["loss"], got[trained] * (0.5 if trained == "loss_audio" else 1.0))
+
+
 def test_the_held_out_loss_of_a_sample_is_the_same_in_any_batch(tiny_predictor):
     container = SimpleNamespace(model=tiny_predictor())
     pipe = LTX2Pipeline.from_options({"audio": True})

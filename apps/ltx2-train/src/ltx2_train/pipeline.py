@@ -535,7 +535,8 @@ class LTX2Pipeline(GenerativePipelineBase):
         self, container: Any, batch: Mapping[str, Any], rng: SampleRNG, num_timesteps: int
     ) -> dict[str, torch.Tensor]:
         """Per-sample losses ``[B]`` of held-out samples: ``loss``, the training loss (video MSE over every
-        token + ``audio_loss_weight`` x audio MSE; no video conditioning frames; the ``condition_modality`` stream
+        token + ``audio_loss_weight`` x audio MSE, of the trained streams: a ``frozen_modality``'s left out as
+        in training; no video conditioning frames; the ``condition_modality`` stream
         clean and without loss, the clean ``audio_conditioning_frames`` without loss, the reference tokens in
         context, as in training), and each trained stream's MSE (``loss_video``, with audio ``loss_audio``:
         logged ``val_loss_video`` / ``val_loss_audio``), at the fixed sigmas of :func:`validation_sigmas`,
@@ -563,8 +564,10 @@ class LTX2Pipeline(GenerativePipelineBase):
                 audio_mse = per_sample_mse(audio_pred, noised["audio_target"], ~noised["audio_conditioned"])
                 per_sigma["loss_audio"].append(audio_mse)
         out = {name: torch.stack(values).mean(dim=0) for name, values in per_sigma.items() if values}
-        zero = torch.zeros(size, device=device)
-        out["loss"] = out.get("loss_video", zero) + self.audio_loss_weight * out.get("loss_audio", zero)
+        weights = {"video": 1.0, "audio": self.audio_loss_weight}  # as compute_loss: the trained streams only
+        out["loss"] = sum(
+            (weights[s] * out[f"loss_{s}"] for s in self.trained_streams), torch.zeros(size, device=device)
+        )
         return out
 
     def metrics(self, container: Any, noised: dict[str, Any]) -> dict[str, float]:
