@@ -92,6 +92,9 @@ def _worker(
         if not all_forked.wait(timeout=120):
             raise RuntimeError(f"rank {rank}: the parent did not finish forking the ranks within 120 s")
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        # every rank's connections are up before any rank may finish and close its own: a rank whose body
+        # returned at once closed its side while its peer still connected ("Connection closed by peer")
+        dist.barrier()
         result = fn(rank, world_size, *args)
         # Plain pickle: torch's multiprocessing reductions would pass tensors as shared-memory
         # handles that die with this process.

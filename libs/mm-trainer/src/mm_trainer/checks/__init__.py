@@ -6,5 +6,7 @@
 - ``sub_models``: the container's rules on its sub-models (a distillation's architectures).
 - ``plan_patterns``: every plan pattern against the model built on meta.
 - ``model_set``: the container's check that the run's model files belong together (trainer, before building).
+- ``lora_files``: each ``lora.init_from`` file's header against the adapters of the model built on meta
+  (trainer, before any weight is read).
 - ``layouts``: ``mm-train check-layouts``, the same losses at several layouts.
 """
