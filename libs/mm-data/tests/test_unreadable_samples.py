@@ -3,12 +3,18 @@ read that blocks is a bad sample after ``decode_timeout_s``; ``mm-data check`` r
 
 Each call that today's code would block on runs in a daemon thread joined with a time limit, so a
 regression fails the test instead of hanging it; the FIFOs' blocked readers are released at teardown.
+The two tests that fork DataLoader workers run in a new interpreter, as ``mm-data check`` and a trainer do:
+forked from a pytest worker, the workers hung at the fork itself in full CI runs (freeing an FFmpeg context
+of the worker's earlier tests whose threads a forked child does not have: ``tests/test_decode_after_fork.py``
+covers the one found in mm-data's decoder; another, from the pytest worker's history, was not found).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -16,7 +22,6 @@ from pathlib import Path
 
 import pytest
 from mm_data import MultimodalPlugin, SampleError, VideoTextDataset, make_synthetic_dataset
-from mm_data.cli import main
 
 SIZE = {"num_frames": 5, "height": 16, "width": 16}
 
@@ -120,23 +125,54 @@ def test_a_read_that_blocks_is_a_bad_sample_after_decode_timeout_s(
     assert bad.path == str(hung) and f"not read within decode_timeout_s={deadline:g} s" in bad.reason
 
 
-def test_mm_data_check_lists_a_fifo_with_its_path_in_parallel(fifo, two_clips, tmp_path, capsys):
+def in_fresh_python(code: str, *args: str, within_s: float = 90) -> subprocess.CompletedProcess:
+    """``code`` run by a new interpreter with ``args``: these tests fork DataLoader workers, and a process that
+    forks must not carry the pytest worker's history (see the module docstring)."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=within_s
+    )
+
+
+def test_mm_data_check_lists_a_fifo_with_its_path_in_parallel(fifo, two_clips, tmp_path):
     meta = metadata_with(fifo, two_clips, tmp_path / "meta.json")
     args = ["check", str(meta), "--num-frames", "5", "--height", "16", "--width", "16", "--workers", "2"]
-    assert finishes(lambda: main([*args, "--decode-timeout-s", "5"]), within_s=30) == 1
-    captured = capsys.readouterr()
-    assert "3 samples, 1 bad" in captured.out and f"[0] {fifo}: a FIFO (named pipe)" in captured.out
-    assert "checked 3/3 samples, 1 bad" in captured.err  # progress
+    run = in_fresh_python(
+        "import sys; from mm_data.cli import main; sys.exit(main(sys.argv[1:]))",
+        *args,
+        "--decode-timeout-s",
+        "5",
+    )
+    assert run.returncode == 1, run.stderr
+    assert "3 samples, 1 bad" in run.stdout and f"[0] {fifo}: a FIFO (named pipe)" in run.stdout
+    assert "checked 3/3 samples, 1 bad" in run.stderr  # progress
 
 
-def test_the_deadline_holds_in_a_dataloader_worker(monkeypatch, fifo, two_clips):
-    from mm_data import dataset as dataset_module
-    from torch.utils.data import DataLoader
+DEADLINE_IN_A_WORKER = """
+import json, sys
+from pathlib import Path
+from mm_data import VideoTextDataset
+from mm_data import dataset as dataset_module
+from torch.utils.data import DataLoader
 
-    hung = two_clips.parent / json.loads(two_clips.read_text())[0]["path"]
-    # the forked worker inherits the patched reader
-    monkeypatch.setattr(dataset_module, "decode_frames", _hang_on(hung, fifo))
-    dataset = VideoTextDataset(two_clips, **SIZE, max_bad_fraction=0.5, decode_timeout_s=0.5)
-    loader = DataLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context="fork")
-    item = finishes(lambda: next(iter(loader)), within_s=30)
-    assert item["index"] == 1 and item["skipped"] == [0]
+meta, fifo = Path(sys.argv[1]), Path(sys.argv[2])
+hung = meta.parent / json.loads(meta.read_text())[0]["path"]
+real = dataset_module.decode_frames
+
+def decode(source, *args, **kwargs):  # blocks in the kernel (opening the FIFO) for the first clip
+    if str(source) == str(hung):
+        with open(fifo, "rb") as stalled:
+            stalled.read()
+    return real(source, *args, **kwargs)
+
+dataset_module.decode_frames = decode  # the forked worker inherits the patched reader
+dataset = VideoTextDataset(meta, num_frames=5, height=16, width=16, max_bad_fraction=0.5, decode_timeout_s=0.5)
+loader = DataLoader(dataset, batch_size=None, num_workers=1, multiprocessing_context="fork")
+item = next(iter(loader))
+print(json.dumps({"index": item["index"], "skipped": item["skipped"]}))
+"""
+
+
+def test_the_deadline_holds_in_a_dataloader_worker(fifo, two_clips):
+    run = in_fresh_python(DEADLINE_IN_A_WORKER, str(two_clips), str(fifo), within_s=60)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == {"index": 1, "skipped": [0]}
