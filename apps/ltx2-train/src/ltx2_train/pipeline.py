@@ -507,7 +507,6 @@ class LTX2Pipeline(GenerativePipelineBase):
         """Masked video MSE (non-conditioning tokens) + weighted audio MSE, fp32; the stream of
         ``frozen_modality`` left out (its MSE still reported, without gradient)."""
         video_pred, audio_pred = prediction
-        trained = self.trained_streams
         video_loss = audio_loss = None
         if self.condition_modality != "video":
             video_loss = masked_mse(video_pred, noised["video_target"], ~noised["conditioned"])
@@ -515,11 +514,13 @@ class LTX2Pipeline(GenerativePipelineBase):
         if self.audio and self.condition_modality != "audio":
             audio_loss = masked_mse(audio_pred, noised["audio_target"], ~noised["audio_conditioned"])
             noised["audio_loss"] = audio_loss.detach()
-        terms = []
-        if "video" in trained:
-            terms.append(video_loss)
-        if "audio" in trained:
-            terms.append(self.audio_loss_weight * audio_loss)
+        return self.training_loss({"video": video_loss, "audio": audio_loss})
+
+    def training_loss(self, per_stream: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The loss that trains, from each stream's MSE: video + ``audio_loss_weight`` x audio, of
+        :attr:`trained_streams` only (training's step loss and the held-out ``loss`` alike)."""
+        weights = {"video": 1.0, "audio": self.audio_loss_weight}
+        terms = [weights[s] * per_stream[s] for s in self.trained_streams]
         return sum(terms[1:], terms[0])
 
     @property
@@ -564,10 +565,7 @@ class LTX2Pipeline(GenerativePipelineBase):
                 audio_mse = per_sample_mse(audio_pred, noised["audio_target"], ~noised["audio_conditioned"])
                 per_sigma["loss_audio"].append(audio_mse)
         out = {name: torch.stack(values).mean(dim=0) for name, values in per_sigma.items() if values}
-        weights = {"video": 1.0, "audio": self.audio_loss_weight}  # as compute_loss: the trained streams only
-        out["loss"] = sum(
-            (weights[s] * out[f"loss_{s}"] for s in self.trained_streams), torch.zeros(size, device=device)
-        )
+        out["loss"] = self.training_loss({s: out[f"loss_{s}"] for s in self.trained_streams})
         return out
 
     def metrics(self, container: Any, noised: dict[str, Any]) -> dict[str, float]:
