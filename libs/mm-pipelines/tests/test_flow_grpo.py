@@ -56,6 +56,15 @@ def test_group_advantages_normalise_within_each_prompt_and_clip():
     torch.testing.assert_close(advantages, torch.tensor(by_hand, dtype=torch.float64))
 
 
+def test_advantages_without_scale_are_the_rewards_less_their_groups_mean():
+    rewards = torch.tensor([[1.0, 2.0, 3.0], [5.0, 5.01, math.nan], [0.0, 0.0, 9.0]], dtype=torch.float64)
+    advantages = group_advantages(rewards, clip=4.0, scale="none")
+    by_hand = [[-1.0, 0.0, 1.0], [-0.005, 0.005, 0.0], [-3.0, -3.0, 4.0]]  # 6 -> clipped to 4
+    torch.testing.assert_close(advantages, torch.tensor(by_hand, dtype=torch.float64))
+    with pytest.raises(ValueError, match="advantage scale must be one of"):
+        group_advantages(rewards, clip=4.0, scale="batch")
+
+
 def test_the_clipped_policy_loss_and_its_gradient_equal_a_hand_computation():
     advantages = torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=torch.float64)
     old = torch.zeros(4, dtype=torch.float64)
@@ -180,12 +189,28 @@ def test_the_updates_after_a_rollout_train_on_it_again_with_a_ratio_away_from_on
         )
 
 
+@pytest.mark.parametrize("scale", ["group_std", "none"])
+def test_the_advantages_a_step_trains_on_are_scaled_as_advantage_scale_says(toys, scale):
+    grpo, container = _grpo(toys, advantage_scale=scale)
+    grpo(container, rng=SampleRNG(seed=1, step=3, sample_ids=[5, 9]), phase="grpo", **_prompts(toys, [0, 1]))
+    kept = grpo.kept[0]
+    rewards = kept.rollout.samples.double().flatten(1).mean(1).reshape(2, 3)  # the scorer's
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if scale == "group_std":
+        centred = centred / (rewards.std(dim=1, unbiased=False, keepdim=True) + 1e-4)
+    torch.testing.assert_close(kept.advantages, centred.reshape(-1))
+
+
 def test_bad_options_and_a_call_outside_the_phase_are_refused(toys):
     base = FlowMatchT2VPipeline(FlowMatchScheduler())
     with pytest.raises(
         ValueError, match=r"group_size must be >= 2 .*; timestep_fraction must lie in \(0, 1\]"
     ):
         FlowGRPO(base, group_size=1, timestep_fraction=0)
+    with pytest.raises(
+        ValueError, match=r"advantage_scale must be one of \('group_std', 'none'\), got 'batch'"
+    ):
+        FlowGRPO(base, advantage_scale="batch")
     grpo, container = _grpo(toys)
     with pytest.raises(ValueError, match="runs in the phase 'grpo'"):
         grpo(container, rng=SampleRNG.for_batch(2), phase="dpo", **_prompts(toys, [0, 1]))

@@ -3,6 +3,8 @@ rollouts (their pipeline schemas hold it as ``grpo``; docs/DESIGN.md "Flow-GRPO"
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from .base import ConfigModel
@@ -26,6 +28,12 @@ class GRPOOptions(ConfigModel):
     it departs from 1 at the further ``updates_per_rollout``)."""
     advantage_clip: float = Field(default=5.0, gt=0)
     """Advantages are clipped to ``[-advantage_clip, advantage_clip]``."""
+    advantage_scale: Literal["group_std", "none"] = "group_std"
+    """What a clip's reward less its group's mean reward is divided by: ``group_std``, the group's std
+    (Flow-GRPO: every group's advantages have unit size, so a group whose rewards differ only by noise
+    pushes the policy as hard as one whose clips differ in what the reward asks for); ``none``, nothing
+    (Dr. GRPO, Liu et al. 2025: advantages in the reward's units, a group of nearly equal rewards moves
+    the policy little). Both are per group, so the same at any layout."""
     kl_weight: float = Field(default=0.04, ge=0)
     """Weight of the KL of the policy's transitions from the reference's (0: no KL, no reference forward)."""
     timestep_fraction: float = Field(default=0.5, gt=0, le=1)

@@ -23,7 +23,8 @@ loader spreads a step's prompts over the data-parallel ranks):
    ``reward_failure: skip``) and the statistics to log.
 3. **Advantages**, per group (the ``G`` clips of one prompt): ``A = (r - mean_g r) / (std_g r + 1e-4)``
    (population std over the group's scored clips; a dropped clip gets ``A = 0``), clipped to
-   ``[-advantage_clip, advantage_clip]``.
+   ``[-advantage_clip, advantage_clip]``; with ``advantage_scale: none`` not divided, ``A = r - mean_g r``
+   (Dr. GRPO's advantage: a group whose rewards differ only by noise moves the policy little).
 4. **Loss**, on a fraction of the sampler's steps: ``max(1, floor(timestep_fraction * K))`` step indices,
    one subset per optimizer step (keyed by the step: every clip, micro-batch and rank of the step trains
    the same steps; with both A14B experts each step runs the expert of its sigma). At each chosen step
@@ -87,9 +88,16 @@ ADVANTAGE_EPS = 1e-4
 """Added to a group's reward std before dividing by it (a group of equal rewards: advantages 0)."""
 
 
-def group_advantages(rewards: torch.Tensor, clip: float) -> torch.Tensor:
+ADVANTAGE_SCALES = ("group_std", "none")
+"""What a reward less its group's mean is divided by (``model.pipeline.grpo.advantage_scale``)."""
+
+
+def group_advantages(rewards: torch.Tensor, clip: float, scale: str = "group_std") -> torch.Tensor:
     """``[B, G]`` advantages of the rewards ``[B, G]`` of ``B`` groups of ``G`` clips (module docstring, 3.):
-    normalised within each group over its finite rewards, 0 where the reward is NaN, clipped to ``+-clip``."""
+    less the group's mean over its finite rewards and, with ``scale="group_std"``, divided by their std;
+    0 where the reward is NaN, clipped to ``+-clip``."""
+    if scale not in ADVANTAGE_SCALES:
+        raise ValueError(f"advantage scale must be one of {ADVANTAGE_SCALES}, got {scale!r}")
     rewards = rewards.double()
     kept = rewards.isfinite()
     count = kept.sum(dim=1, keepdim=True).clamp(min=1)
@@ -97,7 +105,8 @@ def group_advantages(rewards: torch.Tensor, clip: float) -> torch.Tensor:
     mean = filled.sum(dim=1, keepdim=True) / count
     spread = torch.where(kept, (rewards - mean) ** 2, torch.zeros_like(rewards))
     std = (spread.sum(dim=1, keepdim=True) / count).sqrt()
-    advantages = torch.where(kept, (rewards - mean) / (std + ADVANTAGE_EPS), torch.zeros_like(rewards))
+    scaled = (rewards - mean) / (std + ADVANTAGE_EPS) if scale == "group_std" else rewards - mean
+    advantages = torch.where(kept, scaled, torch.zeros_like(rewards))
     return advantages.clamp(-clip, clip)
 
 
@@ -142,6 +151,7 @@ class FlowGRPO:
         noise_level: float = 0.7,
         clip_range: float = 1e-4,
         advantage_clip: float = 5.0,
+        advantage_scale: str = "group_std",
         kl_weight: float = 0.04,
         timestep_fraction: float = 0.5,
         sampling_steps: int = 10,
@@ -153,7 +163,7 @@ class FlowGRPO:
     ) -> None:
         _check(
             group_size, noise_level, clip_range, advantage_clip, kl_weight, timestep_fraction, sampling_steps,
-            updates_per_rollout,
+            updates_per_rollout, advantage_scale,
         )  # fmt: skip
         if guidance_scale != 1.0 and not callable(getattr(base, "unconditional", None)):
             raise ValueError(
@@ -168,6 +178,7 @@ class FlowGRPO:
             float(advantage_clip),
         )
         self.kl_weight, self.timestep_fraction = float(kl_weight), float(timestep_fraction)
+        self.advantage_scale = advantage_scale
         self.sampling_steps, self.updates_per_rollout = int(sampling_steps), int(updates_per_rollout)
         self.kept: list[KeptRollout] = []  # the last rollout step's micro-batches, in call order
         self._calls = (-1, 0)  # (optimizer step, calls of the phase at that step so far)
@@ -229,7 +240,9 @@ class FlowGRPO:
             groups=clip_groups(size, groups),
             names=names,
         )
-        advantages = group_advantages(rewards.reshape(size, groups), self.advantage_clip).reshape(-1)
+        advantages = group_advantages(
+            rewards.reshape(size, groups), self.advantage_clip, self.advantage_scale
+        ).reshape(-1)
         return KeptRollout(rng.step, clip_conditions, rollout, advantages), logged
 
     def _position(self, step: int) -> int:
@@ -358,9 +371,11 @@ class FlowGRPO:
 
 def _check(
     group_size: int, noise_level: float, clip_range: float, advantage_clip: float, kl_weight: float,
-    timestep_fraction: float, sampling_steps: int, updates_per_rollout: int,
+    timestep_fraction: float, sampling_steps: int, updates_per_rollout: int, advantage_scale: str,
 ) -> None:  # fmt: skip
     problems = []
+    if advantage_scale not in ADVANTAGE_SCALES:
+        problems.append(f"advantage_scale must be one of {ADVANTAGE_SCALES}, got {advantage_scale!r}")
     if updates_per_rollout < 1:
         problems.append(f"updates_per_rollout must be >= 1, got {updates_per_rollout}")
     if group_size < 2:
@@ -385,6 +400,7 @@ def _check(
 
 __all__ = [
     "ADVANTAGE_EPS",
+    "ADVANTAGE_SCALES",
     "FlowGRPO",
     "SampleScorer",
     "clipped_policy_loss",
