@@ -30,7 +30,7 @@ Issue 47's learning acceptance, one CPU process, everything through the trainer 
    clips of different prompts at one seed (shape and motion: a collapse to one clip would take it to 0).
 
 Usage: python benchmarks/wan_rl_learning.py --out /tmp/rl [--method grpo] [--steps 60] [--every 20]
-       [--base-steps 600] [--lr 1e-2] [--seed S] [--shuffle] [--anchor kl|colour|kept] [--anchor-unseen]
+       [--base-steps 600] [--lr 1e-2] [--seed S] [--shuffle] [--anchor kl|colour|kept] [--anchor-unseen] [--ema D]
        [--option KEY=VALUE ...] [--override K=V ...]
        python benchmarks/wan_rl_learning.py --out /tmp/rl --report RUN [RUN ...] [--plot curves.png] [--summary]
 """
@@ -84,6 +84,9 @@ def parse_args() -> argparse.Namespace:
                         help="with --anchor: no anchor caption has the (colour, shape) of a held-out named caption")  # fmt: skip
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="model.pipeline.<method>.KEY=VALUE (repeatable)")  # fmt: skip
+    parser.add_argument("--ema", type=float, metavar="DECAY",
+                        help="keep an EMA of the adapters (training.ema.decay) and validate with it "
+                        "(training.validation.ema), as Flow-GRPO's public trainer evaluates")  # fmt: skip
     parser.add_argument("--override", action="append", default=[], help="a further trainer override")
     parser.add_argument("--plot", type=Path, help="write the curves of the --report runs here (PNG)")
     parser.add_argument("--report", nargs="+", metavar="RUN",
@@ -247,7 +250,9 @@ def fine_tune(
         *(f"model.pipeline.{key}.{option}" for option in args.option),
         f"training.validation={{interval: {every}, prompts: [{', '.join(prompts)}], seeds: {seeds}, "
         f"num_frames: {DEMO_CLIP['num_frames']}, height: {DEMO_CLIP['height']}, width: {DEMO_CLIP['width']}, "
-        "fps: 8, sampling_steps: 4}", *args.override,
+        "fps: 8, sampling_steps: 4}",
+        *([f"training.ema={{decay: {args.ema}}}", "training.validation.ema=true"] if args.ema else []),
+        *args.override,
     ]  # fmt: skip
     assert wan22_main(["--config", str(config_path(config)), *overrides]) == 0
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -444,6 +449,7 @@ def main() -> None:
         + (f"_anchor{'' if args.anchor == 'kl' else '_' + args.anchor}" if args.anchor else "")
         + (f"{args.anchor_colours}" if args.anchor and args.anchor_colours > 1 else "")
         + ("_unseen" if args.anchor_unseen else "")
+        + (f"_ema{args.ema:g}" if args.ema else "")
     )
     seed = f"_seed{args.seed}" if args.seed is not None else ""
     # Folders differ by every setting but the step count: a longer run of one setting resumes the shorter.

@@ -42,3 +42,10 @@ def test_the_held_out_file_must_exist_when_paths_are_checked(container, write_co
     with pytest.raises(ConfigError) as info:
         load_config(write_config(data), [], world_size=1, check_paths=True)
     assert any(p.path == "training.validation.data_path" for p in info.value.problems)
+
+
+def test_validating_with_the_ema_needs_an_ema_to_validate_with(container, load, load_error, problem_at):
+    err = load_error(_with_validation(container, prompts=["a"], ema=True))
+    assert "training.ema keeps none" in problem_at(err, "training.validation.ema")
+    data = container(training={"save": "runs/x", "validation": {"prompts": ["a"], "ema": True}, "ema": {}})
+    assert load(data).training.validation.ema is True

@@ -78,3 +78,38 @@ def test_a_model_without_trainable_parameters_is_refused():
     freeze(model)
     with pytest.raises(ValueError, match="training.ema: the model has no trainable parameter"):
         ParameterEMA(model, decay=0.9)
+
+
+def test_the_average_is_in_the_parameters_inside_swapped_in_and_the_trained_weights_after_it():
+    model = _model()
+    ema = ParameterEMA(model, decay=0.5)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    trained = {k: v.clone() for k, v in model.state_dict().items()}
+    ema.update()
+    with pytest.raises(RuntimeError, match="inside"):
+        with ema.swapped_in():
+            for key, value in model.state_dict().items():
+                torch.testing.assert_close(value, ema.state_dict()[key])
+                assert not torch.equal(value, trained[key])
+            raise RuntimeError("inside")  # the trained weights come back even so
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, trained[key])
+
+
+def test_a_validation_sees_the_average_with_validation_ema_and_the_trained_weights_without():
+    from mm_trainer.trainer import Trainer
+
+    model = _model()
+    ema = ParameterEMA(model, decay=0.5)
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    ema.update()
+    seen = []
+    validator = SimpleNamespace(run=lambda step, metrics: seen.append(model[0].weight.detach().clone()) or {})
+    for flag in (True, False):
+        settings = SimpleNamespace(training=SimpleNamespace(validation=SimpleNamespace(ema=flag)))
+        Trainer._validate(SimpleNamespace(config=settings, ema=ema), validator, 1, None)  # the trainer's step
+    torch.testing.assert_close(seen[0], ema.state_dict()["0.weight"])
+    assert torch.equal(seen[1], model[0].weight) and not torch.equal(seen[0], seen[1])

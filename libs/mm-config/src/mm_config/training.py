@@ -232,6 +232,15 @@ class TrainingConfig(ConfigModel):
                     deps=(("log_dir",), ("save",)),
                 )
             )
+        if self.validation is not None and self.validation.ema and self.ema is None:
+            problems.append(
+                Problem(
+                    ("validation", "ema"),
+                    "validates with the EMA of the weights, and training.ema keeps none: set training.ema",
+                    True,
+                    deps=(("ema",),),
+                )
+            )
         problems += [p.prefixed(("rewards",)) for p in duplicate_reward_problems(self.rewards)]
         if self.reward_failure != "stop" and not self.rewards:
             problems.append(

@@ -55,6 +55,11 @@ class ValidationConfig(ConfigModel):
     """Held-out samples for ``val_loss``, read by the ``data.dataset_id`` dataset with the ``data.dataset``
     options, like the training data: a metadata file or caption folder (``video_text``), a cache folder
     (the cached datasets: the held-out clips preprocessed like the training ones); None = no validation loss."""
+    ema: bool = False
+    """Sample the clips and compute ``val_loss`` with the EMA of the trainable weights (``training.ema``,
+    which must be set) in place of the trained ones, put back afterwards: the weights ``export --ema``
+    writes, averaged over the last ``1 / (1 - decay)`` steps (Flow-GRPO's public trainer evaluates its EMA
+    so). False: the trained weights."""
     loss_timesteps: int = Field(default=4, ge=1)
     """Fixed timesteps of the validation loss: evenly spaced over the range the run trains (an
     A14B expert: its own range); ``val_loss`` is the mean over held-out samples and these timesteps."""

@@ -327,12 +327,20 @@ class Trainer:
             return None
 
         def after(step: int) -> dict[str, Any]:
-            out = validator.run(step, metrics) if validator is not None else {}
+            out = self._validate(validator, step, metrics) if validator is not None else {}
             if check is not None:
                 out = {**out, **check.after_step(step, peak_memory_bytes(self.device.type))}
             return out
 
         return after
+
+    def _validate(self, validator: Validator, step: int, metrics: MetricsLogger) -> dict[str, Any]:
+        """One validation, with the EMA's weights swapped in when ``training.validation.ema`` says so."""
+        settings = self.config.training.validation
+        if settings is not None and settings.ema and self.ema is not None:
+            with self.ema.swapped_in():
+                return validator.run(step, metrics)
+        return validator.run(step, metrics)
 
     def _profilers(self, log_dir: str | None) -> tuple[StepProfiler, MemoryProfiler]:
         profile, memory = self.config.tools.profile, self.config.tools.memory_profile

@@ -14,7 +14,8 @@ layout reshards it as it reshards them. The average is kept in fp32 whatever the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 
 import torch
 from torch import nn
@@ -43,6 +44,21 @@ class ParameterEMA:
         averages = [_local(a) for a in self._average]
         weights = [_local(p).to(torch.float32) for p in self._params]
         torch._foreach_lerp_(averages, weights, 1.0 - self.decay)
+
+    @contextlib.contextmanager
+    def swapped_in(self) -> Iterator[None]:
+        """The averages in the parameters (cast to their dtype) inside the block, the trained weights put
+        back after it, also when the block raises; costs one copy of the trainable parameters' shards."""
+        with torch.no_grad():
+            trained = [_local(p).clone() for p in self._params]
+            for p, a in zip(self._params, self._average):
+                _local(p).copy_(_local(a))
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, w in zip(self._params, trained):
+                    _local(p).copy_(w)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """``{state-dict key: average}`` (tied parameters: every key of one parameter, one tensor)."""
