@@ -39,7 +39,17 @@ from .keyed_random import SampleRNG, key_seed
 from .old_policy import OldPolicyEMA
 from .pipeline_base import GenerativePipelineBase, PipelineOutput
 from .preference import REFERENCE_ROLE, REJECTED_PREFIX, DiffusionDPO, as_reference, dpo_loss, split_pair
-from .rollout import Rollout, ode_rollout, sde_coefficient, sde_rollout, sde_transition, transition_log_prob
+from .rollout import (
+    Flow,
+    Rollout,
+    element_mean,
+    ode_rollout,
+    sde_coefficient,
+    sde_rollout,
+    sde_transition,
+    state_transition,
+    transition_log_prob,
+)
 
 __version__ = "0.1.0"
 

@@ -5,6 +5,15 @@ and the checks that a call runs in its phase with a scorer attached.
 
 Clip ``b * G + g`` of a micro-batch of ``B`` prompts is prompt ``b``'s clip ``g``: a prompt's clips are the
 same whichever micro-batch (rank) holds the prompt.
+
+**Streams.** The rollouts act on the base pipeline's flow state (``state_streams``, ``clean_state``,
+``state_velocity``: :class:`~mm_pipelines.distribution_matching.FlowState`): Wan's one stream ``latents``,
+LTX-2's ``video`` and ``audio``. A clip's draws for the first stream use the bare purpose (``grpo_start_<g>``:
+Wan's keys, and so its clips, are those of the one-stream code), each further stream's the purpose with
+``_<stream>`` appended (``grpo_start_audio_<g>``) (:func:`stream_noise`). Each prompt's conditions are
+repeated for its ``G`` clips generically (:func:`repeat_conditions`: every per-sample tensor of
+``prepare_conditions``), and the scorer gets the clips' latents from the base's ``scored_latents(state,
+conditions)`` when it has one (LTX-2: the video's latents ``[N, C, F, H, W]``), else the one stream.
 """
 
 from __future__ import annotations
@@ -49,6 +58,70 @@ def group_noise(
     return torch.stack(draws, dim=1).flatten(0, 1)
 
 
+def stream_noise(
+    rng: SampleRNG, purpose: str, groups: int, shapes: Mapping[str, Sequence[int]], device: torch.device | str
+) -> dict[str, torch.Tensor]:
+    """:func:`group_noise` of each stream of ``shapes`` (``{stream: shape}``, the first stream first): the
+    first under ``purpose``, each further one under ``purpose_<stream>`` (module docstring)."""
+    return {
+        name: group_noise(rng, purpose if i == 0 else f"{purpose}_{name}", groups, shape, device)
+        for i, (name, shape) in enumerate(shapes.items())
+    }
+
+
+def repeat_conditions(
+    conditions: Mapping[str, Any], size: int, groups: int, skip: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Each clip's conditions (clip ``b * G + g``: prompt ``b``'s) from the ``size`` prompts' ``conditions``
+    (``prepare_conditions``): every tensor whose first dimension is the prompts' ``size`` is per-sample and
+    repeated ``groups`` times along it; anything else (a latent grid, a frame rate, a shared tensor) is the
+    same for every clip and kept. The keys of ``skip`` (the clean flow state, which the rollout replaces)
+    are left out."""
+    out: dict[str, Any] = {}
+    for key, value in conditions.items():
+        if key in skip:
+            continue
+        if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+            raise ValueError(
+                f"rollouts need stacked micro-batches of one shape: the condition {key!r} is a packed list"
+            )
+        per_sample = isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == size
+        out[key] = value.repeat_interleave(groups, dim=0) if per_sample else value
+    return out
+
+
+def clean_flow(base: Any, conditions: Mapping[str, Any], mode: str) -> dict[str, torch.Tensor]:
+    """The prompts' clean flow state (``base.clean_state``: one tensor per stream, their first dimension the
+    prompts), refusing packed micro-batches (a list per sample)."""
+    state = base.clean_state(conditions)
+    if any(isinstance(x, (list, tuple)) for x in state.values()):
+        raise ValueError(f"{mode} rolls out stacked micro-batches of one shape, not packed ones")
+    return dict(state)
+
+
+def scored_latents(base: Any, state: Mapping[str, torch.Tensor], conditions: Mapping[str, Any]) -> torch.Tensor:
+    """What the scorer gets of the clips' clean ``state``: the base's ``scored_latents(state, conditions)``
+    when it has one (LTX-2: the video's latents), else the state's one stream.
+
+    Raises:
+        ValueError: a state of several streams and a base without ``scored_latents``.
+    """
+    scored = getattr(base, "scored_latents", None)
+    if callable(scored):
+        return scored(state, conditions)
+    if len(state) != 1:
+        raise ValueError(
+            f"{type(base).__name__}'s flow state has the streams {list(state)}: the rewards need its "
+            "scored_latents(state, conditions) to know which latents to score"
+        )
+    return next(iter(state.values()))
+
+
+def state_device(conditions: Mapping[str, Any]) -> torch.device:
+    """The device of the first tensor of ``conditions`` (where the rollouts' noise is drawn)."""
+    return next(v.device for v in conditions.values() if isinstance(v, torch.Tensor))
+
+
 def keyed_steps(rng: SampleRNG, purpose: str, count: int, total: int) -> list[int]:
     """``count`` of the ``total`` sampler steps, sorted, drawn from the optimizer step's key alone (every
     clip, micro-batch and rank of the step trains the same steps: with both A14B experts, the same expert)."""
@@ -90,8 +163,13 @@ __all__ = [
     "check_call",
     "clip_groups",
     "clip_names",
+    "clean_flow",
     "clip_prompts",
     "group_noise",
     "keyed_steps",
+    "repeat_conditions",
     "rollout_sigmas",
+    "scored_latents",
+    "state_device",
+    "stream_noise",
 ]
