@@ -17,6 +17,7 @@ from .distribution_matching import (
     FlowState,
     check_distillation_models,
     distillation_architecture_problems,
+    weighted_streams,
     with_distillation,
 )
 from .flow_grpo import (
@@ -34,7 +35,16 @@ from .flow_match_scheduler import (
     shift_sigmas,
 )
 from .flow_match_t2v import FlowMatchT2VPipeline
-from .group_rollouts import check_call, clip_prompts, group_noise, keyed_steps, rollout_sigmas
+from .group_rollouts import (
+    check_call,
+    clip_prompts,
+    group_noise,
+    keyed_steps,
+    repeat_conditions,
+    rollout_sigmas,
+    scored_latents,
+    stream_noise,
+)
 from .keyed_random import SampleRNG, key_seed
 from .old_policy import OldPolicyEMA
 from .pipeline_base import GenerativePipelineBase, PipelineOutput
@@ -67,8 +77,14 @@ __all__ = [
     "clip_prompts",
     "group_noise",
     "keyed_steps",
+    "repeat_conditions",
     "rollout_sigmas",
+    "scored_latents",
+    "stream_noise",
+    "Flow",
     "Rollout",
+    "element_mean",
+    "state_transition",
     "SampleScorer",
     "as_reference",
     "clipped_policy_loss",
@@ -87,6 +103,7 @@ __all__ = [
     "FlowState",
     "check_distillation_models",
     "distillation_architecture_problems",
+    "weighted_streams",
     "with_distillation",
     "FlowMatchScheduler",
     "FlowMatchT2VPipeline",

@@ -58,9 +58,9 @@ from typing import Any
 
 import torch
 
+from .distribution_matching import weighted_streams
 from .flow_grpo import group_advantages
 from .flow_match_scheduler import FlowMatchScheduler
-from .distribution_matching import weighted_streams
 from .group_rollouts import (
     SampleScorer,
     check_call,
@@ -255,7 +255,9 @@ class DiffusionNFT:
         total, kls, deviations = 0.0, [], []
         for (x_t, t), v_old in zip(noised, old, strict=True):
             velocity = self._velocity(container, x_t, t, conditions)
-            per_stream = {n: nft_policy_loss(velocity[n], v_old[n], x_t[n], x0[n], t, r, self.beta) for n in x0}
+            per_stream = {
+                n: nft_policy_loss(velocity[n], v_old[n], x_t[n], x0[n], t, r, self.beta) for n in x0
+            }
             per_clip = weighted_streams(self.base, per_stream) * kept
             step_loss = self.advantage_clip * per_clip.mean()
             deviations.append(_deviation(velocity, v_old))
@@ -271,7 +273,11 @@ class DiffusionNFT:
         return loss, (sum(kls) / len(kls) if kls else 0.0), sum(deviations) / len(deviations)
 
     def _velocity(
-        self, container: Any, x: Mapping[str, torch.Tensor], sigma: torch.Tensor, conditions: Mapping[str, Any]
+        self,
+        container: Any,
+        x: Mapping[str, torch.Tensor],
+        sigma: torch.Tensor,
+        conditions: Mapping[str, Any],
     ) -> dict[str, torch.Tensor]:
         """The predictor's velocity of each stream at ``x`` and per-clip ``sigma`` (the base's code path:
         expert routing)."""
@@ -281,7 +287,7 @@ class DiffusionNFT:
 def _deviation(velocity: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor]) -> float:
     """``mean (v - v_old)^2`` over every element of every stream (no gradient)."""
     if len(velocity) == 1:
-        (name, v), = velocity.items()
+        ((name, v),) = velocity.items()
         return float(((v.detach().float() - old[name].float()) ** 2).mean())
     squares = {n: (v.detach().float() - old[n].float()) ** 2 for n, v in velocity.items()}
     return float(element_mean(squares).mean())

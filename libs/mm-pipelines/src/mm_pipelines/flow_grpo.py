@@ -291,7 +291,9 @@ class FlowGRPO:
         first = conditions.get("first_frame")
         return generated if first is None else torch.cat([first.to(generated), generated], dim=2)
 
-    def _whole(self, state: Mapping[str, torch.Tensor], conditions: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    def _whole(
+        self, state: Mapping[str, torch.Tensor], conditions: Mapping[str, Any]
+    ) -> dict[str, torch.Tensor]:
         """:meth:`clips` of the first stream of ``state`` (ti2v's first frame belongs to Wan's one stream)."""
         first = self.base.state_streams[0]
         return {**state, first: self.clips(state[first], conditions)}
@@ -364,7 +366,11 @@ class FlowGRPO:
         return total / len(steps), stats
 
     def _velocity(
-        self, container: Any, x: Mapping[str, torch.Tensor], sigma: torch.Tensor, conditions: Mapping[str, Any]
+        self,
+        container: Any,
+        x: Mapping[str, torch.Tensor],
+        sigma: torch.Tensor,
+        conditions: Mapping[str, Any],
     ) -> dict[str, torch.Tensor]:
         """The predictor's velocity of each stream at the sampled state ``x`` and per-clip ``sigma`` under the
         clips' ``conditions`` (the base's code path: i2v channels, expert routing), guided when

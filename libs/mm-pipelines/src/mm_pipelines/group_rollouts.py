@@ -99,7 +99,9 @@ def clean_flow(base: Any, conditions: Mapping[str, Any], mode: str) -> dict[str,
     return dict(state)
 
 
-def scored_latents(base: Any, state: Mapping[str, torch.Tensor], conditions: Mapping[str, Any]) -> torch.Tensor:
+def scored_latents(
+    base: Any, state: Mapping[str, torch.Tensor], conditions: Mapping[str, Any]
+) -> torch.Tensor:
     """What the scorer gets of the clips' clean ``state``: the base's ``scored_latents(state, conditions)``
     when it has one (LTX-2: the video's latents), else the state's one stream.
 

@@ -83,6 +83,7 @@ _EXPORTS: dict[str, str] = {
     "RolloutMode": "mm_trainer.modes.rollout_scoring",
     "RolloutScorer": "mm_trainer.modes.rollout_scoring",
     "attach_rollout_scorer": "mm_trainer.modes.rollout_scoring",
+    "prepare_rollout_decoding": "mm_trainer.modes.rollout_scoring",
     "rollout_mode": "mm_trainer.modes.rollout_scoring",
     "raise_on_every_rank": "mm_trainer.modes.rollout_scoring",
     "REWARD_REGISTRY": "mm_trainer.registry.registries",

@@ -108,6 +108,20 @@ def raise_on_every_rank(error: RewardError | None, device: torch.device) -> None
         raise RewardError(f"{message} (on rank {rank}; every rank stops)")
 
 
+def prepare_rollout_decoding(
+    model: Any, rewards: Rewards, *, data: Any, device: torch.device, planned: bool = False
+) -> list[torch.nn.Module]:
+    """When ``model``'s pipeline scores its own rollouts and a reward scores frames, let a container whose
+    decoder is not one of its sub-models load it (its ``prepare_decoding(data=..., device=..., planned=...)``:
+    LTX-2's video VAE, named by the data section) before :func:`attach_rollout_scorer`; ``planned``: built on
+    meta for the planner, which materializes and counts the modules returned. The decoder's modules ([] when
+    there is nothing to prepare)."""
+    prepare = getattr(model, "prepare_decoding", None)
+    if rollout_mode(model) is not None and rewards.needs_frames and callable(prepare):
+        return list(prepare(data=data, device=device, planned=planned))
+    return []
+
+
 def attach_rollout_scorer(model: Any, rewards: Rewards) -> bool:
     """Give ``model``'s pipeline a :class:`RolloutScorer` over ``rewards`` when it scores its own rollouts
     (a pipeline with a ``scorer`` slot: ``mm_pipelines.FlowGRPO``, ``mm_pipelines.DiffusionNFT``); whether it does."""
@@ -123,6 +137,7 @@ __all__ = [
     "RolloutMode",
     "RolloutScorer",
     "attach_rollout_scorer",
+    "prepare_rollout_decoding",
     "raise_on_every_rank",
     "rollout_mode",
 ]
