@@ -316,6 +316,7 @@ class LTX2Pipeline(GenerativePipelineBase):
             "video": pack_video(latents, patch_size, patch_size_t),
             "grid": tuple(latents.shape[2:]),
             "patch": patch_size,
+            "patch_t": patch_size_t,
             "text": text,
             "audio_text": audio_text,
             "text_mask": batch["prompt_attention_mask"],
@@ -486,6 +487,15 @@ class LTX2Pipeline(GenerativePipelineBase):
     def clean_state(self, conditions: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """The clean tokens of each stream from :meth:`prepare_conditions`."""
         return {name: conditions[name] for name in self.state_streams}
+
+    def scored_latents(
+        self, state: Mapping[str, torch.Tensor], conditions: Mapping[str, Any]
+    ) -> torch.Tensor:
+        """The video latents ``[N, C, F, H, W]`` (normalised, as cached) of a flow ``state``'s packed
+        ``video`` tokens, on the latent grid of ``conditions``: what a reward fine-tuning's rewards score
+        (``LTX2Container.decode_latents`` decodes them for the rewards on frames)."""
+        patch = (conditions.get("patch", 1), conditions.get("patch_t", 1))
+        return unpack_video(state["video"], conditions["grid"], *patch)
 
     def state_velocity(
         self, container: Any, role: str, state: Mapping[str, torch.Tensor], sigma: torch.Tensor,

@@ -36,6 +36,7 @@ from ltx2_train.pipeline import LTX2Pipeline, unpack_video, video_patch
 from ltx2_train.predictor import LTX2Predictor
 from ltx2_train.preprocess import LTX2Encoders, preprocess_options
 from ltx2_train.references import encode_reference, reference_clip_problem
+from ltx2_train.video_decode import decode_video
 
 
 def load_for_sampling(config: TrainConfig, checkpoint: str | Path) -> dict[str, Any]:
@@ -233,10 +234,7 @@ def _audio_noise(encoders: LTX2Encoders, seconds: float, generator: torch.Genera
 
 
 def _decode_video(encoders: LTX2Encoders, latents: torch.Tensor) -> torch.Tensor:
-    vae = encoders.vae
-    mean, std = (x.view(1, -1, 1, 1, 1) for x in (vae.latents_mean, vae.latents_std))
-    raw = latents.to(mean.device) * std / vae.config.scaling_factor + mean
-    return vae.decode(raw.to(vae.dtype)).sample[0].float().clamp(-1, 1)
+    return decode_video(encoders.vae, latents)[0]
 
 
 def _decode_audio(encoders: LTX2Encoders, tokens: torch.Tensor, shape: torch.Size) -> torch.Tensor:
