@@ -116,6 +116,48 @@ def test_nft_weights_each_streams_loss_as_the_training_loss_does(tiny_predictor)
     assert losses[2.0] == pytest.approx(losses[0.0] + 2 * audio, rel=1e-5)
 
 
+def test_a_scorer_of_audio_gets_each_clips_audio_latents_unpacked_from_the_rollouts_tokens(tiny_predictor):
+    """A scorer that ``needs_audio`` (a reward on audio) gets ``audio=`` the clips' audio latents
+    ``[N, C, L, M]``, the cache's layout: packed again they are the rollout's audio tokens."""
+    from ltx2_train.pipeline import pack_audio
+
+    box = container(tiny_predictor, "grpo", GRPO)
+    seen = {}
+
+    class AudioScorer:
+        needs_audio = True
+
+        def __call__(self, latents, prompts, *, groups, names, audio):
+            seen.update(latents=latents, audio=audio)
+            return audio.double().flatten(1).mean(1), {}
+
+    box.pipeline.scorer = AudioScorer()
+    prompts = batch(1)
+    box(**prompts, rng=SampleRNG(seed=1, step=3, sample_ids=[0]), phase="grpo")
+    clips, _ = rollout(box, prompts, slice(0, 2), [0])
+    assert seen["audio"].shape == (2, *prompts["audio_latents"].shape[1:])
+    torch.testing.assert_close(pack_audio(seen["audio"]), clips.samples["audio"])
+    assert seen["latents"].shape == (2, *prompts["latents"].shape[1:])
+
+
+def test_the_audio_decoders_griffin_lim_keeps_a_tones_pitch_for_tone_target():
+    """``decoding.audio_waveforms`` (what ``decode_audio`` ends with) of the log-mel of a 220 Hz tone: its
+    dominant frequency within a quarter octave of 220 Hz (16 mel bins, as the tiny model set's)."""
+    from types import SimpleNamespace
+
+    from ltx2_train.audio import log_mel, synthetic_tone
+    from ltx2_train.decoding import audio_waveforms
+    from ltx2_train.preprocess import LTX2Encoders
+    from mm_trainer import ToneTarget
+
+    config = SimpleNamespace(sample_rate=16000, mel_hop_length=160, mel_bins=16)
+    mel = log_mel(synthetic_tone(0, 16000, 10000), sample_rate=16000, hop_length=160, n_fft=LTX2Encoders.n_fft,
+                  mel_bins=16)  # fmt: skip
+    waves, rate = audio_waveforms(SimpleNamespace(config=config), mel[None])
+    assert rate == 16000 and waves.shape[:2] == (1, 2)
+    assert float(ToneTarget(220.0)(waves, [""], sample_rate=rate)) > -0.25
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [

@@ -1,6 +1,7 @@
 """LTX-2 Flow-GRPO and DiffusionNFT through the trainer (``configs/tiny_t2av_grpo.yaml``, ``tiny_t2av_nft.yaml``:
 a LoRA policy on the tiny transformer, video and audio rolled out, the ``colour_target`` reward on the video
-decoded by the cache's VAE): 2 steps at 1 rank log finite rewards and losses and move the adapters; the GRPO
+decoded by the cache's VAE; the NFT run also the ``tone_target`` reward on the audio, decoded by the cache's
+audio VAE and Griffin-Lim): 2 steps at 1 rank log finite rewards and losses and move the adapters; the GRPO
 run at 2 ranks with Ulysses 2 logs the 1-rank run's rewards and losses."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 STEPS = 2
+TONE = "{id: tone_target, weight: 0.5, options: {frequency: 440}}"  # on the audio: NFT's run scores both
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 #: Per mode: its config, its smallest rollouts, and the values each step logs.
 MODES = {
@@ -23,18 +25,15 @@ MODES = {
     ),
     "nft": (
         "tiny_t2av_nft.yaml",
-        ["model.pipeline.nft.group_size=2", "model.pipeline.nft.sampling_steps=2"],
-        (
-            "loss",
-            "reward",
-            "reward_std",
-            "reward_colour_target",
-            "nft_kl",
-            "nft_old_deviation",
-            "nft_old_decay",
-        ),
+        [
+            "model.pipeline.nft.group_size=2",
+            "model.pipeline.nft.sampling_steps=2",
+            f"training.rewards=[{{id: colour_target, options: {{target: [1, 0, 0]}}}}, {TONE}]",
+        ],
+        ("loss", "reward", "reward_std", "reward_colour_target", "reward_tone_target", "nft_kl",
+         "nft_old_deviation", "nft_old_decay"),
     ),
-}
+}  # fmt: skip
 
 
 def records(log_dir: Path) -> list[dict]:
@@ -71,17 +70,19 @@ def test_the_reward_configs_read_the_tiny_runs_cache():
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_two_steps_at_one_rank_log_finite_rewards_and_losses_and_move_the_adapters(run, mode):
-    """Every step logs the mode's values, finite; the reward is the colour reward's (one reward, weight 1: minus
-    the distance of the decoded video's mean colour to red), and differs between the clips.
-        The LoRA policy starts as its reference (B = 0): the KL to it is 0 at step 1 and above 0 at step 2, once
-        the adapters moved (DiffusionNFT: the policy also leaves its old policy, an EMA behind it)."""
+    """Every step logs the mode's values, finite; the reward is the colour reward's (minus the distance of the
+    decoded video's mean colour to red; NFT: plus half the tone reward of the decoded audio, minus its octaves
+    from 440 Hz), and differs between the clips. The LoRA policy starts as its reference (B = 0): the KL to it
+    is 0 at step 1 and above 0 at step 2, once the adapters moved (DiffusionNFT: the policy also leaves its old
+    policy, an EMA behind it)."""
     rows = run(mode)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     for row in rows:
         for key in MODES[mode][2]:
             assert math.isfinite(row[key]), (key, row)
-        assert row["reward"] == pytest.approx(row["reward_colour_target"])
-        assert -math.sqrt(3) < row["reward"] < 0 and row["reward_std"] > 0  # decoded frames, distinct clips
+        colour, tone = row["reward_colour_target"], row.get("reward_tone_target", 0.0)
+        assert row["reward"] == pytest.approx(colour + 0.5 * tone)
+        assert -math.sqrt(3) < colour < 0 and row["reward_std"] > 0 and tone <= 0  # decoded, distinct clips
     kl = f"{mode}_kl"
     assert rows[0][kl] == 0 and rows[1][kl] > 0
     if mode == "nft":

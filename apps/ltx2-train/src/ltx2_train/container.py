@@ -11,6 +11,7 @@ import torch
 from mm_pipelines import DistributionMatchingDistillation
 from mm_trainer import ModelContainer, SampledClip, model_register
 
+from ltx2_train.decoding import audio_waveforms, decode_audio, decode_video, load_audio_vae, load_video_vae
 from ltx2_train.distill import STUDENT, architecture_problems, check_models, run_pipeline
 from ltx2_train.modality import freeze_branch
 from ltx2_train.model_set import run_problems
@@ -18,7 +19,6 @@ from ltx2_train.pipeline import LTX2Pipeline, patch_grid_problem, video_patch
 from ltx2_train.preprocess import preprocess_options
 from ltx2_train.reward_modes import reward_mode_problems
 from ltx2_train.validation import SamplingSet, prepare_sampling, sample_validation_clip
-from ltx2_train.video_decode import decode_video, load_video_vae
 
 
 @model_register("ltx2_container")
@@ -44,6 +44,7 @@ class LTX2Container(ModelContainer):
             self.frozen_branch = freeze_branch(getattr(self, STUDENT), frozen)
         self._sampling: SamplingSet | None = None
         self._video_vae: Any = None  # prepare_decoding: a reward fine-tuning's rewards on frames
+        self._audio_vae: Any = None  # prepare_decoding: its rewards on audio
 
     @classmethod
     def sub_model_problems(cls, model_section: Any) -> dict[str, str]:
@@ -116,24 +117,42 @@ class LTX2Container(ModelContainer):
 
     # ------------------------------------------------------ a reward fine-tuning's rollouts (training.rewards)
     def prepare_decoding(
-        self, *, data: Any, device: torch.device, planned: bool = False
+        self,
+        *,
+        data: Any,
+        device: torch.device,
+        planned: bool = False,
+        frames: bool = True,
+        audio: bool = False,
     ) -> list[torch.nn.Module]:
-        """Before training, when a reward scores frames: load the video VAE the cache was encoded with
-        (``data.dataset.preprocess``) on ``device``, for :meth:`decode_latents` (``planned``: its
-        architecture on meta, no weights read, for ``plan``); the VAE, for the planner to count.
+        """Before training, when a reward scores ``frames`` or ``audio``: load the VAEs the cache was encoded
+        with (``data.dataset.preprocess``: the video VAE, the audio VAE) on ``device``, for
+        :meth:`decode_latents` and :meth:`decode_audio` (``planned``: their architecture on meta, no weights
+        read, for ``plan``); the VAEs, for the planner to count.
 
         Raises:
-            ValueError: the run has no ``data.dataset.preprocess`` (where the VAE is).
+            ValueError: the run has no ``data.dataset.preprocess`` (where the VAEs are), or a reward on audio
+                and no audio stream (``model.pipeline.audio: false``).
         """
+        if audio and not self.flow_pipeline.audio:
+            raise ValueError(
+                "training.rewards score audio, and model.pipeline.audio is false (no audio stream)"
+            )
         try:
             options = preprocess_options(data)
         except ValueError as e:
             raise ValueError(
-                "training.rewards score decoded frames: LTX-2 decodes the rollouts with the video VAE the cache "
-                f"was written with, named by data.dataset.preprocess ({e})"
+                "training.rewards score decoded clips: LTX-2 decodes the rollouts with the VAEs the cache was "
+                f"written with, named by data.dataset.preprocess ({e})"
             ) from None
-        self._video_vae = load_video_vae(options, device, torch.float32, planned=planned)
-        return [self._video_vae]
+        loaded = []
+        if frames:
+            self._video_vae = load_video_vae(options, device, torch.float32, planned=planned)
+            loaded.append(self._video_vae)
+        if audio:
+            self._audio_vae = load_audio_vae(options, device, torch.float32, planned=planned)
+            loaded.append(self._audio_vae)
+        return loaded
 
     @torch.no_grad()
     def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
@@ -144,6 +163,17 @@ class LTX2Container(ModelContainer):
                 "LTX2Container.decode_latents before prepare_decoding: the trainer calls it first"
             )
         return decode_video(self._video_vae, latents)
+
+    @torch.no_grad()
+    def decode_audio(self, latents: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """``(waveforms [N, 2, S], sample rate)`` of normalised audio latents ``[N, C, L, M]`` (a reward
+        fine-tuning's rollouts: ``LTX2Pipeline.scored_audio``): the audio VAE's log-mel, then Griffin-Lim
+        (:mod:`ltx2_train.decoding`), for the rewards that score audio."""
+        if self._audio_vae is None:
+            raise RuntimeError(
+                "LTX2Container.decode_audio before prepare_decoding: the trainer calls it first"
+            )
+        return audio_waveforms(self._audio_vae, decode_audio(self._audio_vae, latents))
 
     def planning_batch(self, data: Any, micro_batch_size: int) -> dict[str, Any]:
         """A micro-batch of the run's real shapes for ``mm-train plan`` (:mod:`ltx2_train.planning`)."""

@@ -328,6 +328,7 @@ class LTX2Pipeline(GenerativePipelineBase):
                     "model.pipeline.audio is true but the batch has no 'audio_latents' (preprocess with audio)"
                 )
             out["audio"] = pack_audio(batch["audio_latents"])
+            out["audio_channels"] = int(batch["audio_latents"].shape[1])
             self._check_audio_frames(out["audio"].shape[1])
         out.update(self._references(batch, patch_size, patch_size_t))
         return out
@@ -496,6 +497,21 @@ class LTX2Pipeline(GenerativePipelineBase):
         (``LTX2Container.decode_latents`` decodes them for the rewards on frames)."""
         patch = (conditions.get("patch", 1), conditions.get("patch_t", 1))
         return unpack_video(state["video"], conditions["grid"], *patch)
+
+    def scored_audio(self, state: Mapping[str, torch.Tensor], conditions: Mapping[str, Any]) -> torch.Tensor:
+        """The audio latents ``[N, C, L, M]`` (normalised, as cached) of a flow ``state``'s packed ``audio``
+        tokens: what a reward on audio scores (``LTX2Container.decode_audio`` decodes them).
+
+        Raises:
+            ValueError: a run without the audio stream (``audio: false``).
+        """
+        if not self.audio:
+            raise ValueError(
+                "training.rewards score audio, and model.pipeline.audio is false (no audio stream)"
+            )
+        tokens = state["audio"]
+        channels = int(conditions["audio_channels"])
+        return tokens.unflatten(2, (channels, tokens.shape[2] // channels)).transpose(1, 2)
 
     def state_velocity(
         self, container: Any, role: str, state: Mapping[str, torch.Tensor], sigma: torch.Tensor,

@@ -42,6 +42,7 @@ from .group_rollouts import (
     keyed_steps,
     repeat_conditions,
     rollout_sigmas,
+    score_clips,
     scored_latents,
     stream_noise,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "keyed_steps",
     "repeat_conditions",
     "rollout_sigmas",
+    "score_clips",
     "scored_latents",
     "stream_noise",
     "Flow",

@@ -71,7 +71,7 @@ from .group_rollouts import (
     keyed_steps,
     repeat_conditions,
     rollout_sigmas,
-    scored_latents,
+    score_clips,
     state_device,
     stream_noise,
 )
@@ -182,12 +182,10 @@ class DiffusionNFT:
             x0 = self.rollout(container, clip_conditions, rng, shapes)
             noised = [self.noised(x0, rng, k) for k in steps]
             old = [self._velocity(container, x_t, t, clip_conditions) for x_t, t in noised]
-        rewards, logged = self.scorer(
-            scored_latents(self.base, x0, clip_conditions),
-            clip_prompts(batch, rng, groups),
-            groups=clip_groups(size, groups),
-            names=clip_names(rng, groups),
-        )
+        rewards, logged = score_clips(
+            self.scorer, self.base, x0, clip_conditions, clip_prompts(batch, rng, groups),
+            groups=clip_groups(size, groups), names=clip_names(rng, groups),
+        )  # fmt: skip
         advantages = group_advantages(rewards.reshape(size, groups), self.advantage_clip).reshape(-1)
         r = optimality_probability(advantages, self.advantage_clip).to(device)
         kept = rewards.isfinite().to(device)

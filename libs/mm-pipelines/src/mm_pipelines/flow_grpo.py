@@ -82,7 +82,7 @@ from .group_rollouts import (
     keyed_steps,
     repeat_conditions,
     rollout_sigmas,
-    scored_latents,
+    score_clips,
     state_device,
     stream_noise,
 )
@@ -235,8 +235,11 @@ class FlowGRPO:
         rollout = self.rollout(container, clip_conditions, rng, shapes)
         prompts, names = clip_prompts(batch, rng, groups), clip_names(rng, groups)
         whole = self._whole(rollout.samples, clip_conditions)
-        rewards, logged = self.scorer(
-            scored_latents(self.base, whole, clip_conditions),
+        rewards, logged = score_clips(
+            self.scorer,
+            self.base,
+            whole,
+            clip_conditions,
             prompts,
             groups=clip_groups(size, groups),
             names=names,

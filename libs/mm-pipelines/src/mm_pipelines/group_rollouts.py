@@ -28,7 +28,9 @@ from .keyed_random import SampleRNG
 
 
 class SampleScorer(Protocol):
-    """What scores the rollouts (attached by the trainer from ``training.rewards``)."""
+    """What scores the rollouts (attached by the trainer from ``training.rewards``). A scorer whose
+    ``needs_audio`` is true is also given the clips' audio latents (``audio=``: the base's
+    ``scored_audio(state, conditions)``, LTX-2's)."""
 
     def __call__(
         self, latents: torch.Tensor, prompts: Sequence[str], *, groups: Sequence[int], names: Sequence[str]
@@ -36,6 +38,28 @@ class SampleScorer(Protocol):
         """Each clip's reward ``[N]`` (float64; NaN for a dropped clip) from its latents ``[N, ...]`` and
         prompt, and the statistics to log."""
         ...
+
+
+def score_clips(
+    scorer: Any, base: Any, state: Mapping[str, torch.Tensor], conditions: Mapping[str, Any],
+    prompts: Sequence[str], *, groups: Sequence[int], names: Sequence[str],
+) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
+    """``scorer``'s rewards and statistics of the clips' clean ``state``: their :func:`scored_latents` and,
+    for a scorer that ``needs_audio``, the base's ``scored_audio(state, conditions)``.
+
+    Raises:
+        ValueError: a scorer that needs audio on a base without ``scored_audio``.
+    """
+    extra = {}
+    if getattr(scorer, "needs_audio", False):
+        audio = getattr(base, "scored_audio", None)
+        if not callable(audio):
+            raise ValueError(
+                f"training.rewards score audio, and {type(base).__name__} rolls out none (no scored_audio)"
+            )
+        extra["audio"] = audio(state, conditions)
+    latents = scored_latents(base, state, conditions)
+    return scorer(latents, prompts, groups=groups, names=names, **extra)
 
 
 def rollout_sigmas(grid: FlowMatchScheduler, steps: int, shift: float | None) -> torch.Tensor:
@@ -171,6 +195,7 @@ __all__ = [
     "keyed_steps",
     "repeat_conditions",
     "rollout_sigmas",
+    "score_clips",
     "scored_latents",
     "state_device",
     "stream_noise",

@@ -72,6 +72,7 @@ _EXPORTS: dict[str, str] = {
     "PhaseSchedulers": "mm_trainer.modes.phases",
     "build_phases": "mm_trainer.modes.phases",
     "ColourTarget": "mm_trainer.modes.rewards",
+    "ToneTarget": "mm_trainer.modes.rewards",
     "Distinctness": "mm_trainer.modes.rewards",
     "ClipScore": "mm_trainer.modes.clip_score",
     "evenly_spaced_frames": "mm_trainer.modes.clip_score",

@@ -52,16 +52,19 @@ class PlannedScorer(RolloutScorer):
     forward run; the rewards returned are zeros. ``stage`` is told ``rewards`` as it starts and ``update``
     as it returns."""
 
-    def __init__(self, rewards: Rewards, decode: Any, stage: Callable[[str], None]) -> None:
-        super().__init__(rewards, decode)
+    def __init__(
+        self, rewards: Rewards, decode: Any, stage: Callable[[str], None], decode_audio: Any = None
+    ) -> None:
+        super().__init__(rewards, decode, decode_audio)
         self.stage = stage
 
     def __call__(
-        self, latents: torch.Tensor, prompts: Sequence[str], *, groups: Sequence[int], names: Sequence[str]
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+        self, latents: torch.Tensor, prompts: Sequence[str], *, groups: Sequence[int], names: Sequence[str],
+        audio: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
         self.stage("rewards")
         with torch.no_grad():
-            self.scores(latents, prompts, groups=groups, names=names)
+            self.scores(latents, prompts, groups=groups, names=names, audio=audio)
         self.stage("update")
         return torch.zeros(len(prompts), dtype=torch.float64, device=latents.device), {}
 
@@ -82,9 +85,9 @@ class RolloutPlan:
 
     def attach(self, model: Any, set_part: Callable[[str], None]) -> None:
         """Give the pipeline a :class:`PlannedScorer` whose stages name the parts through ``set_part``."""
-        decode = getattr(model, "decode_latents", None)
+        decode, decode_audio = getattr(model, "decode_latents", None), getattr(model, "decode_audio", None)
         self.mode.scorer = PlannedScorer(
-            self.rewards, decode, lambda stage: set_part(stage_part(self.label, stage))
+            self.rewards, decode, lambda stage: set_part(stage_part(self.label, stage)), decode_audio
         )
 
     def start(self, label: str) -> str:
@@ -96,6 +99,7 @@ class RolloutPlan:
         """One line for the report: what a micro-step samples, scores and trains."""
         clips = micro_batch_size * self.mode.group_size
         frames = "decoded by the VAE, " if self.rewards.needs_frames else ""
+        frames += "audio decoded, " if self.rewards.needs_audio else ""
         ids = ", ".join(self.rewards.ids) or "none"
         return (
             f"rollouts: {self.mode.group_size} clips x {micro_batch_size} prompt(s) = {clips} clips per micro-step, "
