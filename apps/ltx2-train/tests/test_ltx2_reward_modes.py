@@ -140,6 +140,12 @@ def test_a_scorer_of_audio_gets_each_clips_audio_latents_unpacked_from_the_rollo
     assert seen["latents"].shape == (2, *prompts["latents"].shape[1:])
 
 
+def test_a_reward_on_audio_without_the_audio_stream_is_refused_before_training(tiny_predictor):
+    box = container(tiny_predictor, "grpo", GRPO, audio=False)
+    with pytest.raises(ValueError, match="score audio, and model.pipeline.audio is false"):
+        box.prepare_decoding(data=None, device=torch.device("cpu"), frames=True, audio=True)
+
+
 def test_the_audio_decoders_griffin_lim_keeps_a_tones_pitch_for_tone_target():
     """``decoding.audio_waveforms`` (what ``decode_audio`` ends with) of the log-mel of a 220 Hz tone: its
     dominant frequency within a quarter octave of 220 Hz (16 mel bins, as the tiny model set's)."""
