@@ -344,6 +344,25 @@ COMMANDS: dict[tuple[str, str], How] = {
         'ltx2-train sample --checkpoint runs/ltx2_tiny/ckpt_distill --steps 4 --prompt "a red circle moving up" '
         "--out runs/ltx2_tiny/sample_distill.mp4",
     ): covered("apps/ltx2-train/tests/test_ltx2_distill_e2e.py"),
+    (LTX2, "ltx2-train preprocess --config apps/ltx2-train/configs/tiny_t2av_grpo.yaml"): excused(
+        "the reward configs' data section is tiny_t2av.yaml's (apps/ltx2-train/tests/test_ltx2_reward_modes_e2e.py "
+        "checks it), whose preprocess builds the tests' tiny cache (conftest tiny_cache)"
+    ),
+    **dict.fromkeys(
+        [
+            (
+                LTX2,
+                "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config "
+                f"apps/ltx2-train/configs/tiny_t2av_{mode}.yaml",
+            )
+            for mode in ("grpo", "nft")
+        ],
+        excused(
+            "test_ltx2_reward_modes_e2e.py runs each config through ltx2-train's main on forked gloo ranks (1 rank, "
+            "and GRPO at 2 ranks with Ulysses 2, 2 steps of small rollouts; the torchrun launch of the app: "
+            "test_ltx2_train_e2e.py)"
+        ),
+    ),
     (LTX2, "ltx2-train --config apps/ltx2-train/configs/t2av.yaml --dry-run --world-size 8"): NO_PLAN,
     (
         LTX2,

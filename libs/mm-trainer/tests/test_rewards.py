@@ -142,7 +142,7 @@ def test_every_built_in_reward_has_an_options_schema_in_mm_config():
     built_in = {
         name for name, cls in REWARD_REGISTRY.registered().items() if cls.__module__.startswith("mm_trainer.")
     }
-    assert built_in == {"colour_target", "clip_score", "distinctness"} and built_in <= set(
+    assert built_in == {"colour_target", "clip_score", "distinctness", "tone_target"} and built_in <= set(
         registered_ids("reward")
     )
 
@@ -316,6 +316,49 @@ def test_the_rollout_scorer_decodes_only_for_rewards_on_frames_and_gives_nan_for
     rewards, logged = on_frames(latents, ["a", "a", "b"], groups=[0, 0, 1], names=["x", "y", "z"])
     assert decoded == [3] and math.isnan(rewards[1]) and rewards[[0, 2]].tolist() == [0.0, 1.0]
     assert logged["reward_skipped"] == 1.0 and logged["reward"] == 0.5
+
+
+def _sine(freq: float, rate: int = 8000, seconds: float = 0.5) -> torch.Tensor:
+    """A stereo sine ``[1, 2, S]`` with a DC offset (which is no tone)."""
+    t = torch.arange(int(rate * seconds)) / rate
+    wave = 0.3 + 0.5 * torch.sin(2 * math.pi * freq * t)
+    return torch.stack([wave, 0.5 * wave])[None]
+
+
+def test_tone_target_is_minus_the_octaves_between_the_dominant_frequency_and_the_target():
+    rewards = Rewards.from_config([_entry("tone_target", frequency=440.0)])
+    waves = torch.cat([_sine(440.0), _sine(880.0), _sine(220.0), _sine(523.25)])
+    scores = rewards.score(["a"] * 4, audio=waves, sample_rate=8000).total
+    assert scores.tolist() == pytest.approx([0.0, -1.0, -1.0, -math.log2(524 / 440)], abs=1e-3)  # 2 Hz bins
+    with pytest.raises(ValueError, match="sample_rate"):
+        rewards.score(["a"], audio=waves[:1])
+
+
+def test_the_rollout_scorer_decodes_the_audio_only_for_rewards_on_audio_and_refuses_a_model_without_a_decoder():
+    from mm_trainer import RolloutScorer
+
+    audio = Rewards.from_config([_entry("tone_target", frequency=440.0), _entry("test_latent_mean")])
+    with pytest.raises(ValueError, match=r"score decoded audio, and the model has no decode_audio"):
+        RolloutScorer(audio, None)
+    decoded = []
+
+    def decode_audio(latents):
+        decoded.append(latents.shape)
+        return torch.cat([_sine(440.0), _sine(880.0)]), 8000
+
+    scorer = RolloutScorer(audio, None, decode_audio)
+    assert (
+        scorer.needs_audio
+        and not RolloutScorer(Rewards.from_config([_entry("test_latent_mean")]), None).needs_audio
+    )
+    latents = torch.zeros(2, 1, 1, 1, 1)
+    rewards, logged = scorer(
+        latents, ["a", "a"], groups=[0, 0], names=["x", "y"], audio=torch.zeros(2, 4, 3, 2)
+    )
+    assert decoded == [(2, 4, 3, 2)] and rewards.tolist() == pytest.approx([0.0, -1.0], abs=1e-3)
+    assert logged["reward_tone_target"] == pytest.approx(-0.5, abs=1e-3)
+    with pytest.raises(ValueError, match="score audio, and the rollouts have none"):
+        scorer(latents, ["a", "a"], groups=[0, 0], names=["x", "y"])
 
 
 def _score_blue_on_rank_1(rank: int, world_size: int) -> str:

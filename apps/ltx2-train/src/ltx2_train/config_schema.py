@@ -15,6 +15,8 @@ from mm_config import (
     ConfigModel,
     DistillOptions,
     DType,
+    GRPOOptions,
+    NFTOptions,
     PartialConfigModel,
     PreprocessRunConfig,
     Problem,
@@ -177,6 +179,20 @@ class LTX2PipelineOptions(PartialConfigModel):
         return self
 
 
+def _no_guidance_problems(options: ConfigModel, keys: tuple[str, ...]) -> list[Problem]:
+    """LTX-2 trains on cached text embeddings with no negative ones: ``guidance_scale`` stays 1 and the
+    ``keys`` that only guidance or a text encoder would read are refused when set."""
+    problems = []
+    if getattr(options, "guidance_scale", 1.0) != 1.0:
+        why = "LTX-2 trains on cached text embeddings, with no negative ones for guidance: expected 1"
+        problems.append(Problem(("guidance_scale",), why, options.guidance_scale))
+    for key in keys:
+        if key in options.model_fields_set:
+            why = "no text encoder runs in LTX-2 training (no negative prompt to encode): remove it"
+            problems.append(Problem((key,), why, getattr(options, key)))
+    return problems
+
+
 class LTX2DistillOptions(DistillOptions):
     """``model.pipeline.distill`` of ``ltx2_container``: DMD2 of the frozen ``teacher`` into the student
     ``model``, with the fake-score ``critic``, on the video and audio streams together. LTX-2 trains on
@@ -192,58 +208,92 @@ class LTX2DistillOptions(DistillOptions):
 
     @model_validator(mode="after")
     def _no_guidance_without_negative_embeddings(self) -> LTX2DistillOptions:
-        problems = []
-        if self.guidance_scale != 1.0:
-            why = "LTX-2 trains on cached text embeddings, with no negative ones for guidance: expected 1"
-            problems.append(Problem(("guidance_scale",), why, self.guidance_scale))
-        for key, why in (
-            ("negative_prompt", "no text encoder runs in LTX-2 training: remove it"),
-            (
-                "teacher_steps",
-                "LTX-2 validation samples the student's clips only, with no teacher reference to "
-                "compare them with: remove it",
-            ),
-        ):
-            if key in self.model_fields_set:
-                problems.append(Problem((key,), why, getattr(self, key)))
+        problems = _no_guidance_problems(self, ("negative_prompt",))
+        if "teacher_steps" in self.model_fields_set:
+            why = (
+                "LTX-2 validation samples the student's clips only, with no teacher reference to compare them "
+                "with: remove it"
+            )
+            problems.append(Problem(("teacher_steps",), why, self.teacher_steps))
         if problems:
             raise RuleViolations(problems)
         return self
 
 
+class LTX2GRPOOptions(GRPOOptions):
+    """``model.pipeline.grpo`` of ``ltx2_container``: Flow-GRPO of the policy ``model`` (full or LoRA) on its
+    own SDE rollouts of both streams (video and audio), scored by ``training.rewards`` on the video. LTX-2
+    has no negative text embeddings, so the rollouts are unguided (``guidance_scale`` 1)."""
+
+    shift: float = Field(gt=0)  # type: ignore[assignment]
+    """Time shift of the rollouts' sigma schedule (required: LTX-2 training has no sigma grid of its own;
+    ``exp(mu)`` of the clips' video token count, as ``ltx2-train sample`` uses, is the natural choice)."""
+
+    @model_validator(mode="after")
+    def _no_guidance(self) -> LTX2GRPOOptions:
+        problems = _no_guidance_problems(self, ("negative_prompt",))
+        if problems:
+            raise RuleViolations(problems)
+        return self
+
+
+class LTX2NFTOptions(NFTOptions):
+    """``model.pipeline.nft`` of ``ltx2_container``: DiffusionNFT of the policy ``model`` on its old policy's
+    ODE rollouts of both streams, scored by ``training.rewards`` on the video."""
+
+    shift: float = Field(gt=0)  # type: ignore[assignment]
+    """Time shift of the rollouts' sigma schedule (required, as ``grpo.shift``)."""
+
+
+#: The training modes of ``ltx2_container`` beside ordinary training: ``model.pipeline`` keys.
+CONTAINER_MODES = ("distill", "grpo", "nft")
+#: What a distillation or a reward fine-tuning (each draws whole clips of both streams from noise at one
+#: sigma per sample and trains the whole policy) cannot use: ``(key, its default, why)``.
+WHOLE_CLIP_KEYS = (
+    ("audio_timesteps", "shared", "moves both streams at one sigma per sample"),
+    ("frozen_modality", "none", "trains both streams of the whole transformer"),
+    ("condition_modality", "none", "draws both streams from noise"),
+    ("reference", "none", "draws no reference clip"),
+    ("audio_conditioning_frames", 0, "draws whole clips (no clean frames)"),
+    ("first_frame_conditioning_p", 0.0, "draws whole clips (no clean conditioning frames)"),
+)
+
+
 class LTX2ContainerPipelineOptions(LTX2PipelineOptions):
     """``model.pipeline`` of ``ltx2_container`` (``LTX2Container.build_pipeline``): the LTX-2 pipeline
-    options and, for few-step distillation, ``distill``."""
+    options and one training mode at most: few-step distillation (``distill``), Flow-GRPO (``grpo``) or
+    DiffusionNFT (``nft``)."""
 
     distill: LTX2DistillOptions | None = None
     """Few-step distillation (DMD2) of the ``teacher`` into the student ``model``; None: ordinary training."""
+    grpo: LTX2GRPOOptions | None = None
+    """Flow-GRPO of the policy ``model`` on its SDE rollouts (video and audio) scored by ``training.rewards``,
+    in the phase ``grpo``; None: ordinary training."""
+    nft: LTX2NFTOptions | None = None
+    """DiffusionNFT of the policy ``model`` on its old policy's ODE rollouts (video and audio) scored by
+    ``training.rewards``, in the phase ``nft``; None: ordinary training."""
 
     @model_validator(mode="after")
-    def _what_a_distillation_does_not_use(self) -> LTX2ContainerPipelineOptions:
-        if self.distill is None:
+    def _what_a_mode_does_not_use(self) -> LTX2ContainerPipelineOptions:
+        modes = [m for m in CONTAINER_MODES if getattr(self, m) is not None]
+        if not modes:
             return self
-        deps = (("distill",),)
+        mode, deps = modes[0], ((modes[0],),)
+        what = "a distillation" if mode == "distill" else f"{mode} (a reward fine-tuning)"
         problems = [
-            Problem(
-                (key,), "a distillation draws its sigmas on the grid of distill.shift: remove it", deps=deps
-            )
+            Problem((other,), f"one training mode at a time: not with {mode}", deps=deps)
+            for other in modes[1:]
+        ]
+        problems += [
+            Problem((key,), f"{what} draws its sigmas on the grid of {mode}.shift: remove it", deps=deps)
             for key in SAMPLER_KEYS
             if key in self.model_fields_set
         ]
-        for key, default, why in (
-            ("audio_timesteps", "shared", "a distillation moves both streams at one sigma per sample"),
-            ("frozen_modality", "none", "a distillation trains its student's whole transformer"),
-            ("condition_modality", "none", "a distillation draws both streams from noise"),
-            ("reference", "none", "a distillation draws no reference clip"),
-            ("audio_conditioning_frames", 0, "a distillation draws whole clips (no clean frames)"),
-        ):
+        for key, default, why in WHOLE_CLIP_KEYS:
             if getattr(self, key) != default:
-                problems.append(Problem((key,), f"{why}: expected {default}", getattr(self, key), deps=deps))
-        if self.first_frame_conditioning_p > 0:
-            why = "a distillation draws whole clips (no clean conditioning frames): expected 0"
-            problems.append(
-                Problem(("first_frame_conditioning_p",), why, self.first_frame_conditioning_p, deps=deps)
-            )
+                problems.append(
+                    Problem((key,), f"{what} {why}: expected {default}", getattr(self, key), deps=deps)
+                )
         if problems:
             raise RuleViolations(problems)
         return self
@@ -368,6 +418,8 @@ __all__ = [
     "SAMPLING_MODES",
     "LTX2ContainerPipelineOptions",
     "LTX2DistillOptions",
+    "LTX2GRPOOptions",
+    "LTX2NFTOptions",
     "LTX2PipelineOptions",
     "LTX2PrecomputedSchema",
     "LTX2PredictorConfig",

@@ -11,10 +11,13 @@ import torch
 from mm_pipelines import DistributionMatchingDistillation
 from mm_trainer import ModelContainer, SampledClip, model_register
 
+from ltx2_train.decoding import audio_waveforms, decode_audio, decode_video, load_audio_vae, load_video_vae
 from ltx2_train.distill import STUDENT, architecture_problems, check_models, run_pipeline
 from ltx2_train.modality import freeze_branch
 from ltx2_train.model_set import run_problems
 from ltx2_train.pipeline import LTX2Pipeline, patch_grid_problem, video_patch
+from ltx2_train.preprocess import preprocess_options
+from ltx2_train.reward_modes import reward_mode_problems
 from ltx2_train.validation import SamplingSet, prepare_sampling, sample_validation_clip
 
 
@@ -40,13 +43,16 @@ class LTX2Container(ModelContainer):
         if frozen != "none" and self.is_trainable(STUDENT):
             self.frozen_branch = freeze_branch(getattr(self, STUDENT), frozen)
         self._sampling: SamplingSet | None = None
+        self._video_vae: Any = None  # prepare_decoding: a reward fine-tuning's rewards on frames
+        self._audio_vae: Any = None  # prepare_decoding: its rewards on audio
 
     @classmethod
     def sub_model_problems(cls, model_section: Any) -> dict[str, str]:
         """A distillation's student or critic whose architecture is not the teacher's
-        (:func:`ltx2_train.distill.architecture_problems`), and a LoRA ``model`` with
+        (:func:`ltx2_train.distill.architecture_problems`), a reward fine-tuning without its policy or
+        reference (:func:`ltx2_train.reward_modes.reward_mode_problems`), and a LoRA ``model`` with
         ``frozen_modality``, before anything is built."""
-        problems = architecture_problems(model_section)
+        problems = architecture_problems(model_section) | reward_mode_problems(model_section)
         frozen = dict(getattr(model_section, "pipeline", None) or {}).get("frozen_modality", "none")
         student = model_section.sub_models().get(STUDENT)
         if frozen != "none" and getattr(student, "lora", None) is not None:
@@ -99,14 +105,75 @@ class LTX2Container(ModelContainer):
         return problems
 
     @classmethod
-    def build_pipeline(cls, options: Mapping[str, Any]) -> LTX2Pipeline | DistributionMatchingDistillation:
-        """``LTX2Pipeline``; with ``distill``, DMD2 around it (:mod:`ltx2_train.distill`)."""
+    def build_pipeline(cls, options: Mapping[str, Any]) -> Any:
+        """``LTX2Pipeline``; with ``distill``, DMD2 around it (:mod:`ltx2_train.distill`); with ``grpo`` /
+        ``nft``, Flow-GRPO / DiffusionNFT around it (:mod:`ltx2_train.reward_modes`)."""
         return run_pipeline(options)
 
     @property
     def flow_pipeline(self) -> LTX2Pipeline:
-        """The flow-match pipeline (under a distillation's, the one it wraps)."""
+        """The flow-match pipeline (under a distillation's or a reward fine-tuning's, the one it wraps)."""
         return getattr(self.pipeline, "base", self.pipeline)
+
+    # ------------------------------------------------------ a reward fine-tuning's rollouts (training.rewards)
+    def prepare_decoding(
+        self,
+        *,
+        data: Any,
+        device: torch.device,
+        planned: bool = False,
+        frames: bool = True,
+        audio: bool = False,
+    ) -> list[torch.nn.Module]:
+        """Before training, when a reward scores ``frames`` or ``audio``: load the VAEs the cache was encoded
+        with (``data.dataset.preprocess``: the video VAE, the audio VAE) on ``device``, for
+        :meth:`decode_latents` and :meth:`decode_audio` (``planned``: their architecture on meta, no weights
+        read, for ``plan``); the VAEs, for the planner to count.
+
+        Raises:
+            ValueError: the run has no ``data.dataset.preprocess`` (where the VAEs are), or a reward on audio
+                and no audio stream (``model.pipeline.audio: false``).
+        """
+        if audio and not self.flow_pipeline.audio:
+            raise ValueError(
+                "training.rewards score audio, and model.pipeline.audio is false (no audio stream)"
+            )
+        try:
+            options = preprocess_options(data)
+        except ValueError as e:
+            raise ValueError(
+                "training.rewards score decoded clips: LTX-2 decodes the rollouts with the VAEs the cache was "
+                f"written with, named by data.dataset.preprocess ({e})"
+            ) from None
+        loaded = []
+        if frames:
+            self._video_vae = load_video_vae(options, device, torch.float32, planned=planned)
+            loaded.append(self._video_vae)
+        if audio:
+            self._audio_vae = load_audio_vae(options, device, torch.float32, planned=planned)
+            loaded.append(self._audio_vae)
+        return loaded
+
+    @torch.no_grad()
+    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """Clips ``[N, 3, F, H, W]`` in [-1, 1] of normalised video latents ``[N, C, F', H', W']`` (a reward
+        fine-tuning's rollouts: ``LTX2Pipeline.scored_latents``), for the rewards that score frames."""
+        if self._video_vae is None:
+            raise RuntimeError(
+                "LTX2Container.decode_latents before prepare_decoding: the trainer calls it first"
+            )
+        return decode_video(self._video_vae, latents)
+
+    @torch.no_grad()
+    def decode_audio(self, latents: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """``(waveforms [N, 2, S], sample rate)`` of normalised audio latents ``[N, C, L, M]`` (a reward
+        fine-tuning's rollouts: ``LTX2Pipeline.scored_audio``): the audio VAE's log-mel, then Griffin-Lim
+        (:mod:`ltx2_train.decoding`), for the rewards that score audio."""
+        if self._audio_vae is None:
+            raise RuntimeError(
+                "LTX2Container.decode_audio before prepare_decoding: the trainer calls it first"
+            )
+        return audio_waveforms(self._audio_vae, decode_audio(self._audio_vae, latents))
 
     def planning_batch(self, data: Any, micro_batch_size: int) -> dict[str, Any]:
         """A micro-batch of the run's real shapes for ``mm-train plan`` (:mod:`ltx2_train.planning`)."""

@@ -21,6 +21,7 @@ from mm_pipelines import (
 
 from ltx2_train.pipeline import LTX2Pipeline
 from ltx2_train.predictor import TRANSFORMER_DEFAULTS, transformer_config
+from ltx2_train.reward_modes import REWARD_MODES, reward_mode_pipeline
 
 #: The student's sub-model name (as in ordinary training), then the teacher and the critic.
 STUDENT, TEACHER, CRITIC = "model", "teacher", "critic"
@@ -50,9 +51,16 @@ def distillation_pipeline(base: LTX2Pipeline, options: Mapping[str, Any]) -> Dis
     return DistributionMatchingDistillation.from_options(base, options)
 
 
-def run_pipeline(options: Mapping[str, Any]) -> LTX2Pipeline | DistributionMatchingDistillation:
-    """A run's pipeline from ``model.pipeline``: ``LTX2Pipeline``, and with ``distill`` DMD2 around it."""
-    return with_distillation(options, LTX2Pipeline.from_options, distillation_pipeline)
+def run_pipeline(options: Mapping[str, Any]) -> Any:
+    """A run's pipeline from ``model.pipeline``: ``LTX2Pipeline``; with ``distill`` DMD2 around it; with
+    ``grpo`` / ``nft`` Flow-GRPO / DiffusionNFT around it (:mod:`ltx2_train.reward_modes`)."""
+    options = dict(options)
+    modes = {key: options.pop(key, None) for key in REWARD_MODES}
+    pipeline = with_distillation(options, LTX2Pipeline.from_options, distillation_pipeline)
+    for key, mode_options in modes.items():
+        if mode_options is not None:
+            return reward_mode_pipeline(pipeline, key, mode_options)
+    return pipeline
 
 
 def architecture_problems(model_section: Any) -> dict[str, str]:

@@ -316,6 +316,7 @@ class LTX2Pipeline(GenerativePipelineBase):
             "video": pack_video(latents, patch_size, patch_size_t),
             "grid": tuple(latents.shape[2:]),
             "patch": patch_size,
+            "patch_t": patch_size_t,
             "text": text,
             "audio_text": audio_text,
             "text_mask": batch["prompt_attention_mask"],
@@ -327,6 +328,7 @@ class LTX2Pipeline(GenerativePipelineBase):
                     "model.pipeline.audio is true but the batch has no 'audio_latents' (preprocess with audio)"
                 )
             out["audio"] = pack_audio(batch["audio_latents"])
+            out["audio_channels"] = int(batch["audio_latents"].shape[1])
             self._check_audio_frames(out["audio"].shape[1])
         out.update(self._references(batch, patch_size, patch_size_t))
         return out
@@ -486,6 +488,30 @@ class LTX2Pipeline(GenerativePipelineBase):
     def clean_state(self, conditions: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """The clean tokens of each stream from :meth:`prepare_conditions`."""
         return {name: conditions[name] for name in self.state_streams}
+
+    def scored_latents(
+        self, state: Mapping[str, torch.Tensor], conditions: Mapping[str, Any]
+    ) -> torch.Tensor:
+        """The video latents ``[N, C, F, H, W]`` (normalised, as cached) of a flow ``state``'s packed
+        ``video`` tokens, on the latent grid of ``conditions``: what a reward fine-tuning's rewards score
+        (``LTX2Container.decode_latents`` decodes them for the rewards on frames)."""
+        patch = (conditions.get("patch", 1), conditions.get("patch_t", 1))
+        return unpack_video(state["video"], conditions["grid"], *patch)
+
+    def scored_audio(self, state: Mapping[str, torch.Tensor], conditions: Mapping[str, Any]) -> torch.Tensor:
+        """The audio latents ``[N, C, L, M]`` (normalised, as cached) of a flow ``state``'s packed ``audio``
+        tokens: what a reward on audio scores (``LTX2Container.decode_audio`` decodes them).
+
+        Raises:
+            ValueError: a run without the audio stream (``audio: false``).
+        """
+        if not self.audio:
+            raise ValueError(
+                "training.rewards score audio, and model.pipeline.audio is false (no audio stream)"
+            )
+        tokens = state["audio"]
+        channels = int(conditions["audio_channels"])
+        return tokens.unflatten(2, (channels, tokens.shape[2] // channels)).transpose(1, 2)
 
     def state_velocity(
         self, container: Any, role: str, state: Mapping[str, torch.Tensor], sigma: torch.Tensor,

@@ -30,7 +30,7 @@ from mm_data import to_video_frames, write_clip, write_wav
 from mm_pipelines import DistributionMatchingDistillation, FlowMatchScheduler
 from mm_trainer import ModelContainer, freeze, import_plugins, inject_lora
 
-from ltx2_train.audio import mel_to_waveform
+from ltx2_train.decoding import audio_waveforms, decode_audio, decode_video
 from ltx2_train.distill import run_pipeline
 from ltx2_train.pipeline import LTX2Pipeline, unpack_video, video_patch
 from ltx2_train.predictor import LTX2Predictor
@@ -233,18 +233,13 @@ def _audio_noise(encoders: LTX2Encoders, seconds: float, generator: torch.Genera
 
 
 def _decode_video(encoders: LTX2Encoders, latents: torch.Tensor) -> torch.Tensor:
-    vae = encoders.vae
-    mean, std = (x.view(1, -1, 1, 1, 1) for x in (vae.latents_mean, vae.latents_std))
-    raw = latents.to(mean.device) * std / vae.config.scaling_factor + mean
-    return vae.decode(raw.to(vae.dtype)).sample[0].float().clamp(-1, 1)
+    return decode_video(encoders.vae, latents)[0]
 
 
 def _decode_audio(encoders: LTX2Encoders, tokens: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    audio_vae = encoders.audio_vae
-    packed = tokens.to(audio_vae.latents_mean.device) * audio_vae.latents_std + audio_vae.latents_mean
     _, channels, length, mel = shape
-    latents = packed.reshape(1, length, channels, mel).transpose(1, 2)  # inverse of pack_audio
-    return audio_vae.decode(latents.to(audio_vae.dtype)).sample[0].float()
+    latents = tokens.reshape(1, length, channels, mel).transpose(1, 2)  # inverse of pack_audio
+    return decode_audio(encoders.audio_vae, latents)[0]
 
 
 def write_sample(
@@ -263,7 +258,5 @@ def write_sample(
 
 def waveform(encoders: LTX2Encoders, mel: torch.Tensor) -> tuple[torch.Tensor, int]:
     """``(waveform [2, N], sample rate)`` of a sampled log-mel: Griffin-Lim (the tiny set has no vocoder)."""
-    cfg = encoders.audio_vae.config
-    wave = mel_to_waveform(mel.float().cpu(), sample_rate=cfg.sample_rate, hop_length=cfg.mel_hop_length,
-                           n_fft=encoders.n_fft)  # fmt: skip
-    return wave, int(cfg.sample_rate)
+    waves, rate = audio_waveforms(encoders.audio_vae, mel[None])
+    return waves[0], rate

@@ -76,6 +76,7 @@ from .rewards import (  # noqa: E402
     ColourTargetOptions,
     DistinctnessOptions,
     RewardConfig,
+    ToneTargetOptions,
     check_template,
     model_folder,
 )
@@ -136,6 +137,7 @@ __all__ = [
     "PhaseConfig",
     "RewardConfig",
     "ColourTargetOptions",
+    "ToneTargetOptions",
     "ClipScoreOptions",
     "DistinctnessOptions",
     "model_folder",

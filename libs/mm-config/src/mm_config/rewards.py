@@ -27,7 +27,7 @@ class RewardConfig(ConfigModel):
     options."""
 
     id: str = Field(min_length=1)
-    """Registered reward id (built in: ``colour_target``, ``clip_score``, ``distinctness``; the
+    """Registered reward id (built in: ``colour_target``, ``clip_score``, ``distinctness``, ``tone_target``; the
     qwen-vl-train plugin: ``vlm_judge``; plugins register more)."""
     weight: float = 1.0
     """Factor of this reward in the combined reward (the weighted sum of the rewards); not 0."""
@@ -88,6 +88,15 @@ class ColourTargetOptions(ConfigModel):
                 [Problem((i,), "must lie in [0, 1] (RGB on a 0-1 scale)", value[i]) for i in outside]
             )
         return value
+
+
+class ToneTargetOptions(ConfigModel):
+    """``tone_target``: how close the dominant frequency of a clip's decoded audio is to ``frequency``: minus
+    the distance in octaves, ``-|log2(f_dominant / frequency)|`` (0 at the target). Scores the audio: a
+    reward fine-tuning of a pipeline that rolls out audio (LTX-2 with ``model.pipeline.audio``) only."""
+
+    frequency: float = Field(gt=0)
+    """The target tone, in Hz."""
 
 
 def model_folder(*model_types: str, files: tuple[str, ...] = ()) -> Any:
@@ -166,11 +175,13 @@ class DistinctnessOptions(ConfigModel):
 register_reward_schema("colour_target", ColourTargetOptions)
 register_reward_schema("clip_score", ClipScoreOptions)
 register_reward_schema("distinctness", DistinctnessOptions)
+register_reward_schema("tone_target", ToneTargetOptions)
 
 __all__ = [
     "ClipScoreOptions",
     "ColourTargetOptions",
     "DistinctnessOptions",
+    "ToneTargetOptions",
     "model_folder",
     "check_template",
     "RewardConfig",

@@ -17,6 +17,7 @@ from .distribution_matching import (
     FlowState,
     check_distillation_models,
     distillation_architecture_problems,
+    weighted_streams,
     with_distillation,
 )
 from .flow_grpo import (
@@ -34,12 +35,32 @@ from .flow_match_scheduler import (
     shift_sigmas,
 )
 from .flow_match_t2v import FlowMatchT2VPipeline
-from .group_rollouts import check_call, clip_prompts, group_noise, keyed_steps, rollout_sigmas
+from .group_rollouts import (
+    check_call,
+    clip_prompts,
+    group_noise,
+    keyed_steps,
+    repeat_conditions,
+    rollout_sigmas,
+    score_clips,
+    scored_latents,
+    stream_noise,
+)
 from .keyed_random import SampleRNG, key_seed
 from .old_policy import OldPolicyEMA
 from .pipeline_base import GenerativePipelineBase, PipelineOutput
 from .preference import REFERENCE_ROLE, REJECTED_PREFIX, DiffusionDPO, as_reference, dpo_loss, split_pair
-from .rollout import Rollout, ode_rollout, sde_coefficient, sde_rollout, sde_transition, transition_log_prob
+from .rollout import (
+    Flow,
+    Rollout,
+    element_mean,
+    ode_rollout,
+    sde_coefficient,
+    sde_rollout,
+    sde_transition,
+    state_transition,
+    transition_log_prob,
+)
 
 __version__ = "0.1.0"
 
@@ -57,8 +78,15 @@ __all__ = [
     "clip_prompts",
     "group_noise",
     "keyed_steps",
+    "repeat_conditions",
     "rollout_sigmas",
+    "score_clips",
+    "scored_latents",
+    "stream_noise",
+    "Flow",
     "Rollout",
+    "element_mean",
+    "state_transition",
     "SampleScorer",
     "as_reference",
     "clipped_policy_loss",
@@ -77,6 +105,7 @@ __all__ = [
     "FlowState",
     "check_distillation_models",
     "distillation_architecture_problems",
+    "weighted_streams",
     "with_distillation",
     "FlowMatchScheduler",
     "FlowMatchT2VPipeline",

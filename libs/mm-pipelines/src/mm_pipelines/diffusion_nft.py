@@ -36,6 +36,13 @@ One optimizer step of the phase, per micro-batch of ``B`` prompts (each rank its
    ``r`` and ``v-`` toward those of low ``r``: the policy moves away from the negative clips. The factor
    ``advantage_clip / beta`` follows the public implementation (the loss's scale at any ``beta``).
 
+**Streams** (a flow state of several, LTX-2's ``video`` and ``audio``): the rollout moves every stream
+together, each with start noise and forward-process noise of its own (``nft_start_<stream>_<g>``,
+``nft_noise_<k>_<stream>_<g>`` for the streams after the first: :mod:`.group_rollouts`); ``L+-`` is the
+streams' sum of their own adaptively weighted errors, each weighted by the base's ``state_weights`` (LTX-2:
+the audio's ``audio_loss_weight``, as the training loss), and the KL and ``nft_old_deviation`` are means over
+every element of every stream. With one stream (Wan) every number is the one-stream formula's.
+
 Logged per step: the scorer's reward statistics, ``nft_kl`` (the KL term, 0 without it),
 ``nft_old_deviation`` (``mean (v - v_old)^2``: how far the policy is from its old policy) and
 ``nft_old_decay`` (the EMA decay of the step).
@@ -51,23 +58,28 @@ from typing import Any
 
 import torch
 
+from .distribution_matching import weighted_streams
 from .flow_grpo import group_advantages
 from .flow_match_scheduler import FlowMatchScheduler
 from .group_rollouts import (
     SampleScorer,
     check_call,
+    clean_flow,
     clip_groups,
     clip_names,
     clip_prompts,
-    group_noise,
     keyed_steps,
+    repeat_conditions,
     rollout_sigmas,
+    score_clips,
+    state_device,
+    stream_noise,
 )
 from .keyed_random import SampleRNG
 from .old_policy import OldPolicyEMA
 from .pipeline_base import PipelineOutput
 from .preference import as_reference
-from .rollout import ode_rollout
+from .rollout import Flow, element_mean, ode_rollout
 
 WEIGHT_FLOOR = 1e-5
 """Least value of the adaptive weight ``mean|x0_pred - x0|`` (a perfect prediction divides by it)."""
@@ -158,25 +170,22 @@ class DiffusionNFT:
         check_call("DiffusionNFT", self.phase, phase, self.scorer)
         assert self.scorer is not None
         conditions = self.base.prepare_conditions(container, batch)
-        latents = conditions["latents"]
-        if isinstance(latents, (list, tuple)):
-            raise ValueError("DiffusionNFT rolls out stacked micro-batches of one shape, not packed ones")
-        size, groups = latents.shape[0], self.group_size
+        clean = clean_flow(self.base, conditions, "DiffusionNFT")
+        first = next(iter(clean.values()))
+        size, groups, device = first.shape[0], self.group_size, first.device
         rng = self.base.require_rng(rng, size)
-        clip_conditions = {"prompt_embeds": conditions["prompt_embeds"].repeat_interleave(groups, dim=0)}
-        shape, device = tuple(latents.shape[1:]), latents.device
+        clip_conditions = repeat_conditions(conditions, size, groups, skip=tuple(self.base.state_streams))
+        shapes = {name: tuple(x.shape[1:]) for name, x in clean.items()}
         steps = self.train_steps(rng)
         decay = self.old_policy.advance(container, rng.step)
         with self.old_policy.swapped_in(container):  # 1.-2. and v_old at the trained sigmas
-            x0 = self.rollout(container, clip_conditions, rng, shape)
+            x0 = self.rollout(container, clip_conditions, rng, shapes)
             noised = [self.noised(x0, rng, k) for k in steps]
             old = [self._velocity(container, x_t, t, clip_conditions) for x_t, t in noised]
-        rewards, logged = self.scorer(
-            x0,
-            clip_prompts(batch, rng, groups),
-            groups=clip_groups(size, groups),
-            names=clip_names(rng, groups),
-        )
+        rewards, logged = score_clips(
+            self.scorer, self.base, x0, clip_conditions, clip_prompts(batch, rng, groups),
+            groups=clip_groups(size, groups), names=clip_names(rng, groups),
+        )  # fmt: skip
         advantages = group_advantages(rewards.reshape(size, groups), self.advantage_clip).reshape(-1)
         r = optimality_probability(advantages, self.advantage_clip).to(device)
         kept = rewards.isfinite().to(device)
@@ -205,41 +214,56 @@ class DiffusionNFT:
 
     # ------------------------------------------------------------------ pieces
     def rollout(
-        self, container: Any, conditions: Mapping[str, Any], rng: SampleRNG, shape: tuple[int, ...]
-    ) -> torch.Tensor:
+        self, container: Any, conditions: Mapping[str, Any], rng: SampleRNG,
+        shape: tuple[int, ...] | Mapping[str, tuple[int, ...]],
+    ) -> Any:  # fmt: skip
         """The clean clips ``[B * G, *shape]`` (clip ``b * G + g``: prompt ``b``, group index ``g``) of the
-        predictor as it is now (the caller swaps the old policy in) by the ODE sampler, from keyed noise."""
-        start = group_noise(rng, "nft_start", self.group_size, shape, conditions["prompt_embeds"].device)
+        predictor as it is now (the caller swaps the old policy in) by the ODE sampler, from keyed noise; for
+        ``shape`` a mapping ``{stream: shape}``, one tensor per stream of the flow state."""
+        first = self.base.state_streams[0]
+        shapes = dict(shape) if isinstance(shape, Mapping) else {first: tuple(shape)}
+        start = stream_noise(rng, "nft_start", self.group_size, shapes, state_device(conditions))
 
-        def velocity(x: torch.Tensor, sigma: torch.Tensor, k: int) -> torch.Tensor:
+        def velocity(x: dict[str, torch.Tensor], sigma: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
             return self._velocity(container, x, sigma, conditions)
 
-        return ode_rollout(velocity, start, self.sigmas)
+        clips = ode_rollout(velocity, start, self.sigmas)
+        return clips if isinstance(shape, Mapping) else clips[first]
 
-    def noised(self, x0: torch.Tensor, rng: SampleRNG, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def noised(self, x0: Flow, rng: SampleRNG, k: int) -> tuple[Flow, torch.Tensor]:
         """``x_t = (1 - t) x0 + t eps`` at the sigma ``t = s_k`` of sampler step ``k`` (``eps`` keyed by
-        (sample, group index, ``k``)), and ``t`` per clip ``[N]``."""
-        eps = group_noise(rng, f"nft_noise_{k}", self.group_size, x0.shape[1:], x0.device)
+        (sample, group index, ``k``, stream)), in ``x0``'s form (a tensor, or one per stream), and ``t`` per
+        clip ``[N]``."""
+        state = x0 if isinstance(x0, Mapping) else {self.base.state_streams[0]: x0}
+        some = next(iter(state.values()))
+        shapes = {n: tuple(x.shape[1:]) for n, x in state.items()}
+        eps = stream_noise(rng, f"nft_noise_{k}", self.group_size, shapes, some.device)
         t = float(self.sigmas[k])
-        return (1 - t) * x0 + t * eps, torch.full((x0.shape[0],), t, dtype=torch.float32)
+        mixed = {n: (1 - t) * x + t * eps[n] for n, x in state.items()}
+        clips = mixed if isinstance(x0, Mapping) else next(iter(mixed.values()))
+        return clips, torch.full((some.shape[0],), t, dtype=torch.float32)
 
     def _loss(
-        self, container: Any, conditions: Mapping[str, Any], x0: torch.Tensor,
-        noised: list[tuple[torch.Tensor, torch.Tensor]], old: list[torch.Tensor], r: torch.Tensor,
-        kept: torch.Tensor,
+        self, container: Any, conditions: Mapping[str, Any], x0: dict[str, torch.Tensor],
+        noised: list[tuple[dict[str, torch.Tensor], torch.Tensor]], old: list[dict[str, torch.Tensor]],
+        r: torch.Tensor, kept: torch.Tensor,
     ) -> tuple[torch.Tensor, float, float]:  # fmt: skip
         """The mean over the trained sigmas of the policy loss plus ``kl_weight`` times the KL; the mean KL and
         the mean squared deviation from the old policy."""
         total, kls, deviations = 0.0, [], []
         for (x_t, t), v_old in zip(noised, old, strict=True):
             velocity = self._velocity(container, x_t, t, conditions)
-            per_clip = nft_policy_loss(velocity, v_old, x_t, x0, t, r, self.beta) * kept
+            per_stream = {
+                n: nft_policy_loss(velocity[n], v_old[n], x_t[n], x0[n], t, r, self.beta) for n in x0
+            }
+            per_clip = weighted_streams(self.base, per_stream) * kept
             step_loss = self.advantage_clip * per_clip.mean()
-            deviations.append(float(((velocity.detach().float() - v_old.float()) ** 2).mean()))
+            deviations.append(_deviation(velocity, v_old))
             if self.kl_weight > 0:
                 with torch.no_grad(), as_reference(self.base, container, "DiffusionNFT"):
                     reference = self._velocity(container, x_t, t, conditions)
-                kl = ((velocity.float() - reference.float()) ** 2).flatten(1).mean(dim=1).mean()
+                squares = {n: (velocity[n].float() - reference[n].float()) ** 2 for n in velocity}
+                kl = element_mean(squares).mean()
                 step_loss = step_loss + self.kl_weight * kl
                 kls.append(float(kl.detach()))
             total = total + step_loss
@@ -247,10 +271,24 @@ class DiffusionNFT:
         return loss, (sum(kls) / len(kls) if kls else 0.0), sum(deviations) / len(deviations)
 
     def _velocity(
-        self, container: Any, x: torch.Tensor, sigma: torch.Tensor, conditions: Mapping[str, Any]
-    ) -> torch.Tensor:
-        """The predictor's velocity at ``x`` and per-clip ``sigma`` (the base's code path: expert routing)."""
-        return self.base.state_velocity(container, "predictor", {"latents": x}, sigma, conditions)["latents"]
+        self,
+        container: Any,
+        x: Mapping[str, torch.Tensor],
+        sigma: torch.Tensor,
+        conditions: Mapping[str, Any],
+    ) -> dict[str, torch.Tensor]:
+        """The predictor's velocity of each stream at ``x`` and per-clip ``sigma`` (the base's code path:
+        expert routing)."""
+        return dict(self.base.state_velocity(container, "predictor", x, sigma, conditions))
+
+
+def _deviation(velocity: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor]) -> float:
+    """``mean (v - v_old)^2`` over every element of every stream (no gradient)."""
+    if len(velocity) == 1:
+        ((name, v),) = velocity.items()
+        return float(((v.detach().float() - old[name].float()) ** 2).mean())
+    squares = {n: (v.detach().float() - old[n].float()) ** 2 for n, v in velocity.items()}
+    return float(element_mean(squares).mean())
 
 
 def _check(

@@ -293,15 +293,9 @@ class DistributionMatchingDistillation:
         return {n: v_u[n] + self.guidance_scale * (v[n] - v_u[n]) for n in v}
 
     def _weighted(self, per_stream: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The streams' per-sample losses summed with the base pipeline's ``state_weights`` (default 1)."""
-        weights = getattr(self.base, "state_weights", None) or {}
-        total: torch.Tensor | None = None
-        for n, loss in per_stream.items():
-            weight = float(weights.get(n, 1.0))
-            term = loss if weight == 1.0 else weight * loss
-            total = term if total is None else total + term
-        assert total is not None
-        return total
+        """The streams' per-sample losses summed with the base pipeline's ``state_weights``
+        (:func:`weighted_streams`)."""
+        return weighted_streams(self.base, per_stream)
 
     def _as_state(self, noise: torch.Tensor | Mapping[str, torch.Tensor]) -> State:
         if isinstance(noise, Mapping):
@@ -333,6 +327,19 @@ class DistributionMatchingDistillation:
         b = next(iter(state.values())).shape[0]
         s = torch.as_tensor(sigma, dtype=torch.float32).reshape(-1).expand(b).cpu()
         return self.base.state_velocity(container, role, state, s, conditions)
+
+
+def weighted_streams(base: Any, per_stream: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The streams' per-sample losses summed with ``base``'s ``state_weights`` (default 1; a weight of 1
+    leaves its term as it is, so one stream's loss is returned unchanged)."""
+    weights = getattr(base, "state_weights", None) or {}
+    total: torch.Tensor | None = None
+    for n, loss in per_stream.items():
+        weight = float(weights.get(n, 1.0))
+        term = loss if weight == 1.0 else weight * loss
+        total = term if total is None else total + term
+    assert total is not None
+    return total
 
 
 def with_distillation(
@@ -417,5 +424,6 @@ __all__ = [
     "GeneratorLoss",
     "check_distillation_models",
     "distillation_architecture_problems",
+    "weighted_streams",
     "with_distillation",
 ]

@@ -17,7 +17,11 @@ loader spreads a step's prompts over the data-parallel ranks):
    sampler step ``k``) through ``SampleRNG`` (purposes ``grpo_start_<g>``, ``grpo_step_<k>_<g>``): the
    same clips at any data-parallel / context-parallel / accumulation layout. The clip's shape is that of
    the prompt's training sample (its clean latents: a clip of the dataset, or its cache); their content is
-   not used.
+   not used. On a flow state of several streams (LTX-2's ``video`` and ``audio``) every stream is rolled
+   out together, each with noise of its own (``grpo_start_<stream>_<g>``, ``grpo_step_<k>_<stream>_<g>``
+   for the streams after the first: :mod:`.group_rollouts`), and a transition's log-probability and KL are
+   the means over every element of every stream (:mod:`.rollout`: the joint transition's log-density,
+   rescaled).
 2. **Rewards**: the scorer the trainer attaches (:attr:`FlowGRPO.scorer`: ``training.rewards``, decoding
    with the VAE only when a reward needs frames) gives each clip's reward ``r`` (NaN for a clip dropped by
    ``reward_failure: skip``) and the statistics to log.
@@ -72,17 +76,21 @@ from .flow_match_scheduler import FlowMatchScheduler
 from .group_rollouts import (
     SampleScorer,
     check_call,
+    clean_flow,
     clip_groups,
     clip_names,
     clip_prompts,
-    group_noise,
     keyed_steps,
+    repeat_conditions,
     rollout_sigmas,
+    score_clips,
+    state_device,
+    stream_noise,
 )
 from .keyed_random import SampleRNG
 from .pipeline_base import PipelineOutput
 from .preference import as_reference
-from .rollout import Rollout, sde_rollout, sde_transition, transition_log_prob
+from .rollout import Flow, Rollout, element_mean, sde_rollout, state_transition, transition_log_prob
 
 ADVANTAGE_EPS = 1e-4
 """Added to a group's reward std before dividing by it (a group of equal rewards: advantages 0)."""
@@ -133,9 +141,13 @@ class KeptRollout:
     advantages: torch.Tensor
 
 
-def transition_kl(mean: torch.Tensor, reference_mean: torch.Tensor, std: float) -> torch.Tensor:
-    """``[N]``: the KL of ``N(mean, std^2)`` from ``N(reference_mean, std^2)``, per element, averaged."""
-    return ((mean - reference_mean.detach()) ** 2).flatten(1).mean(dim=1) / (2 * std * std)
+def transition_kl(mean: Flow, reference_mean: Flow, std: float) -> torch.Tensor:
+    """``[N]``: the KL of ``N(mean, std^2)`` from ``N(reference_mean, std^2)``, per element, averaged (over
+    every element of every stream for a state of several: :mod:`.rollout`)."""
+    if not isinstance(mean, Mapping):
+        return ((mean - reference_mean.detach()) ** 2).flatten(1).mean(dim=1) / (2 * std * std)
+    squares = {n: (m - reference_mean[n].detach()) ** 2 for n, m in mean.items()}
+    return element_mean(squares) / (2 * std * std)
 
 
 class FlowGRPO:
@@ -226,16 +238,19 @@ class FlowGRPO:
         scorer's statistics."""
         assert self.scorer is not None
         conditions = self.base.prepare_conditions(container, batch)
-        latents = conditions["latents"]
-        if isinstance(latents, (list, tuple)):
-            raise ValueError("Flow-GRPO rolls out stacked micro-batches of one shape, not packed ones")
-        size, groups = latents.shape[0], self.group_size
+        clean = clean_flow(self.base, conditions, "Flow-GRPO")
+        size, groups = next(iter(clean.values())).shape[0], self.group_size
         rng = self.base.require_rng(rng, size)
         clip_conditions = self.clip_conditions(container, batch, conditions)
-        rollout = self.rollout(container, clip_conditions, rng, tuple(latents.shape[1:]))
+        shapes = {name: tuple(x.shape[1:]) for name, x in clean.items()}
+        rollout = self.rollout(container, clip_conditions, rng, shapes)
         prompts, names = clip_prompts(batch, rng, groups), clip_names(rng, groups)
-        rewards, logged = self.scorer(
-            self.clips(rollout.samples, clip_conditions),
+        whole = self._whole(rollout.samples, clip_conditions)
+        rewards, logged = score_clips(
+            self.scorer,
+            self.base,
+            whole,
+            clip_conditions,
             prompts,
             groups=clip_groups(size, groups),
             names=names,
@@ -269,16 +284,16 @@ class FlowGRPO:
     # ------------------------------------------------------------------ pieces
     def clip_conditions(
         self, container: Any, batch: Mapping[str, Any], conditions: Mapping[str, Any]
-    ) -> dict[str, torch.Tensor]:
+    ) -> dict[str, Any]:
         """Each clip's conditions ``[B * G, ...]`` (clip ``b * G + g``: prompt ``b``'s) from the prompts'
-        ``conditions`` (``prepare_conditions``): ``prompt_embeds``; i2v: ``image_condition`` (mask and
-        first-frame latents); ti2v: ``first_frame`` (the clean first latent frame); with guidance:
-        ``negative_prompt_embeds`` (the base's ``unconditional`` text)."""
-        groups = self.group_size
-        out = {"prompt_embeds": conditions["prompt_embeds"].repeat_interleave(groups, dim=0)}
-        if "image_condition" in conditions:
-            out["image_condition"] = conditions["image_condition"].repeat_interleave(groups, dim=0)
-        if self.base.task == "ti2v":
+        ``conditions`` (``prepare_conditions``): every per-sample tensor of them but the clean flow state
+        (:func:`~mm_pipelines.group_rollouts.repeat_conditions`: Wan's ``prompt_embeds`` and i2v
+        ``image_condition``; LTX-2's texts and mask); ti2v: ``first_frame`` (the clean first latent frame);
+        with guidance: ``negative_prompt_embeds`` (the base's ``unconditional`` text)."""
+        groups, streams = self.group_size, tuple(self.base.state_streams)
+        size = next(iter(self.base.clean_state(conditions).values())).shape[0]
+        out = repeat_conditions(conditions, size, groups, skip=streams)
+        if getattr(self.base, "task", None) == "ti2v":
             out["first_frame"] = conditions["latents"][:, :, :1].repeat_interleave(groups, dim=0)
         if self.guidance_scale != 1.0:
             negative = self.base.unconditional(container, batch, conditions, self.negative_prompt)
@@ -292,24 +307,40 @@ class FlowGRPO:
         first = conditions.get("first_frame")
         return generated if first is None else torch.cat([first.to(generated), generated], dim=2)
 
+    def _whole(
+        self, state: Mapping[str, torch.Tensor], conditions: Mapping[str, Any]
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`clips` of the first stream of ``state`` (ti2v's first frame belongs to Wan's one stream)."""
+        first = self.base.state_streams[0]
+        return {**state, first: self.clips(state[first], conditions)}
+
     def rollout(
-        self, container: Any, conditions: Mapping[str, Any], rng: SampleRNG, shape: tuple[int, ...]
-    ) -> Rollout:
+        self, container: Any, conditions: Mapping[str, Any], rng: SampleRNG,
+        shape: tuple[int, ...] | Mapping[str, tuple[int, ...]],
+    ) -> Rollout:  # fmt: skip
         """``G`` clips per prompt of ``rng``'s samples (clip ``b * G + g``: prompt ``b``, group index ``g``),
-        of latent ``shape``, by the policy under each clip's ``conditions`` (:meth:`clip_conditions`); the
-        noise keyed by (step, prompt, group index, sampler step). With a ``first_frame`` (ti2v) the rollout's
-        states are the frames after it (:meth:`clips` puts it back)."""
-        groups, device = self.group_size, conditions["prompt_embeds"].device
+        of latent ``shape`` (one stream's; or ``{stream: shape}``, the flow state's streams), by the policy
+        under each clip's ``conditions`` (:meth:`clip_conditions`); the noise keyed by (step, prompt, group
+        index, sampler step, stream: :func:`~mm_pipelines.group_rollouts.stream_noise`). With a
+        ``first_frame`` (ti2v) the rollout's states are the frames after it (:meth:`clips` puts it back).
+        The states are tensors for a ``shape``, one per stream for a mapping."""
+        groups, device = self.group_size, state_device(conditions)
+        first = self.base.state_streams[0]
+        shapes = dict(shape) if isinstance(shape, Mapping) else {first: tuple(shape)}
         skip = 1 if "first_frame" in conditions else 0
 
-        def keyed(purpose: str) -> torch.Tensor:  # [B * G, ...]: clip b * G + g from (sample b, g)'s key
-            return group_noise(rng, purpose, groups, shape, device)[:, :, skip:]
+        def keyed(purpose: str) -> dict[str, torch.Tensor]:  # clip b * G + g from (sample b, g)'s key
+            noise = stream_noise(rng, purpose, groups, shapes, device)
+            return {**noise, first: noise[first][:, :, skip:]} if skip else noise
 
-        def velocity(x: torch.Tensor, sigma: torch.Tensor, k: int) -> torch.Tensor:
+        def velocity(x: dict[str, torch.Tensor], sigma: torch.Tensor, k: int) -> dict[str, torch.Tensor]:
             return self._velocity(container, x, sigma, conditions)
 
-        return sde_rollout(velocity, keyed("grpo_start"), lambda k: keyed(f"grpo_step_{k}"), self.sigmas,
-                           self.noise_level)  # fmt: skip
+        rollout = sde_rollout(velocity, keyed("grpo_start"), lambda k: keyed(f"grpo_step_{k}"), self.sigmas,
+                              self.noise_level)  # fmt: skip
+        if isinstance(shape, Mapping):
+            return rollout
+        return Rollout(rollout.states[first], rollout.log_probs, rollout.sigmas)
 
     def train_steps(self, rng: SampleRNG) -> list[int]:
         """The sampler steps this optimizer step trains on: :attr:`trained_steps` of them, keyed by the step."""
@@ -323,19 +354,20 @@ class FlowGRPO:
         share of ratios outside the clip range and the mean ``|ratio - 1|`` (``grpo_*``)."""
         total, kls, outside, deviation = 0.0, [], [], []
         for k in steps:
-            x, x_next = rollout.states[k], rollout.states[k + 1]
-            sigma = torch.full((x.shape[0],), float(self.sigmas[k]), dtype=torch.float32)
-            mean, std = sde_transition(x, self._velocity(container, x, sigma, conditions), self.sigmas, k,
-                                       self.noise_level)  # fmt: skip
+            x, x_next = rollout.state(k), rollout.state(k + 1)
+            some = next(iter(x.values()))
+            sigma = torch.full((some.shape[0],), float(self.sigmas[k]), dtype=torch.float32)
+            mean, std = state_transition(x, self._velocity(container, x, sigma, conditions), self.sigmas, k,
+                                         self.noise_level)  # fmt: skip
             log_prob = transition_log_prob(x_next, mean, std)
             policy, out = clipped_policy_loss(
-                log_prob, rollout.log_probs[k], advantages.to(x.device), self.clip_range
+                log_prob, rollout.log_probs[k], advantages.to(some.device), self.clip_range
             )
             step_loss = policy
             if self.kl_weight > 0:
                 with torch.no_grad(), as_reference(self.base, container, "Flow-GRPO"):
                     reference_velocity = self._velocity(container, x, sigma, conditions)
-                reference_mean, _ = sde_transition(x, reference_velocity, self.sigmas, k, self.noise_level)
+                reference_mean, _ = state_transition(x, reference_velocity, self.sigmas, k, self.noise_level)
                 kl = transition_kl(mean, reference_mean, std).mean()
                 step_loss = step_loss + self.kl_weight * kl
                 kls.append(float(kl.detach()))
@@ -350,23 +382,28 @@ class FlowGRPO:
         return total / len(steps), stats
 
     def _velocity(
-        self, container: Any, x: torch.Tensor, sigma: torch.Tensor, conditions: Mapping[str, Any]
-    ) -> torch.Tensor:
-        """The predictor's velocity at the sampled latents ``x`` and per-clip ``sigma`` under the clips'
-        ``conditions`` (the base's code path: i2v channels, expert routing), guided when ``guidance_scale``
-        != 1; with a ``first_frame`` (ti2v) ``x`` and the velocity are the frames after it."""
-        whole = self.clips(x, conditions)
+        self,
+        container: Any,
+        x: Mapping[str, torch.Tensor],
+        sigma: torch.Tensor,
+        conditions: Mapping[str, Any],
+    ) -> dict[str, torch.Tensor]:
+        """The predictor's velocity of each stream at the sampled state ``x`` and per-clip ``sigma`` under the
+        clips' ``conditions`` (the base's code path: i2v channels, expert routing), guided when
+        ``guidance_scale`` != 1; with a ``first_frame`` (ti2v) ``x``'s first stream and its velocity are the
+        frames after it."""
+        whole = self._whole(x, conditions)
 
-        def velocity(text: torch.Tensor) -> torch.Tensor:
-            given = {**conditions, "prompt_embeds": text}
-            v = self.base.state_velocity(container, "predictor", {"latents": whole}, sigma, given)["latents"]
-            return v[:, :, whole.shape[2] - x.shape[2] :]
+        def velocity(text: torch.Tensor | None) -> dict[str, torch.Tensor]:
+            given = conditions if text is None else {**conditions, "prompt_embeds": text}
+            v = self.base.state_velocity(container, "predictor", whole, sigma, given)
+            return {n: v[n][:, :, whole[n].shape[2] - x[n].shape[2] :] if v[n].dim() > 2 else v[n] for n in x}
 
-        v = velocity(conditions["prompt_embeds"])
+        v = velocity(None)
         if self.guidance_scale == 1.0:
             return v
         v_u = velocity(conditions["negative_prompt_embeds"])
-        return v_u + self.guidance_scale * (v - v_u)
+        return {n: v_u[n] + self.guidance_scale * (v[n] - v_u[n]) for n in v}
 
 
 def _check(

@@ -5,6 +5,15 @@ and the checks that a call runs in its phase with a scorer attached.
 
 Clip ``b * G + g`` of a micro-batch of ``B`` prompts is prompt ``b``'s clip ``g``: a prompt's clips are the
 same whichever micro-batch (rank) holds the prompt.
+
+**Streams.** The rollouts act on the base pipeline's flow state (``state_streams``, ``clean_state``,
+``state_velocity``: :class:`~mm_pipelines.distribution_matching.FlowState`): Wan's one stream ``latents``,
+LTX-2's ``video`` and ``audio``. A clip's draws for the first stream use the bare purpose (``grpo_start_<g>``:
+Wan's keys, and so its clips, are those of the one-stream code), each further stream's the purpose with
+``_<stream>`` appended (``grpo_start_audio_<g>``) (:func:`stream_noise`). Each prompt's conditions are
+repeated for its ``G`` clips generically (:func:`repeat_conditions`: every per-sample tensor of
+``prepare_conditions``), and the scorer gets the clips' latents from the base's ``scored_latents(state,
+conditions)`` when it has one (LTX-2: the video's latents ``[N, C, F, H, W]``), else the one stream.
 """
 
 from __future__ import annotations
@@ -19,7 +28,9 @@ from .keyed_random import SampleRNG
 
 
 class SampleScorer(Protocol):
-    """What scores the rollouts (attached by the trainer from ``training.rewards``)."""
+    """What scores the rollouts (attached by the trainer from ``training.rewards``). A scorer whose
+    ``needs_audio`` is true is also given the clips' audio latents (``audio=``: the base's
+    ``scored_audio(state, conditions)``, LTX-2's)."""
 
     def __call__(
         self, latents: torch.Tensor, prompts: Sequence[str], *, groups: Sequence[int], names: Sequence[str]
@@ -27,6 +38,28 @@ class SampleScorer(Protocol):
         """Each clip's reward ``[N]`` (float64; NaN for a dropped clip) from its latents ``[N, ...]`` and
         prompt, and the statistics to log."""
         ...
+
+
+def score_clips(
+    scorer: Any, base: Any, state: Mapping[str, torch.Tensor], conditions: Mapping[str, Any],
+    prompts: Sequence[str], *, groups: Sequence[int], names: Sequence[str],
+) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
+    """``scorer``'s rewards and statistics of the clips' clean ``state``: their :func:`scored_latents` and,
+    for a scorer that ``needs_audio``, the base's ``scored_audio(state, conditions)``.
+
+    Raises:
+        ValueError: a scorer that needs audio on a base without ``scored_audio``.
+    """
+    extra = {}
+    if getattr(scorer, "needs_audio", False):
+        audio = getattr(base, "scored_audio", None)
+        if not callable(audio):
+            raise ValueError(
+                f"training.rewards score audio, and {type(base).__name__} rolls out none (no scored_audio)"
+            )
+        extra["audio"] = audio(state, conditions)
+    latents = scored_latents(base, state, conditions)
+    return scorer(latents, prompts, groups=groups, names=names, **extra)
 
 
 def rollout_sigmas(grid: FlowMatchScheduler, steps: int, shift: float | None) -> torch.Tensor:
@@ -47,6 +80,72 @@ def group_noise(
     """``[B * G, *shape]`` standard normal: clip ``b * G + g`` drawn from (prompt ``b``'s key, ``purpose_g``)."""
     draws = [rng.randn(f"{purpose}_{g}", tuple(shape), device=device) for g in range(groups)]
     return torch.stack(draws, dim=1).flatten(0, 1)
+
+
+def stream_noise(
+    rng: SampleRNG, purpose: str, groups: int, shapes: Mapping[str, Sequence[int]], device: torch.device | str
+) -> dict[str, torch.Tensor]:
+    """:func:`group_noise` of each stream of ``shapes`` (``{stream: shape}``, the first stream first): the
+    first under ``purpose``, each further one under ``purpose_<stream>`` (module docstring)."""
+    return {
+        name: group_noise(rng, purpose if i == 0 else f"{purpose}_{name}", groups, shape, device)
+        for i, (name, shape) in enumerate(shapes.items())
+    }
+
+
+def repeat_conditions(
+    conditions: Mapping[str, Any], size: int, groups: int, skip: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Each clip's conditions (clip ``b * G + g``: prompt ``b``'s) from the ``size`` prompts' ``conditions``
+    (``prepare_conditions``): every tensor whose first dimension is the prompts' ``size`` is per-sample and
+    repeated ``groups`` times along it; anything else (a latent grid, a frame rate, a shared tensor) is the
+    same for every clip and kept. The keys of ``skip`` (the clean flow state, which the rollout replaces)
+    are left out."""
+    out: dict[str, Any] = {}
+    for key, value in conditions.items():
+        if key in skip:
+            continue
+        if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+            raise ValueError(
+                f"rollouts need stacked micro-batches of one shape: the condition {key!r} is a packed list"
+            )
+        per_sample = isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == size
+        out[key] = value.repeat_interleave(groups, dim=0) if per_sample else value
+    return out
+
+
+def clean_flow(base: Any, conditions: Mapping[str, Any], mode: str) -> dict[str, torch.Tensor]:
+    """The prompts' clean flow state (``base.clean_state``: one tensor per stream, their first dimension the
+    prompts), refusing packed micro-batches (a list per sample)."""
+    state = base.clean_state(conditions)
+    if any(isinstance(x, (list, tuple)) for x in state.values()):
+        raise ValueError(f"{mode} rolls out stacked micro-batches of one shape, not packed ones")
+    return dict(state)
+
+
+def scored_latents(
+    base: Any, state: Mapping[str, torch.Tensor], conditions: Mapping[str, Any]
+) -> torch.Tensor:
+    """What the scorer gets of the clips' clean ``state``: the base's ``scored_latents(state, conditions)``
+    when it has one (LTX-2: the video's latents), else the state's one stream.
+
+    Raises:
+        ValueError: a state of several streams and a base without ``scored_latents``.
+    """
+    scored = getattr(base, "scored_latents", None)
+    if callable(scored):
+        return scored(state, conditions)
+    if len(state) != 1:
+        raise ValueError(
+            f"{type(base).__name__}'s flow state has the streams {list(state)}: the rewards need its "
+            "scored_latents(state, conditions) to know which latents to score"
+        )
+    return next(iter(state.values()))
+
+
+def state_device(conditions: Mapping[str, Any]) -> torch.device:
+    """The device of the first tensor of ``conditions`` (where the rollouts' noise is drawn)."""
+    return next(v.device for v in conditions.values() if isinstance(v, torch.Tensor))
 
 
 def keyed_steps(rng: SampleRNG, purpose: str, count: int, total: int) -> list[int]:
@@ -90,8 +189,14 @@ __all__ = [
     "check_call",
     "clip_groups",
     "clip_names",
+    "clean_flow",
     "clip_prompts",
     "group_noise",
     "keyed_steps",
+    "repeat_conditions",
     "rollout_sigmas",
+    "score_clips",
+    "scored_latents",
+    "state_device",
+    "stream_noise",
 ]

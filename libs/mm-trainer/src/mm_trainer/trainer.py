@@ -61,7 +61,7 @@ from mm_trainer.model.regional_compile import check_compile
 from mm_trainer.model.weight_staging import stage_model_weights
 from mm_trainer.modes.phases import PhaseSchedulers, build_phases, keep_configured_phase_hyperparameters
 from mm_trainer.modes.rewards import Rewards
-from mm_trainer.modes.rollout_scoring import attach_rollout_scorer
+from mm_trainer.modes.rollout_scoring import attach_rollout_scorer, prepare_rollout_decoding
 from mm_trainer.registry.plugins import import_plugins
 from mm_trainer.run.checkpoint_saves import CheckpointSaves
 from mm_trainer.run.directory import open_run_directory
@@ -158,6 +158,7 @@ class Trainer:
         self.rewards = Rewards.from_config(
             config.training.rewards, on_failure=config.training.reward_failure, device=self.device
         )
+        prepare_rollout_decoding(self.model, self.rewards, data=config.data, device=self.device)
         attach_rollout_scorer(self.model, self.rewards)  # model.pipeline.grpo / nft: rollouts' rewards
         self.validator = self._validator() if config.training.validation else None
 

@@ -5,7 +5,8 @@ or on its latents, combined as a weighted sum (docs/DESIGN.md "Rewards").
 A reward is a class registered with ``@reward_register("<id>")`` (its options schema with
 ``mm_config.register_reward_schema``, so that ``mm-config check`` knows the id and its keys). It is built
 with its options as keyword arguments, says what it scores (``inputs``: ``"frames"``, ``[B, 3, F, H, W]``
-in [-1, 1] as the model samples them, or ``"latents"``, ``[B, C, T, h, w]``) and maps a batch of samples
+in [-1, 1] as the model samples them, ``"latents"``, ``[B, C, T, h, w]``, or ``"audio"``, waveforms
+``[B, channels, samples]``, called with the keyword ``sample_rate`` too) and maps a batch of samples
 and their prompts to one score per sample, ``[B]``. A reward with ``groupwise = True`` is called once per
 group (the samples the caller marked with one group id, all of one prompt) and may score each sample
 relative to the others (:class:`Distinctness`). A reward with a model has ``to(device)``, called once
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 import torch
@@ -33,8 +34,8 @@ from mm_trainer.registry.registries import REWARD_REGISTRY, reward_register
 
 logger = logging.getLogger("mm_trainer")
 
-RewardInput = Literal["frames", "latents"]
-INPUTS: tuple[str, ...] = ("frames", "latents")
+RewardInput = Literal["frames", "latents", "audio"]
+INPUTS: tuple[str, ...] = ("frames", "latents", "audio")
 FAILURE_POLICIES: tuple[str, ...] = ("stop", "skip")
 
 
@@ -69,6 +70,28 @@ class ColourTarget:
     def __call__(self, samples: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
         mean = ((samples.float() + 1) / 2).clamp(0, 1).mean(dim=tuple(range(2, samples.ndim)))  # [B, 3]
         return -(mean - self.target.to(mean.device)).norm(dim=1)
+
+
+@reward_register("tone_target")
+class ToneTarget:
+    """How close the dominant frequency of a clip's audio is to ``frequency`` (Hz): minus the distance in
+    octaves, ``-|log2(f / frequency)|`` (0 at the target), ``f`` the strongest non-zero bin of the
+    magnitude spectrum of the channels' mean (a resolution of ``sample_rate / samples`` Hz)."""
+
+    inputs: RewardInput = "audio"
+
+    def __init__(self, frequency: float) -> None:
+        if not frequency > 0:
+            raise ValueError(f"tone_target: frequency must be > 0 Hz, got {frequency}")
+        self.frequency = float(frequency)
+
+    def __call__(self, samples: torch.Tensor, prompts: Sequence[str], *, sample_rate: int) -> torch.Tensor:
+        mono = samples.float().mean(dim=1)  # [B, S]
+        spectrum = torch.fft.rfft(mono, dim=-1).abs()
+        spectrum[:, 0] = 0  # the mean (DC) is no tone
+        bins = torch.fft.rfftfreq(mono.shape[-1], d=1.0 / sample_rate).to(mono.device)
+        dominant = bins[spectrum.argmax(dim=-1)].clamp_min(float(bins[1]))
+        return -(dominant / self.frequency).log2().abs()
 
 
 @reward_register("distinctness")
@@ -195,6 +218,11 @@ class Rewards:
         """Whether a reward scores decoded frames: the samples go through the VAE first."""
         return "frames" in self.needs
 
+    @property
+    def needs_audio(self) -> bool:
+        """Whether a reward scores decoded audio (waveforms): the samples' audio is decoded first."""
+        return "audio" in self.needs
+
     def modules(self) -> list[torch.nn.Module]:
         """The torch modules the rewards hold (their models), each once."""
         found: dict[int, torch.nn.Module] = {}
@@ -217,12 +245,14 @@ class Rewards:
         latents: torch.Tensor | None = None,
         names: Sequence[str] | None = None,
         groups: Sequence[int] | None = None,
+        audio: torch.Tensor | None = None,
+        sample_rate: int | None = None,
     ) -> RewardScores:
-        """Every reward's scores of the batch (``frames`` and / or ``latents``, as the rewards need) and
-        their weighted sum. ``names`` name the samples in errors (default ``sample <i>``). ``groups``: a
+        """Every reward's scores of the batch (``frames``, ``latents`` and / or ``audio`` waveforms at
+        ``sample_rate``, as the rewards need) and their weighted sum. ``names`` name the samples in errors (default ``sample <i>``). ``groups``: a
         group id per sample, the samples of one id all of one prompt; a groupwise reward scores each group
         on its own (needed when there is a groupwise reward)."""
-        inputs = {"frames": frames, "latents": latents}
+        inputs = {"frames": frames, "latents": latents, "audio": audio}
         size = len(prompts)
         names = list(names) if names is not None else [f"sample {i}" for i in range(size)]
         chunks = _groups(prompts, groups, names) if groups is not None else None
@@ -233,6 +263,8 @@ class Rewards:
             samples = inputs[term.scorer.inputs]
             if samples is None:
                 raise ValueError(f"{term.where} scores {term.scorer.inputs}, and none were given")
+            if term.scorer.inputs == "audio":
+                term = replace(term, scorer=_AtRate(term.scorer, sample_rate))
             if term.groupwise and chunks is None:
                 raise ValueError(
                     f"{term.where} is groupwise (it scores the samples of one prompt together), and no group "
@@ -276,6 +308,23 @@ class Rewards:
                 return torch.full((len(chunk),), torch.nan, dtype=torch.float64), [str(raised)]
             return _one_by_one(term, sub, texts, labels)
         return _finite(term, scores, labels, stop=self.on_failure == "stop")
+
+
+class _AtRate:
+    """An audio reward called with the waveforms' ``sample_rate`` (its other attributes its own)."""
+
+    def __init__(self, scorer: Reward, sample_rate: int | None) -> None:
+        if sample_rate is None:
+            raise ValueError("rewards on audio need the waveforms' sample_rate")
+        self.scorer, self.sample_rate = scorer, int(sample_rate)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "scorer":  # not set yet
+            raise AttributeError(name)
+        return getattr(self.scorer, name)
+
+    def __call__(self, samples: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        return self.scorer(samples, prompts, sample_rate=self.sample_rate)  # type: ignore[call-arg]
 
 
 class _Raised(Exception):
@@ -373,5 +422,6 @@ __all__ = [
     "RewardScores",
     "RewardTerm",
     "Rewards",
+    "ToneTarget",
     "reward_register",
 ]

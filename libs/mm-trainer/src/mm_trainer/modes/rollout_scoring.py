@@ -1,6 +1,7 @@
 """Scoring a reward fine-tuning's rollouts (``model.pipeline.grpo``) with ``training.rewards``: the trainer
 gives the pipeline a :class:`RolloutScorer` (:func:`attach_rollout_scorer`), which decodes the rollouts'
-latents with the container's VAE only when a reward scores frames, scores each group of clips of one prompt
+latents with the container's VAE only when a reward scores frames (and the pipeline's audio with the
+container's ``decode_audio`` only when a reward scores audio), scores each group of clips of one prompt
 together (groupwise rewards) and returns each clip's weighted-sum reward and the step's statistics.
 
 Logged per step (averaged over the micro-batches and data-parallel ranks): ``reward`` (the mean weighted-sum
@@ -26,6 +27,9 @@ from mm_trainer.modes.rewards import RewardError, Rewards, RewardScores
 
 Decode = Callable[[torch.Tensor], torch.Tensor]
 """``decode(latents [N, C, T, h, w]) -> frames [N, 3, F, H, W]`` in [-1, 1] (the container's VAE)."""
+DecodeAudio = Callable[[torch.Tensor], tuple[torch.Tensor, int]]
+"""``decode_audio(audio latents [N, ...]) -> (waveforms [N, channels, samples], sample rate)`` (the
+container's audio decoder: LTX-2's)."""
 
 
 class RolloutMode(Protocol):
@@ -51,30 +55,54 @@ def rollout_mode(model: Any) -> RolloutMode | None:
 
 
 class RolloutScorer:
-    """``scorer(latents, prompts, groups=..., names=...) -> (rewards [N], statistics)`` over ``rewards``
-    (``mm_pipelines.SampleScorer``); ``decode`` runs only when a reward needs frames."""
+    """``scorer(latents, prompts, groups=..., names=..., audio=...) -> (rewards [N], statistics)`` over
+    ``rewards`` (``mm_pipelines.SampleScorer``); ``decode`` runs only when a reward needs frames,
+    ``decode_audio`` only when one needs audio (the pipeline then passes the clips' audio latents:
+    :attr:`needs_audio`)."""
 
-    def __init__(self, rewards: Rewards, decode: Decode | None) -> None:
+    def __init__(
+        self, rewards: Rewards, decode: Decode | None, decode_audio: DecodeAudio | None = None
+    ) -> None:
         if rewards.needs_frames and decode is None:
             raise ValueError(
                 f"training.rewards {rewards.ids} score decoded frames, and the model has no decode_latents "
                 "(its VAE) to decode the rollouts with"
             )
-        self.rewards, self.decode = rewards, decode
+        if rewards.needs_audio and decode_audio is None:
+            raise ValueError(
+                f"training.rewards {rewards.ids} score decoded audio, and the model has no decode_audio (an "
+                "audio decoder: LTX-2 with model.pipeline.audio) to decode the rollouts' audio with"
+            )
+        self.rewards, self.decode, self.decode_audio = rewards, decode, decode_audio
+
+    @property
+    def needs_audio(self) -> bool:
+        """Whether the pipeline must pass the clips' audio latents (``audio=``): a reward scores audio."""
+        return self.rewards.needs_audio
 
     def scores(
-        self, latents: torch.Tensor, prompts: Sequence[str], *, groups: Sequence[int], names: Sequence[str]
-    ) -> RewardScores:
-        """Every reward's scores of the clips, decoded first when a reward scores frames."""
+        self, latents: torch.Tensor, prompts: Sequence[str], *, groups: Sequence[int], names: Sequence[str],
+        audio: torch.Tensor | None = None,
+    ) -> RewardScores:  # fmt: skip
+        """Every reward's scores of the clips, decoded first when a reward scores frames or audio."""
         frames = self.decode(latents) if self.rewards.needs_frames and self.decode else None
-        return self.rewards.score(prompts, frames=frames, latents=latents, names=names, groups=groups)
+        waves, rate = None, None
+        if self.rewards.needs_audio and self.decode_audio is not None:
+            if audio is None:
+                raise ValueError(
+                    f"training.rewards {self.rewards.ids} score audio, and the rollouts have none"
+                )
+            waves, rate = self.decode_audio(audio)
+        return self.rewards.score(prompts, frames=frames, latents=latents, names=names, groups=groups,
+                                  audio=waves, sample_rate=rate)  # fmt: skip
 
     @torch.no_grad()
     def __call__(
-        self, latents: torch.Tensor, prompts: Sequence[str], *, groups: Sequence[int], names: Sequence[str]
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+        self, latents: torch.Tensor, prompts: Sequence[str], *, groups: Sequence[int], names: Sequence[str],
+        audio: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
         try:
-            scores = self.scores(latents, prompts, groups=groups, names=names)
+            scores = self.scores(latents, prompts, groups=groups, names=names, audio=audio)
         except RewardError as error:
             raise_on_every_rank(error, latents.device)
             raise
@@ -108,21 +136,40 @@ def raise_on_every_rank(error: RewardError | None, device: torch.device) -> None
         raise RewardError(f"{message} (on rank {rank}; every rank stops)")
 
 
+def prepare_rollout_decoding(
+    model: Any, rewards: Rewards, *, data: Any, device: torch.device, planned: bool = False
+) -> list[torch.nn.Module]:
+    """When ``model``'s pipeline scores its own rollouts and a reward scores frames, let a container whose
+    decoder is not one of its sub-models load it (its ``prepare_decoding(data=..., device=..., planned=...)``:
+    LTX-2's video VAE, named by the data section) before :func:`attach_rollout_scorer`; ``planned``: built on
+    meta for the planner, which materializes and counts the modules returned. The decoder's modules ([] when
+    there is nothing to prepare)."""
+    prepare = getattr(model, "prepare_decoding", None)
+    wanted = {"frames": rewards.needs_frames, "audio": rewards.needs_audio}
+    if rollout_mode(model) is not None and any(wanted.values()) and callable(prepare):
+        return list(prepare(data=data, device=device, planned=planned, **wanted))
+    return []
+
+
 def attach_rollout_scorer(model: Any, rewards: Rewards) -> bool:
     """Give ``model``'s pipeline a :class:`RolloutScorer` over ``rewards`` when it scores its own rollouts
     (a pipeline with a ``scorer`` slot: ``mm_pipelines.FlowGRPO``, ``mm_pipelines.DiffusionNFT``); whether it does."""
     pipeline = rollout_mode(model)
     if pipeline is None:
         return False
-    pipeline.scorer = RolloutScorer(rewards, getattr(model, "decode_latents", None))
+    pipeline.scorer = RolloutScorer(
+        rewards, getattr(model, "decode_latents", None), getattr(model, "decode_audio", None)
+    )
     return True
 
 
 __all__ = [
     "Decode",
+    "DecodeAudio",
     "RolloutMode",
     "RolloutScorer",
     "attach_rollout_scorer",
+    "prepare_rollout_decoding",
     "raise_on_every_rank",
     "rollout_mode",
 ]

@@ -7,7 +7,7 @@ Such a step runs in three stages within each micro-step, all traced by the pipel
    steps of the policy without gradients (every state of the sampler held for the update);
 2. **rewards**: the scorer of ``training.rewards`` (:class:`PlannedScorer`, the trainer's
    :class:`~mm_trainer.modes.rollout_scoring.RolloutScorer`): the VAE decode of the clips when a reward
-   scores frames, then every reward's forward (a reward's model, built on meta by its ``planned``
+   scores frames (a VAE outside the container, ``prepare_decoding``'s, built on meta and counted too), then every reward's forward (a reward's model, built on meta by its ``planned``
    classmethod and materialized as fake tensors, counted in the parameters for the whole step);
 3. **update**: the loss's forwards (the trained steps, the reference's for the KL: for a LoRA policy the
    base with its adapters off, no copy) and the backward.
@@ -28,7 +28,12 @@ import torch
 from mm_config import TrainConfig
 
 from mm_trainer.modes.rewards import Rewards
-from mm_trainer.modes.rollout_scoring import RolloutMode, RolloutScorer, rollout_mode
+from mm_trainer.modes.rollout_scoring import (
+    RolloutMode,
+    RolloutScorer,
+    prepare_rollout_decoding,
+    rollout_mode,
+)
 from mm_trainer.planner.cost_model import StepCost
 
 STAGES = ("rollout", "rewards", "update")
@@ -47,16 +52,19 @@ class PlannedScorer(RolloutScorer):
     forward run; the rewards returned are zeros. ``stage`` is told ``rewards`` as it starts and ``update``
     as it returns."""
 
-    def __init__(self, rewards: Rewards, decode: Any, stage: Callable[[str], None]) -> None:
-        super().__init__(rewards, decode)
+    def __init__(
+        self, rewards: Rewards, decode: Any, stage: Callable[[str], None], decode_audio: Any = None
+    ) -> None:
+        super().__init__(rewards, decode, decode_audio)
         self.stage = stage
 
     def __call__(
-        self, latents: torch.Tensor, prompts: Sequence[str], *, groups: Sequence[int], names: Sequence[str]
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+        self, latents: torch.Tensor, prompts: Sequence[str], *, groups: Sequence[int], names: Sequence[str],
+        audio: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
         self.stage("rewards")
         with torch.no_grad():
-            self.scores(latents, prompts, groups=groups, names=names)
+            self.scores(latents, prompts, groups=groups, names=names, audio=audio)
         self.stage("update")
         return torch.zeros(len(prompts), dtype=torch.float64, device=latents.device), {}
 
@@ -67,17 +75,19 @@ class RolloutPlan:
 
     mode: RolloutMode
     rewards: Rewards
+    decoders: Sequence[torch.nn.Module] = ()
     label: str = ""
 
     def modules(self) -> list[torch.nn.Module]:
-        """The rewards' models: materialized and counted beside the container's."""
-        return self.rewards.modules()
+        """The rewards' models and a decoder outside the container (LTX-2's video VAE): materialized and
+        counted beside the container's."""
+        return [*self.rewards.modules(), *self.decoders]
 
     def attach(self, model: Any, set_part: Callable[[str], None]) -> None:
         """Give the pipeline a :class:`PlannedScorer` whose stages name the parts through ``set_part``."""
-        decode = getattr(model, "decode_latents", None)
+        decode, decode_audio = getattr(model, "decode_latents", None), getattr(model, "decode_audio", None)
         self.mode.scorer = PlannedScorer(
-            self.rewards, decode, lambda stage: set_part(stage_part(self.label, stage))
+            self.rewards, decode, lambda stage: set_part(stage_part(self.label, stage)), decode_audio
         )
 
     def start(self, label: str) -> str:
@@ -89,6 +99,7 @@ class RolloutPlan:
         """One line for the report: what a micro-step samples, scores and trains."""
         clips = micro_batch_size * self.mode.group_size
         frames = "decoded by the VAE, " if self.rewards.needs_frames else ""
+        frames += "audio decoded, " if self.rewards.needs_audio else ""
         ids = ", ".join(self.rewards.ids) or "none"
         return (
             f"rollouts: {self.mode.group_size} clips x {micro_batch_size} prompt(s) = {clips} clips per micro-step, "
@@ -118,7 +129,9 @@ def planned_rollouts(model: Any, config: TrainConfig) -> RolloutPlan | None:
         return None
     training = config.training
     rewards = Rewards.from_config(training.rewards, on_failure=training.reward_failure, planned=True)
-    return RolloutPlan(mode, rewards)
+    meta = torch.device("meta")
+    decoders = prepare_rollout_decoding(model, rewards, data=config.data, device=meta, planned=True)
+    return RolloutPlan(mode, rewards, decoders)
 
 
 __all__ = ["STAGES", "PlannedScorer", "RolloutPlan", "planned_rollouts", "stage_part", "stage_seconds"]

@@ -1,0 +1,82 @@
+"""LTX-2 reward fine-tuning (``model.pipeline.grpo`` / ``model.pipeline.nft`` of ``ltx2_container``):
+``mm_pipelines.FlowGRPO`` and ``mm_pipelines.DiffusionNFT`` around :class:`~ltx2_train.pipeline.LTX2Pipeline`,
+rolling out its video and audio streams together (its flow state).
+
+Sub-models: the policy ``model`` (full or LoRA) and, for the KL term (``kl_weight > 0``), its reference: the
+frozen sub-model ``reference``, or, for a LoRA policy without one, the policy with its adapters off (no copy of
+the weights). The rollouts' sigma grid is a flow-match grid at ``grpo.shift`` / ``nft.shift`` (required: LTX-2
+training draws sigmas from a logit-normal, with no grid of its own). The rewards score the video: its latents
+``[N, C, F, H, W]`` (``LTX2Pipeline.scored_latents``) or, for a reward on frames, those decoded by the video VAE
+of ``data.dataset.preprocess.model_root`` (``LTX2Container.decode_latents``); no reward scores the audio yet.
+
+What the modes do not handle is refused by ``mm-config check`` (``config_schema``): a stream given clean or
+frozen (``condition_modality``, ``frozen_modality``), independent audio sigmas, conditioning frames, references,
+guidance (no negative text embeddings in the cache), and another training mode beside.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mm_pipelines import DiffusionNFT, FlowGRPO, FlowMatchScheduler
+
+from ltx2_train.pipeline import LTX2Pipeline
+
+#: ``model.pipeline`` keys of the reward fine-tunings, and what each builds.
+REWARD_MODES = {"grpo": FlowGRPO, "nft": DiffusionNFT}
+POLICY, REFERENCE = "model", "reference"
+
+
+def reward_mode_pipeline(base: LTX2Pipeline, key: str, options: Mapping[str, Any]) -> FlowGRPO | DiffusionNFT:
+    """Flow-GRPO (``key`` ``grpo``) or DiffusionNFT (``nft``) on ``base`` from ``model.pipeline.<key>``
+    (``config_schema.LTX2GRPOOptions`` / ``LTX2NFTOptions``): the rollouts' grid at its ``shift``."""
+    options = dict(options)
+    if options.get("shift") is None:
+        raise ValueError(
+            f"model.pipeline.{key}.shift is required for LTX-2: the time shift of the rollouts' sigma schedule"
+        )
+    for name, default in (("audio_timesteps", "shared"), ("frozen_modality", "none"),
+                          ("condition_modality", "none"), ("reference", "none")):  # fmt: skip
+        if getattr(base, name) != default:
+            raise ValueError(
+                f"model.pipeline.{name}={getattr(base, name)}: model.pipeline.{key} rolls out both streams from "
+                f"noise at one sigma and trains them both: set it to {default}"
+            )
+    if base.first_frame_conditioning_p > 0 or base.audio_conditioning_frames:
+        raise ValueError(
+            f"model.pipeline.{key} rolls out whole clips (no clean conditioning frames): set "
+            "first_frame_conditioning_p and audio_conditioning_frames to 0"
+        )
+    base.scheduler = FlowMatchScheduler(shift=float(options["shift"]))
+    return REWARD_MODES[key].from_options(base, options)
+
+
+def reward_mode_problems(model_section: Any) -> dict[str, str]:
+    """Why the sub-models of a reward fine-tuning cannot train it, by sub-model name, from their config
+    sections alone: no policy ``model``, a ``reference`` that trains, or, with a KL term, neither a
+    ``reference`` nor a LoRA policy; {} for a run of another mode."""
+    options = dict(getattr(model_section, "pipeline", None) or {})
+    key = next((k for k in REWARD_MODES if options.get(k) is not None), None)
+    if key is None:
+        return {}
+    subs, mode = model_section.sub_models(), f"model.pipeline.{key}"
+    if POLICY not in subs:
+        return {POLICY: f"{mode} trains the policy `{POLICY}`: add it under model.models"}
+    if REFERENCE in subs:
+        return (
+            {}
+            if subs[REFERENCE].freeze
+            else {REFERENCE: f"`{REFERENCE}` is {mode}'s reference: set freeze: true"}
+        )
+    needs_reference = float(dict(options[key]).get("kl_weight", 1.0)) > 0
+    if needs_reference and subs[POLICY].lora is None:
+        return {
+            POLICY: f"{mode} has a KL term (kl_weight > 0) and needs a reference: add the frozen sub-model "
+            f"`{REFERENCE}` (the policy's starting weights, freeze: true), or train `{POLICY}` as LoRA (a `lora` "
+            "section), whose base with the adapters off is the reference; or set kl_weight: 0"
+        }
+    return {}
+
+
+__all__ = ["REWARD_MODES", "reward_mode_pipeline", "reward_mode_problems"]
