@@ -194,7 +194,7 @@ def test_the_advantages_a_step_trains_on_are_scaled_as_advantage_scale_says(toys
     grpo, container = _grpo(toys, advantage_scale=scale)
     grpo(container, rng=SampleRNG(seed=1, step=3, sample_ids=[5, 9]), phase="grpo", **_prompts(toys, [0, 1]))
     kept = grpo.kept[0]
-    rewards = kept.rollout.samples.double().flatten(1).mean(1).reshape(2, 3)  # the scorer's
+    rewards = kept.rollout.samples["latents"].double().flatten(1).mean(1).reshape(2, 3)  # the scorer's
     centred = rewards - rewards.mean(dim=1, keepdim=True)
     if scale == "group_std":
         centred = centred / (rewards.std(dim=1, unbiased=False, keepdim=True) + 1e-4)
