@@ -7,7 +7,8 @@ frozen sub-model ``reference``, or, for a LoRA policy without one, the policy wi
 the weights). The rollouts' sigma grid is a flow-match grid at ``grpo.shift`` / ``nft.shift`` (required: LTX-2
 training draws sigmas from a logit-normal, with no grid of its own). The rewards score the video: its latents
 ``[N, C, F, H, W]`` (``LTX2Pipeline.scored_latents``) or, for a reward on frames, those decoded by the video VAE
-of ``data.dataset.preprocess.model_root`` (``LTX2Container.decode_latents``); no reward scores the audio yet.
+of ``data.dataset.preprocess.model_root`` (``LTX2Container.decode_latents``), and a reward on audio the
+audio decoded by the audio VAE and Griffin-Lim (``LTX2Container.decode_audio``).
 
 What the modes do not handle is refused by ``mm-config check`` (``config_schema``): a stream given clean or
 frozen (``condition_modality``, ``frozen_modality``), independent audio sigmas, conditioning frames, references,
@@ -20,11 +21,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from mm_pipelines import DiffusionNFT, FlowGRPO, FlowMatchScheduler
+from mm_trainer import kl_reference_problems
 
+from ltx2_train.config_schema import LTX2GRPOOptions, LTX2NFTOptions
 from ltx2_train.pipeline import LTX2Pipeline
 
 #: ``model.pipeline`` keys of the reward fine-tunings, and what each builds.
 REWARD_MODES = {"grpo": FlowGRPO, "nft": DiffusionNFT}
+#: Their option schemas (``model.pipeline.<key>``).
+OPTIONS = {"grpo": LTX2GRPOOptions, "nft": LTX2NFTOptions}
 POLICY, REFERENCE = "model", "reference"
 
 
@@ -54,29 +59,15 @@ def reward_mode_pipeline(base: LTX2Pipeline, key: str, options: Mapping[str, Any
 
 def reward_mode_problems(model_section: Any) -> dict[str, str]:
     """Why the sub-models of a reward fine-tuning cannot train it, by sub-model name, from their config
-    sections alone: no policy ``model``, a ``reference`` that trains, or, with a KL term, neither a
-    ``reference`` nor a LoRA policy; {} for a run of another mode."""
+    sections alone (``mm_trainer.kl_reference_problems``: no policy ``model``, a ``reference`` that trains,
+    or, with a KL term, neither a ``reference`` nor a LoRA policy); {} for a run of another mode."""
     options = dict(getattr(model_section, "pipeline", None) or {})
     key = next((k for k in REWARD_MODES if options.get(k) is not None), None)
     if key is None:
         return {}
-    subs, mode = model_section.sub_models(), f"model.pipeline.{key}"
-    if POLICY not in subs:
-        return {POLICY: f"{mode} trains the policy `{POLICY}`: add it under model.models"}
-    if REFERENCE in subs:
-        return (
-            {}
-            if subs[REFERENCE].freeze
-            else {REFERENCE: f"`{REFERENCE}` is {mode}'s reference: set freeze: true"}
-        )
-    needs_reference = float(dict(options[key]).get("kl_weight", 1.0)) > 0
-    if needs_reference and subs[POLICY].lora is None:
-        return {
-            POLICY: f"{mode} has a KL term (kl_weight > 0) and needs a reference: add the frozen sub-model "
-            f"`{REFERENCE}` (the policy's starting weights, freeze: true), or train `{POLICY}` as LoRA (a `lora` "
-            "section), whose base with the adapters off is the reference; or set kl_weight: 0"
-        }
-    return {}
+    return kl_reference_problems(
+        model_section, key, OPTIONS[key], f"model.pipeline.{key}", policies=(POLICY,), references=(REFERENCE,)
+    )
 
 
 __all__ = ["REWARD_MODES", "reward_mode_pipeline", "reward_mode_problems"]

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from mm_pipelines import REFERENCE_ROLE, DiffusionDPO
+from mm_trainer import kl_reference_problems
+from mm_trainer import policy_reference_problems as shared_policy_reference_problems
 
 from wan22_train.pipeline import Wan22Pipeline, low_noise_role
 
@@ -41,47 +43,20 @@ def dpo_problems(model_section: Any) -> dict[str, str]:
 
 
 def kl_mode_problems(model_section: Any, key: str, options_type: Any, mode: str) -> dict[str, str]:
-    """:func:`policy_reference_problems` of a reward fine-tuning ``model.pipeline.<key>`` validated by
-    ``options_type`` (``GRPOOptions``, ``NFTOptions``): a reference is needed only with a KL term
-    (``kl_weight > 0``); {} when the run has no such key."""
-    options = dict(getattr(model_section, "pipeline", None) or {})
-    section = options.get(key)
-    if section is None:
-        return {}
-    needs_reference = options_type.model_validate(dict(section)).kl_weight > 0
-    return policy_reference_problems(
-        model_section, options.get("expert", "all"), mode, needs_reference=needs_reference
-    )
+    """``mm_trainer.kl_reference_problems`` of a Wan reward fine-tuning ``model.pipeline.<key>``, with the
+    policy and reference roles of its ``expert``."""
+    expert = dict(getattr(model_section, "pipeline", None) or {}).get("expert", "all")
+    return kl_reference_problems(model_section, key, options_type, mode, **_roles(expert))
 
 
 def policy_reference_problems(
     model_section: Any, expert: str, mode: str, *, needs_reference: bool = True
 ) -> dict[str, str]:
-    """Why the sub-models cannot train the policy of a fine-tuning ``mode`` against a reference, by sub-model
-    name: a policy sub-model missing, a reference that trains, or (``needs_reference``) neither a reference
-    nor a LoRA policy (whose base with the adapters off is the reference)."""
-    subs = model_section.sub_models()
-    problems: dict[str, str] = {}
-    for role in policy_roles(expert):
-        if role not in subs:
-            problems[role] = (
-                f"{mode} (expert: {expert}) trains the policy `{role}`: add it under model.models"
-            )
-    references = reference_roles(expert)
-    if any(r in subs for r in references):
-        for role in references:
-            if role not in subs:
-                problems[role] = f"the reference needs `{role}` too (expert: {expert}): add it, frozen"
-            elif not subs[role].freeze:
-                problems[role] = f"`{role}` is {mode}'s frozen reference: set freeze: true"
-        return problems
-    if not needs_reference:
-        return problems
-    for role in policy_roles(expert):
-        if role in subs and subs[role].lora is None:
-            problems[role] = (
-                f"{mode} needs a reference: add the frozen sub-model `{REFERENCE_ROLE}` (the policy's "
-                f"starting weights, freeze: true), or train `{role}` as LoRA (a `lora` section), whose base with "
-                "the adapters off is the reference"
-            )
-    return problems
+    """``mm_trainer.policy_reference_problems`` with the policy and reference roles of ``expert``."""
+    return shared_policy_reference_problems(
+        model_section, mode, needs_reference=needs_reference, **_roles(expert)
+    )
+
+
+def _roles(expert: str) -> dict[str, Any]:
+    return {"policies": policy_roles(expert), "references": reference_roles(expert), "expert": expert}

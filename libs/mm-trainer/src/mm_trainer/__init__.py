@@ -69,6 +69,8 @@ _EXPORTS: dict[str, str] = {
     "check_compile": "mm_trainer.model.regional_compile",
     "registered_names": "mm_trainer.model.registered_names",
     "Phase": "mm_trainer.modes.phases",
+    "policy_reference_problems": "mm_trainer.modes.policy_reference",
+    "kl_reference_problems": "mm_trainer.modes.policy_reference",
     "PhaseSchedulers": "mm_trainer.modes.phases",
     "build_phases": "mm_trainer.modes.phases",
     "ColourTarget": "mm_trainer.modes.rewards",

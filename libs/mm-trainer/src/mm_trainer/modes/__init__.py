@@ -14,4 +14,6 @@ Fine-tuning (full or LoRA) is the plain loop (:mod:`mm_trainer.loop.engine`, :mo
   the one test of a ``scorer`` slot) and the rewards of its rollouts (Flow-GRPO's and DiffusionNFT's ``scorer``), decoded
   only when a reward scores frames, scored per prompt group.
 - ``clip_score``: the built-in reward ``clip_score`` (a transformers ``CLIPModel`` from a local folder).
+- ``policy_reference``: the sub-models a fine-tuning against a reference needs (DPO; GRPO and NFT with a KL
+  term), checked from their config sections before anything is built, for every model plugin.
 """
