@@ -18,6 +18,7 @@ import torch
 from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video
 
 from ltx2_train.audio import mel_to_waveform
+from ltx2_train.pipeline import pack_audio, unpack_audio
 from ltx2_train.preprocess import LTX2Encoders
 from ltx2_train.release_file import load_release_encoders
 
@@ -36,9 +37,8 @@ def decode_video(vae: AutoencoderKLLTX2Video, latents: torch.Tensor) -> torch.Te
 def decode_audio(audio_vae: AutoencoderKLLTX2Audio, latents: torch.Tensor) -> torch.Tensor:
     """Log-mel spectrograms ``[N, 2, T, mel_bins]`` (fp32) of normalised audio latents ``[N, C, L, M]`` (the
     unpacked form of ``pack_audio``'s tokens), one clip at a time."""
-    packed = latents.transpose(1, 2).flatten(2, 3).to(audio_vae.latents_mean.device)  # [N, L, C*M]
-    raw = (packed * audio_vae.latents_std + audio_vae.latents_mean).unflatten(2, latents.shape[1::2])
-    raw = raw.transpose(1, 2)  # [N, C, L, M]
+    packed = pack_audio(latents).to(audio_vae.latents_mean.device)  # the statistics are per token feature
+    raw = unpack_audio(packed * audio_vae.latents_std + audio_vae.latents_mean, latents.shape[1])
     mels = [audio_vae.decode(clip[None].to(audio_vae.dtype)).sample for clip in raw]
     return torch.cat(mels).float()
 

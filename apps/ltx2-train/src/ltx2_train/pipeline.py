@@ -119,6 +119,11 @@ def pack_audio(latents: torch.Tensor) -> torch.Tensor:
     return latents.transpose(1, 2).flatten(2, 3)
 
 
+def unpack_audio(tokens: torch.Tensor, channels: int) -> torch.Tensor:
+    """The inverse of :func:`pack_audio`: ``[B, L, C*M]`` -> ``[B, C, L, M]`` for ``channels`` ``C``."""
+    return tokens.unflatten(2, (channels, tokens.shape[2] // channels)).transpose(1, 2)
+
+
 def first_frame_token_mask(
     batch: int, frames: int, tokens_per_frame: int, probability: float, *, generator: torch.Generator | None = None,
     device: torch.device | str | None = None, conditioning_frames: int = 1,
@@ -509,9 +514,7 @@ class LTX2Pipeline(GenerativePipelineBase):
             raise ValueError(
                 "training.rewards score audio, and model.pipeline.audio is false (no audio stream)"
             )
-        tokens = state["audio"]
-        channels = int(conditions["audio_channels"])
-        return tokens.unflatten(2, (channels, tokens.shape[2] // channels)).transpose(1, 2)
+        return unpack_audio(state["audio"], int(conditions["audio_channels"]))
 
     def state_velocity(
         self, container: Any, role: str, state: Mapping[str, torch.Tensor], sigma: torch.Tensor,

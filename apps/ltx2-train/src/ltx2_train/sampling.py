@@ -32,7 +32,7 @@ from mm_trainer import ModelContainer, freeze, import_plugins, inject_lora
 
 from ltx2_train.decoding import audio_waveforms, decode_audio, decode_video
 from ltx2_train.distill import run_pipeline
-from ltx2_train.pipeline import LTX2Pipeline, unpack_video, video_patch
+from ltx2_train.pipeline import LTX2Pipeline, unpack_audio, unpack_video, video_patch
 from ltx2_train.predictor import LTX2Predictor
 from ltx2_train.preprocess import LTX2Encoders, preprocess_options
 from ltx2_train.references import encode_reference, reference_clip_problem
@@ -237,9 +237,7 @@ def _decode_video(encoders: LTX2Encoders, latents: torch.Tensor) -> torch.Tensor
 
 
 def _decode_audio(encoders: LTX2Encoders, tokens: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    _, channels, length, mel = shape
-    latents = tokens.reshape(1, length, channels, mel).transpose(1, 2)  # inverse of pack_audio
-    return decode_audio(encoders.audio_vae, latents)[0]
+    return decode_audio(encoders.audio_vae, unpack_audio(tokens.reshape(1, shape[2], -1), shape[1]))[0]
 
 
 def write_sample(

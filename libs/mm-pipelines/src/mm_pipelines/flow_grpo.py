@@ -144,9 +144,10 @@ class KeptRollout:
 def transition_kl(mean: Flow, reference_mean: Flow, std: float) -> torch.Tensor:
     """``[N]``: the KL of ``N(mean, std^2)`` from ``N(reference_mean, std^2)``, per element, averaged (over
     every element of every stream for a state of several: :mod:`.rollout`)."""
-    if not isinstance(mean, Mapping):
-        return ((mean - reference_mean.detach()) ** 2).flatten(1).mean(dim=1) / (2 * std * std)
-    squares = {n: (m - reference_mean[n].detach()) ** 2 for n, m in mean.items()}
+    if isinstance(mean, Mapping):
+        squares = {n: (m - reference_mean[n].detach()) ** 2 for n, m in mean.items()}
+    else:
+        squares = (mean - reference_mean.detach()) ** 2
     return element_mean(squares) / (2 * std * std)
 
 

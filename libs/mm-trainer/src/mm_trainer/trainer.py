@@ -336,9 +336,9 @@ class Trainer:
         return after
 
     def _validate(self, validator: Validator, step: int, metrics: MetricsLogger) -> dict[str, Any]:
-        """One validation, with the EMA's weights swapped in when ``training.validation.ema`` says so."""
-        settings = self.config.training.validation
-        if settings is not None and settings.ema and self.ema is not None:
+        """One validation, with the EMA's weights swapped in when ``training.validation.ema`` says so (mm-config
+        refuses it without ``training.ema``)."""
+        if self.config.training.validation.ema:
             with self.ema.swapped_in():
                 return validator.run(step, metrics)
         return validator.run(step, metrics)
