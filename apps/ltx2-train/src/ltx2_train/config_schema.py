@@ -9,7 +9,7 @@ imports them), so the schema and the code that reads the keys cannot drift apart
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from mm_config import (
     ConfigModel,
@@ -259,6 +259,12 @@ WHOLE_CLIP_KEYS = (
 )
 
 
+def whole_clip_problems(options: Any) -> list[tuple[str, Any, str]]:
+    """``(key, its default, why)`` of each :data:`WHOLE_CLIP_KEYS` whose value on ``options`` (the pipeline
+    options, or an ``LTX2Pipeline``: the same attribute names) is not its default."""
+    return [(key, default, why) for key, default, why in WHOLE_CLIP_KEYS if getattr(options, key) != default]
+
+
 class LTX2ContainerPipelineOptions(LTX2PipelineOptions):
     """``model.pipeline`` of ``ltx2_container`` (``LTX2Container.build_pipeline``): the LTX-2 pipeline
     options and one training mode at most: few-step distillation (``distill``), Flow-GRPO (``grpo``) or
@@ -289,11 +295,10 @@ class LTX2ContainerPipelineOptions(LTX2PipelineOptions):
             for key in SAMPLER_KEYS
             if key in self.model_fields_set
         ]
-        for key, default, why in WHOLE_CLIP_KEYS:
-            if getattr(self, key) != default:
-                problems.append(
-                    Problem((key,), f"{what} {why}: expected {default}", getattr(self, key), deps=deps)
-                )
+        problems += [
+            Problem((key,), f"{what} {why}: expected {default}", getattr(self, key), deps=deps)
+            for key, default, why in whole_clip_problems(self)
+        ]
         if problems:
             raise RuleViolations(problems)
         return self
@@ -425,4 +430,6 @@ __all__ = [
     "LTX2PredictorConfig",
     "PreprocessOptions",
     "TimestepSampling",
+    "WHOLE_CLIP_KEYS",
+    "whole_clip_problems",
 ]

@@ -21,7 +21,7 @@ from mm_pipelines import (
 
 from ltx2_train.pipeline import LTX2Pipeline
 from ltx2_train.predictor import TRANSFORMER_DEFAULTS, transformer_config
-from ltx2_train.reward_modes import REWARD_MODES, reward_mode_pipeline
+from ltx2_train.reward_modes import REWARD_MODES, check_whole_clips, reward_mode_pipeline
 
 #: The student's sub-model name (as in ordinary training), then the teacher and the critic.
 STUDENT, TEACHER, CRITIC = "model", "teacher", "critic"
@@ -36,17 +36,7 @@ def distillation_pipeline(base: LTX2Pipeline, options: Mapping[str, Any]) -> Dis
         raise ValueError(
             "model.pipeline.distill.shift is required for LTX-2: the time shift of the distillation's sigma grid"
         )
-    if base.first_frame_conditioning_p > 0:
-        raise ValueError(
-            f"model.pipeline.first_frame_conditioning_p={base.first_frame_conditioning_p}: a distillation draws "
-            "whole clips (no clean conditioning frames): set it to 0"
-        )
-    for key, default in (("audio_timesteps", "shared"), ("frozen_modality", "none")):
-        if getattr(base, key) != default:
-            raise ValueError(
-                f"model.pipeline.{key}={getattr(base, key)}: a distillation moves both streams at one sigma and "
-                f"trains the student's whole transformer: set it to {default}"
-            )
+    check_whole_clips(base, "a distillation")
     base.scheduler = FlowMatchScheduler(shift=float(options.pop("shift")))
     return DistributionMatchingDistillation.from_options(base, options)
 

@@ -23,7 +23,7 @@ from typing import Any
 from mm_pipelines import DiffusionNFT, FlowGRPO, FlowMatchScheduler
 from mm_trainer import kl_reference_problems
 
-from ltx2_train.config_schema import LTX2GRPOOptions, LTX2NFTOptions
+from ltx2_train.config_schema import LTX2GRPOOptions, LTX2NFTOptions, whole_clip_problems
 from ltx2_train.pipeline import LTX2Pipeline
 
 #: ``model.pipeline`` keys of the reward fine-tunings, and what each builds.
@@ -41,20 +41,18 @@ def reward_mode_pipeline(base: LTX2Pipeline, key: str, options: Mapping[str, Any
         raise ValueError(
             f"model.pipeline.{key}.shift is required for LTX-2: the time shift of the rollouts' sigma schedule"
         )
-    for name, default in (("audio_timesteps", "shared"), ("frozen_modality", "none"),
-                          ("condition_modality", "none"), ("reference", "none")):  # fmt: skip
-        if getattr(base, name) != default:
-            raise ValueError(
-                f"model.pipeline.{name}={getattr(base, name)}: model.pipeline.{key} rolls out both streams from "
-                f"noise at one sigma and trains them both: set it to {default}"
-            )
-    if base.first_frame_conditioning_p > 0 or base.audio_conditioning_frames:
-        raise ValueError(
-            f"model.pipeline.{key} rolls out whole clips (no clean conditioning frames): set "
-            "first_frame_conditioning_p and audio_conditioning_frames to 0"
-        )
+    check_whole_clips(base, f"model.pipeline.{key} (a reward fine-tuning)")
     base.scheduler = FlowMatchScheduler(shift=float(options["shift"]))
     return REWARD_MODES[key].from_options(base, options)
+
+
+def check_whole_clips(base: LTX2Pipeline, what: str) -> None:
+    """Refuse a ``base`` whose options a mode that draws whole clips of both streams from noise cannot use
+    (``config_schema.WHOLE_CLIP_KEYS``, which ``mm-config check`` refuses too): ``what`` names the mode."""
+    problems = whole_clip_problems(base)
+    if problems:
+        key, default, why = problems[0]
+        raise ValueError(f"model.pipeline.{key}={getattr(base, key)}: {what} {why}: set it to {default}")
 
 
 def reward_mode_problems(model_section: Any) -> dict[str, str]:
@@ -70,4 +68,4 @@ def reward_mode_problems(model_section: Any) -> dict[str, str]:
     )
 
 
-__all__ = ["REWARD_MODES", "reward_mode_pipeline", "reward_mode_problems"]
+__all__ = ["REWARD_MODES", "check_whole_clips", "reward_mode_pipeline", "reward_mode_problems"]
