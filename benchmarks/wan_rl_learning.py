@@ -38,6 +38,7 @@ Usage: python benchmarks/wan_rl_learning.py --out /tmp/rl [--method grpo] [--ste
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -324,6 +325,7 @@ def _mean_distance(frames: list[np.ndarray], pairs: list[tuple[int, int]]) -> fl
     return float(np.mean([np.sqrt(((clip[i] - clip[j]) ** 2).mean()) for i, j in pairs]))
 
 
+@functools.cache  # --report reads each run once for its table, --summary and --plot
 def table(start: Path, run: Path) -> list[tuple[int, dict]]:
     """Each validation's measures: step 0 from the lr-0 run, then the run's."""
     out = [(0, evaluate(start / "validation" / "iter_0000001"))]
