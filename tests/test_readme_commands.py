@@ -357,11 +357,7 @@ COMMANDS: dict[tuple[str, str], How] = {
             )
             for mode in ("grpo", "nft")
         ],
-        excused(
-            "test_ltx2_reward_modes_e2e.py runs each config through ltx2-train's main on forked gloo ranks (1 rank, "
-            "and GRPO at 2 ranks with Ulysses 2, 2 steps of small rollouts; the torchrun launch of the app: "
-            "test_ltx2_train_e2e.py)"
-        ),
+        covered("apps/ltx2-train/tests/test_ltx2_reward_modes_e2e.py"),
     ),
     (LTX2, "ltx2-train --config apps/ltx2-train/configs/t2av.yaml --dry-run --world-size 8"): NO_PLAN,
     (

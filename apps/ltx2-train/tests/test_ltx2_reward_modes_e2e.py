@@ -16,6 +16,12 @@ import yaml
 STEPS = 2
 TONE = "{id: tone_target, weight: 0.5, options: {frequency: 440}}"  # on the audio: NFT's run scores both
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+README = "apps/ltx2-train/README.md"
+#: The README's lines that train each mode (run here on the tests' tiny cache, shortened: see ``run``).
+LINES = {
+    "grpo": "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av_grpo.yaml",
+    "nft": "torchrun --standalone --nproc-per-node 2 -m ltx2_train --config apps/ltx2-train/configs/tiny_t2av_nft.yaml",
+}
 #: Per mode: its config, its smallest rollouts, and the values each step logs.
 MODES = {
     "grpo": (
@@ -41,9 +47,10 @@ def records(log_dir: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def run(tiny_cache, run_config, ltx2_train, tmp_path_factory):
-    """``run(mode, nproc=1, ulysses=1)``: the mode's records of a 2-step run (micro-batches of 2 prompts,
-    2 clips each on 2 sampler steps); each layout runs once per module."""
+def run(tiny_cache, run_config, ltx2_train, tmp_path_factory, readme):
+    """``run(mode, nproc=1, ulysses=1)``: the mode's records of its README line (:data:`LINES`) on the tests'
+    tiny cache, shortened to a 2-step run (micro-batches of 2 prompts, 2 clips each on 2 sampler steps, no
+    checkpoint) at ``nproc`` ranks with Ulysses ``ulysses``; each layout runs once per module."""
     done: dict[tuple[str, int, int], list[dict]] = {}
 
     def go(mode: str, nproc: int = 1, ulysses: int = 1) -> list[dict]:
@@ -52,9 +59,9 @@ def run(tiny_cache, run_config, ltx2_train, tmp_path_factory):
             log_dir = tmp_path_factory.mktemp(f"{mode}_{nproc}_{ulysses}")
             config = run_config(tiny_cache, CONFIGS / name, train_iters=STEPS, micro_batch_size=2, save=None,
                                 log_dir=str(log_dir), tensorboard=False, deterministic=True)  # fmt: skip
-            ltx2_train(
-                "--config", str(config), *overrides, f"parallel.ulysses_parallel_size={ulysses}", nproc=nproc
-            )
+            argv = readme.command(README, LINES[mode], paths={f"apps/ltx2-train/configs/{name}": config},
+                                  extra=(*overrides, f"parallel.ulysses_parallel_size={ulysses}"))  # fmt: skip
+            ltx2_train(*readme.launched(argv)[2], nproc=nproc)
             done[(mode, nproc, ulysses)] = records(log_dir)
         return done[(mode, nproc, ulysses)]
 
